@@ -1,0 +1,54 @@
+"""Local cache adapters: one per JIT library, each knowing that library's on-disk layout.
+
+An adapter lists the entries a warmup produced, packs one into a portable artifact (bytes),
+and installs an artifact atomically so the library then finds it with zero compiles.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class CacheEntry:
+    """One compiled kernel or module as the library stores it."""
+
+    library: str
+    name: str  # unique within the library's cache root, e.g. kernel.sm90_fp8_gemm_1d2d.<hex>
+    path: Path
+
+    def to_json(self) -> dict:
+        return {"library": self.library, "name": self.name, "path": str(self.path)}
+
+
+class CacheAdapter(ABC):
+    """The local side of the cache for one library."""
+
+    library: str
+
+    @property
+    @abstractmethod
+    def root(self) -> Path:
+        """The directory the library reads and writes (as the engine configures it)."""
+
+    @abstractmethod
+    def list_entries(self) -> list[CacheEntry]:
+        """Complete entries only: never one a build is still writing."""
+
+    @abstractmethod
+    def pack(self, entry: CacheEntry) -> bytes:
+        """A deterministic, portable archive of one entry."""
+
+    @abstractmethod
+    def install(self, name: str, artifact: bytes) -> CacheEntry:
+        """Install an artifact atomically; refuse unsafe archives (raises UnsafeArtifact)."""
+
+    @abstractmethod
+    def fingerprint_inputs(self) -> dict:
+        """Everything this library's cache key depends on (version, arch, install path...)."""
+
+
+class UnsafeArtifact(ValueError):
+    """An artifact that must not be installed: traversal, links, devices, too large."""

@@ -1,0 +1,60 @@
+"""Options shared by every command that makes a plan."""
+
+from __future__ import annotations
+
+import functools
+
+import click
+
+from warmd.kernels.preferences import ENGINES
+from warmd.mvalues import MODES
+from warmd.plan import PlanRequest
+from warmd.targets import PRESETS
+
+
+def plan_options(func):
+    """--model, parallelism, target and library overrides, engine and M-value mode."""
+    options = [
+        click.option("--model", "-m", required=True, metavar="PATH",
+                     help="A local config.json, a directory holding one, or a bundled example "
+                          "name (deepseek-v3, qwen3-30b-a3b-fp8, llama-3.1-8b, mixtral-8x7b)."),
+        click.option("--tp", type=int, default=1, show_default=True, help="Tensor parallel size."),
+        click.option("--ep", type=int, default=1, show_default=True,
+                     help="Expert parallel size (experts split across ranks)."),
+        click.option("--target", "-t", metavar="PRESET",
+                     help=f"Plan for a GPU preset ({', '.join(PRESETS)}) instead of the local "
+                          "GPU."),
+        click.option("--capability", metavar="X.Y", help="Plan for this compute capability."),
+        click.option("--sms", type=int, help="SM count of the target (with --capability)."),
+        click.option("--with", "with_libs", multiple=True, metavar="LIB",
+                     help="Plan as if LIB (deep_gemm, flashinfer, cutlass_dsl, sgl_kernel, nvcc) "
+                          "were installed. Repeatable."),
+        click.option("--without", "without_libs", multiple=True, metavar="LIB",
+                     help="Plan as if LIB were missing. Repeatable."),
+        click.option("--engine", type=click.Choice(ENGINES), default="vllm", show_default=True,
+                     help="Serving engine whose kernel choices to follow."),
+        click.option("--mode", type=click.Choice(MODES), default="relax", show_default=True,
+                     help="M values to warm: every M, vLLM's relax set, or SGLang-style buckets."),
+        click.option("--max-tokens", type=int, default=8192, show_default=True,
+                     help="Largest M (max batched tokens)."),
+        click.option("--m-list", metavar="M,M,...", help="Explicit M values instead of --mode."),
+        click.option("--quantization", metavar="SCHEME",
+                     help="Override the checkpoint's quantization (fp8_block, fp8_tensor, mxfp8, "
+                          "bf16)."),
+        click.option("--disable-kernel", "disabled_kernels", multiple=True, metavar="NAME",
+                     help="Never select this kernel (also WARMD_DISABLED_KERNELS, "
+                          "VLLM_DISABLED_KERNELS). Repeatable."),
+    ]
+
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        request = PlanRequest(**{name: kwargs.pop(name) for name in _FIELDS})
+        return func(*args, request=request, **kwargs)
+
+    for option in reversed(options):
+        wrapper = option(wrapper)
+    return wrapper
+
+
+_FIELDS = ("model", "tp", "ep", "target", "capability", "sms", "with_libs", "without_libs",
+           "engine", "mode", "max_tokens", "m_list", "quantization", "disabled_kernels")

@@ -1,0 +1,140 @@
+"""Kernel classes: what each needs of the target (is_supported) and of a layer (can_implement).
+
+Modelled on vLLM's linear-kernel registry: every check returns (ok, reason) so a plan can say
+why each kernel before the chosen one was rejected.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from warmd.models import Layer
+from warmd.mvalues import MSpec
+from warmd.probes import LibraryProbe
+from warmd.targets import Target
+
+Check = tuple[bool, str]
+OK: Check = (True, "")
+
+# The libraries warmd can warm; a kernel that needs none of these is built into the engine.
+JIT_LIBRARIES = ("deep_gemm", "flashinfer")
+
+
+@dataclass(frozen=True)
+class Environment:
+    """Everything selection may depend on: the target GPU, library probes, the engine."""
+
+    target: Target
+    libraries: dict[str, LibraryProbe]
+    engine: str = "vllm"
+    disabled_kernels: frozenset[str] = frozenset()
+
+    def library(self, name: str) -> LibraryProbe:
+        return self.libraries.get(name) or LibraryProbe(name, False, reason=f"{name} not probed")
+
+
+@dataclass(frozen=True)
+class JitWork:
+    """One piece of JIT work a kernel needs for a layer: a GEMM config family or a module."""
+
+    library: str
+    kernel: str
+    n: int | None = None
+    k: int | None = None
+    num_groups: int | None = None
+    m: tuple[int, ...] = ()
+    module: str | None = None
+    spec: tuple[tuple[str, object], ...] = field(default=())
+
+
+@dataclass(frozen=True)
+class Branch:
+    """One branch of a wrapper kernel: the kernel it dispatches to for m_min <= M <= m_max."""
+
+    role: str  # "base" or "fallback"
+    kernel: type[Kernel]
+    m_min: int = 1
+    m_max: int | None = None
+
+    def clip(self, lo: int, hi: int | None) -> tuple[int, int | None] | None:
+        """The M range this branch serves inside [lo, hi], or None when they do not meet."""
+        new_lo = max(lo, self.m_min)
+        new_hi = self.m_max if hi is None else (hi if self.m_max is None else min(hi, self.m_max))
+        if new_hi is not None and new_hi < new_lo:
+            return None
+        return new_lo, new_hi
+
+
+class Kernel:
+    """A kernel an engine may dispatch a layer to."""
+
+    name: ClassVar[str]
+    op: ClassVar[str]  # layer op it implements: linear, moe, attention, activation, sampling
+    library: ClassVar[str | None] = None  # a JIT library it needs; None: built into the engine
+    capabilities: ClassVar[tuple[int, ...]] = ()  # major versions; empty: any GPU
+    min_capability: ClassVar[tuple[int, int]] = (7, 0)
+    schemes: ClassVar[tuple[str, ...]] = ("bf16",)
+    branches: ClassVar[tuple[Branch, ...]] = ()
+
+    @classmethod
+    def is_supported(cls, env: Environment) -> Check:
+        cap = env.target.capability
+        if cls.capabilities and cap[0] not in cls.capabilities:
+            wanted = "/".join(f"sm{m}x" for m in cls.capabilities)
+            return False, f"needs {wanted}; target is sm_{cap[0]}{cap[1]}"
+        if cap < cls.min_capability:
+            return False, (f"needs compute capability >= {cls.min_capability[0]}."
+                           f"{cls.min_capability[1]}; target is {cap[0]}.{cap[1]}")
+        if cls.library is not None:
+            probe = env.library(cls.library)
+            if not probe.available:
+                return False, f"{_LIBRARY_NAMES[cls.library]} unavailable: {probe.reason}"
+            if not probe.can_jit:
+                return False, f"{_LIBRARY_NAMES[cls.library]} cannot JIT here: {probe.reason}"
+        return OK
+
+    @classmethod
+    def can_implement(cls, layer: Layer, env: Environment) -> Check:
+        if layer.quant not in cls.schemes:
+            return False, f"implements {'/'.join(cls.schemes)} weights; layer is {layer.quant}"
+        return OK
+
+    @classmethod
+    def jit_work(cls, layer: Layer, env: Environment, mspec: MSpec,
+                 m_range: tuple[int, int | None]) -> list[JitWork]:
+        """The JIT work this (leaf) kernel needs for M in m_range; none for AOT kernels."""
+        return []
+
+    @classmethod
+    def is_wrapper(cls) -> bool:
+        return bool(cls.branches)
+
+
+class WrapperKernel(Kernel):
+    """A kernel that dispatches on M between branch kernels (which may be wrappers too)."""
+
+    @classmethod
+    def is_supported(cls, env: Environment) -> Check:
+        ok, reason = super().is_supported(env)
+        if not ok:
+            return ok, reason
+        for branch in cls.branches:
+            if branch.kernel.name in env.disabled_kernels:
+                return False, f"{branch.role} branch {branch.kernel.name} is disabled"
+            ok, reason = branch.kernel.is_supported(env)
+            if not ok:
+                return False, f"{branch.role} branch {branch.kernel.name}: {reason}"
+        return OK
+
+    @classmethod
+    def can_implement(cls, layer: Layer, env: Environment) -> Check:
+        for branch in cls.branches:
+            ok, reason = branch.kernel.can_implement(layer, env)
+            if not ok:
+                return False, f"{branch.role} branch {branch.kernel.name}: {reason}"
+        return OK
+
+
+_LIBRARY_NAMES = {"deep_gemm": "DeepGEMM", "flashinfer": "FlashInfer",
+                  "cutlass_dsl": "CUTLASS DSL", "nvcc": "nvcc", "sgl_kernel": "sgl-kernel"}

@@ -1,0 +1,121 @@
+"""Ordered kernel preferences per engine, platform and op family: plain data, first wins.
+
+They mirror what each engine tries in order on each GPU generation; a kernel that is not
+supported on the target or cannot implement a layer is skipped with its reason.
+"""
+
+from __future__ import annotations
+
+_FP8_LINEAR_HOPPER = [
+    "FlashInferFp8DeepGEMMDynamicBlockScaledKernel", "DeepGemmFp8BlockScaledMMKernel",
+    "CutlassFp8BlockScaledMMKernel", "TritonFp8BlockScaledMMKernel",
+    "CutlassFP8ScaledMMLinearKernel", "TorchFP8ScaledMMLinearKernel",
+]
+_FP8_LINEAR_BLACKWELL = [
+    "DeepGemmFp8BlockScaledMMKernel", "CutlassFp8BlockScaledMMKernel",
+    "TritonFp8BlockScaledMMKernel", "FlashInferFP8ScaledMMLinearKernel",
+    "CutlassFP8ScaledMMLinearKernel", "TorchFP8ScaledMMLinearKernel",
+]
+_FP8_LINEAR_OTHER = [
+    "TritonFp8BlockScaledMMKernel", "CutlassFP8ScaledMMLinearKernel",
+    "TorchFP8ScaledMMLinearKernel",
+]
+_MXFP8_LINEAR = ["FlashInferCutlassMxfp8LinearKernel", "EmulatedMxfp8LinearKernel"]
+_BF16_LINEAR = ["UnquantizedLinearKernel"]
+_SAMPLING = ["FlashInferSampler", "TorchSampler"]
+
+PREFERENCES: dict[str, dict[str, dict[str, list[str]]]] = {
+    "vllm": {
+        "hopper": {
+            "linear.fp8": _FP8_LINEAR_HOPPER,
+            "linear.mxfp8": _MXFP8_LINEAR,
+            "linear.bf16": _BF16_LINEAR,
+            "moe.fp8": ["TritonOrDeepGemmExperts", "TritonExperts"],
+            "moe.bf16": ["TritonExperts"],
+            "attention.mha": ["FlashAttentionBackend", "FlashInferAttentionBackend",
+                              "TritonAttentionBackend"],
+            "attention.mla": ["FlashMLABackend", "FlashInferMLABackend", "TritonMLABackend"],
+            "activation": ["VllmCustomOpActivation"],
+            "sampling": _SAMPLING,
+        },
+        "blackwell": {
+            "linear.fp8": _FP8_LINEAR_BLACKWELL,
+            "linear.mxfp8": _MXFP8_LINEAR,
+            "linear.bf16": _BF16_LINEAR,
+            "moe.fp8": ["TritonOrDeepGemmExperts", "TritonExperts"],
+            "moe.bf16": ["TritonExperts"],
+            "attention.mha": ["FlashInferAttentionBackend", "TritonAttentionBackend"],
+            "attention.mla": ["CutlassMLABackend", "FlashInferMLABackend", "FlashMLABackend",
+                              "TritonMLABackend"],
+            "activation": ["VllmCustomOpActivation"],
+            "sampling": _SAMPLING,
+        },
+        "other": {
+            "linear.fp8": _FP8_LINEAR_OTHER,
+            "linear.mxfp8": _MXFP8_LINEAR,
+            "linear.bf16": _BF16_LINEAR,
+            "moe.fp8": ["TritonExperts"],
+            "moe.bf16": ["TritonExperts"],
+            "attention.mha": ["FlashAttentionBackend", "FlashInferAttentionBackend",
+                              "TritonAttentionBackend"],
+            "attention.mla": ["TritonMLABackend"],
+            "activation": ["VllmCustomOpActivation"],
+            "sampling": _SAMPLING,
+        },
+    },
+    "sglang": {
+        "hopper": {
+            "linear.fp8": ["DeepGemmFp8BlockScaledMMKernel", *_FP8_LINEAR_HOPPER[2:]],
+            "linear.mxfp8": _MXFP8_LINEAR,
+            "linear.bf16": _BF16_LINEAR,
+            "moe.fp8": ["DeepGemmExperts", "TritonExperts"],
+            "moe.bf16": ["TritonExperts"],
+            "attention.mha": ["FlashAttentionBackend", "FlashInferAttentionBackend",
+                              "TritonAttentionBackend"],
+            "attention.mla": ["FlashMLABackend", "FlashInferMLABackend", "TritonMLABackend"],
+            "activation": ["SglKernelActivation", "FlashInferActivation", "TorchActivation"],
+            "sampling": _SAMPLING,
+        },
+        "blackwell": {
+            "linear.fp8": _FP8_LINEAR_BLACKWELL,
+            "linear.mxfp8": _MXFP8_LINEAR,
+            "linear.bf16": _BF16_LINEAR,
+            "moe.fp8": ["DeepGemmExperts", "TritonExperts"],
+            "moe.bf16": ["TritonExperts"],
+            "attention.mha": ["FlashInferAttentionBackend", "TritonAttentionBackend"],
+            "attention.mla": ["FlashInferMLABackend", "CutlassMLABackend", "TritonMLABackend"],
+            "activation": ["SglKernelActivation", "FlashInferActivation", "TorchActivation"],
+            "sampling": _SAMPLING,
+        },
+        "other": {
+            "linear.fp8": _FP8_LINEAR_OTHER,
+            "linear.mxfp8": _MXFP8_LINEAR,
+            "linear.bf16": _BF16_LINEAR,
+            "moe.fp8": ["TritonExperts"],
+            "moe.bf16": ["TritonExperts"],
+            "attention.mha": ["FlashInferAttentionBackend", "TritonAttentionBackend"],
+            "attention.mla": ["FlashInferMLABackend", "TritonMLABackend"],
+            "activation": ["SglKernelActivation", "FlashInferActivation", "TorchActivation"],
+            "sampling": _SAMPLING,
+        },
+    },
+}
+
+ENGINES = tuple(PREFERENCES)
+
+
+def platform_of(capability: tuple[int, int]) -> str:
+    if capability[0] == 9:
+        return "hopper"
+    if capability[0] in (10, 11, 12):
+        return "blackwell"
+    return "other"
+
+
+def family_of(op: str, quant: str, kind: str | None = None) -> str:
+    if op in ("linear", "moe"):
+        group = "fp8" if quant in ("fp8_block", "fp8_tensor") else quant
+        return f"{op}.{group}"
+    if op == "attention":
+        return f"attention.{kind or 'mha'}"
+    return op

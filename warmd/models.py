@@ -1,0 +1,317 @@
+"""Model shapes from a local Hugging Face config.json, sharded exactly as vLLM shards them.
+
+Column-parallel layers divide N by TP, row-parallel layers divide K; merged projections
+(qkv, gate_up) are one GEMM; MoE experts split across EP ranks (vLLM runs the experts with
+TP=1 under expert parallelism) or their intermediate size across TP ranks.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from warmd.errors import WarmdInputError
+
+QUANT_SCHEMES = ("fp8_block", "fp8_tensor", "mxfp8", "bf16")
+DENSE_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+MOE_TYPES = ("qwen3_moe", "mixtral")
+MLA_TYPES = ("deepseek_v3", "deepseek_v2")
+SUPPORTED_MODEL_TYPES = DENSE_TYPES + MOE_TYPES + MLA_TYPES
+
+
+@dataclass(frozen=True)
+class Quantization:
+    scheme: str
+    block: tuple[int, int] | None = None
+    ignored: tuple[str, ...] = ()
+
+    def for_layer(self, name: str) -> Quantization:
+        """BF16 for layers a checkpoint leaves unquantized (ignored_layers and the like)."""
+        if self.scheme == "bf16":
+            return self
+        for pattern in self.ignored:
+            if name == pattern or name.endswith("." + pattern) or pattern.endswith("." + name):
+                return Quantization("bf16")
+        return self
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One distinct layer shape of the model on one rank, with how many times it occurs."""
+
+    name: str
+    op: str  # linear | moe | attention | activation | sampling
+    quant: str
+    n: int | None = None
+    k: int | None = None
+    num_groups: int | None = None
+    count: int = 1
+    block: tuple[int, int] | None = None
+    topk: int | None = None
+    params: tuple[tuple[str, object], ...] = field(default=())
+
+    @property
+    def param(self) -> dict:
+        return dict(self.params)
+
+    def shape_key(self) -> tuple:
+        return (self.name, self.op, self.quant, self.n, self.k, self.num_groups, self.block,
+                self.topk, self.params)
+
+    def describe_shape(self) -> str:
+        if self.op in ("linear", "moe"):
+            groups = f"{self.num_groups}x" if self.num_groups else ""
+            return f"{groups}N={self.n} K={self.k}"
+        return " ".join(f"{k}={v}" for k, v in self.params)
+
+
+@dataclass(frozen=True)
+class ModelShapes:
+    model_type: str
+    path: str
+    tp: int
+    ep: int
+    quant: Quantization
+    layers: tuple[Layer, ...]
+    num_hidden_layers: int
+
+
+def load_config(path: str | Path) -> tuple[dict, Path]:
+    """Read a local config.json (a file, or a directory holding one). Never downloads."""
+    p = Path(path).expanduser()
+    if p.is_dir():
+        p = p / "config.json"
+    if not p.exists():
+        raise WarmdInputError(f"model config not found: {p}")
+    try:
+        data = json.loads(p.read_text())
+    except OSError as exc:
+        raise WarmdInputError(f"cannot read model config {p}: {exc.strerror or exc}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise WarmdInputError(f"model config {p} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise WarmdInputError(f"model config {p} must hold a JSON object")
+    return data, p
+
+
+def parse_quantization(config: dict, override: str | None = None) -> Quantization:
+    if override is not None:
+        scheme = override.lower().replace("-", "_")
+        if scheme not in QUANT_SCHEMES:
+            raise WarmdInputError(
+                f"unknown quantization {override!r}; known: {', '.join(QUANT_SCHEMES)}")
+        return Quantization(scheme, (128, 128) if scheme == "fp8_block" else None)
+    qc = config.get("quantization_config")
+    if not qc:
+        return Quantization("bf16")
+    if not isinstance(qc, dict):
+        raise WarmdInputError("quantization_config must be a JSON object")
+    method = str(qc.get("quant_method", "")).lower()
+    algo = str(qc.get("quant_algo", "") or (qc.get("quantization") or {}).get("quant_algo", ""))
+    ignored = tuple(qc.get("ignored_layers") or qc.get("modules_to_not_convert")
+                    or qc.get("exclude_modules") or ())
+    if method == "fp8":
+        block = qc.get("weight_block_size")
+        if block:
+            if len(block) != 2:
+                raise WarmdInputError(f"weight_block_size must have two entries, got {block}")
+            return Quantization("fp8_block", (int(block[0]), int(block[1])), ignored)
+        return Quantization("fp8_tensor", None, ignored)
+    if method == "mxfp8" or algo.upper() == "MXFP8":
+        return Quantization("mxfp8", (1, 32), ignored)
+    if method == "modelopt" and algo.upper() == "FP8":
+        return Quantization("fp8_tensor", None, ignored)
+    raise WarmdInputError(
+        f"unsupported quantization (quant_method={method or None!r}, quant_algo={algo or None!r});"
+        " supported: fp8 (block or per-tensor), mxfp8, modelopt FP8/MXFP8, none (BF16);"
+        " or pass --quantization")
+
+
+def _require(config: dict, *keys: str) -> list[int]:
+    values = []
+    for key in keys:
+        value = config.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise WarmdInputError(f"model config field {key!r} must be a positive integer, "
+                                  f"got {value!r}")
+        values.append(value)
+    return values
+
+
+def _divide(total: int, parts: int, what: str, flag: str) -> int:
+    if total % parts:
+        raise WarmdInputError(f"{flag}={parts} does not divide {what} ({total})")
+    return total // parts
+
+
+def _kv_heads_per_rank(kv_heads: int, tp: int) -> int:
+    # vLLM replicates KV heads when TP exceeds them.
+    if kv_heads >= tp:
+        return _divide(kv_heads, tp, "num_key_value_heads", "--tp")
+    if tp % kv_heads:
+        raise WarmdInputError(f"--tp={tp} is neither a divisor nor a multiple of "
+                              f"num_key_value_heads ({kv_heads})")
+    return 1
+
+
+class _Builder:
+    """Collects per-decoder-layer shapes, then deduplicates them with counts."""
+
+    def __init__(self, quant: Quantization):
+        self.quant = quant
+        self.counts: Counter = Counter()
+        self.order: dict[tuple, Layer] = {}
+
+    def add(self, layer: Layer, times: int = 1) -> None:
+        key = layer.shape_key()
+        self.order.setdefault(key, layer)
+        self.counts[key] += times
+
+    def linear(self, name: str, n: int, k: int, times: int = 1, quantized: bool = True) -> None:
+        q = self.quant.for_layer(name) if quantized else Quantization("bf16")
+        self.add(Layer(name, "linear", q.scheme, n, k, block=q.block), times)
+
+    def moe(self, name: str, groups: int, n: int, k: int, topk: int, times: int) -> None:
+        q = self.quant.for_layer(name)
+        self.add(Layer(name, "moe", q.scheme, n, k, groups, block=q.block, topk=topk), times)
+
+    def layers(self) -> tuple[Layer, ...]:
+        return tuple(
+            Layer(**{**layer.__dict__, "count": self.counts[key]})
+            for key, layer in self.order.items()
+        )
+
+
+def _attention_mha(b: _Builder, config: dict, tp: int, times: int) -> None:
+    hidden, heads = _require(config, "hidden_size", "num_attention_heads")
+    kv_heads = config.get("num_key_value_heads") or heads
+    head_dim = config.get("head_dim") or hidden // heads
+    q_per_rank = _divide(heads, tp, "num_attention_heads", "--tp")
+    kv_per_rank = _kv_heads_per_rank(kv_heads, tp)
+    b.linear("self_attn.qkv_proj", (q_per_rank + 2 * kv_per_rank) * head_dim, hidden, times)
+    b.linear("self_attn.o_proj", hidden, q_per_rank * head_dim, times)
+    b.add(Layer("self_attn.attn", "attention", "bf16", params=(
+        ("kind", "mha"), ("num_qo_heads", q_per_rank), ("num_kv_heads", kv_per_rank),
+        ("head_dim", head_dim))), times)
+
+
+def _attention_mla(b: _Builder, config: dict, tp: int, times: int) -> None:
+    hidden, heads, kv_lora, nope, rope, v_dim = _require(
+        config, "hidden_size", "num_attention_heads", "kv_lora_rank", "qk_nope_head_dim",
+        "qk_rope_head_dim", "v_head_dim")
+    q_lora = config.get("q_lora_rank")
+    heads_per_rank = _divide(heads, tp, "num_attention_heads", "--tp")
+    if q_lora:
+        # q_a and kv_a are merged and replicated on every rank (disable_tp in vLLM).
+        b.linear("self_attn.fused_qkv_a_proj", q_lora + kv_lora + rope, hidden, times)
+        b.linear("self_attn.q_b_proj", heads_per_rank * (nope + rope), q_lora, times)
+    else:
+        b.linear("self_attn.q_proj", heads_per_rank * (nope + rope), hidden, times)
+        b.linear("self_attn.kv_a_proj_with_mqa", kv_lora + rope, hidden, times)
+    b.linear("self_attn.kv_b_proj", heads_per_rank * (nope + v_dim), kv_lora, times)
+    b.linear("self_attn.o_proj", hidden, heads_per_rank * v_dim, times)
+    b.add(Layer("self_attn.attn", "attention", "bf16", params=(
+        ("kind", "mla"), ("num_heads", heads_per_rank), ("kv_lora_rank", kv_lora),
+        ("qk_rope_head_dim", rope))), times)
+
+
+def _dense_mlp(b: _Builder, name: str, hidden: int, inter: int, tp: int, times: int) -> None:
+    per_rank = _divide(inter, tp, f"{name} intermediate size", "--tp")
+    b.linear(f"{name}.gate_up_proj", 2 * per_rank, hidden, times)
+    b.linear(f"{name}.down_proj", hidden, per_rank, times)
+
+
+def _moe(b: _Builder, hidden: int, experts: int, inter: int, topk: int, tp: int, ep: int,
+         times: int) -> None:
+    b.linear("mlp.gate", experts, hidden, times, quantized=False)
+    groups = _divide(experts, ep, "the number of routed experts", "--ep")
+    per_rank = inter if ep > 1 else _divide(inter, tp, "moe_intermediate_size", "--tp")
+    b.moe("mlp.experts.w13", groups, 2 * per_rank, hidden, topk, times)
+    b.moe("mlp.experts.w2", groups, hidden, per_rank, topk, times)
+
+
+def _activation_and_sampling(b: _Builder, config: dict, vocab_tp: int, hidden: int,
+                             times: int) -> None:
+    act = str(config.get("hidden_act") or config.get("hidden_activation") or "silu")
+    b.add(Layer("mlp.act_fn", "activation", "bf16", params=(("act", act),)), times)
+    vocab = config.get("vocab_size")
+    if isinstance(vocab, int) and vocab > 0:
+        padded = -(-vocab // 64) * 64  # vLLM pads the vocabulary to a multiple of 64
+        b.linear("lm_head", _divide(padded, vocab_tp, "padded vocab_size", "--tp"), hidden,
+                 quantized=False)
+        b.add(Layer("sampler", "sampling", "bf16", params=(("vocab_size", vocab),)))
+
+
+def _build_dense(b: _Builder, config: dict, tp: int, ep: int) -> int:
+    hidden, inter, n_layers = _require(config, "hidden_size", "intermediate_size",
+                                       "num_hidden_layers")
+    _attention_mha(b, config, tp, n_layers)
+    _dense_mlp(b, "mlp", hidden, inter, tp, n_layers)
+    _activation_and_sampling(b, config, tp, hidden, n_layers)
+    return n_layers
+
+
+def _build_moe(b: _Builder, config: dict, tp: int, ep: int) -> int:
+    hidden, n_layers = _require(config, "hidden_size", "num_hidden_layers")
+    if config.get("model_type") == "mixtral":
+        experts, inter, topk = _require(config, "num_local_experts", "intermediate_size",
+                                        "num_experts_per_tok")
+        dense_layers: set[int] = set()
+    else:
+        experts, inter, topk = _require(config, "num_experts", "moe_intermediate_size",
+                                        "num_experts_per_tok")
+        step = config.get("decoder_sparse_step") or 1
+        mlp_only = set(config.get("mlp_only_layers") or ())
+        dense_layers = {i for i in range(n_layers) if i in mlp_only or (i + 1) % step}
+    _attention_mha(b, config, tp, n_layers)
+    if dense_layers:
+        _dense_mlp(b, "mlp", hidden, _require(config, "intermediate_size")[0], tp,
+                   len(dense_layers))
+    _moe(b, hidden, experts, inter, topk, tp, ep, n_layers - len(dense_layers))
+    _activation_and_sampling(b, config, tp, hidden, n_layers)
+    return n_layers
+
+
+def _build_mla(b: _Builder, config: dict, tp: int, ep: int) -> int:
+    hidden, n_layers, inter, moe_inter, experts, topk = _require(
+        config, "hidden_size", "num_hidden_layers", "intermediate_size", "moe_intermediate_size",
+        "n_routed_experts", "num_experts_per_tok")
+    first_dense = min(int(config.get("first_k_dense_replace") or 0), n_layers)
+    freq = int(config.get("moe_layer_freq") or 1)
+    moe_layers = sum(1 for i in range(first_dense, n_layers) if i % freq == 0)
+    dense_layers = n_layers - moe_layers
+    shared = int(config.get("n_shared_experts") or 0)
+    _attention_mla(b, config, tp, n_layers)
+    if dense_layers:
+        _dense_mlp(b, "mlp", hidden, inter, tp, dense_layers)
+    if moe_layers:
+        _moe(b, hidden, experts, moe_inter, topk, tp, ep, moe_layers)
+        if shared:
+            _dense_mlp(b, "mlp.shared_experts", hidden, moe_inter * shared, tp, moe_layers)
+    _activation_and_sampling(b, config, tp, hidden, n_layers)
+    return n_layers
+
+
+_BUILDERS = {
+    **{t: _build_dense for t in DENSE_TYPES},
+    **{t: _build_moe for t in MOE_TYPES},
+    **{t: _build_mla for t in MLA_TYPES},
+}
+
+
+def model_shapes(path: str | Path, tp: int = 1, ep: int = 1,
+                 quantization: str | None = None) -> ModelShapes:
+    """Every layer of the model on one rank, deduplicated by shape with a count."""
+    if tp < 1 or ep < 1:
+        raise WarmdInputError("--tp and --ep must be positive integers")
+    config, config_path = load_config(path)
+    model_type = config.get("model_type")
+    if model_type not in _BUILDERS:
+        raise WarmdInputError(f"unsupported model_type {model_type!r} in {config_path}; "
+                              f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
+    quant = parse_quantization(config, quantization)
+    builder = _Builder(quant)
+    n_layers = _BUILDERS[model_type](builder, config, tp, ep)
+    return ModelShapes(model_type, str(config_path), tp, ep, quant, builder.layers(), n_layers)

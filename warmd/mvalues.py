@@ -1,0 +1,102 @@
+"""The M values (token counts) a warmup runs each GEMM with, per engine warmup mode."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from warmd.errors import WarmdInputError
+
+MODES = ("full", "relax", "fast")
+# DeepGEMM's M/K alignment for the contiguous grouped layout (vLLM:
+# get_mk_alignment_for_contiguous_layout).
+GROUPED_BLOCK_M = 128
+
+
+@dataclass(frozen=True)
+class MSpec:
+    """How to choose M values: a mode or an explicit list, up to max_tokens."""
+
+    mode: str = "relax"
+    max_tokens: int = 8192
+    explicit: tuple[int, ...] = ()
+
+    def values(self, n: int, num_sms: int) -> list[int]:
+        """The token counts to run a GEMM with output size n on a GPU with num_sms SMs."""
+        if self.explicit:
+            return sorted({m for m in self.explicit if 1 <= m <= self.max_tokens})
+        if self.mode == "full":
+            return list(range(1, self.max_tokens + 1))
+        if self.mode == "fast":
+            return fast_m_values(self.max_tokens)
+        return relax_m_values(self.max_tokens, n, num_sms)
+
+
+def parse_mspec(mode: str, max_tokens: int, m_list: str | None = None) -> MSpec:
+    if max_tokens < 1:
+        raise WarmdInputError(f"--max-tokens must be a positive integer, got {max_tokens}")
+    if m_list:
+        try:
+            values = tuple(int(part) for part in m_list.split(",") if part.strip())
+        except ValueError:
+            raise WarmdInputError(f"--m-list must be comma-separated integers, got {m_list!r}") \
+                from None
+        if not values or min(values) < 1:
+            raise WarmdInputError("--m-list values must be positive integers")
+        return MSpec("list", max(max_tokens, max(values)), values)
+    if mode not in MODES:
+        raise WarmdInputError(f"unknown mode {mode!r}; known modes: {', '.join(MODES)}")
+    return MSpec(mode, max_tokens)
+
+
+def relax_m_values(max_tokens: int, n: int, num_sms: int) -> list[int]:
+    """vLLM's 'relax' set: the M values where DeepGEMM's block/wave heuristics change."""
+    values = {m for m in [1, 2, 4, *range(8, 65, 8)] if m <= max_tokens}
+    block_ns = [bn for bn in range(16, min(257, n + 1), 16) if bn <= n]
+    for block_m in (64, 128, 256):
+        for block_n in block_ns:
+            n_blocks = -(-n // block_n)
+            for wave in range(1, 11):
+                m = wave * num_sms * block_m // n_blocks
+                if 1 <= m <= max_tokens:
+                    values.add(m)
+        values.update(range(block_m, max_tokens + 1, block_m))
+    return sorted(values)
+
+
+def fast_m_values(max_tokens: int) -> list[int]:
+    """SGLang-style buckets: every M up to 64, then coarser steps as M grows."""
+    values = set(range(1, min(64, max_tokens) + 1))
+    for lo, hi, step in ((64, 512, 8), (512, 4096, 64), (4096, max_tokens, 256)):
+        values.update(range(lo, min(hi, max_tokens) + 1, step))
+    values.add(max_tokens)
+    return sorted(values)
+
+
+def clip(values: list[int], lo: int, hi: int | None) -> list[int]:
+    return [m for m in values if m >= lo and (hi is None or m <= hi)]
+
+
+def aligned_grouped_m(tokens: int, topk: int, groups: int, block_m: int = GROUPED_BLOCK_M) -> int:
+    """Rows of the contiguous grouped GEMM for `tokens` tokens in the worst case, as vLLM
+    sizes it (compute_aligned_M): every expert's segment padded to block_m."""
+    rows = tokens * topk + groups * (block_m - 1)
+    return -(-rows // block_m) * block_m
+
+
+def grouped_m_values(spec: MSpec, n: int, num_sms: int, topk: int, groups: int, lo: int,
+                     hi: int | None) -> list[int]:
+    """Row counts to run a contiguous grouped GEMM with, for token counts in [lo, hi]."""
+    top = spec.max_tokens if hi is None else min(hi, spec.max_tokens)
+    if top < lo:
+        return []
+    row_lo = aligned_grouped_m(lo, topk, groups)
+    row_hi = aligned_grouped_m(top, topk, groups)
+    if spec.explicit:
+        rows = {aligned_grouped_m(m, topk, groups) for m in clip(list(spec.explicit), lo, top)}
+    elif spec.mode == "full":
+        rows = set(range(row_lo, row_hi + 1, GROUPED_BLOCK_M))
+    else:
+        base = (fast_m_values(row_hi) if spec.mode == "fast"
+                else relax_m_values(row_hi, n, num_sms))
+        rows = {m for m in base if m % GROUPED_BLOCK_M == 0 and m >= row_lo} | {row_lo, row_hi}
+    return sorted(rows)

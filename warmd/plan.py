@@ -1,0 +1,196 @@
+"""The warmup plan: selected kernels, followed through every wrapper branch, turned into the
+deduplicated JIT tasks the engine will need."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+
+from warmd.kernels.base import Environment, JitWork, Kernel
+from warmd.kernels.selection import Selection, select_kernel
+from warmd.models import ModelShapes
+from warmd.mvalues import MSpec
+
+
+@dataclass(frozen=True)
+class Task:
+    """One unit of JIT work, with a key that is stable across runs and machines."""
+
+    key: str
+    library: str
+    kernel: str
+    n: int | None = None
+    k: int | None = None
+    num_groups: int | None = None
+    m: tuple[int, ...] = ()
+    module: str | None = None
+    spec: dict = field(default_factory=dict, hash=False, compare=False)
+    layers: tuple[str, ...] = ()
+
+    def to_json(self) -> dict:
+        return {"key": self.key, "library": self.library, "kernel": self.kernel,
+                "n": self.n, "k": self.k, "num_groups": self.num_groups, "m": list(self.m),
+                "module": self.module, "spec": _jsonable(self.spec), "layers": list(self.layers)}
+
+    @classmethod
+    def from_json(cls, data: dict) -> Task:
+        spec = dict(data.get("spec") or {})
+        if "args" in spec:
+            spec["args"] = tuple(spec["args"])
+        return cls(data["key"], data["library"], data["kernel"], data.get("n"), data.get("k"),
+                   data.get("num_groups"), tuple(data.get("m") or ()), data.get("module"), spec,
+                   tuple(data.get("layers") or ()))
+
+
+@dataclass(frozen=True)
+class Plan:
+    model: ModelShapes
+    env: Environment
+    mspec: MSpec
+    selections: tuple[Selection, ...]
+    tasks: tuple[Task, ...]
+
+    @property
+    def key(self) -> str:
+        """Identifies the plan's work: same tasks, same key, whatever machine made it."""
+        return _digest([t.to_json() for t in self.tasks])[:16]
+
+    def to_json(self) -> dict:
+        return {
+            "plan_key": self.key,
+            "model": {"path": self.model.path, "model_type": self.model.model_type,
+                      "tp": self.model.tp, "ep": self.model.ep,
+                      "quantization": self.model.quant.scheme},
+            "engine": self.env.engine,
+            "mode": self.mspec.mode,
+            "max_tokens": self.mspec.max_tokens,
+            "target": self.env.target.to_json(),
+            "libraries": {n: p.to_json() for n, p in self.env.libraries.items()},
+            "layers": [_selection_json(s) for s in self.selections],
+            "tasks": [t.to_json() for t in self.tasks],
+        }
+
+
+def _jsonable(value):
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def _digest(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
+
+
+def _selection_json(s: Selection) -> dict:
+    layer = s.layer
+    return {
+        "name": layer.name, "op": layer.op, "family": s.family, "quant": layer.quant,
+        "n": layer.n, "k": layer.k, "num_groups": layer.num_groups, "count": layer.count,
+        "params": dict(layer.params),
+        "kernel": s.kernel.name if s.kernel else None,
+        "branches": _branch_tree(s.kernel) if s.kernel and s.kernel.is_wrapper() else [],
+        "rejected": [{"kernel": r.kernel, "reason": r.reason} for r in s.rejected],
+    }
+
+
+def _branch_tree(kernel: type[Kernel]) -> list[dict]:
+    return [{"role": b.role, "kernel": b.kernel.name, "m_min": b.m_min, "m_max": b.m_max,
+             "branches": _branch_tree(b.kernel) if b.kernel.is_wrapper() else []}
+            for b in kernel.branches]
+
+
+def leaf_kernels(kernel: type[Kernel], lo: int = 1, hi: int | None = None):
+    """Every leaf kernel reachable through wrapper branches, with the M range it serves."""
+    if not kernel.is_wrapper():
+        yield kernel, (lo, hi)
+        return
+    for branch in kernel.branches:
+        clipped = branch.clip(lo, hi)
+        if clipped is not None:
+            yield from leaf_kernels(branch.kernel, *clipped)
+
+
+def _work_for(selection: Selection, env: Environment, mspec: MSpec) -> list[JitWork]:
+    if selection.kernel is None:
+        return []
+    work = []
+    for leaf, m_range in leaf_kernels(selection.kernel):
+        work.extend(leaf.jit_work(selection.layer, env, mspec, m_range))
+    return work
+
+
+def _task_key(work: JitWork, env: Environment) -> str:
+    ident = {"library": work.library, "kernel": work.kernel, "n": work.n, "k": work.k,
+             "num_groups": work.num_groups, "module": work.module,
+             "spec": _jsonable(dict(work.spec)), "arch": env.target.arch, "sms": env.target.sms}
+    shape = work.module or "x".join(str(v) for v in (work.num_groups, work.n, work.k) if v)
+    return f"{work.library}/{work.kernel}/{shape}/{_digest(ident)[:12]}"
+
+
+def build_tasks(selections: list[Selection], env: Environment, mspec: MSpec) -> list[Task]:
+    merged: dict[str, dict] = {}
+    for selection in selections:
+        for work in _work_for(selection, env, mspec):
+            key = _task_key(work, env)
+            entry = merged.setdefault(key, {"work": work, "m": set(), "layers": []})
+            entry["m"].update(work.m)
+            if selection.layer.name not in entry["layers"]:
+                entry["layers"].append(selection.layer.name)
+    tasks = []
+    for key, entry in merged.items():
+        w = entry["work"]
+        tasks.append(Task(key, w.library, w.kernel, w.n, w.k, w.num_groups,
+                          tuple(sorted(entry["m"])), w.module, dict(w.spec),
+                          tuple(entry["layers"])))
+    return sorted(tasks, key=lambda t: t.key)
+
+
+def build_plan(model: ModelShapes, env: Environment, mspec: MSpec) -> Plan:
+    selections = [select_kernel(layer, env) for layer in model.layers]
+    return Plan(model, env, mspec, tuple(selections), tuple(build_tasks(selections, env, mspec)))
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """Everything a plan is made from; the CLI flags and the daemon's config map onto it."""
+
+    model: str
+    tp: int = 1
+    ep: int = 1
+    target: str | None = None
+    capability: str | None = None
+    sms: int | None = None
+    with_libs: tuple[str, ...] = ()
+    without_libs: tuple[str, ...] = ()
+    engine: str = "vllm"
+    mode: str = "relax"
+    max_tokens: int = 8192
+    m_list: str | None = None
+    quantization: str | None = None
+    disabled_kernels: tuple[str, ...] = ()
+
+
+def make_plan(request: PlanRequest) -> Plan:
+    from warmd.errors import WarmdInputError
+    from warmd.examples import resolve_model_path
+    from warmd.kernels.preferences import ENGINES
+    from warmd.kernels.selection import check_kernel_names, disabled_kernels_from_env
+    from warmd.models import model_shapes
+    from warmd.mvalues import parse_mspec
+    from warmd.probes import probe_libraries
+    from warmd.targets import resolve_target
+
+    if request.engine not in ENGINES:
+        raise WarmdInputError(f"unknown engine {request.engine!r}; known: {', '.join(ENGINES)}")
+    mspec = parse_mspec(request.mode, request.max_tokens, request.m_list)
+    disabled = frozenset(request.disabled_kernels) | disabled_kernels_from_env()
+    check_kernel_names(frozenset(request.disabled_kernels))
+    libraries = probe_libraries(request.with_libs, request.without_libs)
+    target = resolve_target(request.target, request.capability, request.sms)
+    model = model_shapes(resolve_model_path(request.model), request.tp, request.ep,
+                         request.quantization)
+    env = Environment(target, libraries, request.engine, disabled)
+    return build_plan(model, env, mspec)

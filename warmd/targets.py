@@ -1,0 +1,207 @@
+"""GPU targets: detected from the local machine or named presets for planning anywhere."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+from functools import cache
+
+from warmd.errors import WarmdInputError
+
+
+@dataclass(frozen=True)
+class Target:
+    """One GPU kind that a plan is made for."""
+
+    name: str
+    capability: tuple[int, int]
+    sms: int
+    count: int = 1
+    driver: str | None = None
+    cuda: str | None = None
+    source: str = "preset"
+
+    @property
+    def arch(self) -> str:
+        return arch_with_suffix(self.capability)
+
+    @property
+    def sm(self) -> int:
+        return self.capability[0] * 10 + self.capability[1]
+
+    @property
+    def is_hopper(self) -> bool:
+        return self.capability[0] == 9
+
+    @property
+    def is_blackwell(self) -> bool:
+        return self.capability[0] in (10, 11, 12)
+
+    def to_json(self) -> dict:
+        data = asdict(self)
+        data["capability"] = f"{self.capability[0]}.{self.capability[1]}"
+        data["arch"] = self.arch
+        return data
+
+
+def arch_with_suffix(capability: tuple[int, int]) -> str:
+    """The arch string nvcc and the JIT libraries use: 9.0a, 10.0a, 12.0f, 8.9."""
+    major, minor = capability
+    if major in (9, 10, 11):
+        # Arch-specific features (wgmma, tcgen05) need the 'a' variants.
+        return f"{major}.{minor}a"
+    if major >= 12:
+        # Consumer/workstation Blackwell: family-portable 'f' builds.
+        return f"{major}.{minor}f"
+    return f"{major}.{minor}"
+
+
+PRESETS: dict[str, Target] = {
+    "a100": Target("NVIDIA A100", (8, 0), 108),
+    "l40s": Target("NVIDIA L40S", (8, 9), 142),
+    "h100": Target("NVIDIA H100 80GB HBM3", (9, 0), 132),
+    "h200": Target("NVIDIA H200", (9, 0), 132),
+    "h20": Target("NVIDIA H20", (9, 0), 78),
+    "b200": Target("NVIDIA B200", (10, 0), 148),
+    "gb200": Target("NVIDIA GB200", (10, 0), 152),
+    "b300": Target("NVIDIA B300", (10, 3), 148),
+    "rtx-pro-6000": Target("NVIDIA RTX PRO 6000 Blackwell", (12, 0), 188),
+}
+
+
+def parse_capability(text: str) -> tuple[int, int]:
+    """'9.0', '9.0a', '90', 'sm_90a' -> (9, 0)."""
+    raw = text.strip().lower().removeprefix("sm_").removeprefix("sm").rstrip("af")
+    try:
+        if "." in raw:
+            major, minor = raw.split(".", 1)
+            return int(major), int(minor)
+        value = int(raw)
+    except ValueError:
+        raise WarmdInputError(
+            f"invalid compute capability {text!r}; expected e.g. 9.0 or 10.0") from None
+    return value // 10, value % 10
+
+
+def preset(name: str) -> Target:
+    try:
+        return PRESETS[name.lower()]
+    except KeyError:
+        known = ", ".join(sorted(PRESETS))
+        raise WarmdInputError(f"unknown target preset {name!r}; known presets: {known}") from None
+
+
+def resolve_target(
+    name: str | None = None, capability: str | None = None, sms: int | None = None
+) -> Target:
+    """The target a command plans for: a preset, an explicit capability, or the local GPU."""
+    if capability is not None:
+        cap = parse_capability(capability)
+        base = preset(name) if name else None
+        if sms is None and base is None:
+            raise WarmdInputError("--capability needs --sms (or a --target preset to take it from)")
+        return Target(
+            name=base.name if base else f"custom sm_{cap[0]}{cap[1]}",
+            capability=cap,
+            sms=sms if sms is not None else base.sms,
+            source="flags",
+        )
+    if name and name != "local":
+        found = preset(name)
+        return found if sms is None else Target(found.name, found.capability, sms)
+    local = detect_local_gpus()
+    if not local:
+        known = ", ".join(sorted(PRESETS))
+        raise WarmdInputError(
+            f"no local GPU found; plan for one with --target ({known}) or --capability/--sms"
+        )
+    return local[0]
+
+
+@cache
+def detect_local_gpus() -> tuple[Target, ...]:
+    """GPUs of this machine, one Target per distinct kind with its count; empty without a GPU."""
+    gpus = _detect_with_nvml()
+    if gpus is None:
+        gpus = _detect_with_torch()
+    return tuple(gpus or ())
+
+
+def _visible_indices(total: int) -> list[int]:
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return list(range(total))
+    indices = []
+    for part in visible.split(","):
+        part = part.strip()
+        if part.isdigit() and int(part) < total:
+            indices.append(int(part))
+    return indices
+
+
+def _group(found: list[Target]) -> list[Target]:
+    grouped: dict[tuple, Target] = {}
+    for gpu in found:
+        key = (gpu.name, gpu.capability, gpu.sms)
+        prior = grouped.get(key)
+        grouped[key] = gpu if prior is None else Target(
+            gpu.name, gpu.capability, gpu.sms, prior.count + 1, gpu.driver, gpu.cuda, gpu.source
+        )
+    return list(grouped.values())
+
+
+def _detect_with_nvml() -> list[Target] | None:
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except Exception:  # NVMLError: no driver on this machine
+        return None
+    try:
+        driver = _text(pynvml.nvmlSystemGetDriverVersion())
+        cuda_int = pynvml.nvmlSystemGetCudaDriverVersion_v2()
+        cuda = f"{cuda_int // 1000}.{(cuda_int % 1000) // 10}"
+        found = []
+        for index in _visible_indices(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            cap = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
+            sms = _nvml_sm_count(pynvml, handle)
+            found.append(
+                Target(_text(pynvml.nvmlDeviceGetName(handle)), tuple(cap), sms, 1, driver, cuda,
+                       "nvml")
+            )
+        return _group(found) if found else None
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def _nvml_sm_count(pynvml, handle) -> int:
+    # NVML reports no SM count; take it from the preset of the same GPU (longest name match).
+    name = _text(pynvml.nvmlDeviceGetName(handle)).lower()
+    matches = [t for t in PRESETS.values() if t.name.lower() in name]
+    if matches:
+        return max(matches, key=lambda t: len(t.name)).sms
+    return 0
+
+
+def _detect_with_torch() -> list[Target] | None:
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    found = []
+    for index in range(torch.cuda.device_count()):
+        props = torch.cuda.get_device_properties(index)
+        found.append(
+            Target(props.name, (props.major, props.minor), props.multi_processor_count, 1, None,
+                   torch.version.cuda, "torch")
+        )
+    return _group(found)
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
