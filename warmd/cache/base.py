@@ -52,3 +52,36 @@ class CacheAdapter(ABC):
 
 class UnsafeArtifact(ValueError):
     """An artifact that must not be installed: traversal, links, devices, too large."""
+
+
+class SharedCache(ABC):
+    """The cluster-wide side of the cache (implemented by warmd.store over Redis).
+
+    Warmup calls it per task, in this order: fetch_task (install what the cluster has),
+    then for a miss single_flight (one node compiles, the others wait), then publish_task.
+    Every method degrades instead of raising: store down, corrupt entry or refused signature
+    is a miss, counted in the store's own counters.
+    """
+
+    @abstractmethod
+    def fetch_task(self, adapter: CacheAdapter, task_key: str) -> list[str] | None:
+        """Install every entry the cluster recorded for this task into adapter's root.
+        Returns the entry names installed (already-present ones included), or None when the
+        cluster has no complete, verified record for this task (a miss)."""
+
+    @abstractmethod
+    def single_flight(self, task_key: str, timeout: float):
+        """Context manager yielding True when this process should compile the task, False
+        when another node compiled it meanwhile (fetch_task again). Takes the lease over
+        when its holder dies; yields True when the store is unreachable."""
+
+    @abstractmethod
+    def publish_task(self, adapter: CacheAdapter, task_key: str, entries: list[CacheEntry],
+                     compile_seconds: float) -> None:
+        """Publish the entries a task produced (once per entry cluster-wide) and the task's
+        record naming them."""
+
+    @abstractmethod
+    def record_outcomes(self, counts: dict[str, float]) -> None:
+        """Add this run's counters (local_hits, remote_hits, compiled, failed, seconds...)
+        to the cluster-wide stats."""
