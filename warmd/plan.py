@@ -188,9 +188,9 @@ def make_plan(request: PlanRequest) -> Plan:
     mspec = parse_mspec(request.mode, request.max_tokens, request.m_list)
     disabled = frozenset(request.disabled_kernels) | disabled_kernels_from_env()
     check_kernel_names(frozenset(request.disabled_kernels))
-    libraries = probe_libraries(request.with_libs, request.without_libs)
-    target = resolve_target(request.target, request.capability, request.sms)
     model = model_shapes(resolve_model_path(request.model), request.tp, request.ep,
                          request.quantization)
+    libraries = probe_libraries(request.with_libs, request.without_libs)
+    target = resolve_target(request.target, request.capability, request.sms)
     env = Environment(target, libraries, request.engine, disabled)
     return build_plan(model, env, mspec)

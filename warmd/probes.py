@@ -94,7 +94,8 @@ def probe_nvcc() -> LibraryProbe:
 
 def _cuda_toolkit_version(home: Path) -> str | None:
     # Read the toolkit's own metadata rather than running nvcc: probes have no side effects.
-    for candidate in sorted(home.glob("dist-info/*/METADATA")) + [home / "version.txt"]:
+    for candidate in [*sorted(home.glob("dist-info/nvidia_cuda_nvcc-*/METADATA")),
+                      home / "version.txt"]:
         try:
             for line in candidate.read_text().splitlines():
                 if line.startswith("Version:") or line.startswith("CUDA Version"):

@@ -1,0 +1,35 @@
+"""Shared test setup. Ray tests need token auth off; probes are cached per process."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+
+@pytest.fixture
+def write_config(tmp_path: Path):
+    """Write a config.json into a fresh directory and return that directory."""
+    counter = {"n": 0}
+
+    def write(data: dict) -> Path:
+        counter["n"] += 1
+        directory = tmp_path / f"model{counter['n']}"
+        directory.mkdir()
+        (directory / "config.json").write_text(json.dumps(data))
+        return directory
+
+    return write
+
+
+@pytest.fixture(autouse=True)
+def _fresh_probes():
+    from warmd.probes import probe_library
+
+    probe_library.cache_clear()
+    yield
+    probe_library.cache_clear()

@@ -1,0 +1,203 @@
+"""Guarded kernel selection: capability AND library checks, reasons, wrappers, overrides."""
+
+from __future__ import annotations
+
+import pytest
+
+from warmd.examples import resolve_model_path
+from warmd.kernels import preferences
+from warmd.kernels.base import Branch, Environment, WrapperKernel
+from warmd.kernels.registry import (
+    ALL_KERNELS,
+    DeepGemmFp8BlockScaledMMKernel,
+    FlashInferFp8BlockScaledMMKernel,
+    TritonFp8BlockScaledMMKernel,
+)
+from warmd.kernels.selection import disabled_kernels_from_env, select_kernel
+from warmd.models import Layer, model_shapes
+from warmd.mvalues import MSpec
+from warmd.plan import build_plan, leaf_kernels
+from warmd.probes import LibraryProbe
+from warmd.targets import PRESETS
+
+
+def libs(*present: str) -> dict[str, LibraryProbe]:
+    names = ("deep_gemm", "flashinfer", "cutlass_dsl", "sgl_kernel", "nvcc")
+    return {n: LibraryProbe(n, n in present, "1.0" if n in present else None,
+                            reason="" if n in present else f"{n} not installed",
+                            can_jit=n in present) for n in names}
+
+
+def env(target: str, *present: str, engine: str = "vllm", disabled=()) -> Environment:
+    return Environment(PRESETS[target], libs(*present), engine, frozenset(disabled))
+
+
+def plan_for(model: str, environment: Environment, tp: int = 1, ep: int = 1,
+             quantization: str | None = None, mspec: MSpec | None = None):
+    shapes = model_shapes(resolve_model_path(model), tp, ep, quantization)
+    return build_plan(shapes, environment, mspec or MSpec("relax", 4096))
+
+
+def selection(plan, name):
+    return next(s for s in plan.selections if s.layer.name == name)
+
+
+# Regression 1: a kernel chosen on capability alone crashes at the first forward.
+def test_blackwell_mxfp8_without_flashinfer_falls_back_with_reason():
+    plan = plan_for("llama-3.1-8b", env("b200", "deep_gemm", "nvcc"), quantization="mxfp8")
+    for s in plan.selections:
+        assert s.kernel is None or "FlashInfer" not in s.kernel.name
+    qkv = selection(plan, "self_attn.qkv_proj")
+    assert qkv.kernel.name == "EmulatedMxfp8LinearKernel"
+    rejected = {r.kernel: r.reason for r in qkv.rejected}
+    assert "FlashInfer unavailable" in rejected["FlashInferCutlassMxfp8LinearKernel"]
+    assert not [t for t in plan.tasks if t.library == "flashinfer"]
+
+
+def test_blackwell_mxfp8_with_flashinfer_selected_and_planned():
+    plan = plan_for("llama-3.1-8b", env("b200", "flashinfer", "nvcc"), quantization="mxfp8")
+    assert selection(plan, "self_attn.qkv_proj").kernel.name == \
+        "FlashInferCutlassMxfp8LinearKernel"
+    modules = {t.module for t in plan.tasks if t.library == "flashinfer"}
+    assert "mxfp8_gemm_cutlass" in modules
+
+
+def test_capability_checked_even_with_library():
+    # FlashInfer present but an Ampere target: the MXFP8 kernel needs sm100/sm120.
+    plan = plan_for("llama-3.1-8b", env("a100", "flashinfer", "nvcc"), quantization="mxfp8")
+    qkv = selection(plan, "self_attn.qkv_proj")
+    assert qkv.kernel.name == "EmulatedMxfp8LinearKernel"
+    reason = dict((r.kernel, r.reason) for r in qkv.rejected)["FlashInferCutlassMxfp8LinearKernel"]
+    assert "sm10x/sm12x" in reason and "sm_80" in reason
+
+
+# Regression 2: a dynamic wrapper whose fallback is DeepGEMM must get DeepGEMM warmup.
+def test_wrapper_with_deepgemm_fallback_gets_deepgemm_tasks():
+    plan = plan_for("deepseek-v3", env("h200", "deep_gemm", "flashinfer", "nvcc"), tp=8)
+    o_proj = selection(plan, "self_attn.o_proj")
+    assert o_proj.kernel.name == "FlashInferFp8DeepGEMMDynamicBlockScaledKernel"
+    task = next(t for t in plan.tasks
+                if t.kernel == "fp8_gemm_nt" and (t.n, t.k) == (7168, 2048))
+    assert task.m and min(task.m) >= 32 and max(task.m) <= 4096  # only the fallback's M
+    assert "self_attn.o_proj" in task.layers
+    assert any(t.module == "fp8_blockscale_gemm_90" for t in plan.tasks)  # the base branch
+
+
+def test_wrapper_without_flashinfer_selects_plain_deepgemm_for_all_m():
+    plan = plan_for("deepseek-v3", env("h200", "deep_gemm", "nvcc"), tp=8)
+    o_proj = selection(plan, "self_attn.o_proj")
+    assert o_proj.kernel.name == "DeepGemmFp8BlockScaledMMKernel"
+    assert "FlashInfer" in o_proj.rejected[0].reason
+    task = next(t for t in plan.tasks if (t.n, t.k) == (7168, 2048))
+    assert min(task.m) == 1
+
+
+def test_moe_wrapper_routes_large_m_to_deepgemm_grouped():
+    plan = plan_for("qwen3-30b-a3b-fp8", env("h200", "deep_gemm", "nvcc"))
+    w13 = selection(plan, "mlp.experts.w13")
+    assert w13.kernel.name == "TritonOrDeepGemmExperts"
+    task = next(t for t in plan.tasks if t.kernel == "m_grouped_fp8_gemm_nt_contiguous"
+                and (t.num_groups, t.n, t.k) == (128, 1536, 2048))
+    # 128 tokens * top-8 + 128 experts * 127 padding rows = 17280, already 128-aligned.
+    assert min(task.m) == 17280
+    assert all(m % 128 == 0 for m in task.m)
+
+
+def test_deepgemm_rejects_unaligned_after_sharding():
+    plan = plan_for("qwen3-30b-a3b-fp8", env("h200", "deep_gemm", "nvcc"), tp=4)
+    w2 = selection(plan, "mlp.experts.w2")  # K = 768 / 4 = 192
+    assert w2.kernel.name == "TritonExperts"
+    reasons = [r.reason for r in w2.rejected]
+    assert any("K=192" in r for r in reasons)
+    assert not [t for t in plan.tasks if t.num_groups and t.k == 192]
+
+
+def test_deepgemm_rejects_per_tensor_fp8():
+    plan = plan_for("llama-3.1-8b", env("h200", "deep_gemm", "flashinfer", "nvcc"),
+                    quantization="fp8_tensor")
+    qkv = selection(plan, "self_attn.qkv_proj")
+    assert qkv.kernel.name == "CutlassFP8ScaledMMLinearKernel"
+    reasons = {r.kernel: r.reason for r in qkv.rejected}
+    assert "per-tensor" in reasons["DeepGemmFp8BlockScaledMMKernel"] or \
+        "fp8_tensor" in reasons["DeepGemmFp8BlockScaledMMKernel"]
+    assert not [t for t in plan.tasks if t.library == "deep_gemm"]
+
+
+def test_deepgemm_n_multiple_of_64_is_planned():
+    # fused_qkv_a_proj has N=2112 (64-aligned, not 128): vLLM dispatches it to DeepGEMM.
+    plan = plan_for("deepseek-v3", env("h200", "deep_gemm", "nvcc"), tp=8)
+    assert any((t.n, t.k) == (2112, 7168) for t in plan.tasks)
+
+
+def test_disabled_kernels_env_and_reason(monkeypatch):
+    monkeypatch.setenv("VLLM_DISABLED_KERNELS", "DeepGemmFp8BlockScaledMMKernel")
+    disabled = disabled_kernels_from_env()
+    plan = plan_for("deepseek-v3", env("h200", "deep_gemm", "flashinfer", "nvcc",
+                                       disabled=disabled), tp=8)
+    o_proj = selection(plan, "self_attn.o_proj")
+    assert o_proj.kernel.name == "CutlassFp8BlockScaledMMKernel"
+    reasons = {r.kernel: r.reason for r in o_proj.rejected}
+    assert "disabled" in reasons["FlashInferFp8DeepGEMMDynamicBlockScaledKernel"]
+    assert "disabled" in reasons["DeepGemmFp8BlockScaledMMKernel"]
+    assert not [t for t in plan.tasks if t.kernel == "fp8_gemm_nt"]
+
+
+class _InnerWrapper(WrapperKernel):
+    name = "TestInnerWrapper"
+    op = "linear"
+    branches = (Branch("base", FlashInferFp8BlockScaledMMKernel, 1, 15),
+                Branch("fallback", DeepGemmFp8BlockScaledMMKernel, 16, None))
+
+
+class _OuterWrapper(WrapperKernel):
+    name = "TestOuterWrapper"
+    op = "linear"
+    branches = (Branch("base", _InnerWrapper, 1, 63),
+                Branch("fallback", TritonFp8BlockScaledMMKernel, 64, None))
+
+
+def test_nested_wrappers_follow_every_branch(monkeypatch):
+    monkeypatch.setitem(ALL_KERNELS, _OuterWrapper.name, _OuterWrapper)
+    table = {**preferences.PREFERENCES["vllm"]["hopper"], "linear.fp8": [_OuterWrapper.name]}
+    monkeypatch.setitem(preferences.PREFERENCES["vllm"], "hopper", table)
+    leaves = [(k.name, r) for k, r in leaf_kernels(_OuterWrapper)]
+    assert leaves == [("FlashInferFp8BlockScaledMMKernel", (1, 15)),
+                      ("DeepGemmFp8BlockScaledMMKernel", (16, 63)),
+                      ("TritonFp8BlockScaledMMKernel", (64, None))]
+    plan = plan_for("llama-3.1-8b", env("h200", "deep_gemm", "flashinfer", "nvcc"),
+                    quantization="fp8_block", mspec=MSpec("full", 128))
+    gemm = [t for t in plan.tasks if t.kernel == "fp8_gemm_nt"]
+    assert gemm and all(t.m == tuple(range(16, 64)) for t in gemm)
+
+
+def test_nested_wrapper_rejected_when_inner_branch_unsupported():
+    reason = _OuterWrapper.is_supported(env("h200", "deep_gemm", "nvcc"))[1]
+    assert "TestInnerWrapper" in reason and "FlashInfer" in reason
+
+
+def test_selection_without_any_candidate_is_explicit():
+    layer = Layer("x", "linear", "fp8_block", 4096, 4096, block=(128, 128))
+    result = select_kernel(layer, env("a100"))
+    assert result.kernel.name == "TritonFp8BlockScaledMMKernel"
+    layer = Layer("y", "linear", "fp8_tensor", 4096, 4096)
+    result = select_kernel(layer, env("a100"))  # sm80 has no FP8 tensor cores
+    assert result.kernel is None
+    reasons = {r.kernel: r.reason for r in result.rejected}
+    assert ">= 8.9; target is 8.0" in reasons["CutlassFP8ScaledMMLinearKernel"]
+    assert "fp8_tensor" in reasons["TritonFp8BlockScaledMMKernel"]
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+@pytest.mark.parametrize("target", sorted(PRESETS))
+def test_every_preference_names_a_registered_kernel(engine, target):
+    table = preferences.PREFERENCES[engine][preferences.platform_of(PRESETS[target].capability)]
+    for names in table.values():
+        assert set(names) <= set(ALL_KERNELS)
+
+
+def test_sglang_prefers_flashinfer_activation_without_sgl_kernel():
+    plan = plan_for("qwen3-30b-a3b-fp8", env("h200", "flashinfer", "nvcc", engine="sglang"))
+    act = selection(plan, "mlp.act_fn")
+    assert act.kernel.name == "FlashInferActivation"
+    assert "sgl-kernel unavailable" in act.rejected[0].reason
+    assert any(t.module == "silu_and_mul" for t in plan.tasks)

@@ -1,0 +1,3 @@
+from warmd.cli import main
+
+main()
