@@ -42,12 +42,14 @@ def test_llama_dense_shapes(tp, expected):
     (1, 1, {"self_attn.qkv_proj": (5120, 2048), "self_attn.o_proj": (2048, 4096),
             "mlp.experts.w13": (128, 1536, 2048), "mlp.experts.w2": (128, 2048, 768),
             "mlp.gate": (128, 2048)}),
-    (4, 1, {"self_attn.qkv_proj": (1280, 2048), "self_attn.o_proj": (2048, 1024),
-            "mlp.experts.w13": (128, 384, 2048), "mlp.experts.w2": (128, 2048, 192)}),
+    (2, 1, {"self_attn.qkv_proj": (2560, 2048), "self_attn.o_proj": (2048, 2048),
+            "mlp.experts.w13": (128, 768, 2048), "mlp.experts.w2": (128, 2048, 384)}),
     # Expert parallel: experts split across ranks, intermediate size whole.
     (1, 4, {"mlp.experts.w13": (32, 1536, 2048), "mlp.experts.w2": (32, 2048, 768)}),
     (4, 4, {"self_attn.qkv_proj": (1280, 2048),
             "mlp.experts.w13": (32, 1536, 2048), "mlp.experts.w2": (32, 2048, 768)}),
+    # SGLang-style EP smaller than TP: experts split 2 ways, intermediate 768 / (4/2) = 384.
+    (4, 2, {"mlp.experts.w13": (64, 768, 2048), "mlp.experts.w2": (64, 2048, 384)}),
 ])
 def test_qwen3_moe_shapes(tp, ep, expected):
     got = shapes("qwen3-30b-a3b-fp8", tp, ep)
@@ -154,6 +156,14 @@ def test_ignored_layers_stay_bf16(write_config):
     assert got["self_attn.qkv_proj"].quant == "fp8_block"
 
 
+def test_fp8_block_partition_must_be_whole_blocks():
+    # 768 / 4 = 192 per rank is not a multiple of the 128 weight block: vLLM refuses to load.
+    with pytest.raises(WarmdInputError, match="192 per rank, not a multiple of the FP8"):
+        model_shapes(resolve_model_path("qwen3-30b-a3b-fp8"), tp=4)
+    # The same sharding of a BF16 checkpoint is fine.
+    model_shapes(resolve_model_path("qwen3-30b-a3b-fp8"), tp=4, quantization="bf16")
+
+
 @pytest.mark.parametrize("tp, ep, message", [
     (3, 1, "--tp=3 does not divide num_attention_heads"),
     (1, 3, "--ep=3 does not divide the number of routed experts"),
@@ -162,6 +172,18 @@ def test_ignored_layers_stay_bf16(write_config):
 def test_bad_parallelism(tp, ep, message):
     with pytest.raises(WarmdInputError, match=message):
         model_shapes(resolve_model_path("qwen3-30b-a3b-fp8"), tp, ep)
+
+
+def test_ep_must_divide_tp_when_smaller(write_config):
+    config = {"model_type": "qwen3_moe", "hidden_size": 3072, "moe_intermediate_size": 1536,
+              "num_experts": 16, "num_experts_per_tok": 2, "num_attention_heads": 24,
+              "num_key_value_heads": 6, "head_dim": 128, "num_hidden_layers": 2}
+    with pytest.raises(WarmdInputError, match="--ep=4 must divide --tp=6"):
+        model_shapes(write_config(config), tp=6, ep=4)
+    got = {layer.name: layer for layer in model_shapes(write_config(config), tp=6, ep=2).layers}
+    # 16 experts / 2 EP ranks; intermediate split by TP/EP = 3 ranks: 1536 / 3 = 512.
+    assert nk(got["mlp.experts.w13"]) == (8, 1024, 3072)
+    assert nk(got["mlp.experts.w2"]) == (8, 3072, 512)
 
 
 def test_kv_heads_not_dividing(write_config):

@@ -136,8 +136,10 @@ def test_m_value_modes():
     assert 132 * 128 // 16 in relax
     assert len(relax) < 8192 // 4
     fast = fast_m_values(8192)
-    assert fast[:64] == list(range(1, 65)) and fast[-1] == 8192
-    assert len(fast) < len(relax)
+    assert fast[:1024] == list(range(1, 1025)) and fast[-1] == 8192
+    assert 1026 in fast and 1025 not in fast  # step 2 in [1024, 2048]
+    assert 2052 in fast and 2050 not in fast  # step 4 in [2048, 4096]
+    assert 4104 in fast and 4100 not in fast  # step 8 in [4096, 8192]
     explicit = parse_mspec("relax", 8192, "1,16,16,300")
     assert explicit.values(4096, 132) == [1, 16, 300]
 

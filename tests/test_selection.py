@@ -92,24 +92,62 @@ def test_wrapper_without_flashinfer_selects_plain_deepgemm_for_all_m():
     assert min(task.m) == 1
 
 
-def test_moe_wrapper_routes_large_m_to_deepgemm_grouped():
+def test_vllm_moe_with_e8m0_default_sends_every_m_to_deepgemm():
     plan = plan_for("qwen3-30b-a3b-fp8", env("h200", "deep_gemm", "nvcc"))
+    w13 = selection(plan, "mlp.experts.w13")
+    assert w13.kernel.name == "DeepGemmExperts"
+    assert "VLLM_USE_DEEP_GEMM_E8M0" in w13.rejected[0].reason
+    task = next(t for t in plan.tasks if t.kernel == "m_grouped_fp8_gemm_nt_contiguous"
+                and (t.num_groups, t.n, t.k) == (128, 1536, 2048))
+    # every 128-row multiple up to the worst case for 4096 tokens: 4096*8 + 128*127 -> 49024
+    assert task.m[0] == 128 and task.m[-1] == 49024
+    assert all(m % 128 == 0 for m in task.m)
+
+
+def test_moe_wrapper_routes_large_m_to_deepgemm_grouped():
+    environment = Environment(PRESETS["h200"], libs("deep_gemm", "nvcc"), "vllm",
+                              deep_gemm_e8m0=False)
+    plan = plan_for("qwen3-30b-a3b-fp8", environment, mspec=MSpec("full", 4096))
     w13 = selection(plan, "mlp.experts.w13")
     assert w13.kernel.name == "TritonOrDeepGemmExperts"
     task = next(t for t in plan.tasks if t.kernel == "m_grouped_fp8_gemm_nt_contiguous"
                 and (t.num_groups, t.n, t.k) == (128, 1536, 2048))
-    # 128 tokens * top-8 + 128 experts * 127 padding rows = 17280, already 128-aligned.
-    assert min(task.m) == 17280
-    assert all(m % 128 == 0 for m in task.m)
+    # The fallback starts at 128 tokens: 128 * top-8 + 128 experts * 127 rows = 17280.
+    assert task.m == tuple(range(17280, 49024 + 1, 128))
 
 
-def test_deepgemm_rejects_unaligned_after_sharding():
-    plan = plan_for("qwen3-30b-a3b-fp8", env("h200", "deep_gemm", "nvcc"), tp=4)
-    w2 = selection(plan, "mlp.experts.w2")  # K = 768 / 4 = 192
+def test_sglang_moe_uses_deepgemm_only_with_deepep():
+    tp_only = plan_for("deepseek-v3", env("h200", "deep_gemm", "nvcc", engine="sglang"), tp=8)
+    assert selection(tp_only, "mlp.experts.w13").kernel.name == "TritonExperts"
+    assert "DeepEP" in selection(tp_only, "mlp.experts.w13").rejected[0].reason
+    deepep = plan_for("deepseek-v3", env("h200", "deep_gemm", "nvcc", engine="sglang"), tp=8,
+                      ep=8)
+    assert selection(deepep, "mlp.experts.w13").kernel.name == "DeepEPDeepGemmExperts"
+    kernels = {t.kernel for t in deepep.tasks if t.num_groups == 32}
+    assert kernels == {"m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_gemm_nt_masked"}
+
+
+def test_deepgemm_rejects_unaligned_shapes(write_config):
+    # hidden 2880 (64 mod 128): vLLM loads it (only sharded dims must be whole blocks) but
+    # DeepGEMM cannot take K = 2880.
+    config = {"model_type": "qwen3_moe", "hidden_size": 2880, "intermediate_size": 2880,
+              "moe_intermediate_size": 2880, "num_experts": 32, "num_experts_per_tok": 4,
+              "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64,
+              "num_hidden_layers": 2, "vocab_size": 201088,
+              "quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}}
+    shapes = model_shapes(write_config(config), 1, 1)
+    plan = build_plan(shapes, env("h200", "deep_gemm", "nvcc"), MSpec("relax", 1024))
+    qkv = selection(plan, "self_attn.qkv_proj")
+    assert qkv.kernel.name == "CutlassFp8BlockScaledMMKernel" or qkv.kernel.name.startswith(
+        "Triton")
+    reasons = {r.kernel: r.reason for r in qkv.rejected}
+    assert "K=2880" in reasons["DeepGemmFp8BlockScaledMMKernel"]
+    w2 = selection(plan, "mlp.experts.w2")
     assert w2.kernel.name == "TritonExperts"
-    reasons = [r.reason for r in w2.rejected]
-    assert any("K=192" in r for r in reasons)
-    assert not [t for t in plan.tasks if t.num_groups and t.k == 192]
+    assert any("hidden=2880" in r.reason for r in w2.rejected)
+    # o_proj (N=2880 is 64-aligned, K=4096) stays on DeepGEMM; nothing with K=2880 does.
+    assert not [t for t in plan.tasks if t.library == "deep_gemm" and t.k == 2880]
+    assert not [t for t in plan.tasks if t.num_groups]
 
 
 def test_deepgemm_rejects_per_tensor_fp8():

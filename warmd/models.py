@@ -63,7 +63,7 @@ class Layer:
     def describe_shape(self) -> str:
         if self.op in ("linear", "moe"):
             groups = f"{self.num_groups}x" if self.num_groups else ""
-            return f"{groups}N={self.n} K={self.k}"
+            return f"{groups}N={self.n} K={self.k}" + (f" top{self.topk}" if self.topk else "")
         return " ".join(f"{k}={v}" for k, v in self.params)
 
 
@@ -173,9 +173,11 @@ class _Builder:
         q = self.quant.for_layer(name) if quantized else Quantization("bf16")
         self.add(Layer(name, "linear", q.scheme, n, k, block=q.block), times)
 
-    def moe(self, name: str, groups: int, n: int, k: int, topk: int, times: int) -> None:
+    def moe(self, name: str, groups: int, n: int, k: int, topk: int, times: int,
+            params: tuple = ()) -> None:
         q = self.quant.for_layer(name)
-        self.add(Layer(name, "moe", q.scheme, n, k, groups, block=q.block, topk=topk), times)
+        self.add(Layer(name, "moe", q.scheme, n, k, groups, block=q.block, topk=topk,
+                       params=params), times)
 
     def layers(self) -> tuple[Layer, ...]:
         return tuple(
@@ -217,19 +219,48 @@ def _attention_mla(b: _Builder, config: dict, tp: int, times: int) -> None:
         ("qk_rope_head_dim", rope))), times)
 
 
+def _check_fp8_blocks(b: _Builder, name: str, per_rank: int, what: str, flag: str) -> None:
+    """vLLM and SGLang refuse to load FP8 block-quantized weights whose sharded partition is not
+    a whole number of weight blocks; say so at plan time instead."""
+    q = b.quant.for_layer(name)
+    if q.scheme == "fp8_block" and q.block and per_rank % q.block[0]:
+        raise WarmdInputError(
+            f"{flag} leaves {what} = {per_rank} per rank, not a multiple of the FP8 weight "
+            f"block ({q.block[0]}): the engine refuses to load this checkpoint so sharded")
+
+
 def _dense_mlp(b: _Builder, name: str, hidden: int, inter: int, tp: int, times: int) -> None:
     per_rank = _divide(inter, tp, f"{name} intermediate size", "--tp")
+    if tp > 1:
+        _check_fp8_blocks(b, f"{name}.gate_up_proj", per_rank, f"{name} intermediate size",
+                          f"--tp={tp}")
     b.linear(f"{name}.gate_up_proj", 2 * per_rank, hidden, times)
     b.linear(f"{name}.down_proj", hidden, per_rank, times)
+
+
+def moe_tp_size(tp: int, ep: int) -> int:
+    """How many ranks split each expert's intermediate size: TP/EP (SGLang's moe_tp_size);
+    1 when EP spans every TP rank or more (vLLM's expert parallel, EP = TP x DP)."""
+    if ep >= tp:
+        return 1
+    if tp % ep:
+        raise WarmdInputError(f"--ep={ep} must divide --tp={tp} (or be a multiple of it)")
+    return tp // ep
 
 
 def _moe(b: _Builder, hidden: int, experts: int, inter: int, topk: int, tp: int, ep: int,
          times: int) -> None:
     b.linear("mlp.gate", experts, hidden, times, quantized=False)
     groups = _divide(experts, ep, "the number of routed experts", "--ep")
-    per_rank = inter if ep > 1 else _divide(inter, tp, "moe_intermediate_size", "--tp")
-    b.moe("mlp.experts.w13", groups, 2 * per_rank, hidden, topk, times)
-    b.moe("mlp.experts.w2", groups, hidden, per_rank, topk, times)
+    moe_tp = moe_tp_size(tp, ep)
+    per_rank = _divide(inter, moe_tp, "moe_intermediate_size", f"--tp/--ep={moe_tp}")
+    if moe_tp > 1:
+        _check_fp8_blocks(b, "mlp.experts.w13", per_rank, "moe_intermediate_size",
+                          f"--tp={tp} --ep={ep}")
+    # One kernel serves both GEMMs of the experts: selection sees the whole layer's sizes.
+    params = (("hidden", hidden), ("intermediate", per_rank), ("ep", ep))
+    b.moe("mlp.experts.w13", groups, 2 * per_rank, hidden, topk, times, params)
+    b.moe("mlp.experts.w2", groups, hidden, per_rank, topk, times, params)
 
 
 def _activation_and_sampling(b: _Builder, config: dict, vocab_tp: int, hidden: int,

@@ -64,10 +64,14 @@ def relax_m_values(max_tokens: int, n: int, num_sms: int) -> list[int]:
 
 
 def fast_m_values(max_tokens: int) -> list[int]:
-    """SGLang-style buckets: every M up to 64, then coarser steps as M grows."""
-    values = set(range(1, min(64, max_tokens) + 1))
-    for lo, hi, step in ((64, 512, 8), (512, 4096, 64), (4096, max_tokens, 256)):
-        values.update(range(lo, min(hi, max_tokens) + 1, step))
+    """SGLang's fast-warmup set: every M up to 1024, then per power-of-two band steps of
+    2, 4, 8, 16 (and 16 beyond)."""
+    values = set(range(1, min(1024, max_tokens) + 1))
+    lo, step = 1024, 2
+    while lo < max_tokens:
+        hi = min(lo * 2, max_tokens)
+        values.update(range(lo, hi + 1, step))
+        lo, step = lo * 2, min(step * 2, 16)
     values.add(max_tokens)
     return sorted(values)
 
@@ -85,18 +89,17 @@ def aligned_grouped_m(tokens: int, topk: int, groups: int, block_m: int = GROUPE
 
 def grouped_m_values(spec: MSpec, n: int, num_sms: int, topk: int, groups: int, lo: int,
                      hi: int | None) -> list[int]:
-    """Row counts to run a contiguous grouped GEMM with, for token counts in [lo, hi]."""
+    """Row counts to run a contiguous grouped GEMM with when a wrapper routes token counts in
+    [lo, hi] to it: every 128-row multiple up to the worst case for the largest token count
+    (real per-expert counts make any multiple possible; vLLM's own warmup does the same)."""
     top = spec.max_tokens if hi is None else min(hi, spec.max_tokens)
     if top < lo:
         return []
-    row_lo = aligned_grouped_m(lo, topk, groups)
     row_hi = aligned_grouped_m(top, topk, groups)
+    row_lo = GROUPED_BLOCK_M if lo <= 1 else aligned_grouped_m(lo, topk, groups)
+    rows = set(range(row_lo, row_hi + 1, GROUPED_BLOCK_M))
     if spec.explicit:
         rows = {aligned_grouped_m(m, topk, groups) for m in clip(list(spec.explicit), lo, top)}
-    elif spec.mode == "full":
-        rows = set(range(row_lo, row_hi + 1, GROUPED_BLOCK_M))
-    else:
-        base = (fast_m_values(row_hi) if spec.mode == "fast"
-                else relax_m_values(row_hi, n, num_sms))
-        rows = {m for m in base if m % GROUPED_BLOCK_M == 0 and m >= row_lo} | {row_lo, row_hi}
+    elif spec.mode == "relax":
+        rows = {m for m in relax_m_values(row_hi, n, num_sms) if m in rows} | {row_lo, row_hi}
     return sorted(rows)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import dataclass, field
 
 from warmd.kernels.base import Environment, JitWork, Kernel
@@ -123,8 +124,10 @@ def _work_for(selection: Selection, env: Environment, mspec: MSpec) -> list[JitW
 
 
 def _task_key(work: JitWork, env: Environment) -> str:
+    # Everything that decides which kernels the task compiles, its M values included: two
+    # plans share a task key only when the same key means the same set of kernels.
     ident = {"library": work.library, "kernel": work.kernel, "n": work.n, "k": work.k,
-             "num_groups": work.num_groups, "module": work.module,
+             "num_groups": work.num_groups, "module": work.module, "m": list(work.m),
              "spec": _jsonable(dict(work.spec)), "arch": env.target.arch, "sms": env.target.sms}
     shape = work.module or "x".join(str(v) for v in (work.num_groups, work.n, work.k) if v)
     return f"{work.library}/{work.kernel}/{shape}/{_digest(ident)[:12]}"
@@ -192,5 +195,6 @@ def make_plan(request: PlanRequest) -> Plan:
                          request.quantization)
     libraries = probe_libraries(request.with_libs, request.without_libs)
     target = resolve_target(request.target, request.capability, request.sms)
-    env = Environment(target, libraries, request.engine, disabled)
+    e8m0 = os.environ.get("VLLM_USE_DEEP_GEMM_E8M0", "1").strip().lower() not in ("0", "false")
+    env = Environment(target, libraries, request.engine, disabled, deep_gemm_e8m0=e8m0)
     return build_plan(model, env, mspec)

@@ -29,6 +29,8 @@ class Environment:
     libraries: dict[str, LibraryProbe]
     engine: str = "vllm"
     disabled_kernels: frozenset[str] = frozenset()
+    # vLLM's VLLM_USE_DEEP_GEMM_E8M0 (default on): its MoE then uses DeepGEMM for every M.
+    deep_gemm_e8m0: bool = True
 
     def library(self, name: str) -> LibraryProbe:
         return self.libraries.get(name) or LibraryProbe(name, False, reason=f"{name} not probed")

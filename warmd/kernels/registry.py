@@ -21,6 +21,16 @@ def _spec(generator: str, *args: object) -> tuple[tuple[str, object], ...]:
     return (("generator", generator), ("args", tuple(args)))
 
 
+def deep_gemm_scale_format(env: Environment) -> str:
+    """DeepGEMM's scale-factor format, part of its kernel config: packed UE8M0 on sm100,
+    FP32 scales on sm90."""
+    return "ue8m0" if env.target.capability[0] == 10 else "float32"
+
+
+def _deep_gemm_spec(env: Environment) -> tuple[tuple[str, object], ...]:
+    return (("scale_fmt", deep_gemm_scale_format(env)),)
+
+
 def _fp8_block_128(layer: Layer) -> Check:
     if layer.quant != "fp8_block":
         return False, f"needs FP8 128x128 block-scaled weights; layer is {layer.quant}"
@@ -51,7 +61,10 @@ class DeepGemmFp8BlockScaledMMKernel(Kernel):
     @classmethod
     def jit_work(cls, layer: Layer, env: Environment, mspec: MSpec, m_range: MRange):
         m = clip(mspec.values(layer.n, env.target.sms), *m_range)
-        return [JitWork("deep_gemm", "fp8_gemm_nt", layer.n, layer.k, None, tuple(m))] if m else []
+        if not m:
+            return []
+        return [JitWork("deep_gemm", "fp8_gemm_nt", layer.n, layer.k, None, tuple(m),
+                        spec=_deep_gemm_spec(env))]
 
 
 class FlashInferFp8BlockScaledMMKernel(Kernel):
@@ -175,7 +188,32 @@ class UnquantizedLinearKernel(Kernel):
 
 # ----- Fused MoE -----
 
+def _experts_aligned(layer: Layer) -> Check:
+    ok, reason = _fp8_block_128(layer)
+    if not ok:
+        return ok, reason
+    # vLLM decides for the whole MoE layer (w13 and w2 together) from hidden and intermediate.
+    hidden, inter = layer.param["hidden"], layer.param["intermediate"]
+    if hidden % DEEPGEMM_GROUPED_MULTIPLE or inter % DEEPGEMM_GROUPED_MULTIPLE:
+        return False, (f"DeepGEMM grouped GEMM needs hidden and per-rank intermediate sizes "
+                       f"% {DEEPGEMM_GROUPED_MULTIPLE}; layer has hidden={hidden}, "
+                       f"intermediate={inter}")
+    return OK
+
+
+def _contiguous_work(layer: Layer, env: Environment, mspec: MSpec, m_range: MRange):
+    rows = grouped_m_values(mspec, layer.n, env.target.sms, layer.topk or 1,
+                            layer.num_groups, *m_range)
+    if not rows:
+        return []
+    return [JitWork("deep_gemm", "m_grouped_fp8_gemm_nt_contiguous", layer.n, layer.k,
+                    layer.num_groups, tuple(rows), spec=_deep_gemm_spec(env))]
+
+
 class DeepGemmExperts(Kernel):
+    """DeepGEMM's contiguous-layout grouped GEMM for every M (vLLM with E8M0 scales on, its
+    default, sends every M here)."""
+
     name = "DeepGemmExperts"
     op = "moe"
     library = "deep_gemm"
@@ -184,22 +222,33 @@ class DeepGemmExperts(Kernel):
 
     @classmethod
     def can_implement(cls, layer: Layer, env: Environment) -> Check:
-        ok, reason = _fp8_block_128(layer)
-        if not ok:
-            return ok, reason
-        if layer.n % DEEPGEMM_GROUPED_MULTIPLE or layer.k % DEEPGEMM_GROUPED_MULTIPLE:
-            return False, (f"DeepGEMM grouped GEMM needs N and K % {DEEPGEMM_GROUPED_MULTIPLE};"
-                           f" layer has N={layer.n}, K={layer.k}")
-        return OK
+        return _experts_aligned(layer)
 
     @classmethod
     def jit_work(cls, layer: Layer, env: Environment, mspec: MSpec, m_range: MRange):
-        rows = grouped_m_values(mspec, layer.n, env.target.sms, layer.topk or 1,
-                                layer.num_groups, *m_range)
-        if not rows:
-            return []
-        return [JitWork("deep_gemm", "m_grouped_fp8_gemm_nt_contiguous", layer.n, layer.k,
-                        layer.num_groups, tuple(rows))]
+        return _contiguous_work(layer, env, mspec, m_range)
+
+
+class DeepEPDeepGemmExperts(DeepGemmExperts):
+    """SGLang with DeepEP (expert parallel): the contiguous grouped GEMM for prefill (normal
+    mode) and the masked grouped GEMM for decode (low-latency mode)."""
+
+    name = "DeepEPDeepGemmExperts"
+
+    @classmethod
+    def can_implement(cls, layer: Layer, env: Environment) -> Check:
+        if layer.param.get("ep", 1) <= 1:
+            return False, "SGLang runs DeepGEMM MoE only with DeepEP (--ep > 1)"
+        return _experts_aligned(layer)
+
+    @classmethod
+    def jit_work(cls, layer: Layer, env: Environment, mspec: MSpec, m_range: MRange):
+        work = _contiguous_work(layer, env, mspec, m_range)
+        expected = clip(mspec.values(layer.n, env.target.sms), *m_range)
+        if expected:
+            work.append(JitWork("deep_gemm", "m_grouped_fp8_gemm_nt_masked", layer.n, layer.k,
+                                layer.num_groups, tuple(expected), spec=_deep_gemm_spec(env)))
+        return work
 
 
 class TritonExperts(Kernel):
@@ -210,7 +259,8 @@ class TritonExperts(Kernel):
 
 
 class TritonOrDeepGemmExperts(WrapperKernel):
-    """vLLM's MoE experts: Triton below DeepGEMM's 128-row alignment, DeepGEMM from there."""
+    """vLLM's MoE experts with E8M0 scales off: Triton below DeepGEMM's 128-row alignment,
+    DeepGEMM from there."""
 
     name = "TritonOrDeepGemmExperts"
     op = "moe"
@@ -219,6 +269,12 @@ class TritonOrDeepGemmExperts(WrapperKernel):
         Branch("base", TritonExperts, 1, 127),
         Branch("fallback", DeepGemmExperts, 128, None),
     )
+
+    @classmethod
+    def is_supported(cls, env: Environment) -> Check:
+        if env.deep_gemm_e8m0:
+            return False, "VLLM_USE_DEEP_GEMM_E8M0=1 (vLLM's default) sends every M to DeepGEMM"
+        return super().is_supported(env)
 
 
 # ----- Attention -----
@@ -380,7 +436,8 @@ ALL_KERNELS: dict[str, type[Kernel]] = {
         TritonFp8BlockScaledMMKernel, FlashInferFP8ScaledMMLinearKernel,
         CutlassFP8ScaledMMLinearKernel, TorchFP8ScaledMMLinearKernel,
         FlashInferCutlassMxfp8LinearKernel, EmulatedMxfp8LinearKernel, UnquantizedLinearKernel,
-        DeepGemmExperts, TritonExperts, TritonOrDeepGemmExperts, FlashInferAttentionBackend,
+        DeepGemmExperts, DeepEPDeepGemmExperts, TritonExperts, TritonOrDeepGemmExperts,
+        FlashInferAttentionBackend,
         FlashAttentionBackend, TritonAttentionBackend, FlashMLABackend, CutlassMLABackend,
         TritonMLABackend, FlashInferMLABackend, FlashInferActivation, SglKernelActivation,
         VllmCustomOpActivation, TorchActivation, FlashInferSampler, TorchSampler,
