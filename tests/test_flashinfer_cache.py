@@ -1,0 +1,223 @@
+"""FlashInfer's cache adapter against real sm_90a builds on this CPU (nvcc, ninja, no GPU).
+
+The module built here is silu_and_mul (a few seconds); the plan is SGLang's for
+qwen3-30b-a3b-fp8 on an H200 without sgl_kernel, whose activation goes to FlashInfer.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from warmd.cache.artifacts import pack_directory, unpack_safely
+from warmd.cache.base import UnsafeArtifact
+from warmd.cache.flashinfer import (
+    FlashInferCacheAdapter,
+    IncompatibleEntry,
+    arch_dir,
+    ninja_commands,
+    rapidhash,
+    read_deps_log,
+    read_ninja_log,
+    write_deps_log,
+)
+from warmd.plan import PlanRequest, make_plan
+from warmd.warmup import WarmupOptions, run_warmup
+
+pytestmark = pytest.mark.slow
+MODULE = "silu_and_mul"
+
+
+def _plan():
+    return make_plan(PlanRequest(model="qwen3-30b-a3b-fp8", target="h200", engine="sglang",
+                                 with_libs=("flashinfer",), without_libs=("sgl_kernel",)))
+
+
+def _warm(plan, workspace: Path):
+    return run_warmup(plan, WarmupOptions(libraries=("flashinfer",), task_filter="act_and_mul",
+                                          flashinfer_workspace_base=workspace))
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    base = tmp_path_factory.mktemp("flashinfer")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("WARMD_STATE_DIR", str(base / "state"))
+        plan = _plan()
+        report = _warm(plan, base / "wsA")
+        yield SimpleNamespace(base=base, plan=plan, report=report,
+                              adapter=FlashInferCacheAdapter(base / "wsA", "9.0a"))
+
+
+def _log(adapter: FlashInferCacheAdapter):
+    return read_ninja_log(adapter.root / MODULE / ".ninja_log")[1]
+
+
+def test_arch_dir_names():
+    assert arch_dir("9.0a") == "90a"
+    assert arch_dir("90a") == "90a"
+    assert arch_dir("10.0a 9.0a") == "90a_100a"
+
+
+def test_cold_build_is_counted_compiled(built):
+    report = built.report
+    assert report.counters.compiled == 1 and report.counters.failed == 0
+    (task,) = report.reports
+    assert task.result.ok and task.task.module == MODULE
+    (kernel,) = task.result.kernels
+    assert kernel.outcome == "compiled" and kernel.seconds > 0.5
+    assert [e.name for e in built.adapter.list_entries()] == [MODULE]
+    assert (built.adapter.root / MODULE / f"{MODULE}.so").stat().st_size > 10_000
+    assert (built.adapter.generated_dir / f"{MODULE}.cu").exists()
+
+
+def test_rapidhash_matches_what_ninja_recorded(built):
+    module = built.adapter.root / MODULE
+    commands = ninja_commands(module)
+    version, entries = read_ninja_log(module / ".ninja_log")
+    assert version == 7 and len(entries) == 2
+    for output, entry in entries.items():
+        assert format(rapidhash(commands[output].encode()), "x") == entry.command_hash
+
+
+def test_deps_log_roundtrips_byte_for_byte(built, tmp_path):
+    deps_path = built.adapter.root / MODULE / ".ninja_deps"
+    deps = read_deps_log(deps_path)
+    assert len(deps.paths) > 100 and deps.records
+    write_deps_log(tmp_path / "copy", deps)
+    assert (tmp_path / "copy").read_bytes() == deps_path.read_bytes()
+
+
+def test_second_run_is_a_local_hit_with_no_ninja_work(built):
+    before = _log(built.adapter)
+    report = _warm(built.plan, built.base / "wsA")
+    c = report.counters
+    assert (c.local_hits, c.compiled, c.failed) == (1, 0, 0)
+    assert c.compile_seconds_saved == pytest.approx(built.report.counters.compile_seconds)
+    assert _log(built.adapter) == before
+
+
+def test_pack_is_deterministic(built):
+    entry = built.adapter.entry(MODULE)
+    assert built.adapter.pack(entry) == built.adapter.pack(entry)
+
+
+def test_pack_delete_install_gives_zero_builds(built):
+    adapter = built.adapter
+    artifact = adapter.pack(adapter.entry(MODULE))
+    shutil.rmtree(adapter.root / MODULE)
+    assert adapter.list_entries() == []
+    adapter.install(MODULE, artifact)
+    assert adapter.is_up_to_date(MODULE)[0]
+    installed = _log(adapter)
+    report = _warm(built.plan, built.base / "wsA")
+    assert (report.counters.local_hits, report.counters.compiled) == (1, 0)
+    assert _log(adapter) == installed  # ninja ran no command
+
+
+def _copy_module_verbatim(src: FlashInferCacheAdapter, dst: FlashInferCacheAdapter) -> None:
+    shutil.copytree(src.root / MODULE, dst.root / MODULE)
+    shutil.copytree(src.generated_dir, dst.generated_dir)
+
+
+def test_install_under_another_workspace_path_gives_zero_builds(built):
+    artifact = built.adapter.pack(built.adapter.entry(MODULE))
+    # control: the same files copied verbatim under another workspace all rebuild
+    copied = FlashInferCacheAdapter(built.base / "copied", "9.0a")
+    _copy_module_verbatim(built.adapter, copied)
+    control = _warm(built.plan, built.base / "copied")
+    assert (control.counters.local_hits, control.counters.compiled) == (0, 1)
+
+    other_base = built.base / "another" / "node" / "workspace"
+    other = FlashInferCacheAdapter(other_base, "9.0a")
+    entry = other.install(MODULE, artifact)
+    assert entry.path == other.root / MODULE
+    build_ninja = (entry.path / "build.ninja").read_text()
+    assert str(built.base / "wsA") not in build_ninja and str(other_base) in build_ninja
+    assert other.is_up_to_date(MODULE)[0]
+    installed = _log(other)
+    report = _warm(built.plan, other_base)  # FlashInfer's own JitSpec.build() in a worker
+    assert (report.counters.local_hits, report.counters.compiled) == (1, 0)
+    assert _log(other) == installed
+    so = f"{MODULE}.so"
+    assert (entry.path / so).read_bytes() == (built.adapter.root / MODULE / so).read_bytes()
+
+
+def test_install_refuses_a_module_that_would_rebuild(built, tmp_path):
+    artifact = built.adapter.pack(built.adapter.entry(MODULE))
+    # this node's generator writes another source than the one the module was built from
+    clash = FlashInferCacheAdapter(tmp_path / "clash", "9.0a")
+    clash.generated_dir.mkdir(parents=True)
+    (clash.generated_dir / f"{MODULE}.cu").write_text("// another flashinfer version\n")
+    with pytest.raises(IncompatibleEntry, match="differs"):
+        clash.install(MODULE, artifact)
+    assert clash.list_entries() == [] and not (clash.root / MODULE).exists()
+
+    # built against a header this node does not have (another toolchain)
+    unpacked = tmp_path / "unpacked"
+    unpack_safely(artifact, unpacked)
+    deps = read_deps_log(unpacked / "module" / ".ninja_deps")
+    deps.paths = [p.replace("/usr/include/", "/opt/elsewhere/include/") for p in deps.paths]
+    write_deps_log(unpacked / "module" / ".ninja_deps", deps)
+    foreign = FlashInferCacheAdapter(tmp_path / "foreign", "9.0a")
+    with pytest.raises(IncompatibleEntry, match="missing here"):
+        foreign.install(MODULE, pack_directory(unpacked))
+    assert not (foreign.root / MODULE).exists()
+
+
+def test_install_refuses_malformed_artifacts(built, tmp_path):
+    artifact = built.adapter.pack(built.adapter.entry(MODULE))
+    unpacked = tmp_path / "unpacked"
+    unpack_safely(artifact, unpacked)
+    (unpacked / "module" / f"{MODULE}.so").unlink()
+    target = FlashInferCacheAdapter(tmp_path / "t", "9.0a")
+    with pytest.raises(UnsafeArtifact, match="lacks"):
+        target.install(MODULE, pack_directory(unpacked))
+    (tmp_path / "junk").mkdir()
+    (tmp_path / "junk" / "evil.sh").write_text("echo")
+    with pytest.raises(UnsafeArtifact, match="not a FlashInfer module"):
+        target.install(MODULE, pack_directory(tmp_path / "junk"))
+    for name in ("../x", "tmp", ".warmd"):
+        with pytest.raises(UnsafeArtifact):
+            target.install(name, artifact)
+    assert not (target.root / MODULE).exists()
+
+
+def test_module_being_built_is_not_listed(built):
+    adapter = built.adapter
+    with adapter.module_lock(MODULE):
+        assert not adapter.is_complete(MODULE)
+        assert adapter.list_entries() == []
+    assert adapter.is_complete(MODULE)
+
+
+def _install_module(artifact: bytes, base: str) -> bool:
+    adapter = FlashInferCacheAdapter(Path(base), "9.0a")
+    adapter.install(MODULE, artifact)
+    return adapter.is_complete(MODULE)
+
+
+def test_concurrent_installs_of_one_module(built, tmp_path):
+    artifact = built.adapter.pack(built.adapter.entry(MODULE))
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(3) as pool:
+        results = pool.starmap(_install_module, [(artifact, str(tmp_path / "ws"))] * 3)
+    assert results == [True, True, True]
+    target = FlashInferCacheAdapter(tmp_path / "ws", "9.0a")
+    assert [e.name for e in target.list_entries()] == [MODULE]
+    assert sorted(p.name for p in target.root.iterdir()) == [".warmd-staging", MODULE, "tmp"]
+
+
+def test_fingerprint_inputs_are_portable(built):
+    inputs = built.adapter.fingerprint_inputs()
+    assert inputs["flashinfer"] == built.adapter.version and inputs["arch"] == "90a"
+    for key in ("nvcc", "cxx", "ninja", "flashinfer_path", "python_include", "cuda_home"):
+        assert inputs[key], key
+    text = json.dumps(inputs)
+    assert str(built.base) not in text  # the workspace path is relocated, not keyed
+    assert FlashInferCacheAdapter(built.base / "x", "9.0a").fingerprint_inputs() == inputs

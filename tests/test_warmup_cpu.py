@@ -1,0 +1,223 @@
+"""`warmd warmup` on this CPU: real FlashInfer sm_90a builds in worker processes, failure
+isolation, accounting, Ctrl-C, the CLI's JSON, and sharing through a real Redis server."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from warmd.cache.flashinfer import FlashInferCacheAdapter, read_ninja_log
+from warmd.errors import WarmdInputError
+from warmd.plan import PlanRequest, Task, make_plan
+from warmd.stats import Counters
+from warmd.warmup import WarmupOptions, read_task_record, run_warmup
+
+GEN = "flashinfer.jit:gen_act_and_mul_module"
+PLAN_ARGS = ["-m", "qwen3-30b-a3b-fp8", "-t", "h200", "--engine", "sglang", "--with",
+             "flashinfer", "--without", "sgl_kernel"]
+
+
+def _plan():
+    return make_plan(PlanRequest(model="qwen3-30b-a3b-fp8", target="h200", engine="sglang",
+                                 with_libs=("flashinfer",), without_libs=("sgl_kernel",)))
+
+
+def _task(module: str, generator: str = GEN, *args) -> Task:
+    return Task(key=f"flashinfer/test/{module}/{generator.rsplit(':', 1)[-1]}",
+                library="flashinfer", kernel="act_and_mul", module=module,
+                spec={"generator": generator, "args": tuple(args)})
+
+
+def _options(workspace: Path, **kw) -> WarmupOptions:
+    return WarmupOptions(libraries=("flashinfer",), flashinfer_workspace_base=workspace, **kw)
+
+
+def _cli(args: list[str], env: dict, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", "from warmd.cli import main; main()", *args],
+                          capture_output=True, text=True, env=env, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def warm(tmp_path_factory):
+    """A workspace holding silu_and_mul, built once by a real warmup."""
+    base = tmp_path_factory.mktemp("warmup")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("WARMD_STATE_DIR", str(base / "state"))
+        plan = _plan()
+        report = run_warmup(plan, _options(base / "ws", task_filter="act_and_mul"))
+        assert report.counters.compiled == 1, report.to_json()
+        yield SimpleNamespace(base=base, plan=plan, ws=base / "ws", report=report)
+
+
+@pytest.fixture
+def env(warm):
+    return {**os.environ, "WARMD_STATE_DIR": str(warm.base / "state"),
+            "FLASHINFER_WORKSPACE_BASE": str(warm.ws), "WARMD_REDIS_URL": "off"}
+
+
+# ----- counters -----
+
+def test_counters_add_json_and_text():
+    c = Counters(local_hits=3, compiled=1, compile_seconds=2.5)
+    c.add(Counters(remote_hits=2, failed=1, bytes_fetched=2048)).add({"compiled": 1,
+                                                                      "unknown": 7})
+    assert (c.kernels, c.compiled, c.remote_hits, c.bytes_fetched) == (8, 2, 2, 2048)
+    assert c.hit_rate == pytest.approx(5 / 8)
+    data = c.to_json()
+    assert Counters.from_json(data) == c and "unknown" not in data
+    text = c.render_text("stats")
+    assert text.splitlines()[0] == "stats"
+    assert "62.5 %" in text and "2.0 KiB" in text and "( 37.5%)" in text
+    assert Counters().hit_rate == 0.0
+
+
+# ----- accounting, failures, workers -----
+
+def test_failing_tasks_do_not_stop_the_others(warm):
+    tasks = (
+        _task("silu_and_mul", GEN, "silu"),
+        _task("gelu_and_mul", "flashinfer.jit:no_such_generator", "gelu"),
+        _task("nothing", "warmd_no_such_module.jit:gen", "x"),
+        _task("silu_and_mul_v2", GEN, "silu"),  # FlashInfer builds another name: drift
+    )
+    report = run_warmup(dataclasses.replace(warm.plan, tasks=tasks),
+                        _options(warm.ws, workers=2))
+    by_module = {r.task.module: r for r in report.reports}
+    assert by_module["silu_and_mul"].result.ok
+    assert by_module["silu_and_mul"].result.kernels[0].outcome == "local_hit"
+    assert "no_such_generator" in by_module["gelu_and_mul"].result.error
+    assert "ModuleNotFoundError" in by_module["nothing"].result.error
+    drift = by_module["silu_and_mul_v2"].result.error
+    assert "drift" in drift and "'silu_and_mul'" in drift
+    assert (report.counters.local_hits, report.counters.failed) == (1, 3)
+    assert report.counters.tasks_failed == 3 and len(report.failed) == 3
+
+
+def test_parallel_workers_compile_then_hit(warm, tmp_path):
+    tasks = (_task("gelu_and_mul", GEN, "gelu"), _task("gelu_tanh_and_mul", GEN, "gelu_tanh"))
+    plan = dataclasses.replace(warm.plan, tasks=tasks)
+    cold = run_warmup(plan, _options(tmp_path / "ws", workers=2))
+    assert (cold.counters.compiled, cold.counters.failed) == (2, 0), cold.to_json()
+    adapter = FlashInferCacheAdapter(tmp_path / "ws", "9.0a")
+    assert [e.name for e in adapter.list_entries()] == ["gelu_and_mul", "gelu_tanh_and_mul"]
+    for task in tasks:
+        recorded = read_task_record(adapter.root, task.key)
+        assert list(recorded) == [task.module] and recorded[task.module] > 0
+    warm_run = run_warmup(plan, _options(tmp_path / "ws", workers=2))
+    assert (warm_run.counters.local_hits, warm_run.counters.compiled) == (2, 0)
+    assert warm_run.counters.compile_seconds_saved == pytest.approx(
+        cold.counters.compile_seconds)
+
+
+def test_bad_task_filter_is_input_error(warm):
+    with pytest.raises(WarmdInputError, match="task-filter"):
+        WarmupOptions(task_filter="(").select(warm.plan.tasks)
+
+
+# ----- the CLI -----
+
+def test_cli_json_shape_and_exit_code(warm, env):
+    proc = _cli(["warmup", *PLAN_ARGS, "--with", "deep_gemm", "--task-filter",
+                 "act_and_mul|fp8_gemm_nt/", "--no-shared", "--json"], env)
+    assert proc.returncode == 1, proc.stderr  # DeepGEMM cannot run without a GPU
+    data = json.loads(proc.stdout)
+    assert {"tasks", "kernels", "hit_rate", "seconds", "task_details"} <= set(data)
+    assert set(data["kernels"]) == {"total", "local_hits", "remote_hits", "compiled", "failed"}
+    assert isinstance(data["tasks"], int) and isinstance(data["hit_rate"], float)
+    details = {d["key"].split("/")[0]: d for d in data["task_details"]}
+    assert details["flashinfer"]["ok"] and details["flashinfer"]["kernels"][0]["outcome"] == \
+        "local_hit"
+    assert not details["deep_gemm"]["ok"] and details["deep_gemm"]["error"]
+    assert data["kernels"]["local_hits"] == 1 and data["kernels"]["compiled"] == 0
+    assert data["tasks"] == data["kernels"]["failed"] + 1
+
+
+def test_cli_text_summary(warm, env):
+    proc = _cli(["warmup", *PLAN_ARGS, "--library", "flashinfer", "--task-filter",
+                 "act_and_mul", "--no-shared"], env)
+    assert proc.returncode == 0, proc.stderr
+    assert "local hits" in proc.stdout and "Hit rate" in proc.stdout
+    assert "100.0 %" in proc.stdout
+    assert "tasks" in proc.stderr  # the progress bar goes to stderr
+
+
+def test_cli_bad_input_is_one_line_exit_2(env):
+    proc = _cli(["warmup", *PLAN_ARGS, "--task-filter", "(", "--no-shared"], env)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().startswith("warmd: error: invalid --task-filter")
+    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def _processes_mentioning(text: str) -> list[str]:
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if text in cmdline:
+            found.append(cmdline[:120])
+    return found
+
+
+def test_ctrl_c_stops_compilers_and_leaves_no_entry(env, tmp_path):
+    workspace = tmp_path / "ws"
+    env = {**env, "FLASHINFER_WORKSPACE_BASE": str(workspace)}
+    proc = subprocess.Popen([sys.executable, "-c", "from warmd.cli import main; main()",
+                             "warmup", *PLAN_ARGS, "--task-filter", "act_and_mul",
+                             "--no-shared"], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    adapter = FlashInferCacheAdapter(workspace, "9.0a")
+    deadline = time.monotonic() + 60
+    while not _processes_mentioning(str(workspace / ".cache")):  # nvcc/ninja are running
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=30)
+    assert proc.returncode == 130
+    time.sleep(0.5)
+    assert _processes_mentioning(str(workspace / ".cache")) == []
+    assert adapter.list_entries() == []
+    assert not list((adapter.root / ".warmd-staging").glob("*"))
+    log = read_ninja_log(adapter.root / "silu_and_mul" / ".ninja_log")[1]
+    assert not any(e.output.endswith(".so") for e in log.values())
+
+
+# ----- sharing through a real Redis-protocol server -----
+
+def test_second_node_installs_from_shared_cache_and_compiles_nothing(warm, tmp_path,
+                                                                     monkeypatch):
+    from warmd.store import open_shared_cache
+    from warmd.store.embedded import start_server
+
+    monkeypatch.setenv("WARMD_STATE_DIR", str(warm.base / "state"))
+    server = start_server(tmp_path / "redis", appendonly=False)
+    try:
+        options = _options(warm.ws, task_filter="act_and_mul")
+        node_a = open_shared_cache(server.url, target=warm.plan.env.target, node="a")
+        first = run_warmup(warm.plan, options, shared=node_a)
+        node_a.close()
+        assert first.counters.local_hits == 1 and first.reports[0].published
+
+        other = tmp_path / "node-b" / "workspace"
+        node_b = open_shared_cache(server.url, target=warm.plan.env.target, node="b")
+        second = run_warmup(warm.plan, _options(other, task_filter="act_and_mul"),
+                            shared=node_b)
+        node_b.close()
+        c = second.counters
+        assert (c.remote_hits, c.compiled, c.failed) == (1, 0, 0), second.to_json()
+        assert c.bytes_fetched > 0
+        assert second.reports[0].fetched == ["silu_and_mul"]
+        adapter = FlashInferCacheAdapter(other, "9.0a")
+        assert [e.name for e in adapter.list_entries()] == ["silu_and_mul"]
+    finally:
+        server.stop()

@@ -1,0 +1,350 @@
+"""Portable cache artifacts: deterministic packing, safe unpacking, atomic installation.
+
+Every cache adapter (DeepGEMM, FlashInfer) ships entries through these three helpers:
+
+* ``pack_directory(path)`` -> bytes: a gzip'd tar of the directory's contents (names relative
+  to ``path``), sorted, with zeroed mtimes/uids/gids and normalized modes, regular files and
+  directories only. The same tree always gives the same bytes, so digests are stable.
+* ``unpack_safely(artifact, dest, max_bytes)``: extracts into an empty directory after
+  checking every member first; absolute names, ``..``, links, devices/FIFOs, duplicate names
+  and archives larger than ``max_bytes`` (compressed or uncompressed) raise ``UnsafeArtifact``
+  before anything is written. Files are created with ``O_EXCL | O_NOFOLLOW`` under ``dest``.
+* ``install_atomically(root, name, artifact, ...)``: unpacks into a staging directory under
+  ``root/.warmd-staging`` (same filesystem), lets the adapter adjust the staged tree
+  (``prepare``), fsyncs files and directories, then renames the entry into ``root/name``
+  without replacing anything that appeared meanwhile (a concurrent installer or the library
+  itself won: ours is discarded). A reader sees either no entry or a complete one; a process
+  killed mid-install leaves only a staging directory, which ``clean_staging`` removes later.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import gzip
+import io
+import os
+import shutil
+import socket
+import stat
+import tarfile
+import time
+import uuid
+import zlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from warmd import settings
+from warmd.cache.base import UnsafeArtifact
+
+STAGING_DIR = ".warmd-staging"
+MAX_MEMBERS = 100_000
+# A staging directory whose owner we cannot check (other host) is stale after this long.
+STALE_STAGING_SECONDS = 3600.0
+_CHUNK = 1 << 20
+
+
+def pack_directory(path: Path) -> bytes:
+    """A deterministic gzip'd tar of everything under ``path`` (which is not included)."""
+    path = Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"not a directory: {path}")
+    return pack_members([(rel.as_posix(), None if (path / rel).is_dir() else path / rel)
+                         for rel in _walk_sorted(path)])
+
+
+def pack_members(members: list[tuple[str, Path | None]]) -> bytes:
+    """A deterministic gzip'd tar of explicit members: (archive path, source file), or
+    (archive path, None) for a directory. Parent directories are added; order is sorted."""
+    entries: dict[str, Path | None] = {}
+    for name, source in members:
+        parts = PurePosixPath(name).parts
+        for i in range(1, len(parts)):
+            entries.setdefault("/".join(parts[:i]), None)
+        entries[name] = source
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.GNU_FORMAT) as tar:
+        for name in sorted(entries):
+            _add_member(tar, name, entries[name])
+    return gzip.compress(raw.getvalue(), compresslevel=6, mtime=0)
+
+
+def _add_member(tar: tarfile.TarFile, name: str, source: Path | None) -> None:
+    info = tarfile.TarInfo(name)
+    info.mtime = 0
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    if source is None:
+        info.type = tarfile.DIRTYPE
+        info.mode = 0o755
+        tar.addfile(info)
+        return
+    st = os.lstat(source)
+    if not stat.S_ISREG(st.st_mode):
+        raise UnsafeArtifact(f"refusing to pack {source}: not a regular file")
+    info.type = tarfile.REGTYPE
+    info.mode = 0o755 if st.st_mode & 0o111 else 0o644
+    info.size = st.st_size
+    with open(source, "rb") as fh:
+        tar.addfile(info, fh)
+
+
+def _walk_sorted(root: Path) -> list[PurePosixPath]:
+    """Relative paths of regular files and directories under root, parents first, sorted.
+    Anything else (symlinks, sockets, FIFOs) cannot travel and is refused."""
+    out: list[PurePosixPath] = []
+    for entry in sorted(os.scandir(root), key=lambda e: e.name):
+        rel = PurePosixPath(entry.name)
+        if entry.is_symlink() or not (entry.is_dir() or entry.is_file()):
+            raise UnsafeArtifact(f"refusing to pack {Path(root) / entry.name}: "
+                                 "not a regular file or directory")
+        out.append(rel)
+        if entry.is_dir():
+            out.extend(rel / sub for sub in _walk_sorted(Path(entry.path)))
+    return out
+
+
+def _gunzip_limited(artifact: bytes, limit: int) -> bytes:
+    """Decompress, refusing output larger than limit (a compression bomb stops early)."""
+    decomp = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    out = bytearray()
+    data = artifact
+    try:
+        while data:
+            out += decomp.decompress(data, max(1, limit + 1 - len(out)))
+            if len(out) > limit:
+                raise UnsafeArtifact(f"artifact unpacks to more than {limit} bytes")
+            data = decomp.unconsumed_tail
+        if not decomp.eof:
+            raise UnsafeArtifact("artifact is truncated (incomplete gzip stream)")
+    except zlib.error as exc:
+        raise UnsafeArtifact(f"artifact is not a gzip'd tar: {exc}") from None
+    return bytes(out)
+
+
+def _check_member(member: tarfile.TarInfo, seen: set[str]) -> str:
+    name = member.name
+    if not name or "\x00" in name or "\\" in name:
+        raise UnsafeArtifact(f"bad member name {name!r}")
+    if name.startswith("/") or PurePosixPath(name).is_absolute():
+        raise UnsafeArtifact(f"absolute path in artifact: {name!r}")
+    parts = [p for p in PurePosixPath(name).parts if p != "."]
+    if not parts or ".." in parts:
+        raise UnsafeArtifact(f"path escapes the entry: {name!r}")
+    if member.issym() or member.islnk():
+        raise UnsafeArtifact(f"link in artifact: {name!r} -> {member.linkname!r}")
+    if not (member.isreg() or member.isdir()):
+        raise UnsafeArtifact(f"special file (device, FIFO...) in artifact: {name!r}")
+    clean = "/".join(parts)
+    if clean in seen:
+        raise UnsafeArtifact(f"duplicate member in artifact: {name!r}")
+    seen.add(clean)
+    return clean
+
+
+def check_artifact(artifact: bytes, max_bytes: int | None = None) -> list[tuple[str, bool]]:
+    """Validate an artifact without writing anything; returns its (path, is_dir) members."""
+    limit = settings.max_artifact_bytes() if max_bytes is None else max_bytes
+    if len(artifact) > limit:
+        raise UnsafeArtifact(f"artifact is {len(artifact)} bytes, over the {limit}-byte limit")
+    raw = _gunzip_limited(artifact, limit)
+    members = []
+    seen: set[str] = set()
+    try:
+        with tarfile.open(fileobj=io.BytesIO(raw), mode="r:") as tar:
+            for member in tar:
+                if len(members) >= MAX_MEMBERS:
+                    raise UnsafeArtifact(f"artifact holds more than {MAX_MEMBERS} members")
+                members.append((_check_member(member, seen), member.isdir()))
+    except tarfile.TarError as exc:
+        raise UnsafeArtifact(f"artifact is not a valid tar: {exc}") from None
+    files = {m for m, is_dir in members if not is_dir}
+    for path, _ in members:
+        parents = PurePosixPath(path).parents
+        if any(str(p) in files for p in parents if str(p) != "."):
+            raise UnsafeArtifact(f"member {path!r} lies under a file of the same artifact")
+    return members
+
+
+def unpack_safely(artifact: bytes, dest: Path, max_bytes: int | None = None) -> None:
+    """Extract a checked artifact into the empty (or new) directory ``dest``; raises
+    UnsafeArtifact before writing anything when any member is unsafe."""
+    limit = settings.max_artifact_bytes() if max_bytes is None else max_bytes
+    check_artifact(artifact, limit)
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    if any(dest.iterdir()):
+        raise FileExistsError(f"unpack destination is not empty: {dest}")
+    raw = _gunzip_limited(artifact, limit)
+    with tarfile.open(fileobj=io.BytesIO(raw), mode="r:") as tar:
+        for member in tar:
+            target = dest.joinpath(*[p for p in PurePosixPath(member.name).parts if p != "."])
+            if member.isdir():
+                target.mkdir(mode=0o755, parents=True, exist_ok=True)
+                continue
+            target.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+            src = tar.extractfile(member)
+            assert src is not None  # a regular member always has a file object
+            mode = 0o755 if member.mode & 0o111 else 0o644
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+            with os.fdopen(fd, "wb") as out:
+                shutil.copyfileobj(src, out, _CHUNK)
+
+
+def fsync_tree(path: Path) -> None:
+    """fsync every file and directory under path (and path itself), children first."""
+    for dirpath, _dirnames, filenames in os.walk(path, topdown=False):
+        for name in filenames:
+            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY | os.O_NOFOLLOW)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fsync_dir(Path(dirpath))
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+_RENAME_NOREPLACE = 1
+_AT_FDCWD = -100
+
+
+def _load_renameat2():
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        func = libc.renameat2
+    except (OSError, AttributeError):
+        return None
+    func.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p,
+                     ctypes.c_uint]
+    func.restype = ctypes.c_int
+    return func
+
+
+_renameat2 = _load_renameat2()
+
+
+def rename_noreplace(src: Path, dst: Path) -> bool:
+    """Rename src to dst unless dst exists; False when dst was there (nothing changed)."""
+    if _renameat2 is not None:
+        rc = _renameat2(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst),
+                        _RENAME_NOREPLACE)
+        if rc == 0:
+            return True
+        err = ctypes.get_errno()
+        if err == errno.EEXIST:
+            return False
+        if err not in (errno.EINVAL, errno.ENOSYS):  # filesystem without RENAME_NOREPLACE
+            raise OSError(err, os.strerror(err), str(dst))
+    # Fallback: rename(2) replaces only an empty directory, never a populated entry.
+    if dst.exists() or dst.is_symlink():
+        return False
+    try:
+        os.rename(src, dst)
+    except OSError as exc:
+        if exc.errno in (errno.ENOTEMPTY, errno.EEXIST):
+            return False
+        raise
+    return True
+
+
+@dataclass(frozen=True)
+class Installed:
+    path: Path
+    installed: bool  # False: the entry was already there (another installer or the library)
+
+
+def _check_entry_name(name: str) -> None:
+    if (not name or name in (".", "..") or "/" in name or "\\" in name or "\x00" in name
+            or name.startswith(".")):
+        raise UnsafeArtifact(f"bad cache entry name {name!r}")
+
+
+def _staging_prefix() -> str:
+    return f"{socket.gethostname()}+{os.getpid()}+"
+
+
+@contextlib.contextmanager
+def staging(root: Path) -> Iterator[Path]:
+    """A fresh directory under ``root/.warmd-staging`` (same filesystem as root, so a rename
+    into root is atomic), removed afterwards whatever happens. Stale ones from killed
+    processes are cleaned first."""
+    staging_root = Path(root) / STAGING_DIR
+    staging_root.mkdir(parents=True, exist_ok=True)
+    clean_staging(root)
+    stage = staging_root / f"{_staging_prefix()}{uuid.uuid4().hex[:12]}"
+    stage.mkdir()
+    try:
+        yield stage
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+
+
+def install_atomically(root: Path, name: str, artifact: bytes, *,
+                       max_bytes: int | None = None,
+                       prepare: Callable[[Path], None] | None = None) -> Installed:
+    """Install ``artifact`` as the directory ``root/name``, all or nothing.
+
+    ``prepare(staged_dir)`` may rewrite the staged tree (paths, mtimes) before it becomes
+    visible. An existing ``root/name`` is never replaced: it is kept and ours discarded.
+    """
+    _check_entry_name(name)
+    root = Path(root)
+    dest = root / name
+    if dest.exists():
+        return Installed(dest, False)
+    with staging(root) as stage:
+        staged = stage / name
+        unpack_safely(artifact, staged, max_bytes)
+        if prepare is not None:
+            prepare(staged)
+        fsync_tree(staged)
+        moved = rename_noreplace(staged, dest)
+        if moved:
+            fsync_dir(root)
+        return Installed(dest, moved)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def clean_staging(root: Path, max_age: float = STALE_STAGING_SECONDS) -> list[Path]:
+    """Remove staging directories left by killed installers: ours (same host) whose process
+    is gone, and any older than max_age. Returns what was removed."""
+    staging_root = Path(root) / STAGING_DIR
+    removed = []
+    try:
+        entries = list(os.scandir(staging_root))
+    except FileNotFoundError:
+        return removed
+    host = socket.gethostname()
+    now = time.time()
+    for entry in entries:
+        owner_host, _, rest = entry.name.partition("+")
+        pid_text = rest.split("+", 1)[0]
+        stale = False
+        if owner_host == host and pid_text.isdigit() and int(pid_text) != os.getpid():
+            stale = not _pid_alive(int(pid_text))
+        try:
+            stale = stale or now - entry.stat(follow_symlinks=False).st_mtime > max_age
+        except FileNotFoundError:
+            continue
+        if stale:
+            shutil.rmtree(entry.path, ignore_errors=True)
+            removed.append(Path(entry.path))
+    return removed

@@ -1,0 +1,568 @@
+"""FlashInfer's JIT cache: module directories under the workspace, made portable.
+
+Layout (flashinfer 0.7.x)::
+
+    $FLASHINFER_WORKSPACE_BASE/.cache/flashinfer/<version>/<arch, e.g. 90a>/
+        cached_ops/<module>/   build.ninja, .ninja_log, .ninja_deps, *.o, <module>.so
+        cached_ops/tmp/        FlashInfer's per-module lock files
+        generated/             sources the gen_*_module() functions write
+
+What makes FlashInfer skip a build (measured with flashinfer 0.7.4, ninja 1.13): its JIT path
+always runs ``ninja`` (``JitSpec.build()``, also inside ``build_and_load()``), and ninja
+rebuilds an output when the output is missing or older than an input, when ``.ninja_log``
+has no entry for it, when the entry's command hash differs from the current command or its
+recorded mtime is older than an input, or when ``.ninja_deps`` lacks the output's header list,
+records an mtime older than the output, or names a header that does not exist. Every path in
+``build.ninja``, ``.ninja_log`` and ``.ninja_deps`` is absolute, so a module directory copied
+under another workspace rebuilds in full (the commands, hence their hashes, changed), and so
+does one whose generated sources are rewritten after install (newer than the objects).
+
+So an artifact carries the module directory plus the generated sources it was built from,
+and ``install`` relocates it: the old workspace prefix is replaced by this node's in
+``build.ninja`` and in ``.ninja_deps`` path records, ``.ninja_log`` entries get the hash of
+the relocated command (rapidhash for log v7, what ninja >= 1.12 writes, of the command that
+``ninja -t compdb`` evaluates), and outputs, log and deps records all get the install time
+as mtime. Generated sources are installed first, with identical bytes, so FlashInfer's
+``write_if_different`` leaves them alone. A stub libcuda for CPU builds goes on LIBRARY_PATH
+(not FLASHINFER_EXTRA_LDFLAGS), keeping the link command identical to a GPU node's.
+FlashInfer's AOT lookup is not used: it only reads the package's own ``data/aot`` directory
+and installed jit-cache wheels, both inside site-packages.
+
+What a relocated entry still depends on, hence ``fingerprint_inputs``: FlashInfer version,
+target arch, nvcc version and CUDA_HOME, the host compiler (system header paths are in the
+deps), ninja version (log format and hash), the install paths of flashinfer, tvm_ffi and the
+Python headers (in every command), and the env knobs FlashInfer puts into commands.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import re
+import shutil
+import struct
+import subprocess
+import sysconfig
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from importlib import metadata, util
+from pathlib import Path
+
+from warmd import settings
+from warmd.cache.artifacts import (
+    fsync_dir,
+    fsync_tree,
+    pack_members,
+    rename_noreplace,
+    staging,
+    unpack_safely,
+)
+from warmd.cache.base import CacheAdapter, CacheEntry, UnsafeArtifact
+
+LIBRARY = "flashinfer"
+# Env knobs FlashInfer copies into the build commands (cpp_ext.py, core.py).
+COMMAND_ENV = ("CC", "CXX", "CUDA_HOME", "CUDA_PATH", "FLASHINFER_NVCC",
+               "FLASHINFER_CXX_LAUNCHER", "FLASHINFER_NVCC_LAUNCHER", "FLASHINFER_NVCC_THREADS",
+               "FLASHINFER_EXTRA_CFLAGS", "FLASHINFER_EXTRA_CUDAFLAGS",
+               "FLASHINFER_EXTRA_LDFLAGS", "FLASHINFER_JIT_DEBUG", "FLASHINFER_JIT_VERBOSE",
+               "FLASHINFER_JIT_LINEINFO")
+LOCK_TIMEOUT = 600.0
+_NOT_ENTRIES = {"tmp"}
+
+
+class IncompatibleEntry(UnsafeArtifact):
+    """An artifact that is well formed but cannot hit here (would rebuild): refused."""
+
+
+def arch_dir(arch: str) -> str:
+    """FlashInfer's directory name for an arch list: '9.0a' -> '90a', '8.0 9.0a' -> '80_90a'."""
+    items = [a for a in re.split(r"[\s,;]+", arch.strip()) if a]
+    if not items:
+        raise ValueError("empty arch")
+
+    def key(item: str) -> tuple[int, str]:
+        major, _, minor = item.partition(".")
+        return (int(major), minor) if "." in item else (int(item[:-1] or 0), item[-1:])
+
+    return "_".join(a.replace(".", "") for a in sorted(items, key=key))
+
+
+def flashinfer_version() -> str | None:
+    try:
+        return metadata.version("flashinfer-python")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+# ----- ninja's own files -----
+
+_M64 = (1 << 64) - 1
+_RAPID_SECRET = (0x2D358DCCAA6C78A5, 0x8BB84B93962EACC9, 0x4B33A62ED433D4A3)
+
+
+def _mix(a: int, b: int) -> int:
+    r = a * b
+    return (r & _M64) ^ (r >> 64)
+
+
+def rapidhash(data: bytes, seed: int = 0xBDD89AA982704029) -> int:
+    """rapidhash v1 as ninja >= 1.12 hashes commands for .ninja_log (v7)."""
+    s, n = _RAPID_SECRET, len(data)
+
+    def r64(i: int) -> int:
+        return int.from_bytes(data[i:i + 8], "little")
+
+    def r32(i: int) -> int:
+        return int.from_bytes(data[i:i + 4], "little")
+
+    seed ^= _mix(seed ^ s[0], s[1]) ^ n
+    if n <= 16:
+        if n >= 4:
+            last, delta = n - 4, (n & 24) >> (n >> 3)
+            a = (r32(0) << 32) | r32(last)
+            b = (r32(delta) << 32) | r32(last - delta)
+        elif n > 0:
+            a, b = (data[0] << 56) | (data[n >> 1] << 32) | data[n - 1], 0
+        else:
+            a = b = 0
+    else:
+        i, o = n, 0
+        if i > 48:
+            see1 = see2 = seed
+            while i >= 48:
+                seed = _mix(r64(o) ^ s[0], r64(o + 8) ^ seed)
+                see1 = _mix(r64(o + 16) ^ s[1], r64(o + 24) ^ see1)
+                see2 = _mix(r64(o + 32) ^ s[2], r64(o + 40) ^ see2)
+                o, i = o + 48, i - 48
+            seed ^= see1 ^ see2
+        if i > 16:
+            seed = _mix(r64(o) ^ s[2], r64(o + 8) ^ seed ^ s[1])
+            if i > 32:
+                seed = _mix(r64(o + 16) ^ s[2], r64(o + 24) ^ seed)
+        a, b = r64(o + i - 16), r64(o + i - 8)
+    a ^= s[1]
+    b ^= seed
+    r = a * b
+    a, b = r & _M64, r >> 64
+    return _mix(a ^ s[0] ^ n, b ^ s[1])
+
+
+@dataclass
+class LogEntry:
+    start: int
+    end: int
+    mtime: int
+    output: str
+    command_hash: str
+
+
+def read_ninja_log(path: Path) -> tuple[int, dict[str, LogEntry]]:
+    """(log version, latest entry per output) of a .ninja_log; (0, {}) when absent."""
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except FileNotFoundError:
+        return 0, {}
+    match = re.fullmatch(r"# ninja log v(\d+)", lines[0]) if lines else None
+    if not match:
+        return 0, {}
+    entries = {}
+    for line in lines[1:]:
+        fields = line.split("\t")
+        if len(fields) != 5:
+            continue
+        try:
+            entry = LogEntry(int(fields[0]), int(fields[1]), int(fields[2]), fields[3],
+                             fields[4])
+        except ValueError:
+            continue
+        entries[entry.output] = entry
+    return int(match.group(1)), entries
+
+
+def write_ninja_log(path: Path, version: int, entries: list[LogEntry]) -> None:
+    lines = [f"# ninja log v{version}"]
+    lines += [f"{e.start}\t{e.end}\t{e.mtime}\t{e.output}\t{e.command_hash}" for e in entries]
+    path.write_text("\n".join(lines) + "\n")
+
+
+_DEPS_MAGIC = b"# ninjadeps\n"
+_DEPS_VERSION = 4
+
+
+@dataclass
+class DepsLog:
+    paths: list[str]
+    records: list[tuple[int, int, list[int]]]  # (output id, mtime ns, input ids)
+
+    def inputs_of(self) -> dict[str, list[str]]:
+        return {self.paths[out]: [self.paths[i] for i in ins] for out, _, ins in self.records}
+
+
+def read_deps_log(path: Path) -> DepsLog:
+    """Parse ninja's binary .ninja_deps (format v4: ninja >= 1.10)."""
+    data = path.read_bytes()
+    if not data.startswith(_DEPS_MAGIC) or len(data) < 16:
+        raise IncompatibleEntry(f"{path} is not a ninja deps log")
+    (version,) = struct.unpack_from("<i", data, 12)
+    if version != _DEPS_VERSION:
+        raise IncompatibleEntry(f"ninja deps log v{version} is not supported (v4 is)")
+    log, pos = DepsLog([], []), 16
+    while pos + 4 <= len(data):
+        (size,) = struct.unpack_from("<I", data, pos)
+        body, pos = data[pos + 4:pos + 4 + (size & 0x7FFFFFFF)], pos + 4 + (size & 0x7FFFFFFF)
+        if len(body) != size & 0x7FFFFFFF:
+            break  # truncated tail: ninja ignores it too
+        if size & 0x80000000:
+            out, lo, hi = struct.unpack_from("<iII", body)
+            ins = list(struct.unpack_from(f"<{len(body) // 4 - 3}i", body, 12))
+            log.records.append((out, lo | (hi << 32), ins))
+        else:
+            log.paths.append(body[:-4].rstrip(b"\0").decode())
+    return log
+
+
+def write_deps_log(path: Path, log: DepsLog) -> None:
+    out = bytearray(_DEPS_MAGIC + struct.pack("<i", _DEPS_VERSION))
+    for node_id, name in enumerate(log.paths):
+        raw = name.encode()
+        raw += b"\0" * (-len(raw) % 4)
+        out += struct.pack("<I", len(raw) + 4) + raw + struct.pack("<I", ~node_id & 0xFFFFFFFF)
+    for out_id, mtime, ins in log.records:
+        body = struct.pack("<iII", out_id, mtime & 0xFFFFFFFF, mtime >> 32)
+        body += struct.pack(f"<{len(ins)}i", *ins)
+        out += struct.pack("<I", len(body) | 0x80000000) + body
+    path.write_bytes(bytes(out))
+
+
+def ninja_binary() -> str:
+    found = shutil.which("ninja")
+    if not found:
+        raise IncompatibleEntry("ninja is not on PATH (FlashInfer's JIT needs it too)")
+    return found
+
+
+def ninja_commands(module_dir: Path) -> dict[str, str]:
+    """output path -> the command ninja would run for it (as hashed into .ninja_log)."""
+    proc = subprocess.run([ninja_binary(), "-C", str(module_dir), "-f", "build.ninja", "-t",
+                           "compdb"], capture_output=True, text=True, timeout=60)
+    if proc.returncode != 0:
+        raise IncompatibleEntry(f"ninja cannot read build.ninja: {proc.stderr.strip()[:200]}")
+    return {e["output"]: e["command"] for e in json.loads(proc.stdout) if "output" in e}
+
+
+def ninja_is_up_to_date(module_dir: Path) -> tuple[bool, str]:
+    """Ask ninja itself (dry run) whether building this module would run any command."""
+    proc = subprocess.run([ninja_binary(), "-C", str(module_dir), "-f", "build.ninja", "-n",
+                           "-d", "explain"], capture_output=True, text=True, timeout=60)
+    text = (proc.stdout + proc.stderr).strip()
+    return proc.returncode == 0 and "no work to do" in text, text
+
+
+_BUILD_LINE = re.compile(r"^build (\S+): \S+((?: \S+)*)$", re.MULTILINE)
+
+
+def _build_inputs(build_ninja: str) -> list[str]:
+    return [p for m in _BUILD_LINE.finditer(build_ninja) for p in m.group(2).split()
+            if p not in ("|", "||")]
+
+
+# ----- the adapter -----
+
+class FlashInferCacheAdapter(CacheAdapter):
+    """FlashInfer's JIT modules under one workspace, for one target arch list."""
+
+    library = LIBRARY
+
+    def __init__(self, workspace_base: Path | None = None, arch: str = "9.0a",
+                 version: str | None = None) -> None:
+        self.workspace_base = Path(workspace_base or settings.flashinfer_workspace_base())
+        self.arch = arch_dir(arch)
+        found = version or flashinfer_version()
+        if not found:
+            raise RuntimeError("flashinfer is not installed (pip install flashinfer-python)")
+        self.version = found
+
+    @property
+    def workspace_dir(self) -> Path:
+        return self.workspace_base / ".cache" / "flashinfer" / self.version / self.arch
+
+    @property
+    def root(self) -> Path:
+        return self.workspace_dir / "cached_ops"
+
+    @property
+    def generated_dir(self) -> Path:
+        return self.workspace_dir / "generated"
+
+    # -- listing --
+
+    def entry(self, name: str) -> CacheEntry:
+        return CacheEntry(LIBRARY, name, self.root / name)
+
+    def is_complete(self, name: str) -> bool:
+        """A finished module: nobody holds FlashInfer's lock on it (no build running) and
+        ninja itself finds nothing to do for it."""
+        try:
+            with self.module_lock(name, timeout=0):
+                return self._up_to_date(name)
+        except TimeoutError:
+            return False
+
+    def _up_to_date(self, name: str) -> bool:
+        module = self.root / name
+        if not (module / f"{name}.so").is_file() or not (module / "build.ninja").is_file():
+            return False
+        return ninja_is_up_to_date(module)[0]
+
+    def list_entries(self) -> list[CacheEntry]:
+        try:
+            names = sorted(d.name for d in os.scandir(self.root)
+                           if d.is_dir(follow_symlinks=False) and not d.name.startswith(".")
+                           and d.name not in _NOT_ENTRIES)
+        except FileNotFoundError:
+            return []
+        return [self.entry(n) for n in names if self.is_complete(n)]
+
+    # -- packing --
+
+    def pack(self, entry: CacheEntry) -> bytes:
+        with self.module_lock(entry.name):
+            if not self._up_to_date(entry.name):
+                raise FileNotFoundError(f"no complete FlashInfer module {entry.name}")
+            module = self.root / entry.name
+            members: list[tuple[str, Path | None]] = [
+                (f"module/{p.name}", p) for p in sorted(module.iterdir())
+                if p.is_file() and not p.is_symlink()]
+            members += [(f"generated/{rel}", self.generated_dir / rel)
+                        for rel in self._generated_inputs(module)]
+            return pack_members(members)
+
+    def _generated_inputs(self, module: Path) -> list[str]:
+        """Generated sources and headers the module was built from, relative to generated/."""
+        prefix = str(self.generated_dir.resolve()) + "/"
+        paths = set(_build_inputs((module / "build.ninja").read_text()))
+        deps_path = module / ".ninja_deps"
+        if deps_path.exists():
+            for ins in read_deps_log(deps_path).inputs_of().values():
+                paths.update(ins)
+        return sorted(p[len(prefix):] for p in paths
+                      if p.startswith(prefix) and os.path.isfile(p))
+
+    # -- installing --
+
+    @contextlib.contextmanager
+    def module_lock(self, name: str, timeout: float = LOCK_TIMEOUT) -> Iterator[None]:
+        """FlashInfer's own per-module lock (cached_ops/tmp/<name>.lock, an flock)."""
+        lock_dir = self.root / "tmp"
+        lock_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock_dir / f"{name}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            deadline = time.monotonic() + timeout
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        raise TimeoutError(f"FlashInfer module {name} stays locked") from None
+                    time.sleep(0.05)
+            yield
+        finally:
+            os.close(fd)
+
+    def install(self, name: str, artifact: bytes) -> CacheEntry:
+        _check_module_name(name)
+        if self.is_complete(name):
+            return self.entry(name)
+        self.root.mkdir(parents=True, exist_ok=True)
+        with staging(self.root) as stage:
+            unpacked = stage / "artifact"
+            unpack_safely(artifact, unpacked)
+            module = _check_layout(unpacked, name)
+            old_ws = _workspace_of(module, name)
+            self._install_generated(unpacked / "generated")
+            relocate_module(module, old_ws, str(self.workspace_dir.resolve()), time.time_ns())
+            self._check_inputs_present(module, name)
+            fsync_tree(module)
+            with self.module_lock(name):
+                if self._up_to_date(name):
+                    return self.entry(name)
+                self._move_aside_incomplete(name, stage)
+                rename_noreplace(module, self.root / name)
+                fsync_dir(self.root)
+        return self.entry(name)
+
+    def _move_aside_incomplete(self, name: str, stage: Path) -> None:
+        """A module dir FlashInfer left half-built (crashed build) would block the install;
+        under the module lock nobody is building it, so it goes into our staging dir."""
+        dest = self.root / name
+        if dest.exists():
+            os.rename(dest, stage / "incomplete")
+
+    def _install_generated(self, generated: Path) -> None:
+        if not generated.is_dir():
+            return
+        for src in sorted(p for p in generated.rglob("*") if p.is_file()):
+            rel = src.relative_to(generated)
+            dest = self.generated_dir / rel
+            data = src.read_bytes()
+            if dest.exists():
+                if dest.read_bytes() != data:
+                    raise IncompatibleEntry(
+                        f"generated source {rel} differs from this node's: FlashInfer would "
+                        "rebuild the module")
+                continue
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            tmp = dest.with_name(f".{dest.name}.warmd-{uuid.uuid4().hex[:12]}")
+            tmp.write_bytes(data)
+            with open(tmp, "rb") as fh:
+                os.fsync(fh.fileno())
+            os.replace(tmp, dest)  # same bytes as any concurrent writer's: replacing is safe
+            fsync_dir(dest.parent)
+
+    def _check_inputs_present(self, module: Path, name: str) -> None:
+        deps = read_deps_log(module / ".ninja_deps").inputs_of()
+        missing = sorted({p for ins in deps.values() for p in ins if not os.path.exists(p)})
+        if missing:
+            shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more"
+                                              if len(missing) > 3 else "")
+            raise IncompatibleEntry(f"module {name} was built against files missing here "
+                                    f"(another toolchain?): {shown}")
+
+    def is_up_to_date(self, name: str) -> tuple[bool, str]:
+        """Whether FlashInfer's build() of this module would compile nothing (ninja -n)."""
+        return ninja_is_up_to_date(self.root / name)
+
+    # -- compatibility --
+
+    def fingerprint_inputs(self) -> dict:
+        return {
+            "library": LIBRARY,
+            "flashinfer": self.version,
+            "arch": self.arch,
+            "flashinfer_path": _package_dir("flashinfer"),
+            "tvm_ffi_path": _package_dir("tvm_ffi"),
+            "python_include": sysconfig.get_path("include"),
+            "torch": _dist_version("torch"),
+            "cuda_home": str(cuda_home()),
+            "nvcc": _tool_version([str(cuda_home() / "bin" / "nvcc"), "--version"]),
+            "cxx": _cxx_identity(),
+            "ninja": _tool_version([shutil.which("ninja") or "ninja", "--version"]),
+            "env": {k: os.environ[k] for k in COMMAND_ENV
+                    if os.environ.get(k) and k not in ("CUDA_HOME", "CUDA_PATH")},
+        }
+
+
+def _check_module_name(name: str) -> None:
+    if (not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*", name) or name in _NOT_ENTRIES
+            or ".." in name):
+        raise UnsafeArtifact(f"bad FlashInfer module name {name!r}")
+
+
+def _check_layout(unpacked: Path, name: str) -> Path:
+    top = {p.name for p in unpacked.iterdir()}
+    if not top <= {"module", "generated"} or "module" not in top:
+        raise UnsafeArtifact(f"not a FlashInfer module artifact (top level: {sorted(top)})")
+    module = unpacked / "module"
+    needed = ("build.ninja", ".ninja_log", ".ninja_deps", f"{name}.so")
+    absent = [f for f in needed if not (module / f).is_file()]
+    if absent:
+        raise UnsafeArtifact(f"FlashInfer artifact for {name} lacks {', '.join(absent)}")
+    if any(p.is_dir() for p in module.iterdir()):
+        raise UnsafeArtifact("FlashInfer module artifact holds subdirectories")
+    return module
+
+
+def _workspace_of(module: Path, name: str) -> str:
+    """The workspace dir the module was built in, from build.ninja's link output path."""
+    text = (module / "build.ninja").read_text()
+    match = re.search(rf"^build (/\S*)/cached_ops/{re.escape(name)}/{re.escape(name)}\.so:",
+                      text, re.MULTILINE)
+    if not match:
+        raise UnsafeArtifact(f"build.ninja of {name} does not build {name}.so")
+    return match.group(1)
+
+
+def _rewrite_path(path: str, old: str, new: str) -> str:
+    return new + path[len(old):] if path == old or path.startswith(old + "/") else path
+
+
+def relocate_module(module: Path, old_ws: str, new_ws: str, now_ns: int) -> None:
+    """Make a module built under workspace old_ws up to date for ninja under new_ws (see the
+    module docstring): paths, command hashes and mtimes in ninja's three files."""
+    build = module / "build.ninja"
+    build.write_text(build.read_text().replace(old_ws + "/", new_ws + "/"))
+    for depfile in module.glob("*.d"):
+        depfile.write_text(depfile.read_text().replace(old_ws + "/", new_ws + "/"))
+    deps = read_deps_log(module / ".ninja_deps")
+    deps.paths = [_rewrite_path(p, old_ws, new_ws) for p in deps.paths]
+    deps.records = [(out, now_ns, ins) for out, _, ins in deps.records]
+    write_deps_log(module / ".ninja_deps", deps)
+    _relocate_log(module, old_ws, new_ws, now_ns)
+    for path in module.iterdir():
+        if path.is_file() and not path.name.startswith(".ninja_"):
+            os.utime(path, ns=(now_ns, now_ns))
+
+
+def _relocate_log(module: Path, old_ws: str, new_ws: str, now_ns: int) -> None:
+    version, entries = read_ninja_log(module / ".ninja_log")
+    commands = ninja_commands(module)
+    if version != 7 and old_ws != new_ws:
+        raise IncompatibleEntry(f"ninja log v{version} cannot be relocated (v7 can)")
+    relocated = []
+    for entry in entries.values():
+        output = _rewrite_path(entry.output, old_ws, new_ws)
+        if output not in commands:
+            continue  # an output the current build.ninja no longer has
+        digest = (format(rapidhash(commands[output].encode()), "x") if version == 7
+                  else entry.command_hash)
+        relocated.append(LogEntry(entry.start, entry.end, now_ns, output, digest))
+    write_ninja_log(module / ".ninja_log", version, relocated)
+
+
+def _package_dir(name: str) -> str | None:
+    spec = util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return str(Path(next(iter(spec.submodule_search_locations))).resolve())
+
+
+def _dist_version(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def cuda_home() -> Path:
+    """CUDA_HOME as FlashInfer should see it: the env var, else /usr/local/cuda, else the
+    toolkit holding the nvcc on PATH (FlashInfer's own guess, dirname(dirname(which nvcc)),
+    is wrong when that nvcc is a wrapper in /usr/local/bin)."""
+    found = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    if found:
+        return Path(found)
+    default = Path("/usr/local/cuda")
+    nvcc = shutil.which("nvcc")
+    if (default / "bin" / "nvcc").exists() or not nvcc:
+        return default
+    return Path(nvcc).resolve().parent.parent
+
+
+def _tool_version(cmd: list[str]) -> str | None:
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    lines = [ln.strip() for ln in proc.stdout.splitlines() if ln.strip()]
+    return " | ".join(lines) if proc.returncode == 0 and lines else None
+
+
+def _cxx_identity() -> dict:
+    cxx = os.environ.get("CXX", "c++")
+    path = shutil.which(cxx)
+    return {"path": str(Path(path).resolve()) if path else cxx,
+            "version": _tool_version([cxx, "-dumpfullversion"])}

@@ -1,0 +1,222 @@
+"""Builds a plan's FlashInfer modules through FlashInfer's own JIT specs.
+
+A task names the module it expects (``task.module``) and how FlashInfer makes its spec
+(``task.spec = {"generator": "module.path:function", "args": [...]}``; dtype names such as
+"bfloat16" become torch dtypes). The spec's ``build()`` lands the module exactly where the
+engine's FlashInfer looks; on a GPU whose arch is the target's, ``build_and_load()`` also
+loads it. Without one it cross-builds for the target arch: FlashInfer only needs nvcc.
+
+FlashInfer reads FLASHINFER_WORKSPACE_BASE and FLASHINFER_CUDA_ARCH_LIST when it is first
+imported, so the environment is prepared by ``worker_env`` and applied by the worker pool in
+the worker process before this executor imports flashinfer; nothing leaks into the caller.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import shutil
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+from warmd import settings
+from warmd.cache.flashinfer import (
+    FlashInferCacheAdapter,
+    arch_dir,
+    cuda_home,
+    flashinfer_version,
+    read_ninja_log,
+)
+from warmd.executors.base import Executor, KernelOutcome, TaskResult
+from warmd.plan import Task
+
+LIBRARY = "flashinfer"
+_REASON_CHARS = 600
+
+
+def _links_libcuda(home: Path) -> bool:
+    """Whether `-lcuda` resolves the way FlashInfer links (toolkit lib64, lib64/stubs)."""
+    out = settings.state_dir() / f".libcuda-probe-{os.getpid()}.so"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        proc = subprocess.run(
+            [os.environ.get("CXX", "c++"), "-x", "c", "-", "-shared", "-o", str(out),
+             f"-L{home / 'lib64'}", f"-L{home / 'lib64' / 'stubs'}", "-lcuda"],
+            input="", capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    finally:
+        out.unlink(missing_ok=True)
+    return proc.returncode == 0
+
+
+def stub_libcuda_dir() -> Path:
+    """A directory holding an empty libcuda.so to link against on machines without a driver
+    (the module's symbols resolve against the real driver when a GPU node loads it)."""
+    stub_dir = settings.state_dir() / "stubs"
+    stub = stub_dir / "libcuda.so"
+    if stub.exists():
+        return stub_dir
+    stub_dir.mkdir(parents=True, exist_ok=True)
+    tmp = stub_dir / f".libcuda.{uuid.uuid4().hex[:8]}.so"
+    subprocess.run(["gcc", "-x", "c", "-", "-shared", "-o", str(tmp)], input="",
+                   capture_output=True, text=True, timeout=60, check=True)
+    os.replace(tmp, stub)
+    return stub_dir
+
+
+def curand_include_dir() -> Path | None:
+    """nvidia-curand's headers (some modules include curand_kernel.h) when the toolkit
+    lacks them."""
+    if (cuda_home() / "include" / "curand_kernel.h").exists():
+        return None
+    spec = importlib.util.find_spec("nvidia")
+    for base in (spec.submodule_search_locations or []) if spec else []:
+        for sub in sorted(Path(base).glob("cu*/include")) + [Path(base) / "curand" / "include"]:
+            if (sub / "curand_kernel.h").exists():
+                return sub
+    return None
+
+
+def _prepend(env: dict[str, str], var: str, value: str) -> None:
+    current = env.get(var, os.environ.get(var, ""))
+    env[var] = f"{value}:{current}" if current else value
+
+
+def worker_env(target_arch: str, workspace_base: Path, gpu_archs: tuple[str, ...] = ()) -> dict:
+    """Environment for a worker that builds FlashInfer modules for target_arch ('9.0a').
+
+    The stub libcuda goes on LIBRARY_PATH and curand's headers on CPATH rather than into
+    FLASHINFER_EXTRA_LDFLAGS/CUDAFLAGS: those flags enter the build commands, and a command
+    that differs from the GPU node's makes ninja rebuild the module there.
+    """
+    env = {"FLASHINFER_WORKSPACE_BASE": str(workspace_base)}
+    home = cuda_home()
+    if not os.environ.get("CUDA_HOME") and (home / "bin" / "nvcc").exists():
+        env["CUDA_HOME"] = str(home)
+    wanted = os.environ.get("FLASHINFER_CUDA_ARCH_LIST") or target_arch
+    if arch_dir(wanted) not in {arch_dir(a) for a in gpu_archs}:
+        env["FLASHINFER_CUDA_ARCH_LIST"] = wanted
+    if not _links_libcuda(home):
+        _prepend(env, "LIBRARY_PATH", str(stub_libcuda_dir()))
+    curand = curand_include_dir()
+    if curand is not None:
+        _prepend(env, "CPATH", str(curand))
+    return env
+
+
+def _resolve_generator(path: str):
+    module_name, _, func = path.partition(":")
+    if not module_name or not func:
+        raise ValueError(f"generator {path!r} is not 'module.path:function'")
+    return getattr(importlib.import_module(module_name), func)
+
+
+def _convert_args(args) -> list:
+    import torch
+
+    out = []
+    for arg in args or ():
+        dtype = getattr(torch, arg, None) if isinstance(arg, str) else None
+        out.append(dtype if isinstance(dtype, torch.dtype) else arg)
+    return out
+
+
+def _short_reason(exc: BaseException) -> str:
+    """The exception's error lines (compiler errors), else its last line, bounded."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    errors = [ln for ln in lines if "error" in ln.lower()]
+    detail = " | ".join(errors[:3]) if errors else (lines[-1] if lines else "")
+    return f"{type(exc).__name__}: {detail}"[:_REASON_CHARS]
+
+
+class FlashInferExecutor(Executor):
+    library = LIBRARY
+
+    def __init__(self, workspace_base: Path | None = None, arch: str | None = None) -> None:
+        self.workspace_base = Path(workspace_base or settings.flashinfer_workspace_base())
+        self.arch = arch or os.environ.get("FLASHINFER_CUDA_ARCH_LIST")
+        self._adapter: FlashInferCacheAdapter | None = None
+
+    def cache(self) -> FlashInferCacheAdapter:
+        if self._adapter is None:
+            self._adapter = FlashInferCacheAdapter(self.workspace_base,
+                                                   self.arch or self._local_arch() or "9.0a")
+        return self._adapter
+
+    def _local_arch(self) -> str | None:
+        try:
+            import torch
+
+            if not torch.cuda.is_available():
+                return None
+            major, minor = torch.cuda.get_device_capability(0)
+        except Exception:
+            return None
+        from warmd.targets import arch_with_suffix
+
+        return arch_with_suffix((major, minor))
+
+    def can_load(self) -> bool:
+        """Load after building only on a GPU whose arch is the one built for."""
+        local = self._local_arch()
+        return local is not None and arch_dir(local) == self.cache().arch
+
+    def check(self) -> tuple[bool, str]:
+        if flashinfer_version() is None:
+            return False, "flashinfer is not installed (pip install flashinfer-python)"
+        if shutil.which("ninja") is None:
+            return False, "ninja is not on PATH (pip install ninja)"
+        nvcc = cuda_home() / "bin" / "nvcc"
+        if not nvcc.exists():
+            return False, f"nvcc not found at {nvcc} (set CUDA_HOME)"
+        try:
+            from flashinfer.jit import env as jit_env
+        except Exception as exc:  # a broken install, an ABI mismatch with torch...
+            return False, f"cannot import flashinfer.jit: {_short_reason(exc)}"
+        expected = self.cache().workspace_dir.resolve()
+        if Path(jit_env.FLASHINFER_WORKSPACE_DIR).resolve() != expected:
+            return False, (f"flashinfer was imported with workspace "
+                           f"{jit_env.FLASHINFER_WORKSPACE_DIR}, expected {expected}: set "
+                           "FLASHINFER_WORKSPACE_BASE and the arch before importing it")
+        return True, "ok"
+
+    def run(self, task: Task) -> TaskResult:
+        started = time.perf_counter()
+
+        def failed(reason: str) -> TaskResult:
+            elapsed = time.perf_counter() - started
+            return TaskResult(task.key, LIBRARY, False, elapsed,
+                              [KernelOutcome(task.module or "?", "failed", elapsed)], reason)
+
+        generator = task.spec.get("generator", "")
+        try:
+            spec = _resolve_generator(generator)(*_convert_args(task.spec.get("args")))
+        except Exception as exc:
+            return failed(f"FlashInfer generator {generator or '(none)'} failed: "
+                          f"{_short_reason(exc)}")
+        if spec.name != task.module:
+            return failed(f"planner/FlashInfer drift: the plan expects module {task.module!r}, "
+                          f"but {generator} of flashinfer {flashinfer_version()} makes "
+                          f"{spec.name!r}")
+        return self._build(task, spec, started, failed)
+
+    def _build(self, task: Task, spec, started: float, failed) -> TaskResult:
+        log_path = self.cache().root / spec.name / ".ninja_log"
+        before = read_ninja_log(log_path)[1]
+        try:
+            if self.can_load():
+                spec.build_and_load()
+            else:
+                spec.build(need_lock=True)
+        except Exception as exc:
+            return failed(f"building {spec.name} failed: {_short_reason(exc)}")
+        elapsed = time.perf_counter() - started
+        after = read_ninja_log(log_path)[1]
+        compiled = after != before  # ninja appends a log line for every command it ran
+        outcome = KernelOutcome(spec.name, "compiled" if compiled else "local_hit",
+                                elapsed if compiled else 0.0)
+        return TaskResult(task.key, LIBRARY, True, elapsed, [outcome])

@@ -1,0 +1,173 @@
+"""Worker processes that run tasks, one at a time each.
+
+Workers are spawned (never forked from a process that may hold CUDA or Redis state), get
+their environment (cache dirs, arch, CUDA_VISIBLE_DEVICES) before importing any JIT
+library, and exchange tasks and results with the parent as JSON over a pipe. Each worker
+leads its own process group so that stopping it also stops the ninja/nvcc it started.
+Executors are created in the worker with no arguments, from the environment it was given.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import multiprocessing
+import os
+import signal
+from dataclasses import asdict
+from multiprocessing.connection import Connection
+
+from warmd.executors.base import Executor, KernelOutcome, TaskResult
+from warmd.plan import Task
+
+EXECUTORS = {
+    "flashinfer": "warmd.executors.flashinfer:FlashInferExecutor",
+    "deep_gemm": "warmd.executors.deep_gemm:DeepGemmExecutor",
+}
+STOP_GRACE_SECONDS = 3.0
+
+
+def load_executor(library: str) -> Executor | str:
+    """The library's executor, checked; or the reason it cannot run here."""
+    target = EXECUTORS.get(library)
+    if target is None:
+        return f"no executor for library {library!r}"
+    module_name, _, cls_name = target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name == module_name:
+            return f"this warmd has no {library} executor ({module_name} is missing)"
+        return f"{library} executor cannot be imported: {exc}"
+    except Exception as exc:
+        return f"{library} executor cannot be imported: {type(exc).__name__}: {exc}"
+    try:
+        executor = getattr(module, cls_name)()
+        ok, reason = executor.check()
+    except Exception as exc:
+        return f"{library} executor cannot start: {type(exc).__name__}: {exc}"
+    return executor if ok else f"{library} cannot run here: {reason}"
+
+
+def failed_result(task: Task, reason: str, seconds: float = 0.0) -> TaskResult:
+    return TaskResult(task.key, task.library, False, seconds,
+                      [KernelOutcome(task.module or task.kernel, "failed", seconds)], reason)
+
+
+def result_from_json(data: dict) -> TaskResult:
+    kernels = [KernelOutcome(**k) for k in data.get("kernels", [])]
+    return TaskResult(data["task_key"], data["library"], bool(data["ok"]),
+                      float(data["seconds"]), kernels, data.get("error"))
+
+
+def run_task(executors: dict[str, Executor | str], task: Task) -> TaskResult:
+    """Run one task with the library's (cached) executor; never raises."""
+    if task.library not in executors:
+        executors[task.library] = load_executor(task.library)
+    executor = executors[task.library]
+    if isinstance(executor, str):
+        return failed_result(task, executor)
+    try:
+        return executor.run(task)
+    except Exception as exc:  # executors should not raise; one that does fails its task only
+        return failed_result(task, f"{type(exc).__name__}: {exc}")
+
+
+def _set_parent_death_signal() -> None:
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: die with the parent
+
+
+def _log_output_to_file() -> None:
+    """Compiler and library chatter goes to <state dir>/logs/worker-<pid>.log, not the
+    parent's terminal (failures reach the report with their reasons)."""
+    from warmd import settings
+
+    log_dir = settings.state_dir() / "logs"
+    with contextlib.suppress(OSError):
+        log_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(log_dir / f"worker-{os.getpid()}.log",
+                     os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
+
+
+def _worker_main(conn: Connection, env: dict[str, str]) -> None:
+    os.setpgrp()
+    _set_parent_death_signal()
+    os.environ.update(env)
+    _log_output_to_file()
+    executors: dict[str, Executor | str] = {}
+    while True:
+        try:
+            raw = conn.recv_bytes()
+        except (EOFError, OSError):
+            return
+        if not raw:
+            return
+        task = Task.from_json(json.loads(raw))
+        result = run_task(executors, task)
+        conn.send_bytes(json.dumps(asdict(result)).encode())
+
+
+class Worker:
+    """One worker process; restarted when it dies, its task then failing with the reason."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.env = dict(env)
+        self._ctx = multiprocessing.get_context("spawn")
+        self._proc = None
+        self._conn: Connection | None = None
+        self.stopped = False
+
+    def _start(self) -> None:
+        parent, child = self._ctx.Pipe()
+        self._proc = self._ctx.Process(target=_worker_main, args=(child, self.env), daemon=True)
+        self._proc.start()
+        child.close()
+        self._conn = parent
+
+    def run(self, task: Task) -> TaskResult:
+        if self.stopped:
+            return failed_result(task, "interrupted before it started")
+        if self._proc is None or not self._proc.is_alive():
+            self._start()
+        proc, conn = self._proc, self._conn
+        assert proc is not None and conn is not None
+        try:
+            conn.send_bytes(json.dumps(task.to_json()).encode())
+            return result_from_json(json.loads(conn.recv_bytes()))
+        except (EOFError, OSError):
+            proc.join(timeout=STOP_GRACE_SECONDS)
+            if self._proc is proc:
+                self._proc = self._conn = None
+            if self.stopped:
+                return failed_result(task, "interrupted")
+            return failed_result(task, f"worker process died (exit code {proc.exitcode})")
+
+    def stop(self, kill: bool = False) -> None:
+        """Ask the worker to exit; kill its whole process group (ninja, nvcc) when told to,
+        or when it does not exit within the grace period."""
+        self.stopped = True
+        proc, conn = self._proc, self._conn
+        self._proc = self._conn = None
+        if proc is None:
+            return
+        if not kill and conn is not None:
+            with contextlib.suppress(OSError):
+                conn.send_bytes(b"")
+            proc.join(timeout=STOP_GRACE_SECONDS)
+        if proc.is_alive() or kill:
+            _kill_group(proc.pid, signal.SIGTERM)
+            proc.join(timeout=STOP_GRACE_SECONDS)
+            _kill_group(proc.pid, signal.SIGKILL)
+            proc.join(timeout=STOP_GRACE_SECONDS)
+
+
+def _kill_group(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
