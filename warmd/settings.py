@@ -32,6 +32,23 @@ def deep_gemm_cache_dir() -> Path:
     return vllm_cache_root() / "deep_gemm"
 
 
+def deep_gemm_lookup_roots() -> list[Path]:
+    """The read-only roots after the first in DG_JIT_CACHE_DIR=A:B:...: DeepGEMM finds
+    kernels there but never writes to them."""
+    explicit = os.environ.get("DG_JIT_CACHE_DIR") or ""
+    return [Path(part) for part in explicit.split(":")[1:] if part]
+
+
+# DeepGEMM knobs that change its compiler signature or flags, hence every kernel's cache key.
+DEEP_GEMM_KEY_ENV = ("DG_JIT_USE_NVRTC", "DG_JIT_NVCC_COMPILER", "DG_JIT_CPP_STANDARD",
+                     "DG_JIT_WITH_LINEINFO", "DG_JIT_DEBUG", "DG_JIT_PTXAS_VERBOSE",
+                     "DG_JIT_PTXAS_CHECK")
+
+
+def deep_gemm_key_env() -> dict[str, str]:
+    return {name: os.environ[name] for name in DEEP_GEMM_KEY_ENV if os.environ.get(name)}
+
+
 def flashinfer_workspace_base() -> Path:
     """FlashInfer caches under $FLASHINFER_WORKSPACE_BASE/.cache/flashinfer (default: ~)."""
     return Path(os.environ.get("FLASHINFER_WORKSPACE_BASE") or _home())
@@ -43,12 +60,21 @@ def redis_url() -> str | None:
 
 def namespace() -> str:
     """Salt of every shared-cache fingerprint: change it to disown a whole set of entries."""
-    return os.environ.get("WARMD_NAMESPACE") or "default"
+    return namespace_override() or "default"
+
+
+def namespace_override() -> str | None:
+    """WARMD_NAMESPACE when set (the daemon's config file is overridden only then)."""
+    return os.environ.get("WARMD_NAMESPACE") or None
+
+
+def signing_key_file() -> str | None:
+    return os.environ.get("WARMD_SIGNING_KEY_FILE") or None
 
 
 def signing_key() -> bytes | None:
     """HMAC key for manifests, from WARMD_SIGNING_KEY_FILE or WARMD_SIGNING_KEY."""
-    path = os.environ.get("WARMD_SIGNING_KEY_FILE")
+    path = signing_key_file()
     if path:
         return Path(path).read_bytes().strip()
     value = os.environ.get("WARMD_SIGNING_KEY")
@@ -57,3 +83,51 @@ def signing_key() -> bytes | None:
 
 def max_artifact_bytes() -> int:
     return int(os.environ.get("WARMD_MAX_ARTIFACT_BYTES") or 256 * 1024 * 1024)
+
+
+def _positive_float(var: str, default: float) -> float:
+    from warmd.errors import WarmdInputError
+
+    raw = os.environ.get(var)
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if value <= 0:
+        raise WarmdInputError(f"{var} must be a positive number, got {raw!r}")
+    return value
+
+
+def cache_ttl_seconds() -> int:
+    """Shared-cache entries expire this long after their last use (WARMD_CACHE_TTL_DAYS)."""
+    return int(_positive_float("WARMD_CACHE_TTL_DAYS", 30.0) * 86400)
+
+
+def redis_timeout() -> float:
+    """Bound on one shared-cache operation, in seconds (WARMD_REDIS_TIMEOUT)."""
+    return _positive_float("WARMD_REDIS_TIMEOUT", 2.0)
+
+
+def node_name() -> str:
+    """This node's name in shared-cache stats and manifests (WARMD_NODE_NAME, else hostname)."""
+    import socket
+
+    return os.environ.get("WARMD_NODE_NAME") or socket.gethostname()
+
+
+def embedded_maxmemory() -> str:
+    """maxmemory of the embedded Redis (WARMD_EMBEDDED_MAXMEMORY, e.g. 4gb; 0 = no limit)."""
+    return os.environ.get("WARMD_EMBEDDED_MAXMEMORY") or "4gb"
+
+
+def config_path() -> Path | None:
+    """The daemon's warmd.yaml (WARMD_CONFIG); None: the embedded default config."""
+    value = os.environ.get("WARMD_CONFIG")
+    return Path(value) if value else None
+
+
+def metrics_port() -> str | None:
+    """WARMD_METRICS_PORT: port of each node agent's Prometheus endpoint (0: any free port)."""
+    return os.environ.get("WARMD_METRICS_PORT") or None

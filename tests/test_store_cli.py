@@ -1,0 +1,230 @@
+"""`warmd cache ...` against a real redis-server."""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+import time
+
+import pytest
+from click.testing import CliRunner
+from store_support import DirAdapter, make_plan, start_test_server, warm
+
+from warmd.cli import main
+from warmd.store import layout, open_shared_cache
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    srv = start_test_server(tmp_path_factory.mktemp("redis"), password="cli-secret")
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def url(server):
+    client = server.client()
+    client.flushall()
+    client.close()
+    return server.url
+
+
+def run(*args: str, code: int = 0):
+    result = CliRunner().invoke(main, list(args))
+    assert result.exit_code == code, result.output
+    assert "Traceback" not in result.output
+    return result
+
+
+def _fill(url: str, tmp_path, tasks: int = 3, key: bytes | None = None) -> str:
+    cache = open_shared_cache(url, node="filler", signing_key=key)
+    adapter = DirAdapter(tmp_path / "filled")
+    warm(cache, adapter, make_plan(tasks))
+    fp = cache.fingerprint(adapter).digest
+    cache.close()
+    return fp
+
+
+def test_fingerprint_json_and_namespace(monkeypatch):
+    first = json.loads(run("cache", "fingerprint", "--target", "h200", "--library", "deep_gemm",
+                           "--json").output)
+    monkeypatch.setenv("WARMD_NAMESPACE", "team-b")
+    second = json.loads(run("cache", "fingerprint", "--target", "h200", "--library",
+                            "deep_gemm", "--json").output)
+    assert first[0]["inputs"]["sms"] == 132 and second[0]["inputs"]["namespace"] == "team-b"
+    assert first[0]["digest"] != second[0]["digest"]
+    text = run("cache", "fingerprint", "--target", "h20", "--library", "deep_gemm").output
+    assert text.startswith("deep_gemm  ") and "sms                78" in text
+
+
+@pytest.mark.parametrize("args", [
+    ("cache", "fingerprint", "--target", "h200", "--library", "nope"),
+    ("cache", "fingerprint", "--target", "h200", "--library", "nvcc"),
+    ("cache", "stats", "--redis", "ftp://user:hunter2@host"),
+    ("cache", "prune", "--all", "--redis", "redis://127.0.0.1:1"),
+    ("cache", "import", "/nonexistent.tar", "--redis", "redis://127.0.0.1:1"),
+])
+def test_bad_input_is_one_line_exit_2(args):
+    result = run(*args, code=2)
+    assert result.output.count("\n") == 1 and result.output.startswith("warmd: error: ")
+    assert "hunter2" not in result.output
+
+
+def test_unreachable_store_is_one_line_without_the_password():
+    from warmd.store.embedded import free_port
+
+    result = run("cache", "stats", "--redis", f"redis://:hunter2@127.0.0.1:{free_port()}/0",
+                 code=1)
+    assert "unreachable" in result.output and "hunter2" not in result.output
+    assert result.output.strip().count("\n") == 0
+
+
+def test_stats_and_ls(url, tmp_path):
+    fp = _fill(url, tmp_path)
+    other = open_shared_cache(url, node="second")
+    warm(other, DirAdapter(tmp_path / "second"), make_plan(3))
+    other.close()
+    data = json.loads(run("cache", "stats", "--json", "--redis", url).output)
+    assert data["totals"]["compiled"] == 6 and data["totals"]["remote_hits"] == 6
+    assert set(data["nodes"]) == {"filler", "second"} and data["hit_rate"] == 0.5
+    assert "cli-secret" not in data["store"]
+    text = run("cache", "stats", "--redis", url).output
+    assert "remote hits" in text and "Per node" in text and "cli-secret" not in text
+    listed = json.loads(run("cache", "ls", "--json", "--redis", url).output)
+    assert listed[0]["fingerprint"] == fp and listed[0]["entries"] == 6
+    assert listed[0]["bytes"] > 6 * 100_000
+    entries = json.loads(run("cache", "ls", "--fingerprint", fp, "--json", "--redis",
+                             url).output)
+    assert len(entries) == 6 and all(e["state"] == "ok" and e["producer"] == "filler"
+                                     for e in entries)
+    assert "Entries of" in run("cache", "ls", "--fingerprint", fp, "--redis", url).output
+
+
+def test_verify_finds_and_quarantines_corruption(url, server, tmp_path):
+    fp = _fill(url, tmp_path)
+    assert "6 entries checked: 6 ok, 0 bad" in run("cache", "verify", "--redis", url).output
+    client = server.client()
+    name = make_plan(3)["testlib/gemm/1"][0]
+    man = layout.Manifest.decode(client.get(layout.manifest_key(fp, name)), 1 << 30)
+    chunk = layout.blob_key(man.digest, 0)
+    data = client.get(chunk)
+    client.set(chunk, data[:100] + bytes([data[100] ^ 0x40]) + data[101:])
+    report = json.loads(run("cache", "verify", "--json", "--redis", url, code=1).output)
+    assert report["ok"] == 5 and report["bad"][0]["name"] == name
+    assert "digest mismatch" in report["bad"][0]["reason"]
+    run("cache", "verify", "--quarantine", "--redis", url, code=1)
+    assert client.get(layout.manifest_key(fp, name)) is None
+    assert "5 entries checked: 5 ok" in run("cache", "verify", "--redis", url).output
+    client.close()
+
+
+def test_prune_old_disowned_and_orphans(url, server, tmp_path):
+    fp = _fill(url, tmp_path)
+    client = server.client()
+    names = [n for ns in make_plan(3).values() for n in ns]
+    client.zadd(layout.index_key(fp), {names[0]: time.time() - 10 * 86400})
+    client.delete(layout.manifest_key(fp, names[1]))  # expired or evicted
+    dry = json.loads(run("cache", "prune", "--older-than", "7", "--dry-run", "--json",
+                         "--redis", url).output)
+    assert dry["entries_removed"] == 1 and dry["stale_index"] == 1
+    assert client.zcard(layout.index_key(fp)) == 6
+    done = json.loads(run("cache", "prune", "--older-than", "7", "--json", "--redis",
+                          url).output)
+    assert done["entries_removed"] == 1 and done["task_records_removed"] == 1
+    assert client.zcard(layout.index_key(fp)) == 4
+    assert done["orphan_blobs_removed"] == 0  # just orphaned: could be a publish in flight
+    # Orphaned blobs go once they are older than a publication in flight could be.
+    for key in client.scan_iter(match="warmd:v1:blob:*"):
+        client.pexpire(key, 1000 * 86400)
+    assert json.loads(run("cache", "prune", "--json", "--redis", url).output)[
+        "orphan_blobs_removed"] == 2
+    assert len(list(client.scan_iter(match="warmd:v1:blob:*"))) == 4
+    # Disown a namespace: everything of its fingerprints goes.
+    run("cache", "prune", "--namespace", "nope", "--all", "--redis", url, code=2)
+    gone = json.loads(run("cache", "prune", "--namespace", "default", "--all", "--json",
+                          "--redis", url).output)
+    assert gone["fingerprints_removed"] == 1 and gone["entries_removed"] == 4
+    assert not list(client.scan_iter(match="warmd:v1:man:*"))
+    assert not list(client.scan_iter(match="warmd:v1:task:*"))
+    client.close()
+
+
+def test_export_import_roundtrip_verifies_and_refuses(url, server, tmp_path):
+    fp = _fill(url, tmp_path, key=b"k1")
+    archive = tmp_path / "cache.tar"
+    out = json.loads(run("cache", "export", str(archive), "--json", "--redis", url).output)
+    assert out["entries"] == 6 and out["tasks"] == 3
+    client = server.client()
+    client.flushall()
+    monkey_env = {"WARMD_SIGNING_KEY": "k1"}
+    result = CliRunner(env=monkey_env).invoke(main, ["cache", "import", str(archive), "--json",
+                                                     "--redis", url])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["imported"] == 6
+    fetched = DirAdapter(tmp_path / "after-import")
+    cache = open_shared_cache(url, signing_key=b"k1")
+    assert warm(cache, fetched, make_plan(3))["remote_hits"] == 6
+    cache.close()
+
+    # Wrong key, and a tampered blob: refused and counted, nothing else lost.
+    client.flushall()
+    tampered = tmp_path / "tampered.tar"
+    with tarfile.open(archive) as src, tarfile.open(tampered, "w") as dst:
+        first_blob = True
+        for member in src.getmembers():
+            data = src.extractfile(member).read()
+            if member.name.startswith("blob/") and first_blob:
+                data, first_blob = data[:-1] + bytes([data[-1] ^ 1]), False
+            dst.addfile(member, io.BytesIO(data))
+    result = CliRunner(env=monkey_env).invoke(main, ["cache", "import", str(tampered),
+                                                     "--json", "--redis", url])
+    counts = json.loads(result.stdout)
+    assert counts["imported"] == 5 and counts["corrupt_rejected"] == 1
+    assert counts["tasks"] == 2 and counts["tasks_skipped"] == 1  # it names the bad entry
+    client.flushall()
+    result = CliRunner(env={"WARMD_SIGNING_KEY": "other"}).invoke(
+        main, ["cache", "import", str(archive), "--json", "--redis", url])
+    counts = json.loads(result.stdout)
+    assert counts["imported"] == 0 and counts["tasks"] == 0
+    assert counts["signature_rejected"] == 9  # 6 manifests and 3 task records
+    assert not list(client.scan_iter(match="warmd:v1:man:*"))
+    assert fp
+    client.close()
+
+
+def test_import_refuses_unsafe_archives_writing_nothing(url, server, tmp_path):
+    client = server.client()
+    header = json.dumps({"format": "warmd-cache-export", "version": 1}).encode()
+    for bad in ("../escape", "/etc/passwd", "blob/../../x", "man/abc/../../y.json"):
+        archive = tmp_path / "evil.tar"
+        with tarfile.open(archive, "w") as tar:
+            for name, data in (("warmd-export.json", header), (bad, b"owned")):
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+        result = run("cache", "import", str(archive), "--redis", url, code=2)
+        assert "refusing" in result.output
+        assert client.dbsize() == 0
+    with tarfile.open(archive, "w") as tar:
+        info = tarfile.TarInfo("warmd-export.json")
+        info.size = len(header)
+        tar.addfile(info, io.BytesIO(header))
+        link = tarfile.TarInfo(f"blob/{'a' * 64}")
+        link.type, link.linkname = tarfile.SYMTYPE, "/etc/passwd"
+        tar.addfile(link)
+    assert "not a regular file" in run("cache", "import", str(archive), "--redis", url,
+                                       code=2).output
+    assert client.dbsize() == 0 and not (tmp_path / "escape").exists()
+    client.close()
+
+
+def test_server_commands(tmp_path, monkeypatch):
+    monkeypatch.setenv("WARMD_STATE_DIR", str(tmp_path / "state"))
+    assert "not running" in run("cache", "server", "status").output
+    started = json.loads(run("cache", "server", "start", "--json").output)
+    assert started["running"] and ":***@" in started["url"]
+    assert json.loads(run("cache", "server", "status", "--json").output)["pid"] == \
+        started["pid"]
+    assert "stopped" in run("cache", "server", "stop").output
+    assert "not running" in run("cache", "server", "status").output

@@ -1,0 +1,488 @@
+"""The shared cache against a real redis-server: roundtrips, integrity, trust, faults, stats."""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import tarfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from store_support import DirAdapter, compile_entry, make_plan, start_test_server, warm
+
+from warmd.store import admin, layout, open_shared_cache
+from warmd.store.breaker import CircuitBreaker
+from warmd.store.redis_store import RedisSharedCache
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    srv = start_test_server(tmp_path_factory.mktemp("redis"), password="admin-pw")
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def rclient(server):
+    client = server.client()
+    client.flushall()
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def caches():
+    opened: list[RedisSharedCache] = []
+
+    def make(url: str, **kw) -> RedisSharedCache:
+        kw.setdefault("node", f"node{len(opened)}")
+        kw.setdefault("poll_interval", 0.1)
+        cache = open_shared_cache(url, **kw)
+        opened.append(cache)
+        return cache
+
+    yield make
+    for cache in opened:
+        cache.close()
+
+
+def _publish(cache, adapter, task: str, names: list[str], size: int = 120_000):
+    entries = [compile_entry(adapter, n, size) for n in names]
+    cache.publish_task(adapter, task, entries, 2.0)
+    return entries
+
+
+def _fp(cache, adapter) -> str:
+    return cache.fingerprint(adapter).digest
+
+
+def _outside_files(tmp_path: Path, *roots: Path) -> set[Path]:
+    return {p for p in tmp_path.rglob("*") if not any(r in p.parents or p == r for r in roots)}
+
+
+# ----------------------------------------------------------------------------- roundtrips
+
+def test_publish_then_fetch_installs_verified_entries(server, rclient, caches, tmp_path):
+    a, b = DirAdapter(tmp_path / "a"), DirAdapter(tmp_path / "b")
+    writer, reader = caches(server.url), caches(server.url)
+    big = "kernel.big.0001"
+    _publish(writer, a, "testlib/t1", ["kernel.x.0001", big], size=2_500_000)
+    fp = _fp(writer, a)
+    man = layout.Manifest.decode(rclient.get(layout.manifest_key(fp, big)), 1 << 30)
+    assert man.chunks == 3 and man.producer == "node0" and man.compile_seconds == 1.0
+    assert all(len(rclient.get(layout.blob_key(man.digest, i))) <= 1 << 20 for i in range(3))
+
+    assert reader.fetch_task(b, "testlib/t1") == ["kernel.x.0001", big]
+    for name in ("kernel.x.0001", big):
+        assert (b.root / name / "kernel.bin").read_bytes() == \
+            (a.root / name / "kernel.bin").read_bytes()
+    counters = reader.counters
+    assert counters["remote_hits"] == 2 and counters["tasks_hit"] == 1
+    assert counters["bytes_fetched"] > 2_500_000 and counters["compile_seconds_saved"] == 2.0
+    assert reader.fetch_task(b, "testlib/unknown") is None
+    # Already installed: a local hit, nothing fetched again.
+    assert reader.fetch_task(b, "testlib/t1") == ["kernel.x.0001", big]
+    assert reader.counters["local_hits"] == 2 and reader.counters["remote_hits"] == 2
+
+
+def test_prefetch_a_plan_and_ttl_refresh(server, rclient, caches, tmp_path):
+    a, b = DirAdapter(tmp_path / "a"), DirAdapter(tmp_path / "b")
+    writer = caches(server.url, ttl_seconds=3600)
+    plan = make_plan(12)
+    for task, names in plan.items():
+        _publish(writer, a, task, names, size=20_000)
+    fp = _fp(writer, a)
+    key = layout.manifest_key(fp, plan["testlib/gemm/3"][0])
+    assert 3_500_000 < rclient.pttl(key) <= 3_600_000
+    rclient.pexpire(key, 5000)
+    reader = caches(server.url, ttl_seconds=3600)
+    got = reader.prefetch(b, list(plan) + ["testlib/missing"])
+    assert got["testlib/missing"] is None
+    assert all(got[t] == names for t, names in plan.items())
+    assert len(b.list_entries()) == 24
+    assert rclient.pttl(key) > 3_500_000  # used: its TTL was refreshed
+
+
+def test_same_entry_published_twice_is_stored_once(server, rclient, caches, tmp_path):
+    one, two = caches(server.url), caches(server.url)
+    a, b = DirAdapter(tmp_path / "a"), DirAdapter(tmp_path / "b")
+    _publish(one, a, "testlib/t", ["kernel.same.0001"])
+    _publish(two, b, "testlib/t", ["kernel.same.0001"])
+    assert one.counters["published"] == 1 and two.counters["already_published"] == 1
+    assert "published" not in two.counters
+
+
+# ----------------------------------------------------------------------------- integrity
+
+def _corrupt_cases(rclient, fp, man, other):
+    """name -> a function that damages the stored entry `man` in one way."""
+    chunk = layout.blob_key(man.digest, 0)
+
+    def flip():
+        data = bytearray(rclient.get(chunk))
+        data[len(data) // 2] ^= 0x01
+        rclient.set(chunk, bytes(data))
+
+    return {
+        "flipped bit": flip,
+        "truncated": lambda: rclient.set(chunk, rclient.get(chunk)[:-100]),
+        "missing chunk": lambda: rclient.delete(chunk),
+        "swapped blob": lambda: rclient.set(chunk, rclient.get(layout.blob_key(other.digest,
+                                                                                0))),
+        "swapped manifest": lambda: rclient.set(layout.manifest_key(fp, man.name),
+                                                rclient.get(layout.manifest_key(fp,
+                                                                                other.name))),
+    }
+
+
+@pytest.mark.parametrize("case", ["flipped bit", "truncated", "missing chunk", "swapped blob",
+                                  "swapped manifest"])
+def test_damaged_entries_are_refused_quarantined_and_rebuilt(server, rclient, caches,
+                                                             tmp_path, case):
+    a = DirAdapter(tmp_path / "a")
+    writer = caches(server.url)
+    _publish(writer, a, "testlib/bad", ["kernel.victim.0001"])
+    _publish(writer, a, "testlib/good", ["kernel.other.0001"])
+    fp = _fp(writer, a)
+    read = lambda name: layout.Manifest.decode(  # noqa: E731
+        rclient.get(layout.manifest_key(fp, name)), 1 << 30)
+    man, other = read("kernel.victim.0001"), read("kernel.other.0001")
+    _corrupt_cases(rclient, fp, man, other)[case]()
+
+    b = DirAdapter(tmp_path / "b")
+    reader = caches(server.url)
+    assert reader.fetch_task(b, "testlib/bad") is None
+    assert not (b.root / "kernel.victim.0001").exists()
+    assert reader.counters["corrupt_rejected"] == 1 and reader.counters["quarantined"] == 1
+    assert rclient.get(layout.manifest_key(fp, "kernel.victim.0001")) is None
+    assert rclient.exists(layout.quarantine_key(fp, "kernel.victim.0001"))
+    # Nothing valid lost: the other entry still installs (its blob survived).
+    assert reader.fetch_task(b, "testlib/good") == ["kernel.other.0001"]
+    # The next compile republishes the victim, and it hits again.
+    with reader.single_flight("testlib/bad", 5) as mine:
+        assert mine
+        _publish(reader, b, "testlib/bad", ["kernel.victim.0001"])
+    c = DirAdapter(tmp_path / "c")
+    assert caches(server.url).fetch_task(c, "testlib/bad") == ["kernel.victim.0001"]
+    assert (c.root / "kernel.victim.0001" / "kernel.bin").read_bytes() == \
+        (a.root / "kernel.victim.0001" / "kernel.bin").read_bytes()
+
+
+def test_signatures_are_required_when_a_key_is_configured(server, rclient, caches, tmp_path):
+    a = DirAdapter(tmp_path / "a")
+    _publish(caches(server.url, signing_key=b"cluster-key"), a, "testlib/signed",
+             ["kernel.s.0001"])
+    _publish(caches(server.url), a, "testlib/unsigned", ["kernel.u.0001"])
+
+    wrong = caches(server.url, signing_key=b"another-key")
+    b = DirAdapter(tmp_path / "b")
+    assert wrong.fetch_task(b, "testlib/signed") is None
+    assert wrong.counters["signature_rejected"] == 1 and wrong.counters["corrupt_rejected"] == 1
+    strict = caches(server.url, signing_key=b"cluster-key")
+    assert strict.fetch_task(b, "testlib/unsigned") is None
+    assert strict.counters["signature_rejected"] == 1
+    assert b.list_entries() == []
+    # Refused, not quarantined: a node with a wrong key cannot wipe valid entries.
+    assert "quarantined" not in wrong.counters
+    assert strict.fetch_task(b, "testlib/signed") == ["kernel.s.0001"]
+
+    # A manifest re-signed with the wrong key over a tampered digest is refused too.
+    fp = _fp(strict, a)
+    key = layout.manifest_key(fp, "kernel.s.0001")
+    forged = layout.Manifest.decode(rclient.get(key), 1 << 30).to_json()
+    from warmd.store.signing import sign
+
+    rclient.set(key, layout.json_bytes(sign(dict(forged, producer="mallory"), b"guess")))
+    c = DirAdapter(tmp_path / "c")
+    assert caches(server.url, signing_key=b"cluster-key").fetch_task(c, "testlib/signed") \
+        is None
+    assert c.list_entries() == []
+
+
+def test_unsafe_artifact_is_refused_and_writes_nothing_outside(server, rclient, caches,
+                                                                tmp_path):
+    a = DirAdapter(tmp_path / "a")
+    writer = caches(server.url, signing_key=b"k")
+    _publish(writer, a, "testlib/t", ["kernel.evil.0001"])
+    fp = _fp(writer, a)
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w:gz") as tar:
+        info = tarfile.TarInfo("../../escaped.txt")
+        info.size = 5
+        tar.addfile(info, io.BytesIO(b"owned"))
+    blob = raw.getvalue()
+    # Correct digest and a valid signature: only the archive itself is bad.
+    man = layout.Manifest("testlib", "kernel.evil.0001", fp, layout.sha256(blob), len(blob),
+                          "mallory", 1.0, time.time())
+    from warmd.store.signing import sign
+
+    rclient.set(layout.blob_key(man.digest, 0), blob)
+    rclient.set(layout.manifest_key(fp, man.name),
+                layout.json_bytes(sign(man.to_json(), b"k")))
+    b = DirAdapter(tmp_path / "b")
+    reader = caches(server.url, signing_key=b"k")
+    before = _outside_files(tmp_path, a.root, b.root)
+    assert reader.fetch_task(b, "testlib/t") is None
+    assert reader.counters["unsafe_rejected"] == 1 and reader.counters["quarantined"] == 1
+    assert _outside_files(tmp_path, a.root, b.root) == before
+    assert not list(tmp_path.rglob("escaped.txt")) and b.list_entries() == []
+
+
+# ----------------------------------------------------------------------------- ACL, TLS
+
+def _acl_users(rclient) -> None:
+    rclient.execute_command("ACL", "SETUSER", "reader", "on", ">reader-pw", "~warmd:*",
+                            "&warmd:*", "-@all", "+@read", "+@connection", "+subscribe",
+                            "+evalsha", "+eval")
+    rclient.execute_command("ACL", "SETUSER", "writer", "on", ">writer-pw", "~warmd:*",
+                            "&warmd:*", "-@all", "+@read", "+@write", "+@connection",
+                            "+@pubsub", "+@scripting", "-@dangerous")
+
+
+def test_acl_reader_reads_but_cannot_publish(server, rclient, caches, tmp_path):
+    _acl_users(rclient)
+    port = server.port
+    writer = caches(f"redis://writer:writer-pw@127.0.0.1:{port}/0")
+    reader = caches(f"redis://reader:reader-pw@127.0.0.1:{port}/0")
+    a, b = DirAdapter(tmp_path / "a"), DirAdapter(tmp_path / "b")
+    _publish(writer, a, "testlib/w", ["kernel.w.0001"])
+    assert writer.counters["published"] == 1
+    assert reader.fetch_task(b, "testlib/w") == ["kernel.w.0001"]
+
+    keys_before = set(rclient.keys("warmd:v1:*"))
+    _publish(reader, b, "testlib/r", ["kernel.r.0001"])  # no exception
+    assert reader.counters["publish_denied"] == 1 and reader.read_only
+    _publish(reader, b, "testlib/r2", ["kernel.r.0002"])
+    assert reader.counters["publish_skipped"] == 1  # it stops trying
+    assert {k for k in rclient.keys("warmd:v1:*")} - keys_before <= {
+        k for k in rclient.keys("warmd:v1:stats:*")}
+    # A reader takes no lease: nobody holds one, so it compiles right away.
+    with reader.single_flight("testlib/r3", 5) as mine:
+        assert mine
+    assert not rclient.keys("warmd:v1:lease:*")
+
+
+def test_tls_with_auth(tmp_path, caches):
+    import shutil
+    import subprocess
+
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is needed to make a test certificate")
+    d = tmp_path / "tls"
+    d.mkdir()
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+                    "-keyout", str(d / "key.pem"), "-out", str(d / "cert.pem")],
+                   check=True, capture_output=True)
+    cert = str(d / "cert.pem")
+    srv = start_test_server(tmp_path, password="tls-pw", tls=(cert, str(d / "key.pem"), cert))
+    try:
+        assert srv.url.startswith("rediss://")
+        a, b = DirAdapter(tmp_path / "a"), DirAdapter(tmp_path / "b")
+        _publish(caches(srv.url), a, "testlib/tls", ["kernel.t.0001"])
+        assert caches(srv.url).fetch_task(b, "testlib/tls") == ["kernel.t.0001"]
+        # Without the CA the certificate is not trusted: a miss, never an exception.
+        untrusted = caches(srv.url.split("?")[0])
+        assert untrusted.fetch_task(DirAdapter(tmp_path / "c"), "testlib/tls") is None
+        assert untrusted.counters["store_errors"] >= 1
+    finally:
+        srv.stop()
+
+
+# ----------------------------------------------------------------------------- faults
+
+def test_store_down_before_warmup(tmp_path, caches):
+    from warmd.store.embedded import free_port
+
+    cache = caches(f"redis://:secret-pw@127.0.0.1:{free_port()}/0")
+    adapter = DirAdapter(tmp_path / "a")
+    start = time.monotonic()
+    counts = warm(cache, adapter, make_plan(5))
+    assert time.monotonic() - start < 3
+    assert counts["compiled"] == 10 and len(adapter.list_entries()) == 10
+    assert cache.counters["store_errors"] >= 1 and cache.counters["store_skipped"] >= 5
+    assert "published" not in cache.counters
+
+
+def test_store_lost_mid_run_then_back(tmp_path, caches):
+    srv = start_test_server(tmp_path / "s1", password="pw")
+    try:
+        cache = caches(srv.url, breaker=CircuitBreaker(cooldown=0.3))
+        adapter = DirAdapter(tmp_path / "a")
+        plan = make_plan(6)
+        first = dict(list(plan.items())[:3])
+        assert warm(cache, adapter, first)["compiled"] == 6
+        assert cache.counters["published"] == 6
+        srv.stop()
+        rest = dict(list(plan.items())[3:])
+        assert warm(cache, adapter, rest)["compiled"] == 6  # local compiles, no exception
+        assert cache.counters["store_errors"] >= 1
+        assert cache.counters["published"] == 6
+        # Back (same data dir, same port): the breaker re-probes and sharing resumes.
+        srv2 = start_test_server(tmp_path / "s1", password="pw", port=srv.port)
+        try:
+            time.sleep(0.4)
+            fresh = DirAdapter(tmp_path / "b")
+            extra = make_plan(2, prefix="later")
+            warm(cache, fresh, extra)
+            assert cache.counters["published"] == 10
+        finally:
+            srv2.stop()
+    finally:
+        srv.stop()
+
+
+def test_paused_server_times_out_and_degrades(tmp_path, caches):
+    srv = start_test_server(tmp_path, password="pw")
+    cache = caches(srv.url, socket_timeout=0.5, breaker=CircuitBreaker(cooldown=1.5))
+    a = DirAdapter(tmp_path / "a")
+    _publish(cache, a, "testlib/p", ["kernel.p.0001"])
+    b = DirAdapter(tmp_path / "b")
+    os.kill(srv.pid, signal.SIGSTOP)
+    try:
+        start = time.monotonic()
+        assert cache.fetch_task(b, "testlib/p") is None
+        for i in range(5):
+            assert cache.fetch_task(b, f"testlib/q{i}") is None
+        with cache.single_flight("testlib/p", 30) as mine:
+            assert mine
+        _publish(cache, b, "testlib/q", ["kernel.q.0001"])
+        assert time.monotonic() - start < 2.0  # one timeout, then the breaker answers
+        assert cache.counters["store_errors"] == 1 and cache.counters["store_skipped"] >= 6
+    finally:
+        os.kill(srv.pid, signal.SIGCONT)
+    try:
+        time.sleep(1.6)
+        assert cache.fetch_task(b, "testlib/p") == ["kernel.p.0001"]
+    finally:
+        srv.stop()
+
+
+def test_out_of_memory_and_read_only_stores_keep_reads_working(tmp_path, caches):
+    from warmd.store.embedded import free_port
+
+    srv = start_test_server(tmp_path, password="pw")
+    try:
+        a, b = DirAdapter(tmp_path / "a"), DirAdapter(tmp_path / "b")
+        _publish(caches(srv.url), a, "testlib/old", ["kernel.old.0001"])
+        client = srv.client()
+        client.config_set("maxmemory-policy", "noeviction")
+        client.config_set("maxmemory", "1")
+        full = caches(srv.url)
+        assert warm(full, b, make_plan(2))["compiled"] == 4
+        assert full.counters["publish_failed"] >= 1 and "published" not in full.counters
+        assert full.fetch_task(b, "testlib/old") == ["kernel.old.0001"]
+        client.config_set("maxmemory", "0")
+        client.replicaof("127.0.0.1", free_port())  # a replica is read-only
+        replica = caches(srv.url)
+        c = DirAdapter(tmp_path / "c")
+        assert warm(replica, c, make_plan(2, prefix="ro"))["compiled"] == 4
+        # Learnt from the refused lease: nothing is even tried to publish.
+        assert replica.read_only and replica.counters["publish_skipped"] == 2
+        assert replica.fetch_task(c, "testlib/old") == ["kernel.old.0001"]
+        client.replicaof("NO", "ONE")
+        client.close()
+    finally:
+        srv.stop()
+
+
+# ----------------------------------------------------------------------------- single flight
+
+def test_single_flight_waiter_gets_the_publication(server, rclient, caches, tmp_path):
+    holder, waiter = caches(server.url), caches(server.url)
+    a, b = DirAdapter(tmp_path / "a"), DirAdapter(tmp_path / "b")
+    assert holder.fetch_task(a, "testlib/sf") is None
+    assert waiter.fetch_task(b, "testlib/sf") is None
+    seen = {}
+
+    def wait():
+        start = time.monotonic()
+        with waiter.single_flight("testlib/sf", 20) as mine:
+            seen["mine"], seen["waited"] = mine, time.monotonic() - start
+
+    with holder.single_flight("testlib/sf", 20) as mine:
+        assert mine
+        thread = threading.Thread(target=wait)
+        thread.start()
+        time.sleep(0.5)
+        assert "mine" not in seen  # still waiting for the holder
+        _publish(holder, a, "testlib/sf", ["kernel.sf.0001"])
+    thread.join(10)
+    assert seen["mine"] is False and 0.4 < seen["waited"] < 5
+    assert waiter.fetch_task(b, "testlib/sf") == ["kernel.sf.0001"]
+    assert waiter.counters["lease_waits"] == 1 and waiter.counters["lease_waits_satisfied"] == 1
+    assert not rclient.keys("warmd:v1:lease:*")
+
+
+def test_single_flight_takes_over_a_released_lease_and_times_out(server, rclient, caches,
+                                                                 tmp_path):
+    holder, waiter = caches(server.url), caches(server.url, lease_seconds=1.0)
+    a = DirAdapter(tmp_path / "a")
+    holder.fetch_task(a, "testlib/fail")
+    waiter.fetch_task(a, "testlib/fail")
+    # The holder's compile fails (nothing published): the waiter takes over at release.
+    result = {}
+
+    def wait():
+        with waiter.single_flight("testlib/fail", 20) as mine:
+            result["mine"] = mine
+
+    with holder.single_flight("testlib/fail", 20) as mine:
+        assert mine
+        thread = threading.Thread(target=wait)
+        thread.start()
+        time.sleep(0.3)
+    thread.join(10)
+    assert result["mine"] is True and waiter.counters["lease_takeovers"] == 1
+    # A holder that never finishes: the waiter gives up after its timeout and compiles.
+    with holder.single_flight("testlib/slow", 20):
+        start = time.monotonic()
+        with waiter.single_flight("testlib/slow", 0.5) as mine:
+            assert mine and time.monotonic() - start < 2
+    assert waiter.counters["lease_timeouts"] == 1
+
+
+# ----------------------------------------------------------------------------- stats
+
+def test_stats_per_node_and_fingerprint(server, rclient, caches, tmp_path):
+    one, two = caches(server.url, node="alpha"), caches(server.url, node="beta")
+    plan = make_plan(3)
+    warm(one, DirAdapter(tmp_path / "a"), plan)
+    warm(two, DirAdapter(tmp_path / "b"), plan)
+    one.record_outcomes({"failed": 1, "testlib.failed": 1, "corrupt_rejected": 99})
+    data = admin.read_stats(one)
+    alpha, beta = data["nodes"]["alpha"], data["nodes"]["beta"]
+    assert alpha["compiled"] == 6 and alpha["failed"] == 1 and alpha["published"] == 6
+    assert beta["remote_hits"] == 6 and beta.get("compiled", 0) == 0
+    assert beta["bytes_fetched"] == alpha["bytes_published"] > 0
+    assert "corrupt_rejected" not in alpha  # only the store counts refusals
+    (fp_stats,) = data["fingerprints"].values()
+    assert fp_stats["counters"]["remote_hits"] == 6 and fp_stats["counters"]["published"] == 6
+    assert fp_stats["counters"]["failed"] == 1 and fp_stats["entries"] == 6
+    assert data["totals"]["remote_hits"] == 6 and data["hit_rate"] == pytest.approx(6 / 13)
+
+
+def test_deep_gemm_entries_roundtrip_through_the_store(server, rclient, caches, tmp_path):
+    from warmd.cache.deep_gemm import DeepGemmCacheAdapter
+
+    src = DeepGemmCacheAdapter(tmp_path / "src", [], arch="9.0a", sms=132)
+    names = [f"kernel.sm90_fp8_gemm_1d2d.{i:032x}" for i in range(3)]
+    for i, name in enumerate(names):
+        path = src.entries_dir / name
+        path.mkdir(parents=True)
+        (path / "kernel.cu").write_text(f"// {name}\n")
+        (path / "kernel.cubin").write_bytes(os.urandom(60_000 + 30_000 * i))
+    writer = caches(server.url)
+    writer.publish_task(src, "deep_gemm/fp8_gemm_nt/4096x7168/x", src.list_entries(), 12.0)
+    dest = DeepGemmCacheAdapter(tmp_path / "dest", [], arch="9.0a", sms=132)
+    assert caches(server.url).fetch_task(dest, "deep_gemm/fp8_gemm_nt/4096x7168/x") == names
+    for name in names:
+        for part in ("kernel.cu", "kernel.cubin"):
+            assert (dest.entries_dir / name / part).read_bytes() == \
+                (src.entries_dir / name / part).read_bytes()
+    # Another SM count is another fingerprint: nothing to take.
+    h20 = DeepGemmCacheAdapter(tmp_path / "h20", [], arch="9.0a", sms=78)
+    assert caches(server.url).fetch_task(h20, "deep_gemm/fp8_gemm_nt/4096x7168/x") is None

@@ -1,0 +1,430 @@
+"""`warmd cache ...`: the shared compiled-kernel cache (fingerprints, stats, maintenance)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from warmd.errors import WarmdInputError
+from warmd.stats import Counters, _bytes, _seconds
+
+STORE_HELP = ("Shared cache URL: redis://[user:password@]host:port/db, rediss:// for TLS, "
+              "redis+cluster:// (or ?cluster=true) for Redis Cluster. Default: "
+              "WARMD_REDIS_URL, else warmd's embedded server (started if needed).")
+LIBRARIES = ("flashinfer", "deep_gemm")
+# Store counters shown under the Counters summary, with their labels.
+DETAILS = (("signature_rejected", "  bad or missing signature"),
+           ("unsafe_rejected", "  unsafe archive"),
+           ("quarantined", "Entries quarantined"),
+           ("published", "Entries published"),
+           ("publish_denied", "Publish refused (ACL)"),
+           ("publish_failed", "Publish failed"),
+           ("store_errors", "Store errors"),
+           ("store_skipped", "Skipped (breaker open)"),
+           ("lease_waits", "Waited for another node"),
+           ("lease_takeovers", "Leases taken over"),
+           ("lease_timeouts", "Waits timed out"))
+
+
+def _fail(message: str) -> None:
+    click.echo(f"warmd: error: {message}", err=True)
+    sys.exit(1)
+
+
+def store_option(func):
+    return click.option("--redis", "redis_url", metavar="URL", help=STORE_HELP)(func)
+
+
+def json_option(func):
+    return click.option("--json", "as_json", is_flag=True, help="Print JSON.")(func)
+
+
+def _open(redis_url: str | None):
+    from warmd.store import open_shared_cache
+
+    cache = open_shared_cache(redis_url)
+    if cache.disabled_reason:
+        _fail(f"no shared cache: {cache.disabled_reason}")
+    if cache.breaker.is_open:
+        _fail(f"shared cache {cache.display_url} unreachable: {cache.last_error}")
+    return cache
+
+
+def _run(cache, func, *args, **kwargs):
+    from warmd.store.redis_store import StoreFailed
+
+    try:
+        return func(cache, *args, **kwargs)
+    except StoreFailed as failed:
+        _fail(f"shared cache {cache.display_url}: {failed}")
+    finally:
+        cache.close()
+
+
+def _echo_json(data) -> None:
+    click.echo(json.dumps(data, indent=2, sort_keys=True, default=str))
+
+
+def _ago(when: float | None) -> str:
+    if not when:
+        return "-"
+    return _seconds(max(0.0, time.time() - when)) + " ago"
+
+
+@click.group()
+def cache() -> None:
+    """Inspect and maintain the shared compiled-kernel cache (Redis).
+
+    \b
+    Every node warming a plan installs what the cluster already compiled and publishes what
+    it compiles. See docs/redis.md for deployment (maxmemory, ACL users, TLS).
+    """
+
+
+# ----------------------------------------------------------------------------- fingerprint
+
+def _adapters(libraries: tuple[str, ...], target):
+    from warmd.probes import check_library_name
+    from warmd.warmup import WarmupOptions, make_adapter
+
+    # make_adapter reads only the plan's target
+    plan = SimpleNamespace(env=SimpleNamespace(target=target))
+    for name in libraries or LIBRARIES:
+        library = check_library_name(name)
+        if library not in LIBRARIES:
+            raise WarmdInputError(f"{library} has no shared cache; libraries with one: "
+                                  f"{', '.join(LIBRARIES)}")
+        yield library, make_adapter(library, plan, WarmupOptions())
+
+
+@cache.command()
+@click.option("--library", "libraries", multiple=True, metavar="LIB",
+              help="flashinfer or deep_gemm (repeatable; default: both).")
+@click.option("--target", "-t", metavar="PRESET", help="GPU preset instead of the local GPU.")
+@click.option("--capability", metavar="X.Y", help="Compute capability instead of the local GPU.")
+@click.option("--sms", type=int, help="SM count of the target.")
+@json_option
+def fingerprint(libraries, target, capability, sms, as_json) -> None:
+    """Show the compatibility fingerprint of each library's cache on this node.
+
+    Shared entries are kept per fingerprint: library version and install path, target arch
+    and SM count, CUDA toolkit and driver major version, compiler and the namespace
+    (WARMD_NAMESPACE). Nodes with equal fingerprints share entries.
+    """
+    from warmd.store.fingerprint import compute_fingerprint
+    from warmd.targets import resolve_target
+
+    resolved = resolve_target(target, capability, sms)
+    results = []
+    for library, adapter in _adapters(tuple(libraries), resolved):
+        if adapter is None:
+            results.append({"library": library, "digest": None, "inputs": {},
+                            "error": f"{library} is not installed here"})
+            continue
+        results.append(compute_fingerprint(adapter, resolved).to_json())
+    if as_json:
+        _echo_json(results)
+        return
+    for item in results:
+        if item["digest"] is None:
+            click.echo(f"{item['library']}: {item['error']}")
+            continue
+        click.echo(f"{item['library']}  {item['digest']}")
+        for key, value in sorted(item["inputs"].items()):
+            shown = json.dumps(value, sort_keys=True) if isinstance(value, dict) else value
+            click.echo(f"  {key:<18} {shown}")
+
+
+# ----------------------------------------------------------------------------- stats
+
+@cache.command()
+@store_option
+@json_option
+def stats(redis_url, as_json) -> None:
+    """Cluster-wide counters, per node and per fingerprint (sccache style)."""
+    from warmd.store import admin
+
+    data = _run(_open(redis_url), admin.read_stats)
+    if as_json:
+        _echo_json(data)
+        return
+    totals = data["totals"]
+    summary = Counters.from_json(totals)
+    click.echo(summary.render_text(f"Shared cache {data['store']}: {len(data['nodes'])} nodes, "
+                                   f"{len(data['fingerprints'])} fingerprints"))
+    for name, label in DETAILS:
+        click.echo(f"{label:<26}{int(totals.get(name, 0)):>12}")
+    console = Console(soft_wrap=False, width=160)
+    if data["nodes"]:
+        console.print(_node_table(data["nodes"]))
+    if data["fingerprints"]:
+        console.print(_fp_table(data["fingerprints"]))
+
+
+def _node_table(nodes: dict) -> Table:
+    table = Table(title="Per node")
+    for col in ("node", "local", "remote", "compiled", "failed", "hit rate", "rejected",
+                "fetched", "published", "saved", "last seen"):
+        table.add_column(col, justify="left" if col == "node" else "right")
+    for node, c in sorted(nodes.items()):
+        counters = Counters.from_json(c)
+        table.add_row(node, str(counters.local_hits), str(counters.remote_hits),
+                      str(counters.compiled), str(counters.failed),
+                      f"{100 * counters.hit_rate:.1f} %" if counters.kernels else "-",
+                      str(counters.corrupt_rejected), _bytes(counters.bytes_fetched),
+                      _bytes(counters.bytes_published),
+                      _seconds(counters.compile_seconds_saved), _ago(c.get("last_seen")))
+    return table
+
+
+def _fp_table(fps: dict) -> Table:
+    table = Table(title="Per fingerprint")
+    for col in ("fingerprint", "library", "namespace", "entries", "local", "remote",
+                "published", "rejected", "fetched", "saved"):
+        table.add_column(col, justify="left" if col in ("fingerprint", "library",
+                                                        "namespace") else "right")
+    for fp, info in sorted(fps.items()):
+        c = info["counters"]
+        table.add_row(fp, info["library"], str(info["namespace"] or "-"), str(info["entries"]),
+                      str(int(c.get("local_hits", 0))), str(int(c.get("remote_hits", 0))),
+                      str(int(c.get("published", 0))), str(int(c.get("corrupt_rejected", 0))),
+                      _bytes(int(c.get("bytes_fetched", 0))),
+                      _seconds(float(c.get("compile_seconds_saved", 0))))
+    return table
+
+
+# ----------------------------------------------------------------------------- ls
+
+@cache.command(name="ls")
+@click.option("--fingerprint", "fingerprint_", metavar="FP",
+              help="List this fingerprint's entries instead of the fingerprints.")
+@store_option
+@json_option
+def ls_cmd(fingerprint_, redis_url, as_json) -> None:
+    """List fingerprints (entries, bytes, last use), or the entries of one fingerprint."""
+    from warmd.store import admin
+
+    store = _open(redis_url)
+    if fingerprint_:
+        items = [admin.entry_json(i) for i in _run(store, admin.entries, fingerprint_)]
+        if as_json:
+            _echo_json(items)
+            return
+        table = Table(title=f"Entries of {fingerprint_}")
+        for col in ("name", "size", "producer", "compile", "created", "last used", "state"):
+            table.add_column(col)
+        for i in items:
+            table.add_row(i["name"], _bytes(i.get("size", 0)), i.get("producer", "-"),
+                          _seconds(i.get("compile_seconds", 0.0)), _ago(i.get("created")),
+                          _ago(i["last_used"]), i["state"])
+        Console(soft_wrap=False, width=160).print(table)
+        return
+    rows = _run(store, admin.listing)
+    if as_json:
+        _echo_json(rows)
+        return
+    table = Table(title=f"Fingerprints in {store.display_url}")
+    for col in ("fingerprint", "library", "version", "arch", "sms", "namespace", "entries",
+                "bytes", "last used"):
+        table.add_column(col)
+    for r in rows:
+        inputs = r["inputs"]
+        version = inputs.get("version") or inputs.get("flashinfer") or "-"
+        table.add_row(r["fingerprint"], r["library"], str(version), str(inputs.get("arch", "-")),
+                      str(inputs.get("sms", "-")), str(inputs.get("namespace", "-")),
+                      str(r["entries"]), _bytes(r["bytes"]), _ago(r["last_used"]))
+    Console(soft_wrap=False, width=160).print(table)
+
+
+# ----------------------------------------------------------------------------- verify
+
+@cache.command()
+@click.option("--fingerprint", "fingerprints", multiple=True, metavar="FP",
+              help="Only these fingerprints (repeatable; default: all).")
+@click.option("--quarantine", is_flag=True,
+              help="Quarantine corrupt entries (never ones that are only unsigned).")
+@store_option
+@json_option
+def verify(fingerprints, quarantine, redis_url, as_json) -> None:
+    """Check every entry as a fetch would: manifest, signature, chunks, digest, archive
+    safety. Exits 1 when any entry is bad."""
+    from warmd.store import admin
+
+    report = _run(_open(redis_url), admin.verify, fingerprints, quarantine)
+    if as_json:
+        _echo_json(report.to_json())
+    else:
+        for bad in report.bad:
+            click.echo(f"BAD {bad['fingerprint']} {bad['name']}: {bad['reason']}")
+        click.echo(f"{report.checked} entries checked: {report.ok} ok, {len(report.bad)} bad"
+                   + (f", {report.quarantined} quarantined" if quarantine else ""))
+    if report.bad:
+        sys.exit(1)
+
+
+# ----------------------------------------------------------------------------- prune
+
+@cache.command()
+@click.option("--older-than", type=float, metavar="DAYS",
+              help="Remove entries not used for this many days.")
+@click.option("--fingerprint", "fingerprints", multiple=True, metavar="FP",
+              help="Only these fingerprints (repeatable).")
+@click.option("--namespace", "namespaces", multiple=True, metavar="NS",
+              help="Only fingerprints of this namespace (repeatable).")
+@click.option("--all", "everything", is_flag=True,
+              help="Remove every entry of the selected fingerprints (needs --fingerprint or "
+                   "--namespace).")
+@click.option("--dry-run", is_flag=True, help="Report what would go; change nothing.")
+@store_option
+@json_option
+def prune(older_than, fingerprints, namespaces, everything, dry_run, redis_url,
+          as_json) -> None:
+    """Remove old or disowned entries, stale index members and unreferenced blobs."""
+    from warmd.store import admin
+
+    if older_than is not None and older_than < 0:
+        raise WarmdInputError("--older-than must be a number of days >= 0")
+    if everything and not (fingerprints or namespaces):
+        raise WarmdInputError("--all needs --fingerprint or --namespace")
+    store = _open(redis_url)
+    selected = _run_keep(store, admin.select_fingerprints, fingerprints, namespaces)
+    if (fingerprints or namespaces) and not selected:
+        store.close()
+        raise WarmdInputError("no fingerprint matches the given --fingerprint/--namespace")
+    report = _run(store, admin.prune, older_than=None if older_than is None
+                  else older_than * 86400, selected=selected, everything=everything,
+                  dry_run=dry_run)
+    if as_json:
+        _echo_json(report.to_json())
+        return
+    verb = "would remove" if dry_run else "removed"
+    click.echo(f"{verb}: {report.entries_removed} entries ({_bytes(report.bytes_removed)}), "
+               f"{report.task_records_removed} task records, {report.fingerprints_removed} "
+               f"fingerprints, {report.orphan_blobs_removed} unreferenced blobs, "
+               f"{report.stale_index} stale index members")
+
+
+def _run_keep(store, func, *args):
+    from warmd.store.redis_store import StoreFailed
+
+    try:
+        return func(store, *args)
+    except StoreFailed as failed:
+        store.close()
+        _fail(f"shared cache {store.display_url}: {failed}")
+
+
+# ----------------------------------------------------------------------------- export/import
+
+@cache.command(name="export")
+@click.argument("path", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--fingerprint", "fingerprints", multiple=True, metavar="FP",
+              help="Only these fingerprints (repeatable; default: all).")
+@store_option
+@json_option
+def export_cmd(path, fingerprints, redis_url, as_json) -> None:
+    """Write verified entries to a tar archive (for air-gapped clusters)."""
+    from warmd.store import admin
+
+    if not path.parent.is_dir():
+        raise WarmdInputError(f"directory {path.parent} does not exist")
+    counts = _run(_open(redis_url), admin.export_archive, path, fingerprints)
+    if as_json:
+        _echo_json(counts)
+    else:
+        click.echo(f"exported {counts['entries']} entries ({_bytes(counts['bytes'])}), "
+                   f"{counts['tasks']} task records, {counts['fingerprints']} fingerprints "
+                   f"to {path}" + (f"; skipped {counts['skipped']} bad entries"
+                                   if counts["skipped"] else ""))
+
+
+@cache.command(name="import")
+@click.argument("path", type=click.Path(dir_okay=False, path_type=Path))
+@store_option
+@json_option
+def import_cmd(path, redis_url, as_json) -> None:
+    """Import an archive made by `warmd cache export`, verifying every entry as a fetch
+    does; refused entries are skipped and counted. An unsafe archive imports nothing."""
+    from warmd.store import admin
+
+    if not path.is_file():
+        raise WarmdInputError(f"no such archive: {path}")
+    store = _open(redis_url)
+    try:
+        counts = _run(store, admin.import_archive, path)
+    except admin.UnsafeArchive as exc:
+        raise WarmdInputError(f"refusing {path}: {exc}") from None
+    if as_json:
+        _echo_json(counts)
+    else:
+        refused = (counts["corrupt_rejected"] + counts["signature_rejected"]
+                   + counts["unsafe_rejected"])
+        click.echo(f"imported {counts['imported']} entries ({counts['already_present']} "
+                   f"already present), {counts['tasks']} task records; refused {refused}")
+
+
+# ----------------------------------------------------------------------------- server
+
+@cache.group()
+def server() -> None:
+    """The embedded Redis-protocol server warmd runs when no Redis URL is configured."""
+
+
+def _server_json(found) -> dict:
+    from warmd.store import redact
+
+    return {"running": found is not None,
+            **({"url": redact(found.url), "pid": found.pid, "port": found.port,
+                "data_dir": str(found.data_dir), "binary": found.binary} if found else {})}
+
+
+def _print_server(found) -> None:
+    if found is None:
+        click.echo("embedded server: not running")
+    else:
+        info = _server_json(found)
+        click.echo(f"embedded server: {info['url']} (pid {info['pid']}, "
+                   f"{Path(info['binary']).name}, data in {info['data_dir']})")
+
+
+@server.command(name="status")
+@json_option
+def server_status(as_json) -> None:
+    """Whether the embedded server of this state dir (WARMD_STATE_DIR) is running."""
+    from warmd.store.embedded import embedded_status
+
+    found = embedded_status()
+    _echo_json(_server_json(found)) if as_json else _print_server(found)
+
+
+@server.command(name="start")
+@json_option
+def server_start(as_json) -> None:
+    """Start the embedded server (or find the running one)."""
+    from warmd.store.embedded import EmbeddedServerError, ensure_embedded
+
+    try:
+        found = ensure_embedded()
+    except EmbeddedServerError as exc:
+        _fail(str(exc))
+    _echo_json(_server_json(found)) if as_json else _print_server(found)
+
+
+@server.command(name="stop")
+def server_stop() -> None:
+    """Stop the embedded server cleanly (its data stays in the state dir)."""
+    from warmd.store.embedded import stop_embedded
+
+    click.echo("embedded server stopped" if stop_embedded() else
+               "embedded server: not running")
+
+
+def register(main: click.Group) -> None:
+    main.add_command(cache)

@@ -1,0 +1,69 @@
+"""The cluster-wide compiled-kernel cache in Redis (see docs/redis.md).
+
+    cache = open_shared_cache(url, target=plan.env.target)   # None: WARMD_REDIS_URL or embedded
+    names = cache.fetch_task(adapter, task.key)               # or cache.prefetch(adapter, keys)
+    with cache.single_flight(task.key, timeout=600) as mine:
+        ...compile when mine, else fetch_task again...
+    cache.publish_task(adapter, task.key, entries, seconds)
+    cache.record_outcomes({"local_hits": 3, "compiled": 1, "flashinfer.compiled": 1})
+    cache.close()
+"""
+
+from __future__ import annotations
+
+import logging
+
+from warmd import settings
+from warmd.errors import WarmdInputError
+from warmd.store.connection import StoreURL, parse_store_url, redact
+from warmd.store.embedded import EmbeddedServerError, ensure_embedded
+from warmd.store.fingerprint import Fingerprint, compute_fingerprint
+from warmd.store.redis_store import RedisSharedCache
+
+log = logging.getLogger("warmd.store")
+
+OFF = ("off", "none", "disabled")
+
+__all__ = ["Fingerprint", "RedisSharedCache", "compute_fingerprint", "open_shared_cache",
+           "redact", "resolve_store_url"]
+
+
+def resolve_store_url(url: str | None = None) -> tuple[StoreURL | None, object]:
+    """(store URL, embedded server or None): an explicit URL, else WARMD_REDIS_URL, else the
+    embedded server (started if needed). 'off' gives (None, None). Raises WarmdInputError for
+    a malformed URL and EmbeddedServerError when no embedded server can run."""
+    url = url or settings.redis_url()
+    if url and url.strip().lower() in OFF:
+        return None, None
+    if url:
+        return parse_store_url(url), None
+    server = ensure_embedded()
+    return parse_store_url(server.url), server
+
+
+def signing_key() -> bytes | None:
+    try:
+        return settings.signing_key()
+    except OSError as exc:
+        raise WarmdInputError(f"cannot read WARMD_SIGNING_KEY_FILE: {exc.strerror}: "
+                              f"{exc.filename}") from None
+
+
+def open_shared_cache(url: str | None = None, **kw) -> RedisSharedCache:
+    """The shared cache for this process; never raises for an unreachable store (it then
+    degrades to misses), only for bad input (a malformed URL, an unreadable key file).
+
+    Keyword arguments go to RedisSharedCache: target (the plan's Target, part of every
+    fingerprint), node, lease_seconds, poll_interval, socket_timeout, ttl_seconds...
+    """
+    key = kw.pop("signing_key", None) or signing_key()
+    try:
+        store_url, server = resolve_store_url(url)
+    except EmbeddedServerError as exc:
+        log.warning("shared cache disabled: %s", exc)
+        return RedisSharedCache(None, signing_key=key, disabled_reason=str(exc), **kw)
+    if store_url is None:
+        return RedisSharedCache(None, signing_key=key, disabled_reason="disabled by 'off'", **kw)
+    cache = RedisSharedCache(store_url, signing_key=key, embedded=server, **kw)
+    cache.ping()  # learn now whether the store is there; a failure opens the breaker
+    return cache

@@ -1,0 +1,71 @@
+"""The compatibility fingerprint: everything that decides whether a shared entry can hit here.
+
+It combines the target GPU (arch with suffix, SM count), the CUDA toolkit and the CUDA
+major version the driver serves (a build from toolkit X runs on drivers of major X; a builder
+without a GPU assumes its toolkit's major), what the library's adapter says its cache key
+depends on (version, install path, torch...; where both name a field, the adapter's value
+wins unless it is None, i.e. unknown to the adapter), and the operator's namespace salt.
+Entries live under their fingerprint's digest, so a node only ever sees entries that can hit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+
+from warmd import settings
+from warmd.cache.base import CacheAdapter
+from warmd.probes import probe_library
+from warmd.targets import Target
+
+SCHEMA = 1
+DIGEST_HEX = 24  # 96 bits: collisions are not a practical concern at cluster scale
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    library: str
+    inputs: dict  # exactly what the digest covers
+    digest: str
+
+    def to_json(self) -> dict:
+        return {"library": self.library, "digest": self.digest, "inputs": self.inputs}
+
+
+def _major(version: str | None) -> str | None:
+    return version.split(".")[0] if version else None
+
+
+def target_inputs(target: Target | None, toolkit: str | None) -> dict:
+    if target is None:
+        return {"driver_cuda_major": _major(toolkit)}
+    return {"arch": target.arch, "sms": target.sms,
+            "driver_cuda_major": _major(target.cuda) or _major(toolkit)}
+
+
+def fingerprint_of(library: str, adapter_inputs: dict, target: Target | None = None,
+                   namespace: str | None = None, toolkit: str | None = None) -> Fingerprint:
+    """The fingerprint for explicit inputs (what compute_fingerprint gathers from the node)."""
+    inputs: dict = {"schema": SCHEMA, "library": library,
+                    "namespace": settings.namespace() if namespace is None else namespace,
+                    "cuda_toolkit": toolkit}
+    inputs.update(target_inputs(target, toolkit))
+    inputs.update({k: v for k, v in adapter_inputs.items() if v is not None})
+    inputs = {k: v for k, v in inputs.items() if v is not None}
+    inputs["library"] = library  # an adapter cannot claim another library's entries
+    inputs = json.loads(json.dumps(inputs, default=str))  # exactly what is stored and shown
+    return Fingerprint(library, inputs, digest_of(inputs))
+
+
+def digest_of(inputs: dict) -> str:
+    """The fingerprint digest of a set of inputs."""
+    blob = json.dumps(inputs, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(blob).hexdigest()[:DIGEST_HEX]
+
+
+def compute_fingerprint(adapter: CacheAdapter, target: Target | None = None) -> Fingerprint:
+    """This node's fingerprint for one library's cache."""
+    toolkit = probe_library("nvcc").version
+    return fingerprint_of(adapter.library, dict(adapter.fingerprint_inputs()), target,
+                          toolkit=toolkit)
