@@ -53,6 +53,10 @@ def test_second_warmup_installs_everything_and_compiles_nothing(server, tmp_path
     assert second["hit_rate"] == 1.0
     adapter = FlashInferCacheAdapter(tmp_path / "node-b" / "ws", "9.0a")
     assert adapter.is_up_to_date(MODULE)[0]  # FlashInfer's own ninja finds nothing to do
+    # The same node again: what it already has is a local hit, not a remote one.
+    again = _report(_warmup(server, tmp_path, "node-b"))
+    assert again["kernels"] == {"total": 1, "local_hits": 1, "remote_hits": 0,
+                                "compiled": 0, "failed": 0}
 
 
 def test_concurrent_cold_warmups_build_once(server, tmp_path):

@@ -52,14 +52,16 @@ _AOT_PACKAGES = ("flashinfer-cubin", "flashinfer-jit-cache")
 
 
 def cuda_home() -> Path | None:
+    """CUDA_HOME/CUDA_PATH, else /usr/local/cuda (where torch and FlashInfer look), else the
+    toolkit around the nvcc on PATH (which may be a wrapper script, hence last)."""
     for var in ("CUDA_HOME", "CUDA_PATH"):
         if os.environ.get(var):
             return Path(os.environ[var])
-    nvcc = shutil.which("nvcc")
-    if nvcc:
-        return Path(nvcc).resolve().parent.parent
     default = Path("/usr/local/cuda")
-    return default if default.exists() else None
+    if (default / "bin" / "nvcc").exists():
+        return default
+    nvcc = shutil.which("nvcc")
+    return Path(nvcc).resolve().parent.parent if nvcc else None
 
 
 def _dist_version(candidates: tuple[str, ...]) -> str | None:

@@ -66,11 +66,11 @@ class Counters:
             ("  compiled", f"{self.compiled}", share(self.compiled)),
             ("  failed", f"{self.failed}", share(self.failed)),
             ("Hit rate", f"{100.0 * self.hit_rate:.1f} %", ""),
-            ("Compile time", _seconds(self.compile_seconds), ""),
-            ("Compile time saved", _seconds(self.compile_seconds_saved), ""),
+            ("Compile time", format_seconds(self.compile_seconds), ""),
+            ("Compile time saved", format_seconds(self.compile_seconds_saved), ""),
             ("Corrupt entries rejected", f"{self.corrupt_rejected}", ""),
-            ("Fetched", _bytes(self.bytes_fetched), ""),
-            ("Published", _bytes(self.bytes_published), ""),
+            ("Fetched", format_bytes(self.bytes_fetched), ""),
+            ("Published", format_bytes(self.bytes_published), ""),
         ]
         width = max(len(r[0]) for r in rows) + 2
         lines = [title]
@@ -78,7 +78,7 @@ class Counters:
         return "\n".join(lines)
 
 
-def _seconds(value: float) -> str:
+def format_seconds(value: float) -> str:
     if value >= 3600:
         return f"{value / 3600:.1f} h"
     if value >= 60:
@@ -86,7 +86,7 @@ def _seconds(value: float) -> str:
     return f"{value:.1f} s"
 
 
-def _bytes(value: int) -> str:
+def format_bytes(value: int) -> str:
     size = float(value)
     for unit in ("B", "KiB", "MiB", "GiB"):
         if size < 1024 or unit == "GiB":

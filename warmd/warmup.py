@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import queue
 import re
@@ -36,6 +37,8 @@ from warmd.stats import Counters
 
 RECORD_DIR = ".warmd/tasks"
 STORE_COUNTERS = ("corrupt_rejected", "bytes_fetched", "bytes_published")
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -202,12 +205,43 @@ class _Run:
         self.tasks = tasks
         self.adapters = {lib: make_adapter(lib, plan, options) for lib in {t.library
                                                                             for t in tasks}}
-        self.pending: queue.Queue[Task] = queue.Queue()
-        for task in tasks:
-            self.pending.put(task)
-        self.reports: list[TaskReport] = []
+        # Entries installed from the shared cache during this run: remote hits, not local.
+        self.remote: set[tuple[str, str]] = set()
         self.lock = threading.Lock()
+        self.reports: list[TaskReport] = []
         self.stop = threading.Event()
+        self.pending: queue.Queue[Task] = queue.Queue()
+        for task in self._ordered(tasks):
+            self.pending.put(task)
+
+    def _ordered(self, tasks: list[Task]) -> list[Task]:
+        """Prefetch the whole plan from the shared cache, then start where this node should."""
+        if self.shared is None:
+            return tasks
+        for library, adapter in self.adapters.items():
+            keys = [t.key for t in tasks if t.library == library]
+            if adapter is None or not keys:
+                continue
+            try:
+                self._fetch(adapter, lambda a, keys=keys: self.shared.prefetch(a, keys))
+            except Exception as exc:  # per-task fetches below retry; the store counts faults
+                log.warning("shared cache prefetch for %s failed: %s", library, exc)
+        by_key = {t.key: t for t in tasks}
+        try:
+            order = self.shared.shard_order(list(by_key))
+        except Exception:  # ordering is an optimisation; never fail the warmup for it
+            return tasks
+        return [by_key[k] for k in order if k in by_key] + \
+            [t for t in tasks if t.key not in set(order)]
+
+    def _fetch(self, adapter: CacheAdapter, fetch):
+        """Run a fetch, remembering which entries it newly installed (remote hits)."""
+        before = {e.name for e in adapter.list_entries()}
+        result = fetch(adapter)
+        new = {e.name for e in adapter.list_entries()} - before
+        with self.lock:
+            self.remote.update((adapter.library, name) for name in new)
+        return result
 
     def worker_loop(self, worker: Worker) -> None:
         while not self.stop.is_set():
@@ -234,12 +268,12 @@ class _Run:
         shared = self.shared if adapter is not None else None
         if shared is None:
             return self._finish(TaskReport(task, worker.run(task)), adapter)
-        fetched = shared.fetch_task(adapter, task.key)
+        fetched = self._fetch(adapter, lambda a: shared.fetch_task(a, task.key))
         if fetched is not None:
             return self._finish(TaskReport(task, worker.run(task), list(fetched)), adapter)
         with shared.single_flight(task.key, self.options.single_flight_timeout) as mine:
             if not mine:
-                fetched = shared.fetch_task(adapter, task.key)
+                fetched = self._fetch(adapter, lambda a: shared.fetch_task(a, task.key))
             report = TaskReport(task, worker.run(task), list(fetched or []))
             report = self._finish(report, adapter)
             if report.result.ok and fetched is None:
@@ -261,7 +295,8 @@ class _Run:
         if adapter is None:
             return report
         recorded = read_task_record(adapter.root, report.task.key)
-        fetched = set(report.fetched)
+        with self.lock:
+            fetched = {name for lib, name in self.remote if lib == adapter.library}
         seen = {k.name for k in result.kernels}
         for k in result.kernels:
             if k.outcome == "local_hit" and k.name in fetched:

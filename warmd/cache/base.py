@@ -81,6 +81,16 @@ class SharedCache(ABC):
         """Publish the entries a task produced (once per entry cluster-wide) and the task's
         record naming them."""
 
+    def prefetch(self, adapter: CacheAdapter, task_keys: list[str]
+                 ) -> dict[str, list[str] | None]:
+        """fetch_task for a whole plan at once (few round trips); same result per task."""
+        return {key: self.fetch_task(adapter, key) for key in task_keys}
+
+    def shard_order(self, task_keys: list[str]) -> list[str]:
+        """The order this node should try the tasks in, so nodes warming the same plan
+        together start on different tasks."""
+        return list(task_keys)
+
     @abstractmethod
     def record_outcomes(self, counts: dict[str, float]) -> None:
         """Add this run's counters (local_hits, remote_hits, compiled, failed, seconds...)

@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from warmd.errors import WarmdInputError
-from warmd.stats import Counters, _bytes, _seconds
+from warmd.stats import Counters, format_bytes, format_seconds
 
 STORE_HELP = ("Shared cache URL: redis://[user:password@]host:port/db, rediss:// for TLS, "
               "redis+cluster:// (or ?cluster=true) for Redis Cluster. Default: "
@@ -75,7 +75,7 @@ def _echo_json(data) -> None:
 def _ago(when: float | None) -> str:
     if not when:
         return "-"
-    return _seconds(max(0.0, time.time() - when)) + " ago"
+    return format_seconds(max(0.0, time.time() - when)) + " ago"
 
 
 @click.group()
@@ -178,9 +178,9 @@ def _node_table(nodes: dict) -> Table:
         table.add_row(node, str(counters.local_hits), str(counters.remote_hits),
                       str(counters.compiled), str(counters.failed),
                       f"{100 * counters.hit_rate:.1f} %" if counters.kernels else "-",
-                      str(counters.corrupt_rejected), _bytes(counters.bytes_fetched),
-                      _bytes(counters.bytes_published),
-                      _seconds(counters.compile_seconds_saved), _ago(c.get("last_seen")))
+                      str(counters.corrupt_rejected), format_bytes(counters.bytes_fetched),
+                      format_bytes(counters.bytes_published),
+                      format_seconds(counters.compile_seconds_saved), _ago(c.get("last_seen")))
     return table
 
 
@@ -195,8 +195,8 @@ def _fp_table(fps: dict) -> Table:
         table.add_row(fp, info["library"], str(info["namespace"] or "-"), str(info["entries"]),
                       str(int(c.get("local_hits", 0))), str(int(c.get("remote_hits", 0))),
                       str(int(c.get("published", 0))), str(int(c.get("corrupt_rejected", 0))),
-                      _bytes(int(c.get("bytes_fetched", 0))),
-                      _seconds(float(c.get("compile_seconds_saved", 0))))
+                      format_bytes(int(c.get("bytes_fetched", 0))),
+                      format_seconds(float(c.get("compile_seconds_saved", 0))))
     return table
 
 
@@ -221,8 +221,8 @@ def ls_cmd(fingerprint_, redis_url, as_json) -> None:
         for col in ("name", "size", "producer", "compile", "created", "last used", "state"):
             table.add_column(col)
         for i in items:
-            table.add_row(i["name"], _bytes(i.get("size", 0)), i.get("producer", "-"),
-                          _seconds(i.get("compile_seconds", 0.0)), _ago(i.get("created")),
+            table.add_row(i["name"], format_bytes(i.get("size", 0)), i.get("producer", "-"),
+                          format_seconds(i.get("compile_seconds", 0.0)), _ago(i.get("created")),
                           _ago(i["last_used"]), i["state"])
         Console(soft_wrap=False, width=160).print(table)
         return
@@ -239,7 +239,7 @@ def ls_cmd(fingerprint_, redis_url, as_json) -> None:
         version = inputs.get("version") or inputs.get("flashinfer") or "-"
         table.add_row(r["fingerprint"], r["library"], str(version), str(inputs.get("arch", "-")),
                       str(inputs.get("sms", "-")), str(inputs.get("namespace", "-")),
-                      str(r["entries"]), _bytes(r["bytes"]), _ago(r["last_used"]))
+                      str(r["entries"]), format_bytes(r["bytes"]), _ago(r["last_used"]))
     Console(soft_wrap=False, width=160).print(table)
 
 
@@ -305,7 +305,7 @@ def prune(older_than, fingerprints, namespaces, everything, dry_run, redis_url,
         _echo_json(report.to_json())
         return
     verb = "would remove" if dry_run else "removed"
-    click.echo(f"{verb}: {report.entries_removed} entries ({_bytes(report.bytes_removed)}), "
+    click.echo(f"{verb}: {report.entries_removed} entries ({format_bytes(report.bytes_removed)}), "
                f"{report.task_records_removed} task records, {report.fingerprints_removed} "
                f"fingerprints, {report.orphan_blobs_removed} unreferenced blobs, "
                f"{report.stale_index} stale index members")
@@ -339,7 +339,7 @@ def export_cmd(path, fingerprints, redis_url, as_json) -> None:
     if as_json:
         _echo_json(counts)
     else:
-        click.echo(f"exported {counts['entries']} entries ({_bytes(counts['bytes'])}), "
+        click.echo(f"exported {counts['entries']} entries ({format_bytes(counts['bytes'])}), "
                    f"{counts['tasks']} task records, {counts['fingerprints']} fingerprints "
                    f"to {path}" + (f"; skipped {counts['skipped']} bad entries"
                                    if counts["skipped"] else ""))
