@@ -18,6 +18,7 @@ from rich.progress import (
 
 from warmd.cache.base import SharedCache
 from warmd.cli.options import plan_options
+from warmd.config import from_config_option, from_config_path, warmup_from_config
 from warmd.plan import PlanRequest, make_plan
 from warmd.warmup import TaskReport, WarmupOptions, WarmupReport, run_warmup
 
@@ -26,6 +27,7 @@ EXIT_INTERRUPTED = 130
 
 
 @click.command()
+@from_config_option
 @plan_options
 @click.option("--library", "libraries", multiple=True, type=click.Choice(LIBRARIES),
               help="Only warm this library's tasks. Repeatable (default: all).")
@@ -48,6 +50,9 @@ def warmup(request: PlanRequest, libraries: tuple[str, ...], task_filter: str | 
     reason and does not stop the others. Exit code: 0 all tasks ok, 1 some failed, 2 bad
     input, 130 interrupted (Ctrl-C stops the compilers; no partial cache entry is left).
     """
+    if from_config_path():
+        sys.exit(warmup_from_config(from_config_path(), redis_url=redis_url,
+                                    no_shared=no_shared, workers=workers, as_json=as_json))
     plan = make_plan(request)
     options = WarmupOptions(libraries=libraries, task_filter=task_filter, workers=workers)
     selected = options.select(plan.tasks)  # a bad regex is bad input: exit 2 before any work

@@ -1,0 +1,217 @@
+"""The daemon's parts that need no Ray cluster: node state machine and its Redis records (real
+server), node selection, summaries, metrics endpoint, logs, status rendering."""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+import urllib.request
+
+import pytest
+
+from warmd.cluster import state as st
+from warmd.cluster.client import node_matches, reachable, resolve_address
+from warmd.cluster.logs import node_logger
+from warmd.cluster.metrics import AgentMetrics
+from warmd.cluster.nodes import RayNode, wanted_nodes
+from warmd.cluster.state import NodeState, StateStore
+from warmd.cluster.work import summarize, warm_node
+from warmd.config import parse_config
+from warmd.errors import WarmdInputError
+from warmd.store.embedded import free_port, start_server
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    proc = start_server(tmp_path_factory.mktemp("redis"), password="unit-pw", appendonly=False)
+    yield proc
+    proc.stop()
+
+
+def test_state_machine_allows_only_documented_moves():
+    node = NodeState("n")
+    node.transition(st.WARMING)
+    node.transition(st.READY)
+    node.transition(st.WARMING)  # config changed
+    node.transition(st.FAILED, "model x: not found")
+    assert node.reason == "model x: not found"
+    with pytest.raises(st.BadTransition):
+        node.transition(st.READY)  # a failed node must warm again first
+    with pytest.raises(st.BadTransition):
+        NodeState("m").transition(st.READY)
+    node.kernels = {"total": 4, "local_hits": 1, "remote_hits": 2, "compiled": 1, "failed": 0}
+    again = NodeState.from_json(json.loads(json.dumps(node.to_json())))
+    assert again == node and again.hit_rate == 0.75
+
+
+def test_state_store_roundtrip_on_a_real_server(server):
+    store = StateStore(server.url, "ns1", ttl=30)
+    other = StateStore(server.url, "ns2")
+    assert store.put(NodeState("a", state=st.READY)) and store.put(NodeState("b"))
+    assert other.put(NodeState("c"))
+    assert {n.node_id: n.state for n in store.get_all()} == {"a": st.READY, "b": st.PENDING}
+    assert 0 < server.client().ttl(st.node_key("ns1", "a")) <= 30  # dead agents' records expire
+    assert store.delete("b") and [n.node_id for n in store.get_all()] == ["a"]
+    assert [n.node_id for n in other.get_all()] == ["c"]
+    assert store.put_daemon({"config_hash": "abc"}) and store.get_daemon() == {
+        "config_hash": "abc"}
+    assert store.server_size()["keys"] >= 3 and store.ping() and store.healthy
+    assert store.delete_daemon() and store.get_daemon() is None
+
+
+def test_state_store_degrades_when_redis_is_unreachable():
+    store = StateStore(f"redis://127.0.0.1:{free_port()}/0", "ns")
+    started = time.monotonic()
+    assert store.put(NodeState("a")) is False
+    assert store.get_all() is None and store.get_daemon() is None
+    assert store.server_size() is None and not store.ping()
+    assert time.monotonic() - started < 5  # bounded timeouts, no hidden retries
+    assert store.errors == 5 and "ConnectionError" in store.last_error and not store.healthy
+    off = StateStore("off", "ns")
+    assert off.put(NodeState("a")) is False and off.errors == 0
+    assert off.last_error == "no Redis configured"
+
+
+def test_state_store_never_shows_the_password(server):
+    bad = StateStore(server.url.replace("unit-pw", "wrong-pw"), "ns")
+    assert bad.put(NodeState("a")) is False
+    assert "wrong-pw" not in bad.last_error and bad.last_error
+
+
+def ray_node(node_id, gpus=0, accel=None, labels=None, alive=True, head=False) -> dict:
+    resources = {"CPU": 4.0}
+    if gpus:
+        resources["GPU"] = float(gpus)
+    if accel:
+        resources[f"accelerator_type:{accel}"] = 1.0
+    if head:
+        resources["node:__internal_head__"] = 1.0
+    return {"NodeID": node_id, "Alive": alive, "NodeManagerAddress": "10.0.0.1",
+            "Resources": resources, "Labels": labels or {}}
+
+
+def test_node_selection():
+    nodes = [RayNode.from_ray(n) for n in (
+        ray_node("head", head=True), ray_node("h200", 8, "H200", {"pool": "gpu"}),
+        ray_node("h100", 8, "H100", {"pool": "gpu"}), ray_node("dead", 8, "H200", alive=False),
+        ray_node("labelled", 8, labels={"ray.io/accelerator-type": "H200", "pool": "gpu"}))]
+    assert nodes[0].is_head and nodes[0].role() == "builder"
+    assert nodes[4].gpu_type == "H200" and nodes[1].to_json()["role"] == "gpu"
+    config = parse_config({"models": [{"path": "x"}],
+                           "nodes": {"labels": {"pool": "gpu"}, "gpu_types": ["H200"]}})
+    assert set(wanted_nodes(nodes, config)) == {"h200", "labelled"}
+    everything = parse_config({"models": [{"path": "x"}], "builders": {"enabled": True}})
+    assert set(wanted_nodes(nodes, everything)) == {"head", "h200", "h100", "labelled"}
+
+
+def shard(models, store=None, sizes=None) -> dict:
+    return {"models": models, "store": store or {"ok": True, "reason": ""},
+            "cache_bytes": sizes or {}}
+
+
+def model(name, ok=True, reason="", **counters) -> dict:
+    base = {"tasks": 1, "local_hits": 0, "remote_hits": 0, "compiled": 0, "failed": 0,
+            "compile_seconds": 0.0, "compile_seconds_saved": 0.0}
+    return {"name": name, "plan_key": f"key-{name}", "ok": ok, "reason": reason,
+            "counters": {**base, **counters}}
+
+
+def test_summaries_of_worker_results():
+    ready = summarize([shard([model("a", compiled=1, compile_seconds=6.5)], sizes={"fi": 10}),
+                       shard([model("a", remote_hits=2, compile_seconds_saved=4.0)],
+                             sizes={"fi": 12})])
+    assert ready["state"] == "READY" and ready["plans"] == {"a": "key-a"}
+    assert ready["kernels"] == {"total": 3, "local_hits": 0, "remote_hits": 2, "compiled": 1,
+                                "failed": 0}
+    assert ready["compile_seconds"] == 6.5 and ready["saved_seconds"] == 4.0
+    assert ready["cache_bytes"] == {"fi": 12} and ready["hit_rate"] == round(2 / 3, 4)
+    degraded = summarize([shard([model("a", local_hits=1)],
+                                {"ok": False, "reason": "shared cache unreachable"})])
+    assert degraded["state"] == "DEGRADED" and "unreachable" in degraded["reason"]
+    failed = summarize([shard([model("a", False, "model a: not found"), model("b")],
+                              {"ok": False, "reason": "unreachable"})])
+    assert failed["state"] == "FAILED" and failed["reason"] == "model a: not found"
+
+
+def test_warm_node_fails_a_missing_model_and_skips_gpu_only_work_on_builders(tmp_path):
+    config = parse_config({"models": [
+        {"name": "gone", "path": str(tmp_path / "nowhere"), "target": "h200"},
+        {"name": "dg", "path": "deepseek-v3", "target": "h200", "libraries": ["deep_gemm"]}]})
+    seen = []
+    result = warm_node(config, builder=True, redis_url="off",
+                       progress=lambda *a: seen.append(a))
+    [gone] = result["models"]  # a builder has nothing to do for a DeepGEMM-only model
+    assert gone["name"] == "gone" and not gone["ok"]
+    assert gone["reason"] == f"model gone: model config not found: {tmp_path / 'nowhere'}"
+    assert summarize([result])["state"] == "FAILED" and seen == []
+
+
+def test_metrics_endpoint(tmp_path):
+    metrics = AgentMetrics("node-1")
+    port = metrics.serve(0)
+    busy = AgentMetrics("node-2")
+    try:
+        assert busy.serve(port) != port  # a taken port falls back to a free one
+        node = NodeState("node-1", state=st.READY, warm_seconds=7.5, compile_seconds=6.0,
+                         cache_bytes={"flashinfer": 4096},
+                         kernels={"total": 3, "local_hits": 1, "remote_hits": 1,
+                                  "compiled": 1, "failed": 0})
+        metrics.observe_warmup(node)
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics",
+                                      timeout=10).read().decode()
+    finally:
+        metrics.close()
+        busy.close()
+    assert 'warmd_node_state{node_id="node-1",state="READY"} 1.0' in text
+    assert 'warmd_node_state{node_id="node-1",state="WARMING"} 0.0' in text
+    assert 'warmd_kernels_total{node_id="node-1",outcome="remote_hit"} 1.0' in text
+    assert 'warmd_cache_bytes{library="flashinfer",node_id="node-1"} 4096.0' in text
+    assert 'warmd_warmup_seconds_sum{node_id="node-1"} 7.5' in text
+    assert 'warmd_compile_seconds_total{node_id="node-1"} 6.0' in text
+
+
+def test_logs_are_json_lines_with_the_node_id():
+    stream = io.StringIO()
+    log = node_logger("unit-test", "abc123", stream=stream)
+    log.info("warmed %d kernels", 3, extra={"state": "READY"})
+    entry = json.loads(stream.getvalue().splitlines()[-1])
+    assert entry["msg"] == "warmed 3 kernels" and entry["node_id"] == "abc123"
+    assert entry["state"] == "READY" and entry["component"] == "unit-test"
+
+
+def test_status_rendering_and_matching():
+    from warmd.cli.daemon import render_status, status_json
+
+    nodes = [NodeState("a" * 56, ip="10.0.0.7", gpus=8, gpu_type="H200", state=st.READY,
+                       kernels={"total": 2, "local_hits": 1, "remote_hits": 1, "compiled": 0,
+                                "failed": 0}, warmed_at=time.time(), warm_seconds=3.0,
+                       heartbeat=time.time(),
+                       counters={"local_hits": 1, "remote_hits": 1, "compile_seconds_saved": 9.0,
+                                 "tasks": 2}).to_json(),
+             NodeState("b" * 56, ip="10.0.0.8", role="builder", state=st.FAILED,
+                       reason="model m: model config not found: /m",
+                       heartbeat=time.time() - 600).to_json()]
+    snap = {"running": True, "source": "ray", "ray_address": "10.0.0.1:6379", "nodes": nodes,
+            "controller": {"node_id": "c" * 56, "started_at": time.time(), "config_hash": "h",
+                           "redis": "redis://w:***@r:6379/0", "config": {"redis": {
+                               "namespace": "prod"}}},
+            "store_size": {"used_memory": 3 << 20, "keys": 42}}
+    text = render_status(snap)
+    assert "aaaaaaaa  10.0.0.7  8x H200  READY" in text
+    assert "bbbbbbbb FAILED: model m: model config not found: /m" in text
+    assert "no heartbeat for 600s" in text or "no heartbeat for 601s" in text
+    assert "Hit rate                       100.0 %" in text and "3.0 MiB, 42 keys" in text
+    summary = status_json(snap)
+    assert summary["ready"] is False and summary["totals"]["compile_seconds_saved"] == 9.0
+    assert node_matches(nodes[0], "aaaa") and node_matches(nodes[0], "10.0.0.7")
+    assert not node_matches(nodes[0], "10.0.0.8")
+
+
+def test_ray_addresses_are_checked_before_connecting():
+    port = free_port()
+    assert reachable(f"127.0.0.1:{port}") == "Connection refused"
+    with pytest.raises(WarmdInputError, match=f"cannot reach a Ray cluster at 127.0.0.1:{port}"):
+        resolve_address(f"127.0.0.1:{port}")
+    with pytest.raises(WarmdInputError, match="expected HOST:PORT"):
+        resolve_address("nonsense")

@@ -1,0 +1,218 @@
+"""The node agent: one detached actor per node, pinned to it, that keeps the node warm.
+
+It holds no GPU itself (num_cpus=0, num_gpus=0). Each warmup runs as short-lived Ray tasks
+on the same node, one per GPU (num_gpus=1, each warming its share of the tasks), or one CPU
+builder task on a node without GPUs. The tasks run in worker processes that exit when done
+(max_calls=1), so their CUDA contexts and GPU memory are gone before serving starts.
+
+The agent re-warms when the controller hands it a config whose work hash differs, writes its
+record to Redis on every change and heartbeat, and serves Prometheus metrics.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from warmd.cluster.logs import node_logger
+from warmd.cluster.metrics import AgentMetrics
+from warmd.cluster.state import FAILED, WARMING, NodeState, StateStore
+from warmd.cluster.work import summarize, warm_node
+from warmd.config import WarmdConfig
+
+RETRY_FIRST, RETRY_MAX = 30.0, 600.0  # seconds before a FAILED node warms again, doubling
+
+
+def warm_shard(config_json: dict, builder: bool, shard: int, shards: int,
+               redis_url: str | None, node_name: str, agent=None) -> dict:
+    """One worker's share of the node's warmup (runs as a Ray task on the agent's node)."""
+    config = WarmdConfig.from_json(config_json)
+    log = node_logger("worker", ray.get_runtime_context().get_node_id())
+
+    def progress(model: str, done: int, total: int) -> None:
+        if agent is not None:
+            agent.report_progress.remote(shard, model, done, total)
+
+    log.info("warming shard %d/%d", shard + 1, shards, extra={"builder": builder})
+    result = warm_node(config, builder=builder, shard=shard, shards=shards,
+                       redis_url=redis_url, node_name=node_name, progress=progress)
+    log.info("shard %d/%d done in %.1fs", shard + 1, shards, result["seconds"],
+             extra={"models": [(m["name"], m["ok"]) for m in result["models"]]})
+    return result
+
+
+_warm_task = ray.remote(max_calls=1)(warm_shard)
+
+
+class NodeAgent:
+    """Created by the controller with the node's facts, the config and the store URL."""
+
+    def __init__(self, node: dict, config_json: dict, redis_url: str | None) -> None:
+        self.node_id = node["node_id"]
+        self.log = node_logger("agent", self.node_id)
+        self.config = WarmdConfig.from_json(config_json)
+        self.redis_url = redis_url
+        self.target_hash = self.config.work_hash()
+        self.node_name = f"{socket.gethostname()}-{self.node_id[:8]}"
+        self.state = NodeState(self.node_id, ip=node.get("ip", ""), gpus=int(node.get("gpus", 0)),
+                               gpu_type=node.get("gpu_type"), role=node.get("role", "gpu"),
+                               agent=ray.get_runtime_context().get_actor_id() or "",
+                               heartbeat=time.time())
+        self.store = StateStore(redis_url, self.config.redis.namespace,
+                                ttl=max(60.0, 6 * self.config.agent.heartbeat_seconds))
+        self.metrics = AgentMetrics(self.node_id)
+        port = self.metrics.serve(self.config.agent.metrics_port)
+        self.state.metrics_url = f"http://{self.state.ip or '127.0.0.1'}:{port}/metrics"
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._progress: dict[tuple[int, str], tuple[int, int]] = {}
+        self._retry_at, self._retry_delay = 0.0, 0.0
+        self._publish()
+        self._thread = threading.Thread(target=self._loop, name="warmd-agent", daemon=True)
+        self._thread.start()
+        self.log.info("agent started", extra={"gpus": self.state.gpus, "role": self.state.role,
+                                              "metrics": self.state.metrics_url})
+
+    # --- called over Ray -----------------------------------------------------------------
+
+    def health(self) -> dict:
+        with self._lock:
+            record = self.state.to_json()
+        record["target_hash"] = self.target_hash
+        record["alive"] = self._thread.is_alive()
+        record["running_on"] = ray.get_runtime_context().get_node_id()
+        return record
+
+    def set_config(self, config_json: dict, redis_url: str | None) -> str:
+        """Take a new config; a different work hash means a re-warm (after the current one)."""
+        config = WarmdConfig.from_json(config_json)
+        with self._lock:
+            changed = config.work_hash() != self.target_hash or redis_url != self.redis_url
+            self.config, self.redis_url = config, redis_url
+            self.target_hash = config.work_hash()
+            if (redis_url, config.redis.namespace) != (self.store.url, self.store.namespace):
+                self.store.close()
+                self.store = StateStore(redis_url, config.redis.namespace, self.store.ttl)
+        if changed:
+            self.log.info("config changed; re-warming", extra={"config_hash": self.target_hash})
+            self._wake.set()
+        return self.target_hash
+
+    def report_progress(self, shard: int, model: str, done: int, total: int) -> None:
+        with self._lock:
+            self._progress[(shard, model)] = (done, total)
+            self.state.progress_done = sum(d for d, _ in self._progress.values())
+            self.state.progress_total = sum(t for _, t in self._progress.values())
+
+    def shutdown(self) -> bool:
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(timeout=5)
+        self.metrics.close()
+        self.store.close()
+        self.log.info("agent stopped")
+        return True
+
+    # --- the agent's own thread ----------------------------------------------------------
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            if self._due():
+                try:
+                    self._warm()
+                except Exception as exc:  # a bug must not kill the agent: report it
+                    self.log.exception("warmup crashed")
+                    self._finish_failed(f"warmup crashed: {type(exc).__name__}: {exc}")
+            self._publish()
+            self._wake.wait(timeout=self.config.agent.heartbeat_seconds)
+            self._wake.clear()
+
+    def _due(self) -> bool:
+        """A new config, or a FAILED node whose retry time has come (the failure may have
+        been passing: a worker lost with its node's memory, a file not there yet)."""
+        if self.state.config_hash != self.target_hash:
+            return True
+        return self.state.state == FAILED and time.monotonic() >= self._retry_at
+
+    def _schedule_retry(self) -> None:
+        if self.state.state == FAILED:
+            self._retry_delay = min(self._retry_delay * 2, RETRY_MAX) or RETRY_FIRST
+            self._retry_at = time.monotonic() + self._retry_delay
+        else:
+            self._retry_delay = 0.0
+
+    def _warm(self) -> None:
+        with self._lock:
+            config, url, target = self.config, self.redis_url, self.target_hash
+            self._progress.clear()
+            if self.state.state != WARMING:
+                self.state.transition(WARMING)
+            self.state.progress_done = self.state.progress_total = 0
+            self.state.config_hash = target
+        self._publish()
+        started = time.monotonic()
+        results = self._run_workers(config, url)
+        summary = summarize(results)
+        with self._lock:
+            s = self.state
+            s.transition(summary["state"], summary["reason"])
+            s.plans, s.kernels = summary["plans"], summary["kernels"]
+            s.compile_seconds = summary["compile_seconds"]
+            s.saved_seconds = summary["saved_seconds"]
+            s.cache_bytes, s.counters = summary["cache_bytes"], summary["counters"]
+            s.warm_seconds = round(time.monotonic() - started, 3)
+            s.warmed_at = time.time()
+            s.store = next((r["store"]["reason"] for r in results
+                            if not r.get("store", {}).get("ok", True)), "ok")
+            self._schedule_retry()
+        self.metrics.observe_warmup(self.state)
+        self.log.info("warmup finished", extra={
+            "state": self.state.state, "reason": self.state.reason,
+            "kernels": self.state.kernels, "seconds": self.state.warm_seconds})
+
+    def _run_workers(self, config: WarmdConfig, url: str | None) -> list[dict]:
+        builder = self.state.gpus <= 0
+        shards = 1 if builder else self.state.gpus
+        pin = NodeAffinitySchedulingStrategy(self.node_id, soft=False)
+        me = ray.get_runtime_context().current_actor
+        refs = [_warm_task.options(num_cpus=0, num_gpus=0 if builder else 1,
+                                   scheduling_strategy=pin,
+                                   name=f"warmd-warm-{self.node_id[:8]}-{i}").remote(
+                    config.public_json(), builder, i, shards, url, self.node_name, me)
+                for i in range(shards)]
+        pending, results = list(refs), []
+        while pending:
+            _done, pending = ray.wait(pending, num_returns=len(pending),
+                                      timeout=config.agent.heartbeat_seconds)
+            self._publish()
+            if self._stop.is_set():
+                for ref in pending:
+                    ray.cancel(ref, force=True)
+                break
+        for i, ref in enumerate(refs):
+            try:
+                results.append(ray.get(ref, timeout=0))
+            except Exception as exc:  # the worker process died, was cancelled, ...
+                results.append({"models": [{"name": f"worker {i}", "ok": False,
+                                            "reason": f"warm worker {i} failed: "
+                                                      f"{type(exc).__name__}: {exc}"[:500]}]})
+        return results
+
+    def _finish_failed(self, reason: str) -> None:
+        with self._lock:
+            if self.state.state != WARMING:
+                self.state.transition(WARMING)
+            self.state.transition(FAILED, reason)
+            self._schedule_retry()
+
+    def _publish(self) -> None:
+        with self._lock:
+            self.state.heartbeat = time.time()
+            snapshot = NodeState.from_json(self.state.to_json())
+        self.metrics.observe_state(snapshot)
+        self.store.put(snapshot)

@@ -1,0 +1,84 @@
+"""Each agent's Prometheus endpoint: warmup seconds, kernels by outcome, cache bytes, state."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from warmd.cluster.state import STATES, NodeState
+
+# Node counters -> the `outcome` label (the executors' own outcome names).
+OUTCOMES = {"local_hits": "local_hit", "remote_hits": "remote_hit", "compiled": "compiled",
+            "failed": "failed"}
+
+
+class AgentMetrics:
+    """A private registry per agent (one process may hold several in tests)."""
+
+    def __init__(self, node_id: str) -> None:
+        self.registry = CollectorRegistry()
+        labels = {"node_id": node_id}
+        self._labels = labels
+        r = self.registry
+        self.state = Gauge("warmd_node_state", "1 for the node's current state",
+                           ["node_id", "state"], registry=r)
+        self.warmup_seconds = Histogram(
+            "warmd_warmup_seconds", "Duration of each complete node warmup", ["node_id"],
+            buckets=(1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600), registry=r)
+        self.kernels = Counter("warmd_kernels", "Kernels handled by warmups, by outcome",
+                               ["node_id", "outcome"], registry=r)
+        self.compile_seconds = Counter("warmd_compile_seconds",
+                                       "Seconds spent compiling kernels", ["node_id"], registry=r)
+        self.saved_seconds = Counter("warmd_compile_seconds_saved",
+                                     "Compile seconds avoided by cache hits", ["node_id"],
+                                     registry=r)
+        self.cache_bytes = Gauge("warmd_cache_bytes", "Bytes in this node's kernel caches",
+                                 ["node_id", "library"], registry=r)
+        self.progress = Gauge("warmd_progress_tasks", "Tasks of the current warmup",
+                              ["node_id", "kind"], registry=r)
+        self.store_ok = Gauge("warmd_shared_cache_up",
+                              "1 when the last warmup reached the shared cache", ["node_id"],
+                              registry=r)
+        self.heartbeat = Gauge("warmd_agent_heartbeat_timestamp_seconds",
+                               "Unix time of the agent's last heartbeat", ["node_id"], registry=r)
+        self._server = None
+
+    def observe_state(self, node: NodeState) -> None:
+        nid = self._labels["node_id"]
+        for state in STATES:
+            self.state.labels(nid, state).set(1 if node.state == state else 0)
+        self.progress.labels(nid, "done").set(node.progress_done)
+        self.progress.labels(nid, "total").set(node.progress_total)
+        self.heartbeat.labels(nid).set(node.heartbeat)
+        for library, size in node.cache_bytes.items():
+            self.cache_bytes.labels(nid, library).set(size)
+
+    def observe_warmup(self, node: NodeState) -> None:
+        """Once per finished warmup: its duration, outcomes and compile time."""
+        nid = self._labels["node_id"]
+        self.warmup_seconds.labels(nid).observe(node.warm_seconds)
+        for counter, outcome in OUTCOMES.items():
+            self.kernels.labels(nid, outcome).inc(node.kernels.get(counter, 0))
+        self.compile_seconds.labels(nid).inc(node.compile_seconds)
+        self.saved_seconds.labels(nid).inc(node.saved_seconds)
+        self.store_ok.labels(nid).set(1 if node.store == "ok" else 0)
+        self.observe_state(node)
+
+    def serve(self, port: int, host: str = "0.0.0.0") -> int:
+        """Start the HTTP endpoint; a taken port falls back to any free one. Returns the port."""
+        try:
+            self._server, _ = start_http_server(port, addr=host, registry=self.registry)
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE or port == 0:
+                raise
+            self._server, _ = start_http_server(0, addr=host, registry=self.registry)
+        return self._server.server_address[1]
+
+    def close(self) -> None:
+        if self._server is not None:
+            with contextlib.suppress(Exception):
+                self._server.shutdown()
+                self._server.server_close()
+            self._server = None

@@ -1,0 +1,236 @@
+"""The warm work of one node, shared by the agent's Ray workers and the pre-join path
+(`warmd warmup --from-config`): plan every configured model here, take this worker's share
+of the tasks, run them through `run_warmup` with the shared cache, say what happened.
+
+Everything node-specific is resolved on the node: model paths, cache roots and the key file
+expand `~` and `$VARS` here, and a model that cannot be planned here fails this node only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from warmd.config import ModelConfig, WarmdConfig, expand_path
+from warmd.errors import WarmdInputError
+
+# Store counters that mean the shared cache did not do its job for this node.
+_STORE_TROUBLE = ("store_errors", "store_skipped", "publish_denied", "publish_failed")
+
+ProgressFn = Callable[[str, int, int], None]  # (model name, tasks done, tasks total)
+
+
+@dataclass
+class ModelResult:
+    name: str
+    plan_key: str = ""
+    tasks: int = 0
+    tasks_failed: int = 0
+    ok: bool = True
+    reason: str = ""
+    counters: dict = field(default_factory=dict)
+    failures: list = field(default_factory=list)  # first few failed tasks: key and error
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "plan_key": self.plan_key, "tasks": self.tasks,
+                "tasks_failed": self.tasks_failed, "ok": self.ok, "reason": self.reason,
+                "counters": self.counters, "failures": self.failures}
+
+
+def node_env(config: WarmdConfig, node_name: str | None = None) -> dict[str, str]:
+    """Environment of this node's warm work: cache roots, namespace, key file, node name."""
+    env = dict(config.cache.env())
+    env["WARMD_NAMESPACE"] = config.redis.namespace
+    if config.signing_key_file:
+        env["WARMD_SIGNING_KEY_FILE"] = expand_path(config.signing_key_file)
+    if node_name and not os.environ.get("WARMD_NODE_NAME"):
+        env["WARMD_NODE_NAME"] = node_name
+    return env
+
+
+@contextlib.contextmanager
+def scoped_env(env: dict[str, str]) -> Iterator[None]:
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def model_libraries(model: ModelConfig, builder: bool) -> tuple[str, ...] | None:
+    """The libraries to warm; None when a builder has nothing to do for this model."""
+    if not builder:
+        return model.libraries
+    wanted = model.libraries or ("flashinfer",)
+    return ("flashinfer",) if "flashinfer" in wanted else None
+
+
+def _plan(model: ModelConfig, builder_target: str | None):
+    from warmd.plan import make_plan
+
+    return make_plan(model.plan_request(target=builder_target))
+
+
+def warm_node(config: WarmdConfig, *, builder: bool = False, shard: int = 0, shards: int = 1,
+              redis_url: str | None = None, node_name: str | None = None,
+              progress: ProgressFn | None = None, workers: int | None = 1) -> dict:
+    """Warm this worker's share (tasks shard, shard+shards, ...) of every configured model.
+
+    Never raises for a model, a task or the store: each model's result says what happened.
+    Returns {"models": [...], "store": {"ok", "reason", "url"}, "cache_bytes": {...},
+    "seconds": float}.
+    """
+    started = time.monotonic()
+    with scoped_env(node_env(config, node_name)):
+        results, planned = _plan_all(config, builder, shard, shards, progress, workers)
+        store = {"ok": True, "reason": "", "url": None}
+        for model, plan, options, result in planned:
+            _warm_model(model, plan, options, result, redis_url, store, progress)
+        sizes = cache_bytes()
+    return {"models": [r.to_json() for r in results], "store": store, "cache_bytes": sizes,
+            "seconds": round(time.monotonic() - started, 3)}
+
+
+def _plan_all(config: WarmdConfig, builder: bool, shard: int, shards: int,
+              progress: ProgressFn | None, workers: int | None):
+    """Plan every model first, so that progress knows the whole amount of work."""
+    from warmd.warmup import WarmupOptions
+
+    target = config.builders.target if builder else None
+    results, planned = [], []
+    for model in config.models:
+        libraries = model_libraries(model, builder)
+        if libraries is None:
+            continue
+        result = ModelResult(model.name)
+        results.append(result)
+        options = WarmupOptions(libraries=libraries, task_filter=model.task_filter,
+                                workers=workers)
+        try:
+            plan = _plan(model, target)
+            mine = tuple(options.select(plan.tasks)[shard::shards])
+        except WarmdInputError as exc:
+            result.ok, result.reason = False, f"model {model.name}: {exc}"
+            continue
+        result.plan_key, result.tasks = plan.key, len(mine)
+        planned.append((model, replace(plan, tasks=mine), options, result))
+        if progress is not None:
+            progress(model.name, 0, len(mine))
+    return results, planned
+
+
+def _open_shared(redis_url: str | None, plan, store: dict):
+    from warmd.store import OFF, open_shared_cache, redact
+
+    if redis_url is not None and redis_url.strip().lower() in OFF:
+        return None
+    try:
+        shared = open_shared_cache(redis_url, target=plan.env.target)
+    except WarmdInputError as exc:  # unreadable key file, malformed URL
+        store.update(ok=False, reason=f"shared cache not used: {exc}")
+        return None
+    store["url"] = redact(shared.store_url.url) if shared.store_url else None
+    return shared
+
+
+def _warm_model(model: ModelConfig, plan, options, result: ModelResult, redis_url: str | None,
+                store: dict, progress: ProgressFn | None) -> None:
+    from warmd.warmup import run_warmup
+
+    shared = _open_shared(redis_url, plan, store)
+
+    def on_task(_report, done: int, total: int) -> None:
+        if progress is not None:
+            progress(model.name, done, total)
+
+    try:
+        report = run_warmup(plan, options, shared=shared, progress=on_task)
+    finally:
+        if shared is not None:
+            _note_store(shared, store)
+            with contextlib.suppress(Exception):
+                shared.close()
+    result.counters = report.counters.to_json()
+    result.tasks_failed = len(report.failed)
+    result.failures = [{"task": r.task.key, "error": (r.result.error or "")[:300]}
+                       for r in report.failed[:3]]
+    if report.failed:
+        first = report.failed[0]
+        result.ok = False
+        result.reason = (f"model {model.name}: {len(report.failed)} of {len(report.reports)} "
+                         f"tasks failed; first: {first.task.key}: {first.result.error}")[:600]
+
+
+def _note_store(shared, store: dict) -> None:
+    counters = shared.counters
+    trouble = {k: int(counters.get(k, 0)) for k in _STORE_TROUBLE if counters.get(k)}
+    if shared.disabled_reason:
+        store.update(ok=False, reason=f"shared cache disabled: {shared.disabled_reason}")
+    elif trouble:
+        what = ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in trouble.items())
+        unreachable = "store_errors" in trouble or "store_skipped" in trouble
+        why = "unreachable" if unreachable else "refused work"
+        store.update(ok=False, reason=f"shared cache {store.get('url') or ''} {why} ({what}); "
+                                      f"kernels were built locally")
+
+
+def _dir_bytes(root: Path) -> int:
+    total = 0
+    for dirpath, _dirs, files in os.walk(root):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(dirpath, name)).st_size
+    return total
+
+
+def cache_bytes() -> dict[str, int]:
+    """Bytes in this node's kernel caches, per library (the roots the engines use)."""
+    from warmd import settings
+
+    roots = {"deep_gemm": settings.deep_gemm_cache_dir() / "cache",
+             "flashinfer": settings.flashinfer_workspace_base() / ".cache" / "flashinfer"}
+    return {lib: _dir_bytes(root) for lib, root in roots.items() if root.exists()}
+
+
+def summarize(shards: list[dict]) -> dict:
+    """One node's outcome from its workers' results: state, reason, counters, plan keys."""
+    from warmd.stats import Counters
+
+    counters = Counters()
+    plans, failures, store_reasons, sizes = {}, [], [], {}
+    for part in shards:
+        for model in part.get("models", []):
+            counters.add(model.get("counters") or {})
+            if model.get("plan_key"):
+                plans[model["name"]] = model["plan_key"]
+            if not model.get("ok", True) and model.get("reason") not in failures:
+                failures.append(model["reason"])
+        store = part.get("store") or {}
+        if not store.get("ok", True) and store.get("reason") not in store_reasons:
+            store_reasons.append(store["reason"])
+        for lib, size in (part.get("cache_bytes") or {}).items():
+            sizes[lib] = max(sizes.get(lib, 0), int(size))
+    if failures:
+        state, reason = "FAILED", "; ".join(failures)
+    elif store_reasons:
+        state, reason = "DEGRADED", "; ".join(store_reasons)
+    else:
+        state, reason = "READY", ""
+    return {"state": state, "reason": reason[:1000], "plans": plans,
+            "kernels": {"total": counters.kernels, "local_hits": counters.local_hits,
+                        "remote_hits": counters.remote_hits, "compiled": counters.compiled,
+                        "failed": counters.failed},
+            "tasks": counters.tasks, "tasks_failed": counters.tasks_failed,
+            "compile_seconds": round(counters.compile_seconds, 3),
+            "saved_seconds": round(counters.compile_seconds_saved, 3),
+            "hit_rate": round(counters.hit_rate, 4), "cache_bytes": sizes,
+            "counters": counters.to_json()}

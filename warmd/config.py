@@ -1,0 +1,459 @@
+"""The daemon's configuration: warmd.yaml, then WARMD_* environment, then command-line flags.
+
+Loading validates everything that can be checked anywhere (keys, types, engine and mode names)
+and fails with one line naming the bad field. What only a node can check (does the model path
+exist there? is there a GPU?) is checked by that node's agent, which turns a problem into that
+node's FAILED state instead of stopping the whole cluster.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from warmd import settings
+from warmd.errors import WarmdInputError
+from warmd.examples import EXAMPLES_DIR
+from warmd.plan import PlanRequest
+
+DEFAULT_CONFIG = EXAMPLES_DIR / "warmd.yaml"
+LIBRARIES = ("deep_gemm", "flashinfer")
+DEFAULT_METRICS_PORT = 9464
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """One model to keep warm; maps onto a PlanRequest made on each node."""
+
+    path: str
+    name: str = ""
+    tp: int = 1
+    ep: int = 1
+    engine: str = "vllm"
+    mode: str = "relax"
+    max_tokens: int = 8192
+    m_list: str | None = None
+    target: str | None = None
+    with_libs: tuple[str, ...] = ()
+    without_libs: tuple[str, ...] = ()
+    quantization: str | None = None
+    disable_kernels: tuple[str, ...] = ()
+    libraries: tuple[str, ...] = ()  # only these libraries' tasks; empty: every library
+    task_filter: str | None = None  # only tasks whose key matches this regex
+
+    def plan_request(self, target: str | None = None) -> PlanRequest:
+        """The plan request on this node: `~` and `$VARS` in the path expand here."""
+        return PlanRequest(model=expand_path(self.path), tp=self.tp, ep=self.ep,
+                           target=self.target or target, with_libs=self.with_libs,
+                           without_libs=self.without_libs, engine=self.engine, mode=self.mode,
+                           max_tokens=self.max_tokens, m_list=self.m_list,
+                           quantization=self.quantization, disabled_kernels=self.disable_kernels)
+
+
+@dataclass(frozen=True)
+class RedisConfig:
+    url: str | None = None  # None: the embedded server (single machine only)
+    namespace: str = "default"
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """Cache roots for the warmup workers; the serving engine must use the same ones.
+    None keeps what the node's environment says (DG_JIT_CACHE_DIR, ...)."""
+
+    deep_gemm_dir: str | None = None
+    flashinfer_workspace: str | None = None
+    vllm_cache_root: str | None = None
+
+    def env(self) -> dict[str, str]:
+        """The engine variables for these roots, expanded on this node."""
+        names = {"deep_gemm_dir": "DG_JIT_CACHE_DIR",
+                 "flashinfer_workspace": "FLASHINFER_WORKSPACE_BASE",
+                 "vllm_cache_root": "VLLM_CACHE_ROOT"}
+        return {var: expand_path(getattr(self, key)) for key, var in names.items()
+                if getattr(self, key)}
+
+
+@dataclass(frozen=True)
+class NodeSelector:
+    """Which Ray nodes get an agent: GPU nodes matching labels and GPU types, plus nodes
+    without GPUs when builders are enabled."""
+
+    labels: tuple[tuple[str, str], ...] = ()
+    gpu_types: tuple[str, ...] = ()
+
+    def matches(self, labels: dict[str, str], gpus: int, gpu_type: str | None,
+                builders: bool) -> bool:
+        if any(labels.get(k) != v for k, v in self.labels):
+            return False
+        if gpus <= 0:
+            return builders
+        if not self.gpu_types:
+            return True
+        return (gpu_type or "").lower() in {t.lower() for t in self.gpu_types}
+
+
+@dataclass(frozen=True)
+class BuilderConfig:
+    """Nodes without GPUs build FlashInfer modules for `target` (no GPU needed)."""
+
+    enabled: bool = False
+    target: str | None = None
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    reconcile_seconds: float = 2.0
+    heartbeat_seconds: float = 5.0
+    metrics_port: int = DEFAULT_METRICS_PORT  # 0: any free port
+
+
+@dataclass(frozen=True)
+class WarmdConfig:
+    models: tuple[ModelConfig, ...]
+    redis: RedisConfig = field(default_factory=RedisConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    signing_key_file: str | None = None
+    nodes: NodeSelector = field(default_factory=NodeSelector)
+    builders: BuilderConfig = field(default_factory=BuilderConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    source: str = "<defaults>"
+
+    def to_json(self) -> dict:
+        data = asdict(self)
+        data["nodes"]["labels"] = dict(self.nodes.labels)
+        return _lists(data)
+
+    @classmethod
+    def from_json(cls, data: dict) -> WarmdConfig:
+        """Inverse of to_json (configs travel between the CLI, controller and agents as JSON)."""
+        source = data.get("source", "<json>")
+        body = {k: v for k, v in data.items() if k != "source"}
+        return replace(parse_config(_unrename(body), source), source=source)
+
+    def work_hash(self) -> str:
+        """Changes exactly when what a node warms changes: the agents re-warm on a new hash."""
+        data = self.to_json()
+        work = {k: data[k] for k in ("models", "cache", "signing_key_file", "builders")}
+        work["redis"] = {"url": redact_url(self.redis.url), "namespace": self.redis.namespace}
+        return hashlib.sha256(json.dumps(work, sort_keys=True).encode()).hexdigest()[:16]
+
+    def public_json(self) -> dict:
+        """to_json without secrets: safe to print, log and store."""
+        data = self.to_json()
+        data["redis"]["url"] = redact_url(self.redis.url)
+        return data
+
+
+def expand_path(path: str) -> str:
+    return os.path.expandvars(os.path.expanduser(path))
+
+
+def redact_url(url: str | None) -> str | None:
+    """A Redis URL with its password replaced: never print or store the real one."""
+    from warmd.store.connection import redact
+
+    return redact(url) if url else url
+
+
+# --- parsing and validation ---------------------------------------------------------------
+
+_MODEL_KEYS = {"path": str, "name": str, "tp": int, "ep": int, "engine": str, "mode": str,
+               "max_tokens": int, "m_list": (str, list), "target": str, "with": list,
+               "without": list, "quantization": str, "disable_kernels": list,
+               "libraries": list, "task_filter": str}
+_SECTIONS: dict[str, dict[str, Any]] = {
+    "redis": {"url": str, "namespace": str},
+    "cache": {"deep_gemm_dir": str, "flashinfer_workspace": str, "vllm_cache_root": str},
+    "nodes": {"labels": dict, "gpu_types": list},
+    "builders": {"enabled": bool, "target": str},
+    "agent": {"reconcile_seconds": (int, float), "heartbeat_seconds": (int, float),
+              "metrics_port": int},
+}
+_TOP_KEYS = {"version", "models", "signing_key_file", *_SECTIONS}
+_RENAMES = {"with": "with_libs", "without": "without_libs"}
+
+
+def _fail(where: str, message: str) -> WarmdInputError:
+    return WarmdInputError(f"{where}: {message}")
+
+
+def _type_name(kind) -> str:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    names = {str: "a string", int: "an integer", float: "a number", bool: "true or false",
+             list: "a list", dict: "a mapping"}
+    return " or ".join(names[k] for k in kinds)
+
+
+def _check_type(where: str, value, kind) -> None:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    bool_mismatch = isinstance(value, bool) and bool not in kinds  # bool is an int subclass
+    if bool_mismatch or not isinstance(value, kinds):
+        raise _fail(where, f"expected {_type_name(kind)}, got {value!r}")
+
+
+def _check_keys(where: str, data, known) -> None:
+    if not isinstance(data, dict):
+        raise _fail(where, f"expected a mapping, got {data!r}")
+    for key in data:
+        if key not in known:
+            raise _fail(where, f"unknown key {key!r} (known: {', '.join(sorted(known))})")
+
+
+def _str_list(where: str, value) -> tuple[str, ...]:
+    if not all(isinstance(v, str) and v for v in value):
+        raise _fail(where, f"expected a list of strings, got {value!r}")
+    return tuple(value)
+
+
+def _positive(where: str, value, allow_zero: bool = False) -> None:
+    if value < 0 or (value == 0 and not allow_zero):
+        raise _fail(where, f"must be {'>= 0' if allow_zero else 'positive'}, got {value!r}")
+
+
+def _parse_model(where: str, data) -> ModelConfig:
+    from warmd.kernels.preferences import ENGINES
+    from warmd.mvalues import MODES
+
+    _check_keys(where, data, _MODEL_KEYS)
+    if "path" not in data:
+        raise _fail(where, "missing required key 'path'")
+    for key, value in data.items():
+        if value is not None or key == "path":
+            _check_type(f"{where}.{key}", value, _MODEL_KEYS[key])
+    values = {_RENAMES.get(k, k): v for k, v in data.items() if v is not None}
+    for key in ("with_libs", "without_libs", "disable_kernels", "libraries"):
+        if key in values:
+            values[key] = _str_list(f"{where}.{key}", values[key])
+    for key in ("tp", "ep", "max_tokens"):
+        if key in values:
+            _positive(f"{where}.{key}", values[key])
+    if isinstance(values.get("m_list"), list):
+        if not all(isinstance(m, int) and not isinstance(m, bool) and m > 0
+                   for m in values["m_list"]):
+            raise _fail(f"{where}.m_list", "expected positive integers")
+        values["m_list"] = ",".join(str(m) for m in values["m_list"])
+    if values.get("engine", "vllm") not in ENGINES:
+        raise _fail(f"{where}.engine", f"unknown engine {values['engine']!r} "
+                                       f"(known: {', '.join(ENGINES)})")
+    if values.get("mode", "relax") not in MODES:
+        raise _fail(f"{where}.mode", f"unknown mode {values['mode']!r} "
+                                     f"(known: {', '.join(MODES)})")
+    for lib in values.get("libraries", ()):
+        if lib not in LIBRARIES:
+            raise _fail(f"{where}.libraries", f"unknown library {lib!r} "
+                                              f"(known: {', '.join(LIBRARIES)})")
+    if "task_filter" in values:
+        try:
+            re.compile(values["task_filter"])
+        except re.error as exc:
+            raise _fail(f"{where}.task_filter", f"not a valid regular expression: {exc}") from None
+    values.setdefault("name", Path(values["path"].rstrip("/")).name or values["path"])
+    return ModelConfig(**values)
+
+
+def _parse_section(name: str, data) -> dict:
+    where = name
+    if data is None:
+        return {}
+    _check_keys(where, data, _SECTIONS[name])
+    out = {}
+    for key, value in data.items():
+        if value is None:
+            continue
+        _check_type(f"{where}.{key}", value, _SECTIONS[name][key])
+        out[key] = value
+    return out
+
+
+def parse_config(data, source: str = "<config>") -> WarmdConfig:
+    """Validate a parsed warmd.yaml; raises WarmdInputError naming the first bad field."""
+    try:
+        return _parse(data)
+    except WarmdInputError as exc:
+        raise WarmdInputError(f"{source}: {exc}") from None
+
+
+def _parse(data) -> WarmdConfig:
+    if data is None:
+        data = {}
+    _check_keys("config", data, _TOP_KEYS)
+    if data.get("version", 1) != 1:
+        raise _fail("version", f"unsupported config version {data['version']!r} (known: 1)")
+    models = data.get("models")
+    if not isinstance(models, list) or not models:
+        raise _fail("models", "expected a non-empty list of models")
+    parsed = tuple(_parse_model(f"models[{i}]", m) for i, m in enumerate(models))
+    names = [m.name for m in parsed]
+    if len(set(names)) != len(names):
+        raise _fail("models", f"model names must be unique, got {names}")
+    sections = {name: _parse_section(name, data.get(name)) for name in _SECTIONS}
+    nodes = sections["nodes"]
+    labels = nodes.get("labels", {})
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items()):
+        raise _fail("nodes.labels", "expected a mapping of strings to strings")
+    agent = sections["agent"]
+    for key in ("reconcile_seconds", "heartbeat_seconds"):
+        if key in agent:
+            _positive(f"agent.{key}", agent[key])
+    if "metrics_port" in agent and not 0 <= agent["metrics_port"] <= 65535:
+        raise _fail("agent.metrics_port", f"must be 0..65535, got {agent['metrics_port']}")
+    key_file = data.get("signing_key_file")
+    if key_file is not None:
+        _check_type("signing_key_file", key_file, str)
+    return WarmdConfig(
+        models=parsed,
+        redis=RedisConfig(**sections["redis"]),
+        cache=CacheConfig(**sections["cache"]),
+        signing_key_file=key_file,
+        nodes=NodeSelector(tuple(sorted(labels.items())),
+                           _str_list("nodes.gpu_types", nodes.get("gpu_types", []))),
+        builders=BuilderConfig(**sections["builders"]),
+        agent=AgentConfig(**{k: (float(v) if k != "metrics_port" else v)
+                             for k, v in agent.items()}),
+    )
+
+
+def _unrename(data: dict) -> dict:
+    out = dict(data)
+    out["models"] = [{next((k for k, v in _RENAMES.items() if v == key), key): value
+                      for key, value in m.items()} for m in data.get("models", [])]
+    return out
+
+
+def _lists(value):
+    if isinstance(value, dict):
+        return {k: _lists(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_lists(v) for v in value]
+    return value
+
+
+# --- loading with overrides --------------------------------------------------------------
+
+def read_config_file(path: str | Path) -> WarmdConfig:
+    p = Path(path).expanduser()
+    try:
+        text = p.read_text()
+    except FileNotFoundError:
+        raise WarmdInputError(f"config file not found: {p}") from None
+    except OSError as exc:
+        raise WarmdInputError(f"cannot read config file {p}: {exc.strerror or exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        problem = getattr(exc, "problem", None) or "invalid YAML"
+        raise WarmdInputError(f"{p}: not valid YAML{where}: {problem}") from None
+    config = parse_config(data, str(p))
+    return replace(config, source=str(p))
+
+
+def load_config(path: str | Path | None = None, *, redis_url: str | None = None,
+                namespace: str | None = None, signing_key_file: str | None = None,
+                metrics_port: int | None = None) -> WarmdConfig:
+    """The effective config: file (flag, else WARMD_CONFIG, else the embedded default), then
+    WARMD_* environment, then the keyword arguments (command-line flags)."""
+    config = read_config_file(path or settings.config_path() or DEFAULT_CONFIG)
+    env_port = settings.metrics_port()
+    if env_port is not None and metrics_port is None:
+        try:
+            metrics_port = int(env_port)
+        except ValueError:
+            raise WarmdInputError(f"WARMD_METRICS_PORT must be a port number, "
+                                  f"got {env_port!r}") from None
+    if metrics_port is not None and not 0 <= metrics_port <= 65535:
+        raise WarmdInputError(f"metrics port must be 0..65535, got {metrics_port}")
+    url = redis_url or settings.redis_url() or config.redis.url
+    from warmd.store import OFF
+    from warmd.store.connection import parse_store_url
+
+    if url and url.strip().lower() not in OFF:
+
+        parse_store_url(url)  # one clear line for a malformed URL, before anything starts
+    ns = namespace or settings.namespace_override() or config.redis.namespace
+    key_file = signing_key_file or settings.signing_key_file() or config.signing_key_file
+    agent = config.agent if metrics_port is None else replace(config.agent,
+                                                              metrics_port=metrics_port)
+    return replace(config, redis=RedisConfig(url, ns), signing_key_file=key_file, agent=agent)
+
+
+# --- the pre-join path: `warmd warmup --from-config warmd.yaml` ----------------------------
+
+_FROM_CONFIG = "warmd.from_config"
+
+
+def from_config_option(func):
+    """Adds --from-config PATH to `warmd warmup`. Eager, so that --model is not required with
+    it; the command then calls warmup_from_config (see from_config_path)."""
+    import click
+
+    def remember(ctx, _param, value):
+        if value is not None and not ctx.resilient_parsing:
+            ctx.meta[_FROM_CONFIG] = value
+            ctx.default_map = {**(ctx.default_map or {}), "model": "<from-config>"}
+        return value
+
+    return click.option(
+        "--from-config", metavar="PATH", is_eager=True, expose_value=False, callback=remember,
+        help="Warm every model of this warmd.yaml on this machine, as a node agent would (the "
+             "pre-join path: run it before `ray start`). Plan options are then taken from "
+             "the file; --redis, --no-shared, --workers and --json still apply.")(func)
+
+
+def from_config_path() -> str | None:
+    """The --from-config PATH of the running command, if given."""
+    import click
+
+    ctx = click.get_current_context(silent=True)
+    return ctx.meta.get(_FROM_CONFIG) if ctx is not None else None
+
+
+def warmup_from_config(path: str, *, redis_url: str | None = None, no_shared: bool = False,
+                       workers: int | None = None, as_json: bool = False) -> int:
+    """Warm this machine for every configured model; returns the exit code (0 warm, 1 a model
+    or task failed). A machine without a GPU warms as a builder (FlashInfer modules for
+    builders.target, or each model's target)."""
+    import sys
+
+    from warmd.cluster.work import summarize, warm_node
+    from warmd.targets import detect_local_gpus
+
+    config = load_config(path, redis_url=redis_url)
+    url = "off" if no_shared else config.redis.url
+
+    def progress(model: str, done: int, total: int) -> None:
+        if total and not as_json:
+            print(f"warmup {model}: {done}/{total} tasks", file=sys.stderr, flush=True)
+
+    result = warm_node(config, builder=not detect_local_gpus(), redis_url=url,
+                       progress=progress, workers=workers)
+    summary = summarize([result])
+    summary.update(models=result["models"], seconds=result["seconds"], store=result["store"])
+    if as_json:
+        print(json.dumps(summary, indent=2))
+    else:
+        _print_summary(config, summary)
+    return 1 if summary["state"] == "FAILED" else 0
+
+
+def _print_summary(config: WarmdConfig, summary: dict) -> None:
+    from warmd.stats import Counters
+
+    title = (f"warmup from {config.source}: {len(summary['models'])} model(s) in "
+             f"{summary['seconds']:.1f} s: {summary['state']}")
+    print(Counters.from_json(summary["counters"]).render_text(title))
+    for model in summary["models"]:
+        status = "ok" if model["ok"] else f"FAILED: {model['reason']}"
+        print(f"  {model['name']}: plan {model['plan_key'] or '-'}, {model['tasks']} tasks, "
+              f"{status}")
+    if summary["state"] == "DEGRADED":
+        print(f"  shared cache: {summary['reason']}")
