@@ -9,6 +9,7 @@ import time
 import click
 
 from warmd.config import load_config
+from warmd.stats import format_bytes
 
 ADDRESS_HELP = ("Ray cluster address (HOST:PORT, or 'auto' for the running local one; "
                 "default: RAY_ADDRESS, else the running local cluster).")
@@ -259,15 +260,6 @@ def _gpus(node: dict) -> str:
     return "builder" if node.get("role") == "builder" else "-"
 
 
-def _bytes(value) -> str:
-    size = float(value or 0)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if size < 1024 or unit == "TiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{value} B"
-
-
 def render_status(snap: dict) -> str:
     lines = [f"======== warmd status: {time.strftime('%Y-%m-%d %H:%M:%S')} ========"]
     ctl = snap.get("controller") or {}
@@ -289,7 +281,7 @@ def render_status(snap: dict) -> str:
     size = snap.get("store_size")
     label_width = len("Corrupt entries rejected") + 2
     if size:
-        value = f"{_bytes(size.get('used_memory'))}, {size.get('keys', 0)} keys"
+        value = f"{format_bytes(int(size.get('used_memory') or 0))}, {size.get('keys', 0)} keys"
         lines.append(f"{'Store size':<{label_width}}{value:>12}")
     else:
         lines.append(f"{'Store size':<{label_width}}{'unknown':>12}")
