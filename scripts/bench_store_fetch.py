@@ -40,7 +40,7 @@ def make_entries(root: Path, count: int, per_task: int, seed: int = 7) -> dict[s
     import random
 
     rng = random.Random(seed)
-    adapter = DeepGemmCacheAdapter(root, [], arch="9.0a", sms=132)
+    adapter = DeepGemmCacheAdapter(root, arch="9.0a", sms=132)
     tasks: dict[str, list] = {}
     for i in range(count):
         name = f"kernel.sm90_fp8_gemm_1d2d.{i:032x}"
@@ -53,7 +53,7 @@ def make_entries(root: Path, count: int, per_task: int, seed: int = 7) -> dict[s
 
 
 def publish(cache, root: Path, tasks: dict[str, list]) -> tuple[DeepGemmCacheAdapter, int]:
-    adapter = DeepGemmCacheAdapter(root, [], arch="9.0a", sms=132)
+    adapter = DeepGemmCacheAdapter(root, arch="9.0a", sms=132)
     entries = {e.name: e for e in adapter.list_entries()}
     total = 0
     for task, names in tasks.items():
@@ -76,7 +76,7 @@ def time_fetch_verify(cache, adapter, tasks: dict[str, list]) -> float:
 
 
 def time_prefetch(cache, tmp: Path, tasks: dict[str, list], run: int) -> float:
-    dest = DeepGemmCacheAdapter(tmp / f"dest{run}", [], arch="9.0a", sms=132)
+    dest = DeepGemmCacheAdapter(tmp / f"dest{run}", arch="9.0a", sms=132)
     start = time.perf_counter()
     got = cache.prefetch(dest, list(tasks))
     elapsed = time.perf_counter() - start

@@ -468,7 +468,7 @@ def test_stats_per_node_and_fingerprint(server, rclient, caches, tmp_path):
 def test_deep_gemm_entries_roundtrip_through_the_store(server, rclient, caches, tmp_path):
     from warmd.cache.deep_gemm import DeepGemmCacheAdapter
 
-    src = DeepGemmCacheAdapter(tmp_path / "src", [], arch="9.0a", sms=132)
+    src = DeepGemmCacheAdapter(tmp_path / "src", arch="9.0a", sms=132)
     names = [f"kernel.sm90_fp8_gemm_1d2d.{i:032x}" for i in range(3)]
     for i, name in enumerate(names):
         path = src.entries_dir / name
@@ -477,12 +477,12 @@ def test_deep_gemm_entries_roundtrip_through_the_store(server, rclient, caches, 
         (path / "kernel.cubin").write_bytes(os.urandom(60_000 + 30_000 * i))
     writer = caches(server.url)
     writer.publish_task(src, "deep_gemm/fp8_gemm_nt/4096x7168/x", src.list_entries(), 12.0)
-    dest = DeepGemmCacheAdapter(tmp_path / "dest", [], arch="9.0a", sms=132)
+    dest = DeepGemmCacheAdapter(tmp_path / "dest", arch="9.0a", sms=132)
     assert caches(server.url).fetch_task(dest, "deep_gemm/fp8_gemm_nt/4096x7168/x") == names
     for name in names:
         for part in ("kernel.cu", "kernel.cubin"):
             assert (dest.entries_dir / name / part).read_bytes() == \
                 (src.entries_dir / name / part).read_bytes()
     # Another SM count is another fingerprint: nothing to take.
-    h20 = DeepGemmCacheAdapter(tmp_path / "h20", [], arch="9.0a", sms=78)
+    h20 = DeepGemmCacheAdapter(tmp_path / "h20", arch="9.0a", sms=78)
     assert caches(server.url).fetch_task(h20, "deep_gemm/fp8_gemm_nt/4096x7168/x") is None

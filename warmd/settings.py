@@ -25,18 +25,13 @@ def vllm_cache_root() -> Path:
 
 def deep_gemm_cache_dir() -> Path:
     """Where DeepGEMM reads and writes kernels: DG_JIT_CACHE_DIR as the engine sets it
-    (vLLM: $VLLM_CACHE_ROOT/deep_gemm). Only the first root of an A:B list is writable."""
+    (vLLM: $VLLM_CACHE_ROOT/deep_gemm), taken as one path. sgl-deep-gemm 0.1.4.post1 has no
+    lookup list: with DG_JIT_CACHE_DIR=A:B it compiles into a directory literally named
+    'A:B' and reads nothing from B (measured on an H200, docs/benchmarks.md)."""
     explicit = os.environ.get("DG_JIT_CACHE_DIR")
     if explicit:
-        return Path(explicit.split(":")[0])
+        return Path(explicit)
     return vllm_cache_root() / "deep_gemm"
-
-
-def deep_gemm_lookup_roots() -> list[Path]:
-    """The read-only roots after the first in DG_JIT_CACHE_DIR=A:B:...: DeepGEMM finds
-    kernels there but never writes to them."""
-    explicit = os.environ.get("DG_JIT_CACHE_DIR") or ""
-    return [Path(part) for part in explicit.split(":")[1:] if part]
 
 
 # DeepGEMM knobs that change its compiler signature or flags, hence every kernel's cache key.

@@ -1,0 +1,21 @@
+// Includes' hash value: a8789b787f2748c5599847a6aedb294d
+
+#include <deep_gemm/impls/sm90_fp8_gemm_1d2d.cuh>
+
+using namespace deep_gemm;
+
+static void __instantiate_kernel() {
+    auto ptr = reinterpret_cast<void*>(&sm90_fp8_gemm_1d2d_impl<
+        cute::UMMA::Major::K,
+        0, 0, 0,
+        1,
+        16, 16, 128,
+        128, 128, 32,
+        16,
+        128, 128,
+        1, false,
+        132, GemmType::Normal,
+        cutlass::bfloat16_t,
+        epilogue::transform::EpilogueIdentity
+    >);
+};

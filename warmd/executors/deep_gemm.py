@@ -1,0 +1,371 @@
+"""Runs a plan's DeepGEMM tasks for real on the local GPU, so that DeepGEMM JIT-compiles
+exactly the kernel configs the engine will ask for, into the cache root the engine uses.
+
+Each task is one GEMM shape and a list of M values. Inputs are made once per task at the
+largest M, the way DeepGEMM's own tests make them (per_token_cast_to_fp8 for activations,
+per_block_cast_to_fp8 for weights, UE8M0 scales from sm_100 on), and sliced per M.
+
+Accounting comes from what DeepGEMM did, not from assumptions. With DG_JIT_PRINT_LOAD_TIME
+set (it changes no cache key) DeepGEMM prints "Load time (<entry dir>): ..." each time this
+process loads a kernel; the executor captures the process's stdout around every GEMM call,
+so each loaded entry belongs to the call that loaded it, whatever other worker processes
+write into the same cache dir meanwhile. An entry that was complete before the call is a
+local hit, one that was not was compiled by the call. A kernel already loaded by an earlier
+task of the same process is reused silently and not reported again (warmup's task records
+count it). Should a DeepGEMM build print nothing, the executor falls back to the entries of
+the task's GEMM type that appear in cache/ during its calls (exact with one worker).
+
+torch and deep_gemm are imported here only, inside methods: the planner never loads them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import re
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from warmd import settings
+from warmd.cache.base import CacheEntry
+from warmd.cache.deep_gemm import DeepGemmCacheAdapter, entry_state
+from warmd.executors.base import Executor, KernelOutcome, TaskResult
+from warmd.plan import Task
+
+LIBRARY = "deep_gemm"
+# Plan kernel name -> (deep_gemm function, GemmType its kernel.cu names).
+GEMMS = {
+    "fp8_gemm_nt": ("fp8_gemm_nt", "Normal"),
+    "m_grouped_fp8_gemm_nt_contiguous": ("m_grouped_fp8_gemm_nt_contiguous",
+                                         "MGroupedContiguous"),
+}
+# Elements per chunk when making inputs: bounds the float32 temporaries of the casts.
+_CHUNK_ELEMENTS = 1 << 26
+_SF_BLOCK = 128
+
+# DeepGEMM reads DG_JIT_CACHE_DIR once per process (its compiler is created lazily on the
+# first build), so one process can only ever compile into one cache root.
+_bound_cache_value: str | None = None
+
+
+@dataclass(frozen=True)
+class GemmSpec:
+    function: str
+    gemm_type: str
+    n: int
+    k: int
+    num_groups: int | None
+    m: tuple[int, ...]
+
+
+def gemm_spec(task: Task) -> GemmSpec:
+    """The GEMM a task runs; ValueError with the reason when the task is not runnable."""
+    if task.library != LIBRARY:
+        raise ValueError(f"task {task.key} is a {task.library} task, not a DeepGEMM one")
+    if task.kernel not in GEMMS:
+        raise ValueError(f"DeepGEMM executor cannot run kernel {task.kernel!r} "
+                         f"(known: {', '.join(GEMMS)})")
+    function, gemm_type = GEMMS[task.kernel]
+    if not task.n or not task.k or task.n < 1 or task.k < 1:
+        raise ValueError(f"task {task.key} has no valid N/K (N={task.n}, K={task.k})")
+    if not task.m or min(task.m) < 1:
+        raise ValueError(f"task {task.key} has no valid M values")
+    groups = None
+    if gemm_type == "MGroupedContiguous":
+        groups = task.num_groups
+        if not groups or groups < 1:
+            raise ValueError(f"grouped task {task.key} needs num_groups >= 1")
+        if task.n % _SF_BLOCK:
+            raise ValueError(f"grouped task {task.key}: N={task.n} is not a multiple of 128")
+    return GemmSpec(function, gemm_type, task.n, task.k, groups, tuple(sorted(set(task.m))))
+
+
+_LOAD_LINE = re.compile(r"^Load time \((?P<path>.+)\): [0-9.]+ ms\s*$")
+
+
+def loaded_entries(printed: str) -> tuple[list[Path], str]:
+    """Entry directories DeepGEMM reported loading, and the rest of what it printed."""
+    loads, rest = [], []
+    for line in printed.splitlines(keepends=True):
+        match = _LOAD_LINE.match(line.strip())
+        if match:
+            loads.append(Path(match.group("path")))
+        else:
+            rest.append(line)
+    return loads, "".join(rest)
+
+
+class StdoutCapture:
+    """What C/C++ code prints to this process's stdout (fd 1) between start() and stop()."""
+
+    def __init__(self, buffer) -> None:
+        self._libc = ctypes.CDLL(None)
+        self._file = buffer  # a binary temporary file
+        self._saved: int | None = None
+
+    def start(self) -> None:
+        sys.stdout.flush()
+        self._libc.fflush(None)
+        self._saved = os.dup(1)
+        os.dup2(self._file.fileno(), 1)
+
+    def stop(self) -> str:
+        self._libc.fflush(None)
+        if self._saved is not None:
+            os.dup2(self._saved, 1)
+            os.close(self._saved)
+            self._saved = None
+        self._file.seek(0)
+        data = self._file.read()
+        self._file.seek(0)
+        self._file.truncate()
+        return data.decode(errors="replace")
+
+
+# Once DeepGEMM printed a load line in this process, its silence means "no load".
+_loads_seen = False
+
+
+@dataclass
+class Accounting:
+    """Per-task outcomes: loads DeepGEMM reported per call, plus the scan fallback."""
+
+    adapter: DeepGemmCacheAdapter
+    spec: GemmSpec
+    known: set[str] = field(default_factory=set)  # complete entries of cache/
+    outcomes: dict[str, KernelOutcome] = field(default_factory=dict)
+    appeared: list[KernelOutcome] = field(default_factory=list)  # fallback: scan of cache/
+
+    def start(self) -> None:
+        self.known = set()
+        self._refresh()
+
+    def after_call(self, printed: str, seconds: float) -> None:
+        """Classify what the call loaded (against the entries complete before it), then
+        note what appeared in cache/ during it."""
+        global _loads_seen
+        loads, rest = loaded_entries(printed)
+        if rest:
+            os.write(1, rest.encode())  # DeepGEMM's other output stays in the log
+        for path in loads:
+            _loads_seen = True
+            name = path.name
+            if name in self.outcomes:
+                continue
+            # Not complete in cache/ before this call (or loaded from anywhere else, which
+            # only a DG_JIT_CACHE_DIR changed behind warmd's back can cause): compiled.
+            mine = name not in self.known or path.parent != self.adapter.entries_dir
+            self.outcomes[name] = KernelOutcome(name, "compiled" if mine else "local_hit",
+                                                round(seconds, 3) if mine else 0.0)
+        for name in self._refresh():
+            source = self.adapter.source(CacheEntry(LIBRARY, name, self.adapter.entries_dir
+                                                    / name))
+            # Not another GEMM type's kernel (layout helpers such as transpose_fp32 name
+            # no GemmType): count it, as this task's calls may have built it.
+            if source is None or source.gemm_type in (None, self.spec.gemm_type):
+                self.appeared.append(KernelOutcome(name, "compiled", round(seconds, 3)))
+
+    def _refresh(self) -> list[str]:
+        """Entries that became complete since the last look (an incomplete one is looked at
+        again next time)."""
+        fresh = [name for name in self.adapter.entry_names() - self.known
+                 if entry_state(self.adapter.entries_dir / name) == "complete"]
+        self.known.update(fresh)
+        return sorted(fresh)
+
+    def result(self) -> list[KernelOutcome]:
+        return list(self.outcomes.values()) if _loads_seen else list(self.appeared)
+
+
+class DeepGemmExecutor(Executor):
+    library = LIBRARY
+
+    def __init__(self, cache_dir=None, device: int | None = None) -> None:
+        self._adapter = DeepGemmCacheAdapter(cache_dir)
+        self._device = device
+        self._checked: tuple[bool, str] | None = None
+        self.calls = 0  # GEMM calls made by this executor (benchmarks report it)
+
+    def cache(self) -> DeepGemmCacheAdapter:
+        return self._adapter
+
+    def check(self) -> tuple[bool, str]:
+        if self._checked is None:
+            self._checked = self._check()
+        return self._checked
+
+    def _check(self) -> tuple[bool, str]:
+        problems = _environment_problems()
+        problems += _gpu_problems(self._device)
+        if problems:
+            return False, "; ".join(problems)
+        value = str(self._adapter.root)
+        if _bound_cache_value is not None and _bound_cache_value != value:
+            return False, (f"DeepGEMM in this process already compiles into "
+                           f"{_bound_cache_value!r}; it reads DG_JIT_CACHE_DIR once, so "
+                           f"{value!r} needs another process")
+        try:
+            self._bind(value)
+            import deep_gemm  # noqa: F401
+        except Exception as exc:  # ImportError, undefined symbols, CUDA init failures
+            return False, f"import deep_gemm failed: {_describe(exc)}"
+        return True, ""
+
+    def _bind(self, value: str) -> None:
+        global _bound_cache_value
+        os.environ["DG_JIT_CACHE_DIR"] = value
+        # Makes DeepGEMM print each kernel it loads; neither flags nor cache keys change.
+        os.environ["DG_JIT_PRINT_LOAD_TIME"] = "1"
+        _bound_cache_value = value
+
+    def run(self, task: Task) -> TaskResult:
+        started = time.monotonic()
+        ok, reason = self.check()
+        if not ok:
+            return _failed(task, started, reason)
+        try:
+            spec = gemm_spec(task)
+        except ValueError as exc:
+            return _failed(task, started, str(exc))
+        books = Accounting(self._adapter, spec)
+        try:
+            self._run_gemms(spec, books)
+        except Exception as exc:  # OOM, DeepGEMM assertion, nvcc failure: reported
+            return _failed(task, started, _describe(exc), books.result())
+        return TaskResult(task.key, LIBRARY, True, round(time.monotonic() - started, 3),
+                          books.result())
+
+    def _run_gemms(self, spec: GemmSpec, books: Accounting) -> None:
+        import torch
+
+        device = torch.device("cuda", self._device if self._device is not None
+                              else torch.cuda.current_device())
+        torch.cuda.set_device(device)
+        inputs = None
+        try:
+            inputs = _make_inputs(torch, spec, device)
+            call = _caller(spec, inputs)
+            books.start()
+            with tempfile.TemporaryFile() as buffer:
+                capture = StdoutCapture(buffer)
+                for m in spec.m:
+                    began = time.perf_counter()
+                    capture.start()
+                    try:
+                        call(m)
+                    finally:
+                        printed = capture.stop()
+                    self.calls += 1
+                    books.after_call(printed, time.perf_counter() - began)
+            torch.cuda.synchronize(device)
+        finally:
+            del inputs
+            with contextlib.suppress(Exception):
+                torch.cuda.empty_cache()
+
+
+def _environment_problems() -> list[str]:
+    from warmd.probes import cuda_home, probe_library
+
+    problems = []
+    probe = probe_library("deep_gemm")
+    if not probe.available:
+        problems.append(probe.reason)
+    home = cuda_home()
+    nvrtc = settings.deep_gemm_key_env().get("DG_JIT_USE_NVRTC")
+    if not nvrtc and (home is None or not (home / "bin" / "nvcc").exists()):
+        problems.append("nvcc not found (DeepGEMM compiles its kernels with it; set CUDA_HOME)")
+    return problems
+
+
+def _gpu_problems(device: int | None) -> list[str]:
+    try:
+        import torch
+    except ImportError:
+        return ["torch not installed (DeepGEMM runs through torch)"]
+    if not torch.cuda.is_available():
+        return ["no CUDA GPU visible (torch.cuda.is_available() is False)"]
+    index = device if device is not None else torch.cuda.current_device()
+    if index >= torch.cuda.device_count():
+        return [f"GPU {index} not visible ({torch.cuda.device_count()} visible)"]
+    major, minor = torch.cuda.get_device_capability(index)
+    if major < 9:
+        return [f"DeepGEMM needs sm_90 or newer; GPU {index} is sm_{major}{minor}"]
+    return []
+
+
+def _make_inputs(torch, spec: GemmSpec, device) -> dict:
+    from deep_gemm.utils.math import per_block_cast_to_fp8, per_token_cast_to_fp8
+
+    use_ue8m0 = torch.cuda.get_device_capability(device)[0] >= 10
+    m_max = max(spec.m)
+    a = _activations(torch, per_token_cast_to_fp8, m_max, spec.k, device, use_ue8m0)
+    d = torch.empty((m_max, spec.n), dtype=torch.bfloat16, device=device)
+    if spec.num_groups is None:
+        weights = torch.randn((spec.n, spec.k), dtype=torch.bfloat16, device=device)
+        return {"a": a, "b": per_block_cast_to_fp8(weights, use_ue8m0=use_ue8m0), "d": d}
+    b = _grouped_weights(torch, per_block_cast_to_fp8, spec, device, use_ue8m0)
+    # Contiguous layout: every 128-row block belongs to one expert, round robin, so any
+    # prefix of a multiple of 128 rows is a valid layout too.
+    blocks = torch.arange(-(-m_max // _SF_BLOCK), dtype=torch.int32, device=device)
+    layout = (blocks % spec.num_groups).repeat_interleave(_SF_BLOCK)[:m_max].contiguous()
+    return {"a": a, "b": b, "d": d, "layout": layout}
+
+
+def _activations(torch, cast, rows: int, k: int, device, use_ue8m0: bool):
+    data = torch.empty((rows, k), dtype=torch.float8_e4m3fn, device=device)
+    scales = torch.empty((rows, -(-k // _SF_BLOCK)), dtype=torch.float32, device=device)
+    step = max(_SF_BLOCK, _CHUNK_ELEMENTS // k)
+    for start in range(0, rows, step):
+        end = min(rows, start + step)
+        x = torch.randn((end - start, k), dtype=torch.bfloat16, device=device)
+        data[start:end], scales[start:end] = cast(x, use_ue8m0=use_ue8m0)
+    return data, scales
+
+
+def _grouped_weights(torch, cast, spec: GemmSpec, device, use_ue8m0: bool):
+    g, n, k = spec.num_groups, spec.n, spec.k
+    data = torch.empty((g, n, k), dtype=torch.float8_e4m3fn, device=device)
+    scales = torch.empty((g, n // _SF_BLOCK, -(-k // _SF_BLOCK)), dtype=torch.float32,
+                         device=device)
+    step = max(1, _CHUNK_ELEMENTS // (n * k))
+    for start in range(0, g, step):
+        end = min(g, start + step)
+        x = torch.randn(((end - start) * n, k), dtype=torch.bfloat16, device=device)
+        fp8, sf = cast(x, use_ue8m0=use_ue8m0)
+        data[start:end] = fp8.view(end - start, n, k)
+        scales[start:end] = sf.view(end - start, n // _SF_BLOCK, -1)
+    return data, scales
+
+
+def _caller(spec: GemmSpec, inputs: dict):
+    import deep_gemm
+
+    function = getattr(deep_gemm, spec.function)
+    (a, sfa), b, d = inputs["a"], inputs["b"], inputs["d"]
+    if spec.num_groups is None:
+        return lambda m: function((a[:m], sfa[:m]), b, d[:m])
+    alignment = int(deep_gemm.get_mk_alignment_for_contiguous_layout())
+    bad = [m for m in spec.m if m % alignment]
+    if bad:
+        raise ValueError(f"grouped GEMM rows must be multiples of {alignment}; got {bad[:5]}")
+    layout = inputs["layout"]
+    return lambda m: function((a[:m], sfa[:m]), b, d[:m], layout[:m])
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    first = text[0] if text else ""
+    return f"{type(exc).__name__}: {first[:300]}" if first else type(exc).__name__
+
+
+def _failed(task: Task, started: float, reason: str,
+            kernels: list[KernelOutcome] | None = None) -> TaskResult:
+    """A failed task: the kernels it compiled before failing, then one failed outcome."""
+    seconds = round(time.monotonic() - started, 3)
+    failed = KernelOutcome(task.kernel, "failed", seconds)
+    return TaskResult(task.key, LIBRARY, False, seconds, [*(kernels or []), failed], reason)
