@@ -42,6 +42,8 @@ GEMMS = {
     "fp8_gemm_nt": ("fp8_gemm_nt", "Normal"),
     "m_grouped_fp8_gemm_nt_contiguous": ("m_grouped_fp8_gemm_nt_contiguous",
                                          "MGroupedContiguous"),
+    # DeepEP low-latency decode (SGLang): every group padded to max M, expected_m per call.
+    "m_grouped_fp8_gemm_nt_masked": ("fp8_m_grouped_gemm_nt_masked", "MGroupedMasked"),
 }
 # Elements per chunk when making inputs: bounds the float32 temporaries of the casts.
 _CHUNK_ELEMENTS = 1 << 26
@@ -75,7 +77,7 @@ def gemm_spec(task: Task) -> GemmSpec:
     if not task.m or min(task.m) < 1:
         raise ValueError(f"task {task.key} has no valid M values")
     groups = None
-    if gemm_type == "MGroupedContiguous":
+    if gemm_type in ("MGroupedContiguous", "MGroupedMasked"):
         groups = task.num_groups
         if not groups or groups < 1:
             raise ValueError(f"grouped task {task.key} needs num_groups >= 1")
@@ -303,6 +305,15 @@ def _make_inputs(torch, spec: GemmSpec, device) -> dict:
 
     use_ue8m0 = torch.cuda.get_device_capability(device)[0] >= 10
     m_max = max(spec.m)
+    if spec.gemm_type == "MGroupedMasked":
+        # (groups, max M, K) activations: the masked layout pads every expert to max M.
+        rows = spec.num_groups * m_max
+        a, sfa = _activations(torch, per_token_cast_to_fp8, rows, spec.k, device, use_ue8m0)
+        a = (a.view(spec.num_groups, m_max, spec.k), sfa.view(spec.num_groups, m_max, -1))
+        d = torch.empty((spec.num_groups, m_max, spec.n), dtype=torch.bfloat16, device=device)
+        b = _grouped_weights(torch, per_block_cast_to_fp8, spec, device, use_ue8m0)
+        masked = torch.empty(spec.num_groups, dtype=torch.int32, device=device)
+        return {"a": a, "b": b, "d": d, "masked_m": masked}
     a = _activations(torch, per_token_cast_to_fp8, m_max, spec.k, device, use_ue8m0)
     d = torch.empty((m_max, spec.n), dtype=torch.bfloat16, device=device)
     if spec.num_groups is None:
@@ -349,6 +360,15 @@ def _caller(spec: GemmSpec, inputs: dict):
     (a, sfa), b, d = inputs["a"], inputs["b"], inputs["d"]
     if spec.num_groups is None:
         return lambda m: function((a[:m], sfa[:m]), b, d[:m])
+    if spec.gemm_type == "MGroupedMasked":
+        masked_m = inputs["masked_m"]
+
+        def masked_call(m: int):
+            # Every expert gets exactly expected_m tokens: the config DeepGEMM picks for it.
+            masked_m.fill_(m)
+            return function((a, sfa), b, d, masked_m, m)
+
+        return masked_call
     alignment = int(deep_gemm.get_mk_alignment_for_contiguous_layout())
     bad = [m for m in spec.m if m % alignment]
     if bad:
