@@ -160,7 +160,7 @@ def make_adapter(library: str, plan: Plan, options: WarmupOptions) -> CacheAdapt
 
 
 def worker_env(plan: Plan, options: WarmupOptions, libraries: set[str]) -> dict[str, str]:
-    env = {"DG_JIT_CACHE_DIR": _dg_cache_value(options.deep_gemm_cache_dir),
+    env = {"DG_JIT_CACHE_DIR": str(options.deep_gemm_cache_dir),
            "FLASHINFER_WORKSPACE_BASE": str(options.flashinfer_workspace_base)}
     if "flashinfer" in libraries:
         from warmd.executors.flashinfer import worker_env as flashinfer_env
@@ -169,15 +169,6 @@ def worker_env(plan: Plan, options: WarmupOptions, libraries: set[str]) -> dict[
         env.update(flashinfer_env(plan.env.target.arch, options.flashinfer_workspace_base,
                                   local))
     return env
-
-
-def _dg_cache_value(root: Path) -> str:
-    """Keep the read-only lookup roots of DG_JIT_CACHE_DIR=A:B when A is the chosen root."""
-    current = os.environ.get("DG_JIT_CACHE_DIR", "")
-    parts = current.split(":")
-    if parts and parts[0] and Path(parts[0]) == Path(root):
-        return current
-    return str(root)
 
 
 def _local_gpus():
