@@ -38,6 +38,7 @@ from pathlib import Path, PurePosixPath
 
 from warmd import settings
 from warmd.cache.base import UnsafeArtifact
+from warmd.processes import pid_alive
 
 STAGING_DIR = ".warmd-staging"
 MAX_MEMBERS = 100_000
@@ -313,16 +314,6 @@ def install_atomically(root: Path, name: str, artifact: bytes, *,
         return Installed(dest, moved)
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def clean_staging(root: Path, max_age: float = STALE_STAGING_SECONDS) -> list[Path]:
     """Remove staging directories left by killed installers: ours (same host) whose process
     is gone, and any older than max_age. Returns what was removed."""
@@ -339,7 +330,7 @@ def clean_staging(root: Path, max_age: float = STALE_STAGING_SECONDS) -> list[Pa
         pid_text = rest.split("+", 1)[0]
         stale = False
         if owner_host == host and pid_text.isdigit() and int(pid_text) != os.getpid():
-            stale = not _pid_alive(int(pid_text))
+            stale = not pid_alive(int(pid_text))
         try:
             stale = stale or now - entry.stat(follow_symlinks=False).st_mtime > max_age
         except FileNotFoundError:

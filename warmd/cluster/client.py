@@ -26,6 +26,7 @@ from warmd.cluster import CONTROLLER_NAME, RAY_NAMESPACE, agent_name
 from warmd.cluster.state import StateStore
 from warmd.config import WarmdConfig, redact_url
 from warmd.errors import WarmdInputError
+from warmd.processes import pid_alive
 
 CONNECT_TIMEOUT = 3.0
 LOCAL_HEAD_TIMEOUT = 120.0
@@ -186,23 +187,13 @@ def start_local_head() -> str:
                           f"{LOCAL_HEAD_TIMEOUT:.0f}s (log: {log_path})")
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _stop_pid_group(pid: int, grace: float = 45.0) -> None:
     """SIGTERM the `ray start --block` process (it drains and stops its node), then make
     sure nothing of its session is left."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and _pid_alive(pid):
+    while time.monotonic() < deadline and pid_alive(pid):
         time.sleep(0.2)
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
@@ -213,7 +204,7 @@ def stop_local_services() -> list[str]:
     stopped = []
     services = read_services()
     ray_info = services.pop("ray", None)
-    if ray_info and _pid_alive(int(ray_info["pid"])):
+    if ray_info and pid_alive(int(ray_info["pid"])):
         _stop_pid_group(int(ray_info["pid"]))
         stopped.append(f"local Ray cluster at {ray_info['address']}")
     if services.pop("embedded_redis", False):

@@ -279,19 +279,32 @@ class TritonOrDeepGemmExperts(WrapperKernel):
 
 # ----- Attention -----
 
+class AttentionKernel(Kernel):
+    """An attention backend for one kind of attention layer (MHA/GQA or MLA)."""
+
+    op = "attention"
+    kind: str = "mha"
+
+    @classmethod
+    def can_implement(cls, layer: Layer, env: Environment) -> Check:
+        if layer.param.get("kind") != cls.kind:
+            return False, f"implements {cls.kind.upper()}; layer is {layer.param.get('kind')}"
+        return OK
+
+
 _DTYPES = ("bfloat16", "bfloat16", "bfloat16", "int32")
 
 
-class FlashInferAttentionBackend(Kernel):
+class FlashInferAttentionBackend(AttentionKernel):
     name = "FlashInferAttentionBackend"
-    op = "attention"
     library = "flashinfer"
     min_capability = (8, 0)
 
     @classmethod
     def can_implement(cls, layer: Layer, env: Environment) -> Check:
-        if layer.param.get("kind") != "mha":
-            return False, f"implements MHA/GQA; layer is {layer.param.get('kind')}"
+        ok, reason = super().can_implement(layer, env)
+        if not ok:
+            return ok, reason
         if layer.param["head_dim"] not in (64, 128, 256):
             return False, f"head_dim {layer.param['head_dim']} not in 64/128/256"
         return OK
@@ -316,16 +329,9 @@ class FlashInferAttentionBackend(Kernel):
         ]
 
 
-class FlashAttentionBackend(Kernel):
+class FlashAttentionBackend(AttentionKernel):
     name = "FlashAttentionBackend"
-    op = "attention"
     capabilities = (8, 9)
-
-    @classmethod
-    def can_implement(cls, layer: Layer, env: Environment) -> Check:
-        if layer.param.get("kind") != "mha":
-            return False, f"implements MHA/GQA; layer is {layer.param.get('kind')}"
-        return OK
 
 
 class TritonAttentionBackend(FlashAttentionBackend):
@@ -333,16 +339,10 @@ class TritonAttentionBackend(FlashAttentionBackend):
     capabilities = ()
 
 
-class FlashMLABackend(Kernel):
+class FlashMLABackend(AttentionKernel):
     name = "FlashMLABackend"
-    op = "attention"
+    kind = "mla"
     capabilities = (9, 10)
-
-    @classmethod
-    def can_implement(cls, layer: Layer, env: Environment) -> Check:
-        if layer.param.get("kind") != "mla":
-            return False, f"implements MLA; layer is {layer.param.get('kind')}"
-        return OK
 
 
 class CutlassMLABackend(FlashMLABackend):

@@ -30,6 +30,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from warmd import settings
+from warmd.processes import pid_alive
 
 log = logging.getLogger("warmd.store")
 
@@ -127,18 +128,9 @@ def free_port() -> int:
 
 def _pid_alive(pid: int) -> bool:
     child = _STARTED.get(pid)
-    if child is not None:
+    if child is not None:  # our own child: poll() also reaps it
         return child.poll() is None
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie is not alive
-        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
-    except (OSError, IndexError):
-        return True
+    return pid_alive(pid)
 
 
 def _wait_gone(pid: int, timeout: float) -> bool:
