@@ -221,3 +221,22 @@ def test_second_node_installs_from_shared_cache_and_compiles_nothing(warm, tmp_p
         assert [e.name for e in adapter.list_entries()] == ["silu_and_mul"]
     finally:
         server.stop()
+
+
+def test_one_worker_per_gpu_with_distinct_visible_devices(monkeypatch):
+    """On a node with several GPUs each worker process sees exactly one, its own (the GPUs
+    here are a FAKE: this machine has none; only the assignment is checked)."""
+    from warmd import warmup
+    from warmd.targets import Target
+
+    fake = Target("NVIDIA H200", (9, 0), 132, count=4, source="fake")
+    monkeypatch.setattr(warmup, "_local_gpus", lambda: (fake,))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    ids = warmup.gpu_ids(warmup.WarmupOptions())
+    assert ids == ["0", "1", "2", "3"]
+    envs = [warmup._gpu_env({"X": "1"}, ids, i) for i in range(4)]
+    assert [e["CUDA_VISIBLE_DEVICES"] for e in envs] == ids
+    assert all(e["X"] == "1" for e in envs)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    assert warmup.gpu_ids(warmup.WarmupOptions()) == ["2", "3"]
+    assert warmup.gpu_ids(warmup.WarmupOptions(gpu_ids=("1",))) == ["1"]
