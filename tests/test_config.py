@@ -107,6 +107,10 @@ def test_full_config_parses(tmp_path):
     ({**MINIMAL, "builders": {"enabled": "yes"}}, "builders.enabled: expected true or false"),
     ({**MINIMAL, "agent": {"metrics_port": 70000}}, "agent.metrics_port: must be 0..65535"),
     ({**MINIMAL, "agent": {"reconcile_seconds": 0}}, "agent.reconcile_seconds: must be positive"),
+    ({**MINIMAL, "agent": {"reconcile_seconds": float("nan")}},
+     "agent.reconcile_seconds: must be positive"),
+    ({**MINIMAL, "agent": {"heartbeat_seconds": float("inf")}},
+     "agent.heartbeat_seconds: must be positive"),
     ({**MINIMAL, "version": 2}, "unsupported config version 2"),
     (["models"], "w.yaml: config: expected a mapping"),
 ])

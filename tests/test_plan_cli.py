@@ -90,6 +90,22 @@ def test_bad_input_is_one_line_exit_2(args, message):
     assert result.stdout == ""
 
 
+@pytest.mark.parametrize("args, message", [
+    (["plan", "--model", "llama-3.1-8b", "--tp", "abc"], "'abc' is not a valid integer"),
+    (["plan"], "Missing option '--model'"),
+    (["nosuch"], "No such command 'nosuch'"),
+    (["wait-ready", "--timeout", "nan"], "must be a finite number >= 0"),
+    (["status", "--watch", "--interval", "-1"], "must be a finite number >= 0"),
+    (["plan", "--model", "llama-3.1-8b", "--capability", "9.0", "--sms", "-1"],
+     "--sms must be a positive integer"),
+])
+def test_usage_errors_are_one_line_exit_2(args, message):
+    result = run_cli(*args)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0] and lines[0].startswith("warmd: error:")
+
+
 def test_malformed_and_unsupported_configs(tmp_path):
     bad = tmp_path / "config.json"
     bad.write_text("[1, 2")

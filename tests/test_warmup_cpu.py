@@ -240,3 +240,21 @@ def test_one_worker_per_gpu_with_distinct_visible_devices(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
     assert warmup.gpu_ids(warmup.WarmupOptions()) == ["2", "3"]
     assert warmup.gpu_ids(warmup.WarmupOptions(gpu_ids=("1",))) == ["1"]
+
+
+def test_damaged_or_unwritable_task_records_never_fail_a_task(tmp_path):
+    """A record only improves later counts: a damaged one reads as none, and a disk that
+    refuses the write is logged, not turned into a failed task."""
+    from warmd.warmup import _record_path, read_task_record, write_task_record
+
+    root = tmp_path / "cache"
+    assert write_task_record(root, "task-a", {"kernel.x": 1.5})
+    assert read_task_record(root, "task-a") == {"kernel.x": 1.5}
+    _record_path(root, "task-a").write_text('{"entries": {"kernel.x": null}}')
+    assert read_task_record(root, "task-a") == {}
+    _record_path(root, "task-a").write_text("[1, 2")
+    assert read_task_record(root, "task-a") == {}
+    blocked = tmp_path / "file"
+    blocked.write_text("not a directory")
+    assert write_task_record(blocked, "task-b", {"kernel.y": 2.0}) is False
+    assert not list(tmp_path.glob("**/.*.json.*"))  # no temporary file left behind

@@ -1,3 +1,3 @@
 from warmd.cli import main
 
-main()
+main(prog_name="warmd")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 from dataclasses import asdict, dataclass, field, replace
@@ -214,7 +215,7 @@ def _str_list(where: str, value) -> tuple[str, ...]:
 
 
 def _positive(where: str, value, allow_zero: bool = False) -> None:
-    if value < 0 or (value == 0 and not allow_zero):
+    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
         raise _fail(where, f"must be {'>= 0' if allow_zero else 'positive'}, got {value!r}")
 
 

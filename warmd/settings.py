@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -77,7 +78,7 @@ def signing_key() -> bytes | None:
 
 
 def max_artifact_bytes() -> int:
-    return int(os.environ.get("WARMD_MAX_ARTIFACT_BYTES") or 256 * 1024 * 1024)
+    return int(_positive_float("WARMD_MAX_ARTIFACT_BYTES", 256 * 1024 * 1024))
 
 
 def _positive_float(var: str, default: float) -> float:
@@ -90,7 +91,7 @@ def _positive_float(var: str, default: float) -> float:
         value = float(raw)
     except ValueError:
         value = -1.0
-    if value <= 0:
+    if not math.isfinite(value) or value <= 0:
         raise WarmdInputError(f"{var} must be a positive number, got {raw!r}")
     return value
 

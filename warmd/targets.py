@@ -95,6 +95,8 @@ def resolve_target(
     name: str | None = None, capability: str | None = None, sms: int | None = None
 ) -> Target:
     """The target a command plans for: a preset, an explicit capability, or the local GPU."""
+    if sms is not None and sms < 1:
+        raise WarmdInputError(f"--sms must be a positive integer, got {sms}")
     if capability is not None:
         cap = parse_capability(capability)
         base = preset(name) if name else None

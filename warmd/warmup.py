@@ -126,16 +126,28 @@ def read_task_record(root: Path, task_key: str) -> dict[str, float]:
     try:
         data = json.loads(_record_path(root, task_key).read_text())
         return {str(k): float(v) for k, v in data.get("entries", {}).items()}
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, TypeError, AttributeError):  # missing or damaged: no record
         return {}
 
 
-def write_task_record(root: Path, task_key: str, entries: dict[str, float]) -> None:
+def write_task_record(root: Path, task_key: str, entries: dict[str, float]) -> bool:
+    """Write the record atomically; False (logged) when the disk refuses: a record only
+    improves later counts, so it never fails the task."""
     path = _record_path(root, task_key)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
-    tmp.write_text(json.dumps({"task": task_key, "entries": entries}, sort_keys=True))
-    os.replace(tmp, path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "w") as handle:
+            json.dump({"task": task_key, "entries": entries}, handle, sort_keys=True)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+        return True
+    except OSError as exc:
+        log.warning("cannot write the task record %s: %s", path, exc)
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        return False
 
 
 # ----- adapters and worker environments -----
@@ -245,7 +257,10 @@ class _Run:
                 self.reports.append(report)
                 done = len(self.reports)
             if self.progress is not None:
-                self.progress(report, done, len(self.tasks))
+                try:
+                    self.progress(report, done, len(self.tasks))
+                except Exception:  # a display problem must not drop this worker's tasks
+                    log.exception("progress callback failed")
 
     def run_task(self, worker: Worker, task: Task) -> TaskReport:
         adapter = self.adapters.get(task.library)

@@ -19,6 +19,10 @@ class WarmdGroup(click.Group):
         except WarmdInputError as exc:
             click.echo(f"warmd: error: {exc}", err=True)
             sys.exit(2)
+        except click.UsageError as exc:
+            where = exc.ctx.command_path if exc.ctx else "warmd"
+            click.echo(f"warmd: error: {exc.format_message()} (see '{where} --help')", err=True)
+            sys.exit(2)
 
 
 @click.group(cls=WarmdGroup, context_settings={"help_option_names": ["-h", "--help"],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 
@@ -10,6 +11,24 @@ import click
 
 from warmd.config import load_config
 from warmd.stats import format_bytes
+
+
+class _Seconds(click.ParamType):
+    """A finite, non-negative number of seconds (NaN or a negative wait never ends well)."""
+
+    name = "seconds"
+
+    def convert(self, value, param, ctx):
+        try:
+            seconds = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number of seconds", param, ctx)
+        if not math.isfinite(seconds) or seconds < 0:
+            self.fail(f"{value!r} must be a finite number >= 0", param, ctx)
+        return seconds
+
+
+_SECONDS = _Seconds()
 
 ADDRESS_HELP = ("Ray cluster address (HOST:PORT, or 'auto' for the running local one; "
                 "default: RAY_ADDRESS, else the running local cluster).")
@@ -49,7 +68,7 @@ def _load(config_path, redis_url, namespace, metrics_port=None):
                    "agent.metrics_port and WARMD_METRICS_PORT.")
 @click.option("--wait/--no-wait", default=True, show_default=True,
               help="Return once every selected node is warm (or failed), with the status.")
-@click.option("--timeout", type=float, default=900.0, show_default=True, metavar="S",
+@click.option("--timeout", type=_SECONDS, default=900.0, show_default=True, metavar="S",
               help="With --wait: give up after S seconds (exit 1).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def start(config_path, redis_url, namespace, address, metrics_port, wait, timeout, as_json):
@@ -149,7 +168,7 @@ def stop(address, keep_services, as_json):
 @_config_options
 @click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
 @click.option("--watch", "-w", is_flag=True, help="Refresh until interrupted (Ctrl-C).")
-@click.option("--interval", type=float, default=2.0, show_default=True, metavar="S",
+@click.option("--interval", type=_SECONDS, default=2.0, show_default=True, metavar="S",
               help="Refresh interval with --watch.")
 def status(address, config_path, redis_url, namespace, as_json, watch, interval):
     """Per-node warmup state and cluster-wide cache totals.
@@ -191,7 +210,7 @@ def _ready(snap: dict) -> bool:
               help="Wait for this node only: a node id, a unique prefix of one, or its IP.")
 @click.option("--all", "all_nodes", is_flag=True,
               help="Wait for every selected node (the default).")
-@click.option("--timeout", type=float, default=600.0, show_default=True, metavar="S",
+@click.option("--timeout", type=_SECONDS, default=600.0, show_default=True, metavar="S",
               help="Give up after S seconds.")
 @_config_options
 def wait_ready(address, node_id, all_nodes, timeout, config_path, redis_url, namespace):

@@ -7,6 +7,7 @@ import sys
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -103,7 +104,8 @@ def _run_with_progress(plan, options: WarmupOptions, shared: SharedCache | None,
             counts["compiled"] += sum(k.outcome == "compiled" for k in report.result.kernels)
             counts["failed"] += 0 if report.result.ok else 1
             if not report.result.ok:
-                bar.console.print(f"[red]failed[/] {report.task.key}: {report.result.error}")
+                bar.console.print(f"[red]failed[/] {escape(report.task.key)}: "
+                                  f"{escape(str(report.result.error))}")
             bar.update(bar_task, completed=done, **counts)
 
         return run_warmup(plan, options, shared, progress)
