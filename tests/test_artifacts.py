@@ -161,6 +161,73 @@ def test_oversize_limit_comes_from_settings(tmp_path, monkeypatch):
         check_artifact(artifact)
 
 
+def _octal(value: int, width: int) -> bytes:
+    return b"%0*o\0" % (width - 1, value)
+
+
+def _with_checksum(header: bytearray) -> bytes:
+    header[148:156] = b" " * 8
+    header[148:156] = b"%06o\0 " % sum(header)
+    return bytes(header)
+
+
+def _pax_sparse_tar(real_size: int) -> bytes:
+    """A PAX 1.0 sparse member: one real byte at offset 0 of a file declared real_size."""
+    payload = b"1\n0\n1\n".ljust(512, b"\0") + b"A"
+    info = tarfile.TarInfo("GNUSparseFile.0/kernel.cubin")
+    info.size = len(payload)
+    info.pax_headers = {"GNU.sparse.major": "1", "GNU.sparse.minor": "0",
+                        "GNU.sparse.name": "kernel.cubin",
+                        "GNU.sparse.realsize": str(real_size)}
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        tar.addfile(info, io.BytesIO(payload))
+    return raw.getvalue()
+
+
+def _gnu_sparse_tar(real_size: int) -> bytes:
+    """An old GNU sparse member (type 'S'): 512 stored bytes of a file declared real_size."""
+    info = tarfile.TarInfo("kernel.cubin")
+    info.type = tarfile.GNUTYPE_SPARSE
+    info.size = 512
+    header = bytearray(info.tobuf(tarfile.GNU_FORMAT))
+    header[386:398], header[398:410] = _octal(0, 12), _octal(512, 12)  # one map entry
+    header[483:495] = _octal(real_size, 12)  # realsize
+    return _with_checksum(header) + b"A" * 512 + b"\0" * 1024
+
+
+@pytest.mark.parametrize("make", [_pax_sparse_tar, _gnu_sparse_tar], ids=["pax", "gnu"])
+def test_sparse_members_are_refused_before_writing(tmp_path, make):
+    raw = make(1 << 30)
+    with tarfile.open(fileobj=io.BytesIO(raw)) as tar:  # control: tarfile sees a sparse file
+        (member,) = tar.getmembers()
+    assert member.issparse() and member.isreg() and member.size == 1 << 30
+    artifact = gzip.compress(raw, mtime=0)
+    assert len(artifact) < 1024
+    with pytest.raises(UnsafeArtifact, match="sparse"):
+        check_artifact(artifact, 1 << 20)
+    with pytest.raises(UnsafeArtifact, match="sparse"):
+        unpack_safely(artifact, tmp_path / "dest", 1 << 20)
+    assert not (tmp_path / "dest").exists()
+    root = tmp_path / "root"
+    with pytest.raises(UnsafeArtifact, match="sparse"):
+        install_atomically(root, "entry", artifact, max_bytes=1 << 20)
+    assert sorted(p.name for p in root.iterdir()) == [STAGING_DIR]
+    assert list((root / STAGING_DIR).iterdir()) == []
+
+
+def test_declared_member_sizes_over_the_limit_are_refused(tmp_path):
+    # a header declaring 10 MiB followed by one block: the declared sizes are what counts
+    info = tarfile.TarInfo("big")
+    info.size = 10 << 20
+    artifact = gzip.compress(info.tobuf(tarfile.GNU_FORMAT) + b"A" * 512, mtime=0)
+    with pytest.raises(UnsafeArtifact, match="add up to more than"):
+        check_artifact(artifact, 1 << 20)
+    with pytest.raises(UnsafeArtifact, match="add up to more than"):
+        unpack_safely(artifact, tmp_path / "dest", 1 << 20)
+    assert not (tmp_path / "dest").exists()
+
+
 def test_garbage_and_truncated_artifacts_are_refused(tmp_path):
     good = pack_directory(_tree(tmp_path / "src", FILES))
     for bad in (b"not a tarball", good[: len(good) // 2], gzip.compress(b"x" * 1000)):

@@ -170,6 +170,45 @@ def test_install_refuses_a_module_that_would_rebuild(built, tmp_path):
     assert not (foreign.root / MODULE).exists()
 
 
+def _snapshot(directory: Path) -> dict[str, tuple[bytes, int]]:
+    return {p.relative_to(directory).as_posix(): (p.read_bytes(), p.stat().st_mtime_ns)
+            for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+def test_refused_install_leaves_generated_unchanged(built, tmp_path):
+    artifact = built.adapter.pack(built.adapter.entry(MODULE))
+    unpacked = tmp_path / "unpacked"
+    unpack_safely(artifact, unpacked)
+    shipped = sorted(p.relative_to(unpacked / "generated").as_posix()
+                     for p in (unpacked / "generated").rglob("*") if p.is_file())
+    assert f"{MODULE}.cu" in shipped
+    deps = read_deps_log(unpacked / "module" / ".ninja_deps")
+    deps.paths = [p.replace("/usr/include/", "/opt/elsewhere/include/") for p in deps.paths]
+    write_deps_log(unpacked / "module" / ".ninja_deps", deps)
+    foreign = pack_directory(unpacked)
+
+    # a node with no generated sources yet: the refusal must not create any
+    empty = FlashInferCacheAdapter(tmp_path / "empty", "9.0a")
+    with pytest.raises(IncompatibleEntry, match="missing here"):
+        empty.install(MODULE, foreign)
+    assert _snapshot(empty.generated_dir) == {} and not (empty.root / MODULE).exists()
+
+    # a node with some other module's sources: left exactly as they were (bytes and mtimes)
+    busy = FlashInferCacheAdapter(tmp_path / "busy", "9.0a")
+    busy.generated_dir.mkdir(parents=True)
+    (busy.generated_dir / "gelu_and_mul.cu").write_text("// another module\n")
+    before = _snapshot(busy.generated_dir)
+    with pytest.raises(IncompatibleEntry, match="missing here"):
+        busy.install(MODULE, foreign)
+    assert _snapshot(busy.generated_dir) == before
+
+    # control: the untampered artifact installs and brings its generated sources
+    busy.install(MODULE, artifact)
+    after = _snapshot(busy.generated_dir)
+    assert set(after) == set(before) | set(shipped)
+    assert busy.is_up_to_date(MODULE)[0]
+
+
 def test_install_refuses_malformed_artifacts(built, tmp_path):
     artifact = built.adapter.pack(built.adapter.entry(MODULE))
     unpacked = tmp_path / "unpacked"

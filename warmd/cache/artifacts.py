@@ -6,9 +6,10 @@ Every cache adapter (DeepGEMM, FlashInfer) ships entries through these three hel
   to ``path``), sorted, with zeroed mtimes/uids/gids and normalized modes, regular files and
   directories only. The same tree always gives the same bytes, so digests are stable.
 * ``unpack_safely(artifact, dest, max_bytes)``: extracts into an empty directory after
-  checking every member first; absolute names, ``..``, links, devices/FIFOs, duplicate names
-  and archives larger than ``max_bytes`` (compressed or uncompressed) raise ``UnsafeArtifact``
-  before anything is written. Files are created with ``O_EXCL | O_NOFOLLOW`` under ``dest``.
+  checking every member first; absolute names, ``..``, links, devices/FIFOs, sparse files,
+  duplicate names and archives larger than ``max_bytes`` (compressed, uncompressed, or the
+  sum of member sizes) raise ``UnsafeArtifact`` before anything is written. Files are
+  created with ``O_EXCL | O_NOFOLLOW`` under ``dest``.
 * ``install_atomically(root, name, artifact, ...)``: unpacks into a staging directory under
   ``root/.warmd-staging`` (same filesystem), lets the adapter adjust the staged tree
   (``prepare``), fsyncs files and directories, then renames the entry into ``root/name``
@@ -136,6 +137,10 @@ def _check_member(member: tarfile.TarInfo, seen: set[str]) -> str:
         raise UnsafeArtifact(f"path escapes the entry: {name!r}")
     if member.issym() or member.islnk():
         raise UnsafeArtifact(f"link in artifact: {name!r} -> {member.linkname!r}")
+    if _is_sparse(member):
+        # isreg() is true for sparse members, and extraction writes their declared size,
+        # not the bytes the archive holds: a few bytes could fill a disk.
+        raise UnsafeArtifact(f"sparse file in artifact: {name!r}")
     if not (member.isreg() or member.isdir()):
         raise UnsafeArtifact(f"special file (device, FIFO...) in artifact: {name!r}")
     clean = "/".join(parts)
@@ -143,6 +148,11 @@ def _check_member(member: tarfile.TarInfo, seen: set[str]) -> str:
         raise UnsafeArtifact(f"duplicate member in artifact: {name!r}")
     seen.add(clean)
     return clean
+
+
+def _is_sparse(member: tarfile.TarInfo) -> bool:
+    return (member.issparse() or member.type == tarfile.GNUTYPE_SPARSE
+            or any(key.startswith("GNU.sparse.") for key in member.pax_headers))
 
 
 def check_artifact(artifact: bytes, max_bytes: int | None = None) -> list[tuple[str, bool]]:
@@ -153,12 +163,17 @@ def check_artifact(artifact: bytes, max_bytes: int | None = None) -> list[tuple[
     raw = _gunzip_limited(artifact, limit)
     members = []
     seen: set[str] = set()
+    total = 0
     try:
         with tarfile.open(fileobj=io.BytesIO(raw), mode="r:") as tar:
             for member in tar:
                 if len(members) >= MAX_MEMBERS:
                     raise UnsafeArtifact(f"artifact holds more than {MAX_MEMBERS} members")
                 members.append((_check_member(member, seen), member.isdir()))
+                total += max(member.size, 0)
+                if total > limit:
+                    raise UnsafeArtifact(f"artifact members add up to more than the "
+                                         f"{limit}-byte limit")
     except tarfile.TarError as exc:
         raise UnsafeArtifact(f"artifact is not a valid tar: {exc}") from None
     files = {m for m, is_dir in members if not is_dir}

@@ -22,7 +22,9 @@ and ``install`` relocates it: the old workspace prefix is replaced by this node'
 ``build.ninja`` and in ``.ninja_deps`` path records, ``.ninja_log`` entries get the hash of
 the relocated command (rapidhash for log v7, what ninja >= 1.12 writes, of the command that
 ``ninja -t compdb`` evaluates), and outputs, log and deps records all get the install time
-as mtime. Generated sources are installed first, with identical bytes, so FlashInfer's
+as mtime. All of this, and every check, happens in a staging directory; only an accepted
+entry writes into the shared ``generated/`` directory, its sources going in (identical bytes,
+mtime not after the outputs') before the module dir appears, so FlashInfer's
 ``write_if_different`` leaves them alone. A stub libcuda for CPU builds goes on LIBRARY_PATH
 (not FLASHINFER_EXTRA_LDFLAGS), keeping the link command identical to a GPU node's.
 FlashInfer's AOT lookup is not used: it only reads the package's own ``data/aot`` directory
@@ -50,7 +52,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import metadata, util
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from warmd import settings
 from warmd.cache.artifacts import (
@@ -383,14 +385,20 @@ class FlashInferCacheAdapter(CacheAdapter):
             unpacked = stage / "artifact"
             unpack_safely(artifact, unpacked)
             module = _check_layout(unpacked, name)
-            old_ws = _workspace_of(module, name)
-            self._install_generated(unpacked / "generated")
-            relocate_module(module, old_ws, str(self.workspace_dir.resolve()), time.time_ns())
-            self._check_inputs_present(module, name)
+            generated = unpacked / "generated"
+            # Every check runs on the staged copy: a refused artifact writes nothing shared.
+            self._check_generated(generated)
+            now_ns = time.time_ns()
+            relocate_module(module, _workspace_of(module, name),
+                            str(self.workspace_dir.resolve()), now_ns)
+            self._check_inputs_present(module, name, generated)
             fsync_tree(module)
             with self.module_lock(name):
                 if self._up_to_date(name):
                     return self.entry(name)
+                # Sources first, then the module: once the module is visible, FlashInfer's
+                # generator finds identical sources and its write_if_different keeps them.
+                self._install_generated(generated, now_ns)
                 self._move_aside_incomplete(name, stage)
                 rename_noreplace(module, self.root / name)
                 fsync_dir(self.root)
@@ -403,30 +411,45 @@ class FlashInferCacheAdapter(CacheAdapter):
         if dest.exists():
             os.rename(dest, stage / "incomplete")
 
-    def _install_generated(self, generated: Path) -> None:
+    def _staged_generated(self, generated: Path) -> list[tuple[Path, Path]]:
+        """(staged source, where it goes under generated_dir) for each generated source."""
         if not generated.is_dir():
-            return
-        for src in sorted(p for p in generated.rglob("*") if p.is_file()):
-            rel = src.relative_to(generated)
-            dest = self.generated_dir / rel
-            data = src.read_bytes()
-            if dest.exists():
-                if dest.read_bytes() != data:
-                    raise IncompatibleEntry(
-                        f"generated source {rel} differs from this node's: FlashInfer would "
-                        "rebuild the module")
+            return []
+        return [(src, self.generated_dir / src.relative_to(generated))
+                for src in sorted(p for p in generated.rglob("*") if p.is_file())]
+
+    def _check_generated(self, generated: Path) -> None:
+        for src, dest in self._staged_generated(generated):
+            _check_same_source(src, dest, self.generated_dir)
+
+    def _install_generated(self, generated: Path, mtime_ns: int) -> None:
+        for src, dest in self._staged_generated(generated):
+            if _check_same_source(src, dest, self.generated_dir):
                 continue
             dest.parent.mkdir(parents=True, exist_ok=True)
             tmp = dest.with_name(f".{dest.name}.warmd-{uuid.uuid4().hex[:12]}")
-            tmp.write_bytes(data)
+            shutil.copyfile(src, tmp)
+            # Not newer than the relocated outputs (stamped mtime_ns): ninja would rebuild.
+            os.utime(tmp, ns=(mtime_ns, mtime_ns))
             with open(tmp, "rb") as fh:
                 os.fsync(fh.fileno())
             os.replace(tmp, dest)  # same bytes as any concurrent writer's: replacing is safe
             fsync_dir(dest.parent)
 
-    def _check_inputs_present(self, module: Path, name: str) -> None:
+    def _check_inputs_present(self, module: Path, name: str, generated: Path) -> None:
+        """Every input ninja recorded exists here, or is a generated source that the staged
+        artifact brings along (installed only once the whole entry is accepted)."""
+        prefix = str(self.workspace_dir.resolve() / "generated") + "/"
+
+        def present(path: str) -> bool:
+            if os.path.exists(path):
+                return True
+            rel = PurePosixPath(path[len(prefix):])
+            return (path.startswith(prefix) and ".." not in rel.parts
+                    and (generated / rel).is_file())
+
         deps = read_deps_log(module / ".ninja_deps").inputs_of()
-        missing = sorted({p for ins in deps.values() for p in ins if not os.path.exists(p)})
+        missing = sorted({p for ins in deps.values() for p in ins if not present(p)})
         if missing:
             shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more"
                                               if len(missing) > 3 else "")
@@ -461,6 +484,18 @@ def _check_module_name(name: str) -> None:
     if (not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*", name) or name in _NOT_ENTRIES
             or ".." in name):
         raise UnsafeArtifact(f"bad FlashInfer module name {name!r}")
+
+
+def _check_same_source(src: Path, dest: Path, generated_dir: Path) -> bool:
+    """True when dest already holds src's bytes, False when dest is absent; a different
+    source there means FlashInfer would rebuild the module: IncompatibleEntry."""
+    if not dest.exists():
+        return False
+    if dest.read_bytes() != src.read_bytes():
+        raise IncompatibleEntry(
+            f"generated source {dest.relative_to(generated_dir)} differs from this node's: "
+            "FlashInfer would rebuild the module")
+    return True
 
 
 def _check_layout(unpacked: Path, name: str) -> Path:
