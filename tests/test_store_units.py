@@ -166,3 +166,24 @@ def test_breaker_opens_probes_once_and_backs_off():
     assert breaker.allow()
     breaker.success()
     assert not breaker.is_open and breaker.allow() and breaker.opened == 1
+
+
+@pytest.mark.parametrize("url, password", [
+    ("redis://writer:abc/DEF+gh@cache.internal:6379/0", "abc/DEF+gh"),
+    ("redis://:Se#cret@cache:6379/0", "Se#cret"),
+    ("redis://tok?en@cache:6379/0", "tok?en"),
+])
+def test_redact_and_scrub_with_url_delimiters_in_the_password(url, password):
+    assert password not in redact(url) and redact(url).endswith("@cache.internal:6379/0"
+                                                                 if "internal" in url
+                                                                 else "@cache:6379/0")
+    assert password not in scrub(f"Error connecting to {url}: {password} refused", url)
+    with pytest.raises(WarmdInputError) as raised:
+        parse_store_url(url)
+    assert password not in str(raised.value)
+
+
+def test_unix_urls_keep_their_slashes_and_are_checked_by_redis_py():
+    assert parse_store_url("unix:///tmp/x.sock?db=1").url == "unix:///tmp/x.sock?db=1"
+    with pytest.raises(WarmdInputError, match="socket_timeout"):
+        parse_store_url("unix:///tmp/x.sock?socket_timeout=abc")

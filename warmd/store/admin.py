@@ -16,16 +16,20 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from warmd import settings
 from warmd.cache.artifacts import check_artifact
 from warmd.cache.base import UnsafeArtifact
 from warmd.store import layout
 from warmd.store.fingerprint import Fingerprint, digest_of
 from warmd.store.layout import BadRecord, Manifest
-from warmd.store.redis_store import RedisSharedCache
+from warmd.store.redis_store import RedisSharedCache, unpacks_over
 
 EXPORT_FORMAT = "warmd-cache-export"
 ORPHAN_GRACE_MS = 10 * 60 * 1000  # chunks younger than this may belong to a publish in flight
 MAX_RECORD_BYTES = 1 << 20
+# Listing and pruning read every manifest whatever this node's own size limit: an entry too
+# large to install here is still an entry (and its chunks are still referenced).
+ANY_SIZE = 1 << 62
 OUTCOME_FIELDS = ("local_hits", "remote_hits", "compiled", "failed")
 
 
@@ -74,10 +78,22 @@ def fingerprint_meta(cache: RedisSharedCache, fps: list[str]) -> dict[str, dict]
     out = {}
     for i, fp in enumerate(fps):
         raw, count = replies[2 * i], replies[2 * i + 1]
-        meta = json.loads(raw) if raw else {"library": "?", "inputs": {}}
-        out[fp] = {"fingerprint": fp, "library": meta.get("library", "?"),
-                   "inputs": meta.get("inputs", {}), "entries": int(count)}
+        out[fp] = {"fingerprint": fp, **_meta_fields(raw), "entries": int(count)}
     return out
+
+
+def _meta_fields(raw: bytes | None) -> dict:
+    """library and inputs from a stored fingerprint record; one that is not a JSON object
+    with a dict of inputs (written by something else, or damaged) is marked malformed."""
+    if raw is None:
+        return {"library": "?", "inputs": {}}
+    try:
+        meta = layout.load_record(raw)
+    except BadRecord:
+        meta = None
+    if meta is None or not isinstance(meta.get("inputs", {}), dict):
+        return {"library": "?", "inputs": {}, "malformed": True}
+    return {"library": str(meta.get("library", "?")), "inputs": meta.get("inputs", {})}
 
 
 def entries(cache: RedisSharedCache, fp: str) -> list[dict]:
@@ -96,7 +112,7 @@ def entries(cache: RedisSharedCache, fp: str) -> list[dict]:
         item = {"name": _text(name), "last_used": score, "raw": raw, "manifest": None}
         if raw is not None:
             with contextlib.suppress(BadRecord):
-                item["manifest"] = Manifest.decode(raw, cache.max_artifact_bytes)
+                item["manifest"] = Manifest.decode(raw, ANY_SIZE)
         out.append(item)
     return out
 
@@ -198,8 +214,11 @@ def verify(cache: RedisSharedCache, selected: Iterable[str] = (),
 
 
 def _unsafe(blob: bytes) -> BadRecord | None:
+    limit = settings.max_artifact_bytes()
+    if unpacks_over(blob, limit):
+        return layout.RefusedHere(f"unpacks to more than this node's {limit}-byte limit")
     try:
-        check_artifact(blob)
+        check_artifact(blob, limit)
     except UnsafeArtifact as exc:
         problem = BadRecord(f"unsafe artifact: {exc}")
         problem.counter = "unsafe_rejected"
@@ -211,10 +230,12 @@ def _bad(cache: RedisSharedCache, report: VerifyReport, fp: str, name: str, raw:
          problem: BadRecord, quarantine: bool, digest: str | None = None) -> None:
     report.bad.append({"fingerprint": fp, "name": name, "reason": str(problem),
                        "kind": problem.counter})
-    if quarantine and not isinstance(problem, layout.SignatureRefused):
+    if quarantine and not isinstance(problem, (layout.SignatureRefused, layout.RefusedHere)):
         before = cache.counters.get("quarantined", 0)
         cache.quarantine(fp, name, raw, str(problem), digest, counter=problem.counter)
         report.quarantined += int(cache.counters.get("quarantined", 0) - before)
+    elif isinstance(problem, layout.RefusedHere):
+        cache.refused_here(fp, name, str(problem))
     else:
         cache.count_refusal(problem.counter, fp)
 
@@ -314,11 +335,11 @@ def _prune_tasks(cache: RedisSharedCache, fp: str, removed: set[str], everything
     return len(doomed)
 
 
-def _get_many(client, keys: list) -> list:
+def _get_many(client, keys: list, strict: bool = True) -> list:
     pipe = client.pipeline(transaction=False)
     for key in keys:
         pipe.get(key)
-    return pipe.execute()
+    return pipe.execute(raise_on_error=strict)
 
 
 def _delete_many(client, keys: list) -> list:
@@ -396,19 +417,31 @@ def export_archive(cache: RedisSharedCache, path: Path, selected: Iterable[str] 
     path = Path(path)
     tmp = path.with_name(f".{path.name}.partial")
     counts = {"fingerprints": 0, "entries": 0, "tasks": 0, "bytes": 0, "skipped": 0}
+    try:
+        _write_export(cache, tmp, fps, meta, counts)
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return counts
+
+
+def _write_export(cache: RedisSharedCache, tmp: Path, fps: list[str], meta: dict,
+                  counts: dict) -> None:
     with tarfile.open(tmp, "w", format=tarfile.PAX_FORMAT) as tar:
         _add(tar, "warmd-export.json", json.dumps(
             {"format": EXPORT_FORMAT, "version": 1, "created": time.time(),
              "store": cache.display_url}).encode())
         for fp in fps:
+            if meta[fp].get("malformed"):  # an import could not check its entries anyway
+                counts["skipped"] += meta[fp]["entries"]
+                continue
             counts["fingerprints"] += 1
             _add(tar, f"fp/{fp}.json", json.dumps(
                 {"library": meta[fp]["library"], "digest": fp,
                  "inputs": meta[fp]["inputs"]}).encode())
             exported = _export_entries(cache, tar, fp, counts)
             _export_tasks(cache, tar, fp, exported, counts)
-    tmp.replace(path)
-    return counts
 
 
 def _export_entries(cache: RedisSharedCache, tar: tarfile.TarFile, fp: str,
@@ -447,9 +480,9 @@ def _export_tasks(cache: RedisSharedCache, tar: tarfile.TarFile, fp: str, export
                   counts: dict) -> None:
     keys = cache.op(lambda c: list(c.scan_iter(match=layout.task_key(fp, "*"), count=500)),
                     "export")
-    raws = cache.op(lambda c: _get_many(c, keys), "export") if keys else []
+    raws = cache.op(lambda c: _get_many(c, keys, strict=False), "export") if keys else []
     for raw in raws:
-        if raw is None:
+        if raw is None or isinstance(raw, Exception):  # gone, or not a string (WRONGTYPE)
             continue
         try:
             rec = layout.TaskRecord.decode(raw)
@@ -497,7 +530,8 @@ def import_archive(cache: RedisSharedCache, path: Path) -> dict:
         fps = {_MEMBERS["fp"].match(m.name).group(1): _json_member(tar, m)
                for m in found["fp"]}
         counts = {"imported": 0, "already_present": 0, "tasks": 0, "tasks_skipped": 0,
-                  "corrupt_rejected": 0, "signature_rejected": 0, "unsafe_rejected": 0}
+                  "corrupt_rejected": 0, "signature_rejected": 0, "unsafe_rejected": 0,
+                  "refused_here": 0}
         accepted: dict[str, set[str]] = {}
         for member in found["man"]:
             fp, name = _MEMBERS["man"].match(member.name).groups()
@@ -520,7 +554,10 @@ def _json_member(tar: tarfile.TarFile, member: tarfile.TarInfo) -> dict:
 def _refuse(cache: RedisSharedCache, counts: dict, fp: str, what: str,
             problem: BadRecord) -> None:
     counts[problem.counter] += 1
-    cache.reject(problem.counter, fp, what, str(problem))
+    if isinstance(problem, layout.RefusedHere):
+        cache.refused_here(fp, what, str(problem))
+    else:
+        cache.reject(problem.counter, fp, what, str(problem))
 
 
 def _import_entry(cache: RedisSharedCache, tar: tarfile.TarFile, fp: str, name: str,
@@ -531,7 +568,8 @@ def _import_entry(cache: RedisSharedCache, tar: tarfile.TarFile, fp: str, name: 
         man = layout.accept_manifest(raw, key=cache.signing_key,
                                      max_size=cache.max_artifact_bytes, fp=fp, name=name)
         if (fp_meta is None or fp_meta.get("digest") != fp
-                or digest_of(fp_meta.get("inputs") or {}) != fp):
+                or not isinstance(fp_meta.get("inputs"), dict)
+                or digest_of(fp_meta["inputs"]) != fp):
             raise BadRecord("entry without its fingerprint, or a fingerprint that does not "
                             "match its inputs")
         if man.digest not in blobs:
@@ -543,7 +581,7 @@ def _import_entry(cache: RedisSharedCache, tar: tarfile.TarFile, fp: str, name: 
     except BadRecord as exc:
         _refuse(cache, counts, fp, f"imported entry {name}", exc)
         return False
-    fingerprint = Fingerprint(man.library, dict(fp_meta.get("inputs") or {}), fp)
+    fingerprint = Fingerprint(man.library, dict(fp_meta["inputs"]), fp)
     new = cache.write_entries(fingerprint, [(man, blob)])
     counts["imported" if new else "already_present"] += 1
     if new:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
 
 import redis
 from redis.backoff import NoBackoff
@@ -32,35 +32,46 @@ class StoreURL:
         return redact(self.url) + (" (cluster)" if self.cluster else "")
 
 
+def _split_userinfo(url: str) -> tuple[str, str, str]:
+    """(scheme://, userinfo, rest). The userinfo runs to the LAST '@' after '://', not to
+    the first '/', '?' or '#' as urlsplit has it: a password may hold those characters."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        scheme, rest = "", url
+    userinfo, at, after = rest.rpartition("@")
+    if not at:
+        return scheme + sep, "", rest
+    return scheme + sep, userinfo, after
+
+
 def redact(url: str) -> str:
-    """The URL without its password (user names stay: they are not secrets)."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "<unparseable url>"
-    netloc = parts.netloc
-    if "@" in netloc:
-        userinfo, host = netloc.rsplit("@", 1)
-        user = userinfo.split(":", 1)[0]
-        netloc = f"{user}:***@{host}" if ":" in userinfo or user else f"***@{host}"
-    query = _SECRET_QUERY.sub(lambda m: f"{m.group(1)}=***", parts.query)
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+    """The URL without its password (a user name before ':' stays: it is not a secret;
+    userinfo without ':' may be a password and is masked whole)."""
+    head, userinfo, rest = _split_userinfo(url)
+    if userinfo:
+        user, colon, _password = userinfo.partition(":")
+        head += f"{user}:***@" if colon else "***@"
+    return head + _SECRET_QUERY.sub(lambda m: f"{m.group(1)}=***", rest)
+
+
+def _secrets(url: str) -> list[str]:
+    _head, userinfo, rest = _split_userinfo(url)
+    found = [userinfo.partition(":")[2] or userinfo] if userinfo else []
+    found += [m.group(2) for m in _SECRET_QUERY.finditer(rest)]
+    return [s for secret in found if secret for s in {secret, unquote(secret)} if s]
 
 
 def scrub(text: str, url: str | None) -> str:
     """text with any secret of url replaced (for error messages that might echo it)."""
     if not url:
         return text
-    try:
-        parts = urlsplit(url)
-        secrets = [parts.password] + [v for k, v in parse_qsl(parts.query)
-                                      if _SECRET_QUERY.match(f"{k}=")]
-    except ValueError:
-        return text
-    for secret in secrets:
-        if secret:
-            text = text.replace(secret, "***")
-    return text.replace(url, redact(url))
+    secrets = sorted(_secrets(url), key=len, reverse=True)
+    pieces = []
+    for piece in text.split(url):
+        for secret in secrets:
+            piece = piece.replace(secret, "***")
+        pieces.append(piece)
+    return redact(url).join(pieces)
 
 
 def parse_store_url(url: str) -> StoreURL:
@@ -68,16 +79,21 @@ def parse_store_url(url: str) -> StoreURL:
     try:
         parts = urlsplit(url)
     except ValueError:
-        raise WarmdInputError(f"invalid Redis URL {redact(url)!r}") from None
+        raise WarmdInputError(f"invalid Redis URL {redact(url)!r}{_hint(url)}") from None
     if parts.scheme not in _SCHEMES:
         raise WarmdInputError(f"invalid Redis URL {redact(url)!r}: the scheme must be one of "
                               f"{', '.join(s + '://' for s in _SCHEMES)}")
+    if parts.scheme != "unix" and "@" not in parts.netloc and "@" in url.partition("://")[2]:
+        # urlsplit ended the host part at a '/', '?' or '#' of a password: never guess
+        raise WarmdInputError(f"invalid Redis URL {redact(url)!r}: '@' after the host"
+                              f"{_hint(url)}")
     if parts.scheme != "unix" and not parts.hostname:
-        raise WarmdInputError(f"invalid Redis URL {redact(url)!r}: no host")
+        raise WarmdInputError(f"invalid Redis URL {redact(url)!r}: no host{_hint(url)}")
     try:
         parts.port  # noqa: B018 - raises on a bad port
     except ValueError:
-        raise WarmdInputError(f"invalid Redis URL {redact(url)!r}: bad port") from None
+        raise WarmdInputError(f"invalid Redis URL {redact(url)!r}: bad port{_hint(url)}"
+                              ) from None
     query = parse_qsl(parts.query, keep_blank_values=True)
     cluster = parts.scheme in _CLUSTER_SCHEMES
     kept = []
@@ -89,8 +105,22 @@ def parse_store_url(url: str) -> StoreURL:
     scheme = _CLUSTER_SCHEMES.get(parts.scheme, parts.scheme)
     if cluster and scheme == "unix":
         raise WarmdInputError("a Redis Cluster URL must be redis:// or rediss://")
-    clean = urlunsplit((scheme, parts.netloc, parts.path, urlencode(kept), parts.fragment))
+    # Built by hand: urlunsplit turns unix:///tmp/x.sock into unix:/tmp/x.sock.
+    clean = f"{scheme}://{parts.netloc}{parts.path}"
+    clean += f"?{urlencode(kept)}" if kept else ""
+    clean += f"#{parts.fragment}" if parts.fragment else ""
+    try:
+        redis.connection.parse_url(clean)  # what redis-py will do with it, checked now
+    except ValueError as exc:
+        raise WarmdInputError(f"invalid Redis URL {redact(url)!r}: "
+                              f"{scrub(str(exc), url)}") from None
     return StoreURL(clean, cluster)
+
+
+def _hint(url: str) -> str:
+    if "@" in url:
+        return " (percent-encode '/', '?', '#' and '@' in a password)"
+    return ""
 
 
 def make_client(store_url: StoreURL, connect_timeout: float = CONNECT_TIMEOUT,

@@ -82,6 +82,13 @@ class BadRecord(ValueError):
     counter = "corrupt_rejected"
 
 
+class RefusedHere(BadRecord):
+    """Well formed perhaps, but not usable by this reader (over its size limit, a version it
+    does not know): a miss here, never grounds to quarantine what other nodes can use."""
+
+    counter = "refused_here"
+
+
 class SignatureRefused(BadRecord):
     """Unsigned or badly signed while a signing key is configured."""
 
@@ -164,10 +171,13 @@ class Manifest:
                       data.get("sig"))
         except (KeyError, TypeError, ValueError) as exc:
             raise BadRecord(f"malformed manifest: {exc}") from None
-        if man.v != 1 or not is_entry_name(man.name) or not _HEX64.match(man.digest):
-            raise BadRecord("malformed manifest: version, name or digest")
-        if not 0 <= man.size <= max_size:
-            raise BadRecord(f"manifest size {man.size} outside 0..{max_size}")
+        if man.v != 1:
+            raise RefusedHere(f"unknown manifest version {man.v}")
+        if not is_entry_name(man.name) or not _HEX64.match(man.digest) or man.size < 0:
+            raise BadRecord("malformed manifest: name, digest or size")
+        if man.size > max_size:
+            raise RefusedHere(f"manifest size {man.size} is over this node's {max_size}-byte "
+                              "limit")
         if not (64 << 10) <= man.chunk_size <= (64 << 20):
             raise BadRecord(f"manifest chunk size {man.chunk_size} out of range")
         return man

@@ -13,12 +13,14 @@ import os
 import threading
 import time
 import uuid
+import zlib
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from warmd import settings
 from warmd.cache.base import CacheAdapter, CacheEntry, SharedCache, UnsafeArtifact
+from warmd.cache.flashinfer import IncompatibleEntry as IncompatibleHere
 from warmd.store import layout
 from warmd.store.breaker import CircuitBreaker
 from warmd.store.connection import (
@@ -31,6 +33,7 @@ from warmd.store.connection import (
 )
 from warmd.store.fingerprint import Fingerprint, compute_fingerprint
 from warmd.store.layout import BadRecord, Manifest, TaskRecord
+from warmd.store.signing import check as check_signature
 from warmd.store.signing import sign
 from warmd.targets import Target
 
@@ -44,8 +47,8 @@ FLUSH_INTERVAL = 10.0
 # view of them goes to the per-fingerprint stats only, so a node's totals count nothing twice.
 WARMUP_OWNED = ("local_hits", "remote_hits", "compile_seconds", "compile_seconds_saved")
 # Counters only the store can know: what warmup reports under these names is ignored.
-STORE_OWNED = ("corrupt_rejected", "signature_rejected", "unsafe_rejected", "bytes_fetched",
-               "bytes_published")
+STORE_OWNED = ("corrupt_rejected", "signature_rejected", "unsafe_rejected", "refused_here",
+               "bytes_fetched", "bytes_published")
 
 _CLAIM = """
 local rec = redis.call('GET', KEYS[1])
@@ -325,12 +328,32 @@ class RedisSharedCache(SharedCache):
             return layout.accept_manifest(raw, key=self.signing_key,
                                           max_size=self.max_artifact_bytes, fp=fp.digest,
                                           name=name, library=fp.library)
+        except layout.RefusedHere as exc:
+            self.refused_here(fp.digest, name, str(exc))
         except layout.SignatureRefused as exc:
             # Not quarantined: a node with a wrong key must not wipe valid entries.
             self.reject(exc.counter, fp.digest, f"entry {name}", str(exc))
         except BadRecord as exc:
-            self.quarantine(fp.digest, name, raw, str(exc))
+            if self._signed_ok(raw):
+                self.quarantine(fp.digest, name, raw, str(exc))
+            else:  # unsigned garbage under a signing key proves nothing about the entry
+                self.reject("signature_rejected", fp.digest, f"entry {name}", str(exc))
         return None
+
+    def _signed_ok(self, raw: bytes) -> bool:
+        """True without a signing key, or when raw is a JSON object validly signed."""
+        if not self.signing_key:
+            return True
+        try:
+            return check_signature(layout.load_record(raw), self.signing_key) is None
+        except BadRecord:
+            return False
+
+    def refused_here(self, fp: str, name: str, why: str) -> None:
+        """A miss this node cannot use (its own limits, an incompatible build): counted,
+        never quarantined, so nodes that can use the entry keep it."""
+        self._count("refused_here", fp=fp)
+        log.warning("shared cache: not using entry %s here (fingerprint %s): %s", name, fp, why)
 
     def _fetch_and_install(self, adapter: CacheAdapter, fp: str,
                            manifests: dict[str, tuple]) -> set[str]:
@@ -367,20 +390,32 @@ class RedisSharedCache(SharedCache):
         replies = iter(self.op(run, "fetch") if unique else [])
         out: dict[str, bytes | BadRecord] = {}
         for man in unique:
-            chunks = []
-            for _ in range(man.chunks):
-                chunks.append(self._checked(next(replies), "fetch"))
+            chunks, wrong = [], None
+            for i in range(man.chunks):
+                reply = next(replies)
                 next(replies)  # the PEXPIRE: refused for a read-only user, which is fine
+                if isinstance(reply, Exception) and classify(reply) == "error":
+                    wrong = BadRecord(f"chunk {i} is unreadable: {reply}")  # e.g. WRONGTYPE
+                    reply = None
+                chunks.append(self._checked(reply, "fetch"))
             try:
-                out[man.digest] = layout.check_blob(man, chunks)
+                out[man.digest] = wrong or layout.check_blob(man, chunks)
             except BadRecord as exc:
                 out[man.digest] = exc
         return out
 
     def _install(self, adapter: CacheAdapter, fp: str, man: Manifest, raw: bytes,
                  blob: bytes) -> bool:
+        limit = min(self.max_artifact_bytes, settings.max_artifact_bytes())
+        if unpacks_over(blob, limit):
+            self.refused_here(fp, man.name, f"unpacks to more than this node's {limit}-byte "
+                              "limit")
+            return False
         try:
             adapter.install(man.name, blob)
+        except IncompatibleHere as exc:
+            self.refused_here(fp, man.name, str(exc))
+            return False
         except UnsafeArtifact as exc:
             self.quarantine(fp, man.name, raw, f"unsafe artifact: {exc}", man.digest,
                              counter="unsafe_rejected")
@@ -397,8 +432,10 @@ class RedisSharedCache(SharedCache):
 
     def quarantine(self, fp: str, name: str, raw: bytes, why: str, digest: str | None = None,
                     counter: str = "corrupt_rejected") -> None:
-        """Move a bad manifest aside (and drop its blob) so the entry is rebuilt and
-        republished; best effort (a read-only user cannot)."""
+        """Move a bad manifest aside so the entry is rebuilt and republished; best effort
+        (a read-only user cannot). Its blob's chunks stay: other manifests (under any
+        fingerprint) may share them, a republication overwrites them, and `prune` removes
+        them once nothing references them. `digest` is accepted for callers' symmetry."""
         self.reject(counter, fp, f"entry {name}", f"{why}; quarantining it")
         try:
             note = layout.load_record(raw)
@@ -412,15 +449,12 @@ class RedisSharedCache(SharedCache):
                 keys=[layout.manifest_key(fp, name), layout.quarantine_key(fp, name),
                       layout.index_key(fp)],
                 args=[raw, value, QUARANTINE_TTL_MS, name], client=client)
-            if digest is not None:
-                man = Manifest.decode(raw, self.max_artifact_bytes)
-                client.delete(*[layout.blob_key(digest, i) for i in range(man.chunks)])
             return moved
 
         try:
             if self.op(run, "quarantine"):
                 self._count("quarantined", fp=fp)
-        except (StoreFailed, BadRecord):
+        except StoreFailed:
             pass
 
     # ----------------------------------------------------------------------- single flight
@@ -782,6 +816,22 @@ class _Lease:
                 log.warning("shared cache: lost the lease on %s (it expired); finishing the "
                             "compile anyway", self.task)
                 return
+
+
+def unpacks_over(blob: bytes, limit: int) -> bool:
+    """Whether a gzip'd artifact decompresses to more than limit bytes (measured in bounded
+    steps, nothing kept). A blob that is not gzip is left to the adapter's own checks."""
+    decomp = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    total, data = 0, blob
+    try:
+        while data and not decomp.eof:
+            total += len(decomp.decompress(data, 1 << 20))
+            if total > limit:
+                return True
+            data = decomp.unconsumed_tail
+    except zlib.error:
+        return False
+    return False
 
 
 def _text(value: Any) -> str:
