@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import time
 from pathlib import Path
@@ -49,7 +50,15 @@ def json_option(func):
 def _open(redis_url: str | None):
     from warmd.store import open_shared_cache
 
-    cache = open_shared_cache(redis_url)
+    # An admin command reports an unreachable store itself, as its one error line; the
+    # store's degrade-and-continue warning (meant for warmups) would say it twice.
+    store_log = logging.getLogger("warmd.store")
+    level = store_log.level
+    store_log.setLevel(logging.ERROR)
+    try:
+        cache = open_shared_cache(redis_url)
+    finally:
+        store_log.setLevel(level)
     if cache.disabled_reason:
         _fail(f"no shared cache: {cache.disabled_reason}")
     if cache.breaker.is_open:
