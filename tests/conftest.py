@@ -33,3 +33,34 @@ def _fresh_probes():
     probe_library.cache_clear()
     yield
     probe_library.cache_clear()
+
+
+@pytest.fixture
+def rclient(server):
+    """A client of the test module's `server` fixture, on an emptied database."""
+    client = server.client()
+    client.flushall()
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def caches(request):
+    """A factory of shared caches, closed after the test; a test module may set
+    CACHE_DEFAULTS for the keyword arguments every cache it opens gets."""
+    from warmd.store import open_shared_cache
+
+    defaults = getattr(request.module, "CACHE_DEFAULTS", {})
+    opened = []
+
+    def make(url: str, **kw):
+        kw.setdefault("node", f"node{len(opened)}")
+        for key, value in defaults.items():
+            kw.setdefault(key, value)
+        cache = open_shared_cache(url, **kw)
+        opened.append(cache)
+        return cache
+
+    yield make
+    for cache in opened:
+        cache.close()

@@ -13,9 +13,8 @@ from pathlib import Path
 import pytest
 from store_support import DirAdapter, compile_entry, make_plan, start_test_server, warm
 
-from warmd.store import admin, layout, open_shared_cache
+from warmd.store import admin, layout
 from warmd.store.breaker import CircuitBreaker
-from warmd.store.redis_store import RedisSharedCache
 
 
 @pytest.fixture(scope="module")
@@ -25,28 +24,8 @@ def server(tmp_path_factory):
     srv.stop()
 
 
-@pytest.fixture
-def rclient(server):
-    client = server.client()
-    client.flushall()
-    yield client
-    client.close()
-
-
-@pytest.fixture
-def caches():
-    opened: list[RedisSharedCache] = []
-
-    def make(url: str, **kw) -> RedisSharedCache:
-        kw.setdefault("node", f"node{len(opened)}")
-        kw.setdefault("poll_interval", 0.1)
-        cache = open_shared_cache(url, **kw)
-        opened.append(cache)
-        return cache
-
-    yield make
-    for cache in opened:
-        cache.close()
+# Caches made by the shared `caches` fixture (tests/conftest.py) poll quickly here.
+CACHE_DEFAULTS = {"poll_interval": 0.1}
 
 
 def _publish(cache, adapter, task: str, names: list[str], size: int = 120_000):

@@ -19,10 +19,9 @@ from warmd.cache.artifacts import pack_directory
 from warmd.cache.base import CacheEntry
 from warmd.cache.flashinfer import IncompatibleEntry
 from warmd.cli import main
-from warmd.store import admin, layout, open_shared_cache
+from warmd.store import admin, layout
 from warmd.store.embedded import free_port
 from warmd.store.fingerprint import digest_of
-from warmd.store.redis_store import RedisSharedCache
 
 
 @pytest.fixture(scope="module")
@@ -41,29 +40,6 @@ def served(tmp_path_factory):
 @pytest.fixture
 def server(served):
     return served[0]
-
-
-@pytest.fixture
-def rclient(server):
-    client = server.client()
-    client.flushall()
-    yield client
-    client.close()
-
-
-@pytest.fixture
-def caches():
-    opened: list[RedisSharedCache] = []
-
-    def make(url: str, **kw) -> RedisSharedCache:
-        kw.setdefault("node", f"node{len(opened)}")
-        cache = open_shared_cache(url, **kw)
-        opened.append(cache)
-        return cache
-
-    yield make
-    for cache in opened:
-        cache.close()
 
 
 def run(*args: str, code: int = 0):
