@@ -24,17 +24,17 @@ from pathlib import Path
 
 import pytest
 
-from warmd.cache import deep_gemm as dgc
 from warmd.cache.artifacts import STAGING_DIR, pack_directory
 from warmd.cache.base import UnsafeArtifact
-from warmd.cache.deep_gemm import (
+from warmd.libraries.deep_gemm import cache as dgc
+from warmd.libraries.deep_gemm import executor as dge
+from warmd.libraries.deep_gemm.cache import (
     DeepGemmCacheAdapter,
     IncompleteEntry,
     entry_state,
     parse_kernel_source,
 )
-from warmd.executors import deep_gemm as dge
-from warmd.executors.deep_gemm import DeepGemmExecutor, StdoutCapture, gemm_spec
+from warmd.libraries.deep_gemm.executor import DeepGemmExecutor, StdoutCapture, gemm_spec
 from warmd.plan import Task
 
 DATA = Path(__file__).parent / "data" / "deep_gemm" / "cache"
@@ -233,7 +233,7 @@ def test_install_refuses_unsafe_archives(root: Path, tmp_path: Path, case: str):
 _PAUSED_INSTALL = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    from warmd.cache import deep_gemm as dgc
+    from warmd.libraries.deep_gemm import cache as dgc
 
     real_check = dgc._check_staged
 
@@ -454,8 +454,8 @@ def test_warmup_fails_deep_gemm_tasks_without_stopping_others(tmp_path: Path,
                                  with_libs=("flashinfer", "deep_gemm"),
                                  without_libs=("sgl_kernel",)))
     options = WarmupOptions(task_filter="act_and_mul|deep_gemm/", workers=2,
-                            flashinfer_workspace_base=tmp_path / "fi",
-                            deep_gemm_cache_dir=tmp_path / "dg")
+                            cache_roots={"flashinfer": tmp_path / "fi",
+                                         "deep_gemm": tmp_path / "dg"})
     report = run_warmup(plan, options)
     by_library: dict[str, list] = {}
     for task_report in report.reports:

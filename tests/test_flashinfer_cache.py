@@ -16,7 +16,7 @@ import pytest
 
 from warmd.cache.artifacts import pack_directory, unpack_safely
 from warmd.cache.base import UnsafeArtifact
-from warmd.cache.flashinfer import (
+from warmd.libraries.flashinfer.cache import (
     FlashInferCacheAdapter,
     IncompatibleEntry,
     arch_dir,
@@ -40,7 +40,7 @@ def _plan():
 
 def _warm(plan, workspace: Path):
     return run_warmup(plan, WarmupOptions(libraries=("flashinfer",), task_filter="act_and_mul",
-                                          flashinfer_workspace_base=workspace))
+                                          cache_roots={"flashinfer": workspace}))
 
 
 @pytest.fixture(scope="module")

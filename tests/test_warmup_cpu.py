@@ -15,8 +15,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from warmd.cache.flashinfer import FlashInferCacheAdapter, read_ninja_log
 from warmd.errors import WarmdInputError
+from warmd.libraries.flashinfer.cache import FlashInferCacheAdapter, read_ninja_log
 from warmd.plan import PlanRequest, Task, make_plan
 from warmd.stats import Counters
 from warmd.warmup import WarmupOptions, read_task_record, run_warmup
@@ -38,7 +38,7 @@ def _task(module: str, generator: str = GEN, *args) -> Task:
 
 
 def _options(workspace: Path, **kw) -> WarmupOptions:
-    return WarmupOptions(libraries=("flashinfer",), flashinfer_workspace_base=workspace, **kw)
+    return WarmupOptions(libraries=("flashinfer",), cache_roots={"flashinfer": workspace}, **kw)
 
 
 def _cli(args: list[str], env: dict, timeout: float = 300) -> subprocess.CompletedProcess:
