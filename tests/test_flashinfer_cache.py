@@ -19,7 +19,6 @@ from warmd.cache.base import UnsafeArtifact
 from warmd.libraries.flashinfer.cache import (
     FlashInferCacheAdapter,
     IncompatibleEntry,
-    arch_dir,
     ninja_commands,
     rapidhash,
     read_deps_log,
@@ -56,12 +55,6 @@ def built(tmp_path_factory):
 
 def _log(adapter: FlashInferCacheAdapter):
     return read_ninja_log(adapter.root / MODULE / ".ninja_log")[1]
-
-
-def test_arch_dir_names():
-    assert arch_dir("9.0a") == "90a"
-    assert arch_dir("90a") == "90a"
-    assert arch_dir("10.0a 9.0a") == "90a_100a"
 
 
 def test_cold_build_is_counted_compiled(built):

@@ -90,7 +90,8 @@ _TOOLCHAIN = {
     "CC": "C compiler FlashInfer's commands use (in the FlashInfer fingerprint)",
     "CXX": "C++ compiler (default `c++`): FlashInfer's commands, the fingerprint, the "
            "libcuda link check",
-    "CUDA_HOME": "CUDA toolkit root (see `cuda_home()`)",
+    "CUDA_HOME": "CUDA toolkit root (default: `/usr/local/cuda` when it holds nvcc, else the "
+                 "toolkit of the nvcc on PATH)",
     "CUDA_PATH": "CUDA toolkit root when CUDA_HOME is unset",
 }
 
