@@ -153,10 +153,6 @@ KNOBS: tuple[Knob, ...] = (
 _BY_ENV = {knob.env: knob for knob in KNOBS}
 
 
-def knob(env: str) -> Knob:
-    return _BY_ENV[env]
-
-
 def get(env: str) -> Any:
     """The value of the knob for this variable (its default when unset)."""
     return _BY_ENV[env].get()
