@@ -3,6 +3,7 @@ of libraries reads it; registering imports no GPU library)."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -135,17 +136,19 @@ def test_config_cache_keys_are_the_registered_roots():
         parse_config({"models": [{"path": "/m"}], "cache": {"triton_dir": "/t"}})
 
 
-def test_registering_imports_no_gpu_library():
-    code = ("import sys, warmd.libraries, warmd.kernels.selection, warmd.config;"
-            "print([m for m in ('torch', 'flashinfer', 'deep_gemm', 'ray') if m in sys.modules])")
+def _loaded_after_import(imports: str, watched: tuple[str, ...]) -> list[str]:
+    """Which of watched a fresh interpreter has loaded after `import <imports>`."""
+    code = (f"import json, sys, {imports}; "
+            f"print(json.dumps([m for m in {watched!r} if m in sys.modules]))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout
-    assert out.strip() == "[]"
+    return json.loads(out)
+
+
+def test_registering_imports_no_gpu_library():
+    assert _loaded_after_import("warmd.libraries, warmd.kernels.selection, warmd.config",
+                                ("torch", "flashinfer", "deep_gemm", "ray")) == []
 
 
 def test_config_imports_no_cli_and_no_cluster():
-    code = ("import sys, warmd.config;"
-            "print([m for m in ('click', 'warmd.cluster.work', 'warmd.cli') if m in sys.modules])")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True).stdout
-    assert out.strip() == "[]"
+    assert _loaded_after_import("warmd.config", ("click", "warmd.cluster.work", "warmd.cli")) == []
