@@ -13,7 +13,6 @@ import pytest
 from warmd.cluster import state as st
 from warmd.cluster.client import node_matches, reachable, resolve_address
 from warmd.cluster.logs import node_logger
-from warmd.cluster.metrics import AgentMetrics
 from warmd.cluster.nodes import RayNode, wanted_nodes
 from warmd.cluster.state import NodeState, StateStore
 from warmd.cluster.work import summarize, warm_node
@@ -148,6 +147,9 @@ def test_warm_node_fails_a_missing_model_and_skips_gpu_only_work_on_builders(tmp
 
 
 def test_metrics_endpoint(tmp_path):
+    pytest.importorskip("prometheus_client")
+    from warmd.cluster.metrics import AgentMetrics
+
     metrics = AgentMetrics("node-1")
     port = metrics.serve(0)
     busy = AgentMetrics("node-2")

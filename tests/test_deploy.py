@@ -136,12 +136,6 @@ def test_kuberay_head_starts_the_controller_and_workers_prejoin(kuberay):
         prejoin = next(i for i, line in enumerate(lines) if "--from-config" in line)
         join = next(i for i, line in enumerate(lines) if "$KUBERAY_GEN_RAY_START_CMD" in line)
         assert prejoin < join  # warm before joining
-        label = re.search(r"--labels=(\S+)", lines[join]).group(1)
-        from ray._private.label_utils import parse_node_labels_string
-
-        for warm in ("true", "false"):
-            assert parse_node_labels_string(label.replace("$warm", warm)) == {
-                "warmd.io/warm": warm}
         probe = worker["readinessProbe"]["exec"]["command"]
         cmds += warmd_commands(probe[-1])
         assert any(c[1] == "wait-ready" for c in cmds)
@@ -149,6 +143,20 @@ def test_kuberay_head_starts_the_controller_and_workers_prejoin(kuberay):
             check_cli(cmd)
     for cmd in head_cmds:
         check_cli(cmd)
+
+
+def test_kuberay_worker_join_label_parses_as_ray_parses_it(kuberay):
+    label_utils = pytest.importorskip("ray._private.label_utils")
+    pods = containers(kuberay["RayCluster"])
+    pods.pop("head")
+    for pod in pods.values():
+        [worker] = pod["containers"]
+        join = next(line for line in worker["args"][0].splitlines()
+                    if "$KUBERAY_GEN_RAY_START_CMD" in line)
+        label = re.search(r"--labels=(\S+)", join).group(1)
+        for warm in ("true", "false"):
+            assert label_utils.parse_node_labels_string(label.replace("$warm", warm)) == {
+                "warmd.io/warm": warm}
 
 
 def test_command_checker_catches_what_does_not_exist():

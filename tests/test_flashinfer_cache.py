@@ -16,10 +16,9 @@ import pytest
 
 from warmd.cache.artifacts import pack_directory, unpack_safely
 from warmd.cache.base import UnsafeArtifact
-from warmd.cache.flashinfer import (
+from warmd.libraries.flashinfer.cache import (
     FlashInferCacheAdapter,
     IncompatibleEntry,
-    arch_dir,
     ninja_commands,
     rapidhash,
     read_deps_log,
@@ -40,7 +39,7 @@ def _plan():
 
 def _warm(plan, workspace: Path):
     return run_warmup(plan, WarmupOptions(libraries=("flashinfer",), task_filter="act_and_mul",
-                                          flashinfer_workspace_base=workspace))
+                                          cache_roots={"flashinfer": workspace}))
 
 
 @pytest.fixture(scope="module")
@@ -56,12 +55,6 @@ def built(tmp_path_factory):
 
 def _log(adapter: FlashInferCacheAdapter):
     return read_ninja_log(adapter.root / MODULE / ".ninja_log")[1]
-
-
-def test_arch_dir_names():
-    assert arch_dir("9.0a") == "90a"
-    assert arch_dir("90a") == "90a"
-    assert arch_dir("10.0a 9.0a") == "90a_100a"
 
 
 def test_cold_build_is_counted_compiled(built):

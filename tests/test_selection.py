@@ -7,13 +7,10 @@ import pytest
 from warmd.examples import resolve_model_path
 from warmd.kernels import preferences
 from warmd.kernels.base import Branch, Environment, WrapperKernel
-from warmd.kernels.registry import (
-    ALL_KERNELS,
-    DeepGemmFp8BlockScaledMMKernel,
-    FlashInferFp8BlockScaledMMKernel,
-    TritonFp8BlockScaledMMKernel,
-)
-from warmd.kernels.selection import disabled_kernels_from_env, select_kernel
+from warmd.kernels.registry import TritonFp8BlockScaledMMKernel
+from warmd.kernels.selection import ALL_KERNELS, disabled_kernels_from_env, select_kernel
+from warmd.libraries.deep_gemm.kernels import DeepGemmFp8BlockScaledMMKernel
+from warmd.libraries.flashinfer.kernels import FlashInferFp8BlockScaledMMKernel
 from warmd.models import Layer, model_shapes
 from warmd.mvalues import MSpec
 from warmd.plan import build_plan, leaf_kernels

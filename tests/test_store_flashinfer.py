@@ -11,7 +11,7 @@ import sys
 import pytest
 from store_support import SRC, start_test_server
 
-from warmd.cache.flashinfer import FlashInferCacheAdapter
+from warmd.libraries.flashinfer.cache import FlashInferCacheAdapter
 from warmd.store import admin, open_shared_cache
 
 pytestmark = pytest.mark.slow

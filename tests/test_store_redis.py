@@ -445,7 +445,7 @@ def test_stats_per_node_and_fingerprint(server, rclient, caches, tmp_path):
 
 
 def test_deep_gemm_entries_roundtrip_through_the_store(server, rclient, caches, tmp_path):
-    from warmd.cache.deep_gemm import DeepGemmCacheAdapter
+    from warmd.libraries.deep_gemm.cache import DeepGemmCacheAdapter
 
     src = DeepGemmCacheAdapter(tmp_path / "src", arch="9.0a", sms=132)
     names = [f"kernel.sm90_fp8_gemm_1d2d.{i:032x}" for i in range(3)]

@@ -16,8 +16,7 @@ from click.testing import CliRunner
 from store_support import DirAdapter, compile_entry, start_test_server
 
 from warmd.cache.artifacts import pack_directory
-from warmd.cache.base import CacheEntry
-from warmd.cache.flashinfer import IncompatibleEntry
+from warmd.cache.base import CacheEntry, IncompatibleEntry
 from warmd.cli import main
 from warmd.store import admin, layout
 from warmd.store.embedded import free_port

@@ -13,13 +13,14 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import hardware
 import pytest
 
-from warmd.cache.flashinfer import FlashInferCacheAdapter, read_ninja_log
-from warmd.errors import WarmdInputError
+from warmd.libraries.flashinfer.cache import FlashInferCacheAdapter, read_ninja_log
 from warmd.plan import PlanRequest, Task, make_plan
-from warmd.stats import Counters
 from warmd.warmup import WarmupOptions, read_task_record, run_warmup
+
+pytestmark = pytest.mark.slow  # every test here waits on a real FlashInfer build
 
 GEN = "flashinfer.jit:gen_act_and_mul_module"
 PLAN_ARGS = ["-m", "qwen3-30b-a3b-fp8", "-t", "h200", "--engine", "sglang", "--with",
@@ -38,7 +39,7 @@ def _task(module: str, generator: str = GEN, *args) -> Task:
 
 
 def _options(workspace: Path, **kw) -> WarmupOptions:
-    return WarmupOptions(libraries=("flashinfer",), flashinfer_workspace_base=workspace, **kw)
+    return WarmupOptions(libraries=("flashinfer",), cache_roots={"flashinfer": workspace}, **kw)
 
 
 def _cli(args: list[str], env: dict, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -65,20 +66,6 @@ def env(warm):
 
 
 # ----- counters -----
-
-def test_counters_add_json_and_text():
-    c = Counters(local_hits=3, compiled=1, compile_seconds=2.5)
-    c.add(Counters(remote_hits=2, failed=1, bytes_fetched=2048)).add({"compiled": 1,
-                                                                      "unknown": 7})
-    assert (c.kernels, c.compiled, c.remote_hits, c.bytes_fetched) == (8, 2, 2, 2048)
-    assert c.hit_rate == pytest.approx(5 / 8)
-    data = c.to_json()
-    assert Counters.from_json(data) == c and "unknown" not in data
-    text = c.render_text("stats")
-    assert text.splitlines()[0] == "stats"
-    assert "62.5 %" in text and "2.0 KiB" in text and "( 37.5%)" in text
-    assert Counters().hit_rate == 0.0
-
 
 # ----- accounting, failures, workers -----
 
@@ -118,17 +105,13 @@ def test_parallel_workers_compile_then_hit(warm, tmp_path):
         cold.counters.compile_seconds)
 
 
-def test_bad_task_filter_is_input_error(warm):
-    with pytest.raises(WarmdInputError, match="task-filter"):
-        WarmupOptions(task_filter="(").select(warm.plan.tasks)
-
-
 # ----- the CLI -----
 
 def test_cli_json_shape_and_exit_code(warm, env):
     proc = _cli(["warmup", *PLAN_ARGS, "--with", "deep_gemm", "--task-filter",
                  "act_and_mul|fp8_gemm_nt/", "--no-shared", "--json"], env)
-    assert proc.returncode == 1, proc.stderr  # DeepGEMM cannot run without a GPU
+    runs = hardware.deep_gemm_runs()  # else DeepGEMM's task fails (no GPU, no DeepGEMM)
+    assert proc.returncode == (0 if runs else 1), proc.stderr
     data = json.loads(proc.stdout)
     assert {"tasks", "kernels", "hit_rate", "seconds", "task_details"} <= set(data)
     assert set(data["kernels"]) == {"total", "local_hits", "remote_hits", "compiled", "failed"}
@@ -136,9 +119,13 @@ def test_cli_json_shape_and_exit_code(warm, env):
     details = {d["key"].split("/")[0]: d for d in data["task_details"]}
     assert details["flashinfer"]["ok"] and details["flashinfer"]["kernels"][0]["outcome"] == \
         "local_hit"
-    assert not details["deep_gemm"]["ok"] and details["deep_gemm"]["error"]
-    assert data["kernels"]["local_hits"] == 1 and data["kernels"]["compiled"] == 0
-    assert data["tasks"] == data["kernels"]["failed"] + 1
+    assert details["deep_gemm"]["ok"] == runs and bool(details["deep_gemm"]["error"]) != runs
+    assert data["kernels"]["local_hits"] == 1
+    if runs:
+        assert data["kernels"]["compiled"] > 0 and data["kernels"]["failed"] == 0
+    else:
+        assert data["kernels"]["compiled"] == 0
+        assert data["tasks"] == data["kernels"]["failed"] + 1
 
 
 def test_cli_text_summary(warm, env):
@@ -148,13 +135,6 @@ def test_cli_text_summary(warm, env):
     assert "local hits" in proc.stdout and "Hit rate" in proc.stdout
     assert "100.0 %" in proc.stdout
     assert "tasks" in proc.stderr  # the progress bar goes to stderr
-
-
-def test_cli_bad_input_is_one_line_exit_2(env):
-    proc = _cli(["warmup", *PLAN_ARGS, "--task-filter", "(", "--no-shared"], env)
-    assert proc.returncode == 2
-    assert proc.stderr.strip().startswith("warmd: error: invalid --task-filter")
-    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
 
 
 def _processes_mentioning(text: str) -> list[str]:
@@ -221,40 +201,3 @@ def test_second_node_installs_from_shared_cache_and_compiles_nothing(warm, tmp_p
         assert [e.name for e in adapter.list_entries()] == ["silu_and_mul"]
     finally:
         server.stop()
-
-
-def test_one_worker_per_gpu_with_distinct_visible_devices(monkeypatch):
-    """On a node with several GPUs each worker process sees exactly one, its own (the GPUs
-    here are a FAKE: this machine has none; only the assignment is checked)."""
-    from warmd import warmup
-    from warmd.targets import Target
-
-    fake = Target("NVIDIA H200", (9, 0), 132, count=4, source="fake")
-    monkeypatch.setattr(warmup, "_local_gpus", lambda: (fake,))
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    ids = warmup.gpu_ids(warmup.WarmupOptions())
-    assert ids == ["0", "1", "2", "3"]
-    envs = [warmup._gpu_env({"X": "1"}, ids, i) for i in range(4)]
-    assert [e["CUDA_VISIBLE_DEVICES"] for e in envs] == ids
-    assert all(e["X"] == "1" for e in envs)
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
-    assert warmup.gpu_ids(warmup.WarmupOptions()) == ["2", "3"]
-    assert warmup.gpu_ids(warmup.WarmupOptions(gpu_ids=("1",))) == ["1"]
-
-
-def test_damaged_or_unwritable_task_records_never_fail_a_task(tmp_path):
-    """A record only improves later counts: a damaged one reads as none, and a disk that
-    refuses the write is logged, not turned into a failed task."""
-    from warmd.warmup import _record_path, read_task_record, write_task_record
-
-    root = tmp_path / "cache"
-    assert write_task_record(root, "task-a", {"kernel.x": 1.5})
-    assert read_task_record(root, "task-a") == {"kernel.x": 1.5}
-    _record_path(root, "task-a").write_text('{"entries": {"kernel.x": null}}')
-    assert read_task_record(root, "task-a") == {}
-    _record_path(root, "task-a").write_text("[1, 2")
-    assert read_task_record(root, "task-a") == {}
-    blocked = tmp_path / "file"
-    blocked.write_text("not a directory")
-    assert write_task_record(blocked, "task-b", {"kernel.y": 2.0}) is False
-    assert not list(tmp_path.glob("**/.*.json.*"))  # no temporary file left behind

@@ -25,7 +25,6 @@ from warmd.examples import EXAMPLES_DIR
 from warmd.plan import PlanRequest
 
 DEFAULT_CONFIG = EXAMPLES_DIR / "warmd.yaml"
-LIBRARIES = ("deep_gemm", "flashinfer")
 DEFAULT_METRICS_PORT = 9464
 
 
@@ -66,20 +65,28 @@ class RedisConfig:
 
 @dataclass(frozen=True)
 class CacheConfig:
-    """Cache roots for the warmup workers; the serving engine must use the same ones.
-    None keeps what the node's environment says (DG_JIT_CACHE_DIR, ...)."""
+    """Cache roots for the warmup workers, keyed as the registered libraries name them
+    (deep_gemm_dir, flashinfer_workspace, vllm_cache_root...); the serving engine must use
+    the same ones. A key left out keeps what the node's environment says."""
 
-    deep_gemm_dir: str | None = None
-    flashinfer_workspace: str | None = None
-    vllm_cache_root: str | None = None
+    roots: tuple[tuple[str, str], ...] = ()
+
+    def get(self, key: str) -> str | None:
+        return dict(self.roots).get(key)
 
     def env(self) -> dict[str, str]:
         """The engine variables for these roots, expanded on this node."""
-        names = {"deep_gemm_dir": "DG_JIT_CACHE_DIR",
-                 "flashinfer_workspace": "FLASHINFER_WORKSPACE_BASE",
-                 "vllm_cache_root": "VLLM_CACHE_ROOT"}
-        return {var: expand_path(getattr(self, key)) for key, var in names.items()
-                if getattr(self, key)}
+        from warmd.libraries import cache_roots
+
+        given = dict(self.roots)
+        return {root.env: expand_path(given[root.config_key]) for root in cache_roots()
+                if given.get(root.config_key)}
+
+    def to_json(self) -> dict:
+        from warmd.libraries import cache_roots
+
+        given = dict(self.roots)
+        return {root.config_key: given.get(root.config_key) for root in cache_roots()}
 
 
 @dataclass(frozen=True)
@@ -130,6 +137,7 @@ class WarmdConfig:
     def to_json(self) -> dict:
         data = asdict(self)
         data["nodes"]["labels"] = dict(self.nodes.labels)
+        data["cache"] = self.cache.to_json()
         return _lists(data)
 
     @classmethod
@@ -172,7 +180,7 @@ _MODEL_KEYS = {"path": str, "name": str, "tp": int, "ep": int, "engine": str, "m
                "libraries": list, "task_filter": str}
 _SECTIONS: dict[str, dict[str, Any]] = {
     "redis": {"url": str, "namespace": str},
-    "cache": {"deep_gemm_dir": str, "flashinfer_workspace": str, "vllm_cache_root": str},
+    "cache": {},  # one string per registered library cache root: see _section_keys
     "nodes": {"labels": dict, "gpu_types": list},
     "builders": {"enabled": bool, "target": str},
     "agent": {"reconcile_seconds": (int, float), "heartbeat_seconds": (int, float),
@@ -247,6 +255,8 @@ def _parse_model(where: str, data) -> ModelConfig:
     if values.get("mode", "relax") not in MODES:
         raise _fail(f"{where}.mode", f"unknown mode {values['mode']!r} "
                                      f"(known: {', '.join(MODES)})")
+    from warmd.libraries import LIBRARIES
+
     for lib in values.get("libraries", ()):
         if lib not in LIBRARIES:
             raise _fail(f"{where}.libraries", f"unknown library {lib!r} "
@@ -260,16 +270,25 @@ def _parse_model(where: str, data) -> ModelConfig:
     return ModelConfig(**values)
 
 
+def _section_keys(name: str) -> dict[str, Any]:
+    if name == "cache":
+        from warmd.libraries import cache_roots
+
+        return {root.config_key: str for root in cache_roots()}
+    return _SECTIONS[name]
+
+
 def _parse_section(name: str, data) -> dict:
     where = name
     if data is None:
         return {}
-    _check_keys(where, data, _SECTIONS[name])
+    keys = _section_keys(name)
+    _check_keys(where, data, keys)
     out = {}
     for key, value in data.items():
         if value is None:
             continue
-        _check_type(f"{where}.{key}", value, _SECTIONS[name][key])
+        _check_type(f"{where}.{key}", value, keys[key])
         out[key] = value
     return out
 
@@ -312,7 +331,7 @@ def _parse(data) -> WarmdConfig:
     return WarmdConfig(
         models=parsed,
         redis=RedisConfig(**sections["redis"]),
-        cache=CacheConfig(**sections["cache"]),
+        cache=CacheConfig(tuple(sorted(sections["cache"].items()))),
         signing_key_file=key_file,
         nodes=NodeSelector(tuple(sorted(labels.items())),
                            _str_list("nodes.gpu_types", nodes.get("gpu_types", []))),
@@ -374,10 +393,8 @@ def load_config(path: str | Path | None = None, *, redis_url: str | None = None,
     if metrics_port is not None and not 0 <= metrics_port <= 65535:
         raise WarmdInputError(f"metrics port must be 0..65535, got {metrics_port}")
     url = redis_url or settings.redis_url() or config.redis.url
-    from warmd.store import OFF
-    from warmd.store.connection import parse_store_url
-
-    if url and url.strip().lower() not in OFF:
+    if url and not settings.store_is_off(url):
+        from warmd.store.connection import parse_store_url
 
         parse_store_url(url)  # one clear line for a malformed URL, before anything starts
     ns = namespace or settings.namespace_override() or config.redis.namespace
@@ -385,76 +402,3 @@ def load_config(path: str | Path | None = None, *, redis_url: str | None = None,
     agent = config.agent if metrics_port is None else replace(config.agent,
                                                               metrics_port=metrics_port)
     return replace(config, redis=RedisConfig(url, ns), signing_key_file=key_file, agent=agent)
-
-
-# --- the pre-join path: `warmd warmup --from-config warmd.yaml` ----------------------------
-
-_FROM_CONFIG = "warmd.from_config"
-
-
-def from_config_option(func):
-    """Adds --from-config PATH to `warmd warmup`. Eager, so that --model is not required with
-    it; the command then calls warmup_from_config (see from_config_path)."""
-    import click
-
-    def remember(ctx, _param, value):
-        if value is not None and not ctx.resilient_parsing:
-            ctx.meta[_FROM_CONFIG] = value
-            ctx.default_map = {**(ctx.default_map or {}), "model": "<from-config>"}
-        return value
-
-    return click.option(
-        "--from-config", metavar="PATH", is_eager=True, expose_value=False, callback=remember,
-        help="Warm every model of this warmd.yaml on this machine, as a node agent would (the "
-             "pre-join path: run it before `ray start`). Plan options are then taken from "
-             "the file; --redis, --no-shared, --workers and --json still apply.")(func)
-
-
-def from_config_path() -> str | None:
-    """The --from-config PATH of the running command, if given."""
-    import click
-
-    ctx = click.get_current_context(silent=True)
-    return ctx.meta.get(_FROM_CONFIG) if ctx is not None else None
-
-
-def warmup_from_config(path: str, *, redis_url: str | None = None, no_shared: bool = False,
-                       workers: int | None = None, as_json: bool = False) -> int:
-    """Warm this machine for every configured model; returns the exit code (0 warm, 1 a model
-    or task failed). A machine without a GPU warms as a builder (FlashInfer modules for
-    builders.target, or each model's target)."""
-    import sys
-
-    from warmd.cluster.work import summarize, warm_node
-    from warmd.targets import detect_local_gpus
-
-    config = load_config(path, redis_url=redis_url)
-    url = "off" if no_shared else config.redis.url
-
-    def progress(model: str, done: int, total: int) -> None:
-        if total and not as_json:
-            print(f"warmup {model}: {done}/{total} tasks", file=sys.stderr, flush=True)
-
-    result = warm_node(config, builder=not detect_local_gpus(), redis_url=url,
-                       progress=progress, workers=workers)
-    summary = summarize([result])
-    summary.update(models=result["models"], seconds=result["seconds"], store=result["store"])
-    if as_json:
-        print(json.dumps(summary, indent=2))
-    else:
-        _print_summary(config, summary)
-    return 1 if summary["state"] == "FAILED" else 0
-
-
-def _print_summary(config: WarmdConfig, summary: dict) -> None:
-    from warmd.stats import Counters
-
-    title = (f"warmup from {config.source}: {len(summary['models'])} model(s) in "
-             f"{summary['seconds']:.1f} s: {summary['state']}")
-    print(Counters.from_json(summary["counters"]).render_text(title))
-    for model in summary["models"]:
-        status = "ok" if model["ok"] else f"FAILED: {model['reason']}"
-        print(f"  {model['name']}: plan {model['plan_key'] or '-'}, {model['tasks']} tasks, "
-              f"{status}")
-    if summary["state"] == "DEGRADED":
-        print(f"  shared cache: {summary['reason']}")

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import dataclass, field
 
+from warmd import settings
 from warmd.kernels.base import Environment, JitWork, Kernel
 from warmd.kernels.selection import Selection, select_kernel
 from warmd.models import ModelShapes
@@ -195,6 +195,6 @@ def make_plan(request: PlanRequest) -> Plan:
                          request.quantization)
     libraries = probe_libraries(request.with_libs, request.without_libs)
     target = resolve_target(request.target, request.capability, request.sms)
-    e8m0 = os.environ.get("VLLM_USE_DEEP_GEMM_E8M0", "1").strip().lower() not in ("0", "false")
-    env = Environment(target, libraries, request.engine, disabled, deep_gemm_e8m0=e8m0)
+    env = Environment(target, libraries, request.engine, disabled,
+                      deep_gemm_e8m0=settings.deep_gemm_e8m0())
     return build_plan(model, env, mspec)

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import importlib.metadata as metadata
 import importlib.util
-import os
-import shutil
 from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
 
+from warmd import settings
 from warmd.errors import WarmdInputError
 
 
@@ -39,32 +38,14 @@ class LibraryProbe:
         }
 
 
-LIBRARIES = ("deep_gemm", "flashinfer", "cutlass_dsl", "sgl_kernel", "nvcc")
-
-# Distributions that ship each module; PyPI's "deep-gemm" is an unrelated project.
-_DISTRIBUTIONS = {
-    "deep_gemm": ("sgl-deep-gemm", "deep_gemm"),
-    "flashinfer": ("flashinfer-python",),
-    "cutlass_dsl": ("nvidia-cutlass-dsl",),
-    "sgl_kernel": ("sgl-kernel",),
-}
-_AOT_PACKAGES = ("flashinfer-cubin", "flashinfer-jit-cache")
+# Libraries that are only probed: the planner asks whether a kernel's helper is there (nvcc,
+# sgl-kernel's AOT kernels, CUTLASS DSL), but they have no JIT cache for warmd to warm, so
+# they are not registered in warmd.libraries (whose every entry has an executor and a cache).
+HELPERS = {"cutlass_dsl": "CUTLASS DSL", "sgl_kernel": "sgl-kernel", "nvcc": "nvcc"}
+_HELPER_ALIASES = {"cutlass": "cutlass_dsl"}
 
 
-def cuda_home() -> Path | None:
-    """CUDA_HOME/CUDA_PATH, else /usr/local/cuda (where torch and FlashInfer look), else the
-    toolkit around the nvcc on PATH (which may be a wrapper script, hence last)."""
-    for var in ("CUDA_HOME", "CUDA_PATH"):
-        if os.environ.get(var):
-            return Path(os.environ[var])
-    default = Path("/usr/local/cuda")
-    if (default / "bin" / "nvcc").exists():
-        return default
-    nvcc = shutil.which("nvcc")
-    return Path(nvcc).resolve().parent.parent if nvcc else None
-
-
-def _dist_version(candidates: tuple[str, ...]) -> str | None:
+def dist_version(candidates: tuple[str, ...]) -> str | None:
     for dist in candidates:
         try:
             return metadata.version(dist)
@@ -73,7 +54,7 @@ def _dist_version(candidates: tuple[str, ...]) -> str | None:
     return None
 
 
-def _module_location(module: str) -> str | None:
+def module_location(module: str) -> str | None:
     try:
         spec = importlib.util.find_spec(module)
     except (ImportError, ValueError):
@@ -86,9 +67,9 @@ def _module_location(module: str) -> str | None:
 
 
 def probe_nvcc() -> LibraryProbe:
-    home = cuda_home()
-    nvcc = home / "bin" / "nvcc" if home else None
-    if nvcc is None or not nvcc.exists():
+    home = settings.cuda_home()
+    nvcc = home / "bin" / "nvcc"
+    if not nvcc.exists():
         return LibraryProbe("nvcc", False,
                             reason="nvcc not found (set CUDA_HOME or add it to PATH)")
     return LibraryProbe("nvcc", True, _cuda_toolkit_version(home), can_jit=True, location=str(nvcc))
@@ -115,35 +96,21 @@ def _cuda_toolkit_version(home: Path) -> str | None:
     return None
 
 
-def probe_deep_gemm() -> LibraryProbe:
-    location = _module_location("deep_gemm")
+def probe_jit_library(name: str, module: str, distributions: tuple[str, ...], missing: str,
+                      cannot_jit: str, jit_without_nvcc: bool = False) -> LibraryProbe:
+    """A JIT library's probe: available when its module is found, able to JIT when nvcc is
+    there (or, with jit_without_nvcc, prebuilt kernels are)."""
+    location = module_location(module)
     if location is None:
-        return LibraryProbe("deep_gemm", False, reason="DeepGEMM not installed (module deep_gemm; "
-                            "pip install sgl-deep-gemm)")
-    nvcc = probe_nvcc()
-    return LibraryProbe(
-        "deep_gemm", True, _dist_version(_DISTRIBUTIONS["deep_gemm"]), can_jit=nvcc.available,
-        reason="" if nvcc.available else "DeepGEMM installed but nvcc missing: it cannot JIT",
-        location=location,
-    )
-
-
-def probe_flashinfer() -> LibraryProbe:
-    location = _module_location("flashinfer")
-    if location is None:
-        return LibraryProbe("flashinfer", False, reason="FlashInfer not installed (module "
-                            "flashinfer; pip install flashinfer-python)")
-    aot = [pkg for pkg in _AOT_PACKAGES if _dist_version((pkg,))]
-    nvcc = probe_nvcc()
-    can_jit = nvcc.available or bool(aot)
-    reason = "" if can_jit else "FlashInfer installed but neither nvcc nor AOT packages found"
-    return LibraryProbe("flashinfer", True, _dist_version(_DISTRIBUTIONS["flashinfer"]),
-                        reason=reason, can_jit=can_jit, location=location)
+        return LibraryProbe(name, False, reason=missing)
+    can_jit = probe_nvcc().available or jit_without_nvcc
+    return LibraryProbe(name, True, dist_version(distributions), reason="" if can_jit else
+                        cannot_jit, can_jit=can_jit, location=location)
 
 
 def probe_cutlass_dsl() -> LibraryProbe:
-    location = _module_location("cutlass")
-    version = _dist_version(_DISTRIBUTIONS["cutlass_dsl"])
+    location = module_location("cutlass")
+    version = dist_version(("nvidia-cutlass-dsl",))
     if location is None or version is None:
         return LibraryProbe("cutlass_dsl", False, reason="CUTLASS DSL not installed "
                             "(pip install nvidia-cutlass-dsl)")
@@ -151,33 +118,55 @@ def probe_cutlass_dsl() -> LibraryProbe:
 
 
 def probe_sgl_kernel() -> LibraryProbe:
-    location = _module_location("sgl_kernel")
+    location = module_location("sgl_kernel")
     if location is None:
         return LibraryProbe("sgl_kernel", False, reason="sgl-kernel not installed (module "
                             "sgl_kernel; SGLang's AOT kernels)")
-    return LibraryProbe("sgl_kernel", True, _dist_version(_DISTRIBUTIONS["sgl_kernel"]),
+    return LibraryProbe("sgl_kernel", True, dist_version(("sgl-kernel",)),
                         can_jit=True, location=location)
 
 
-_PROBES = {
-    "deep_gemm": probe_deep_gemm,
-    "flashinfer": probe_flashinfer,
+_HELPER_PROBES = {
     "cutlass_dsl": probe_cutlass_dsl,
     "sgl_kernel": probe_sgl_kernel,
     "nvcc": probe_nvcc,
 }
 
 
+def _probes() -> dict:
+    """Every probe: the registered JIT libraries', then the helpers'."""
+    from warmd.libraries import LIBRARIES
+
+    return {**{lib.name: lib.probe for lib in LIBRARIES.values()}, **_HELPER_PROBES}
+
+
+def probe_names() -> tuple[str, ...]:
+    return tuple(_probes())
+
+
+def display_name(name: str) -> str:
+    """How messages name a library: 'DeepGEMM', 'FlashInfer', 'sgl-kernel'."""
+    from warmd.libraries import LIBRARIES
+
+    library = LIBRARIES.get(name)
+    return library.display if library else HELPERS.get(name, name)
+
+
 @cache
 def probe_library(name: str) -> LibraryProbe:
-    return _PROBES[check_library_name(name)]()
+    return _probes()[check_library_name(name)]()
 
 
 def check_library_name(name: str) -> str:
+    from warmd.libraries import LIBRARIES
+
+    aliases = {**_HELPER_ALIASES, **{alias: lib.name for lib in LIBRARIES.values()
+                                      for alias in lib.aliases}}
     normal = name.strip().lower().replace("-", "_")
-    normal = {"deepgemm": "deep_gemm", "cutlass": "cutlass_dsl"}.get(normal, normal)
-    if normal not in _PROBES:
-        raise WarmdInputError(f"unknown library {name!r}; known libraries: {', '.join(LIBRARIES)}")
+    normal = aliases.get(normal, normal)
+    if normal not in _probes():
+        raise WarmdInputError(f"unknown library {name!r}; known libraries: "
+                              f"{', '.join(probe_names())}")
     return normal
 
 
@@ -191,7 +180,7 @@ def probe_libraries(
     if both:
         raise WarmdInputError(f"library {sorted(both)[0]!r} given to both --with and --without")
     result = {}
-    for name in LIBRARIES:
+    for name in probe_names():
         if name in forced_off:
             result[name] = LibraryProbe(name, False, reason=f"{name} disabled by --without",
                                         overridden=True)

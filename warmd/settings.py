@@ -1,92 +1,52 @@
-"""Every knob warmd reads from the environment, in one place, with the engines' own names."""
+"""Every knob warmd reads from the environment, in one table, with the engines' own names.
+
+``KNOBS`` is the reference (README's Environment table follows it; a test holds them equal):
+each knob has its variable, a type, a default and a line of documentation, and ``Knob.get``
+is the only place in warmd that reads the environment. Writing variables for child
+processes (worker environments) happens elsewhere; reading never does.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import shutil
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+# Knob types: how a set value is read. An unset or empty variable always means the default.
+STRING, PATH, NUMBER, FLAG, NAMES = "string", "path", "positive number", "flag", "names"
+_FALSE = ("0", "false")
 
 
-def _home() -> Path:
-    return Path(os.path.expanduser("~"))
+@dataclass(frozen=True)
+class Knob:
+    """One environment variable warmd reads."""
+
+    env: str
+    kind: str  # STRING, PATH, NUMBER (positive), FLAG (0/false: off) or NAMES (a,b,c)
+    default: Any  # the value when unset, or a function of nothing computing it
+    doc: str
+    empty_is_unset: bool = True  # False: an empty value means something (no GPU visible)
+
+    def raw(self) -> str | None:
+        """The variable's text when set (and non-empty, unless empty means something)."""
+        value = os.environ.get(self.env)
+        return value if value or (value is not None and not self.empty_is_unset) else None
+
+    def get(self) -> Any:
+        raw = self.raw()
+        if raw is None:
+            return self.default() if callable(self.default) else self.default
+        return _PARSERS[self.kind](self.env, raw)
 
 
-def xdg_cache_home() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME") or _home() / ".cache")
-
-
-def state_dir() -> Path:
-    """warmd's own state: embedded Redis data, logs, local task records."""
-    return Path(os.environ.get("WARMD_STATE_DIR") or xdg_cache_home() / "warmd")
-
-
-def vllm_cache_root() -> Path:
-    return Path(os.environ.get("VLLM_CACHE_ROOT") or xdg_cache_home() / "vllm")
-
-
-def deep_gemm_cache_dir() -> Path:
-    """Where DeepGEMM reads and writes kernels: DG_JIT_CACHE_DIR as the engine sets it
-    (vLLM: $VLLM_CACHE_ROOT/deep_gemm), taken as one path. sgl-deep-gemm 0.1.4.post1 has no
-    lookup list: with DG_JIT_CACHE_DIR=A:B it compiles into a directory literally named
-    'A:B' and reads nothing from B (measured on an H200, docs/benchmarks.md)."""
-    explicit = os.environ.get("DG_JIT_CACHE_DIR")
-    if explicit:
-        return Path(explicit)
-    return vllm_cache_root() / "deep_gemm"
-
-
-# DeepGEMM knobs that change its compiler signature or flags, hence every kernel's cache key.
-DEEP_GEMM_KEY_ENV = ("DG_JIT_USE_NVRTC", "DG_JIT_NVCC_COMPILER", "DG_JIT_CPP_STANDARD",
-                     "DG_JIT_WITH_LINEINFO", "DG_JIT_DEBUG", "DG_JIT_PTXAS_VERBOSE",
-                     "DG_JIT_PTXAS_CHECK")
-
-
-def deep_gemm_key_env() -> dict[str, str]:
-    return {name: os.environ[name] for name in DEEP_GEMM_KEY_ENV if os.environ.get(name)}
-
-
-def flashinfer_workspace_base() -> Path:
-    """FlashInfer caches under $FLASHINFER_WORKSPACE_BASE/.cache/flashinfer (default: ~)."""
-    return Path(os.environ.get("FLASHINFER_WORKSPACE_BASE") or _home())
-
-
-def redis_url() -> str | None:
-    return os.environ.get("WARMD_REDIS_URL") or None
-
-
-def namespace() -> str:
-    """Salt of every shared-cache fingerprint: change it to disown a whole set of entries."""
-    return namespace_override() or "default"
-
-
-def namespace_override() -> str | None:
-    """WARMD_NAMESPACE when set (the daemon's config file is overridden only then)."""
-    return os.environ.get("WARMD_NAMESPACE") or None
-
-
-def signing_key_file() -> str | None:
-    return os.environ.get("WARMD_SIGNING_KEY_FILE") or None
-
-
-def signing_key() -> bytes | None:
-    """HMAC key for manifests, from WARMD_SIGNING_KEY_FILE or WARMD_SIGNING_KEY."""
-    path = signing_key_file()
-    if path:
-        return Path(path).read_bytes().strip()
-    value = os.environ.get("WARMD_SIGNING_KEY")
-    return value.encode() if value else None
-
-
-def max_artifact_bytes() -> int:
-    return int(_positive_float("WARMD_MAX_ARTIFACT_BYTES", 256 * 1024 * 1024))
-
-
-def _positive_float(var: str, default: float) -> float:
+def _number(var: str, raw: str) -> float:
     from warmd.errors import WarmdInputError
 
-    raw = os.environ.get(var)
-    if not raw:
-        return default
     try:
         value = float(raw)
     except ValueError:
@@ -96,34 +56,273 @@ def _positive_float(var: str, default: float) -> float:
     return value
 
 
+_PARSERS: dict[str, Callable[[str, str], Any]] = {
+    STRING: lambda _var, raw: raw,
+    PATH: lambda _var, raw: Path(raw),
+    NUMBER: _number,
+    FLAG: lambda _var, raw: raw.strip().lower() not in _FALSE,
+    NAMES: lambda _var, raw: tuple(n.strip() for n in raw.split(",") if n.strip()),
+}
+
+
+def _home() -> Path:
+    return Path(os.path.expanduser("~"))
+
+
+def _engine(env: str, doc: str) -> Knob:
+    """A variable of an engine or toolchain that warmd reads only to put into a cache
+    fingerprint (it changes the compiler's command or its cache key)."""
+    return Knob(env, STRING, None, doc)
+
+
+# DeepGEMM knobs that change its compiler signature or flags, hence every kernel's cache key.
+DEEP_GEMM_KEY_ENV = ("DG_JIT_USE_NVRTC", "DG_JIT_NVCC_COMPILER", "DG_JIT_CPP_STANDARD",
+                     "DG_JIT_WITH_LINEINFO", "DG_JIT_DEBUG", "DG_JIT_PTXAS_VERBOSE",
+                     "DG_JIT_PTXAS_CHECK")
+# Env knobs FlashInfer copies into the build commands (cpp_ext.py, core.py).
+FLASHINFER_COMMAND_ENV = ("CC", "CXX", "CUDA_HOME", "CUDA_PATH", "FLASHINFER_NVCC",
+                          "FLASHINFER_CXX_LAUNCHER", "FLASHINFER_NVCC_LAUNCHER",
+                          "FLASHINFER_NVCC_THREADS", "FLASHINFER_EXTRA_CFLAGS",
+                          "FLASHINFER_EXTRA_CUDAFLAGS", "FLASHINFER_EXTRA_LDFLAGS",
+                          "FLASHINFER_JIT_DEBUG", "FLASHINFER_JIT_VERBOSE",
+                          "FLASHINFER_JIT_LINEINFO")
+_TOOLCHAIN = {
+    "CC": "C compiler FlashInfer's commands use (in the FlashInfer fingerprint)",
+    "CXX": "C++ compiler (default `c++`): FlashInfer's commands, the fingerprint, the "
+           "libcuda link check",
+    "CUDA_HOME": "CUDA toolkit root (default: `/usr/local/cuda` when it holds nvcc, else the "
+                 "toolkit of the nvcc on PATH)",
+    "CUDA_PATH": "CUDA toolkit root when CUDA_HOME is unset",
+}
+
+KNOBS: tuple[Knob, ...] = (
+    # warmd's own
+    Knob("WARMD_STATE_DIR", PATH, lambda: xdg_cache_home() / "warmd",
+         "warmd's own state: embedded Redis data, logs (default `$XDG_CACHE_HOME/warmd`)"),
+    Knob("WARMD_REDIS_URL", STRING, None,
+         "shared cache (`redis://`, `rediss://`, `unix://`, a Redis Cluster URL; `off`, "
+         "`none` or `disabled`: no shared cache); unset: the embedded server"),
+    Knob("WARMD_NAMESPACE", STRING, None,
+         "salt of every fingerprint (default `default`): change it to disown a whole set of "
+         "entries; overrides the config file's `redis.namespace`"),
+    Knob("WARMD_SIGNING_KEY_FILE", PATH, None,
+         "file holding the HMAC key for manifests; when set, unsigned entries are refused"),
+    Knob("WARMD_SIGNING_KEY", STRING, None, "the HMAC key itself (the file wins when both "
+                                            "are set)"),
+    Knob("WARMD_MAX_ARTIFACT_BYTES", NUMBER, 256 * 1024 * 1024,
+         "largest artifact packed, fetched or unpacked (default 256 MiB)"),
+    Knob("WARMD_CACHE_TTL_DAYS", NUMBER, 30.0,
+         "shared entries expire this long after their last use (default 30)"),
+    Knob("WARMD_REDIS_TIMEOUT", NUMBER, 2.0,
+         "bound on one shared-cache operation, in seconds (default 2)"),
+    Knob("WARMD_NODE_NAME", STRING, None,
+         "this node's name in stats and manifests (default: the host name)"),
+    Knob("WARMD_EMBEDDED_MAXMEMORY", STRING, "4gb",
+         "maxmemory of the embedded Redis (default `4gb`; `0`: no limit)"),
+    Knob("WARMD_CONFIG", PATH, None,
+         "the daemon's warmd.yaml (default: the embedded example config)"),
+    Knob("WARMD_METRICS_PORT", STRING, None,
+         "port of each node agent's Prometheus endpoint (`0`: any free port; default 9464)"),
+    Knob("WARMD_DISABLED_KERNELS", NAMES, (), "comma-separated kernel names never to select"),
+    # the engines' and libraries' own
+    Knob("XDG_CACHE_HOME", PATH, lambda: _home() / ".cache", "user cache root (default "
+                                                              "`~/.cache`)"),
+    Knob("VLLM_CACHE_ROOT", PATH, lambda: xdg_cache_home() / "vllm",
+         "vLLM's cache root (default `$XDG_CACHE_HOME/vllm`)"),
+    Knob("VLLM_DISABLED_KERNELS", NAMES, (), "vLLM's list of kernels never to select"),
+    Knob("VLLM_USE_DEEP_GEMM_E8M0", FLAG, True,
+         "vLLM's E8M0 scales (default on; `0`/`false`: its MoE uses Triton below 128 rows)"),
+    Knob("DG_JIT_CACHE_DIR", PATH, lambda: vllm_cache_root() / "deep_gemm",
+         "DeepGEMM's cache root (default `$VLLM_CACHE_ROOT/deep_gemm`, as vLLM sets it)"),
+    *(_engine(env, "DeepGEMM compiler knob (in the DeepGEMM fingerprint)")
+      for env in DEEP_GEMM_KEY_ENV),
+    Knob("FLASHINFER_WORKSPACE_BASE", PATH, _home,
+         "FlashInfer's workspace (default `~`; modules under `.cache/flashinfer/`)"),
+    Knob("FLASHINFER_CUDA_ARCH_LIST", STRING, None,
+         "arch FlashInfer builds for (default: the plan's target)"),
+    *(_engine(env, _TOOLCHAIN.get(env, "FlashInfer build knob (in the FlashInfer "
+                                       "fingerprint)")) for env in FLASHINFER_COMMAND_ENV),
+    Knob("CUDA_VISIBLE_DEVICES", STRING, None, "GPUs warmd may use, one per worker (set "
+         "and empty: none)", empty_is_unset=False),
+    Knob("LIBRARY_PATH", STRING, None,
+         "linker search path; a FlashInfer worker gets warmd's stub libcuda prepended"),
+    Knob("CPATH", STRING, None,
+         "header search path; a FlashInfer worker gets curand's headers prepended"),
+    Knob("RAY_ADDRESS", STRING, None, "the Ray cluster warmd's daemon commands talk to"),
+)
+_BY_ENV = {knob.env: knob for knob in KNOBS}
+
+
+def get(env: str) -> Any:
+    """The value of the knob for this variable (its default when unset)."""
+    return _BY_ENV[env].get()
+
+
+def is_set(env: str) -> bool:
+    return _BY_ENV[env].raw() is not None
+
+
+def present(names: tuple[str, ...]) -> dict[str, str]:
+    """The variables among names that are set, with their text (for fingerprints)."""
+    return {name: raw for name in names if (raw := _BY_ENV[name].raw()) is not None}
+
+
+@contextlib.contextmanager
+def scoped_env(env: dict[str, str]) -> Iterator[None]:
+    """Set variables for the duration of a block, then restore what was there."""
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+# ----- named accessors -----
+
+def xdg_cache_home() -> Path:
+    return get("XDG_CACHE_HOME")
+
+
+def state_dir() -> Path:
+    """warmd's own state: embedded Redis data, logs, local task records."""
+    return get("WARMD_STATE_DIR")
+
+
+def vllm_cache_root() -> Path:
+    return get("VLLM_CACHE_ROOT")
+
+
+def deep_gemm_cache_dir() -> Path:
+    """Where DeepGEMM reads and writes kernels: DG_JIT_CACHE_DIR as the engine sets it
+    (vLLM: $VLLM_CACHE_ROOT/deep_gemm), taken as one path. sgl-deep-gemm 0.1.4.post1 has no
+    lookup list: with DG_JIT_CACHE_DIR=A:B it compiles into a directory literally named
+    'A:B' and reads nothing from B (measured on an H200, docs/benchmarks.md)."""
+    return get("DG_JIT_CACHE_DIR")
+
+
+def deep_gemm_key_env() -> dict[str, str]:
+    return present(DEEP_GEMM_KEY_ENV)
+
+
+def flashinfer_workspace_base() -> Path:
+    """FlashInfer caches under $FLASHINFER_WORKSPACE_BASE/.cache/flashinfer (default: ~)."""
+    return get("FLASHINFER_WORKSPACE_BASE")
+
+
+def flashinfer_arch_list() -> str | None:
+    """FLASHINFER_CUDA_ARCH_LIST when the operator set it (it wins over the plan's target)."""
+    return get("FLASHINFER_CUDA_ARCH_LIST")
+
+
+def cxx() -> str:
+    return get("CXX") or "c++"
+
+
+def cuda_home() -> Path:
+    """The CUDA toolkit root torch and FlashInfer use: CUDA_HOME/CUDA_PATH, else
+    /usr/local/cuda when it holds nvcc, else the toolkit around the nvcc on PATH (which may
+    be a wrapper script, hence last; FlashInfer's own guess, dirname(dirname(which nvcc)),
+    is wrong for one in /usr/local/bin), else /usr/local/cuda. The directory may hold no
+    toolkit: whoever needs nvcc checks ``cuda_home() / "bin" / "nvcc"``."""
+    explicit = get("CUDA_HOME") or get("CUDA_PATH")
+    if explicit:
+        return Path(explicit)
+    default = Path("/usr/local/cuda")
+    nvcc = shutil.which("nvcc")
+    if (default / "bin" / "nvcc").exists() or not nvcc:
+        return default
+    return Path(nvcc).resolve().parent.parent
+
+
+def visible_devices() -> str | None:
+    """CUDA_VISIBLE_DEVICES as set (None: every GPU is visible; empty: none is)."""
+    return get("CUDA_VISIBLE_DEVICES")
+
+
+def disabled_kernels() -> frozenset[str]:
+    return frozenset(get("WARMD_DISABLED_KERNELS")) | frozenset(get("VLLM_DISABLED_KERNELS"))
+
+
+def deep_gemm_e8m0() -> bool:
+    return get("VLLM_USE_DEEP_GEMM_E8M0")
+
+
+def ray_address() -> str | None:
+    return get("RAY_ADDRESS")
+
+
+def redis_url() -> str | None:
+    return get("WARMD_REDIS_URL")
+
+
+STORE_OFF = ("off", "none", "disabled")
+
+
+def store_is_off(url: str | None) -> bool:
+    """Whether a store URL (flag, variable or config) says: no shared cache at all."""
+    return bool(url) and url.strip().lower() in STORE_OFF
+
+
+def namespace() -> str:
+    """Salt of every shared-cache fingerprint: change it to disown a whole set of entries."""
+    return namespace_override() or "default"
+
+
+def namespace_override() -> str | None:
+    """WARMD_NAMESPACE when set (the daemon's config file is overridden only then)."""
+    return get("WARMD_NAMESPACE")
+
+
+def signing_key_file() -> str | None:
+    path = get("WARMD_SIGNING_KEY_FILE")
+    return str(path) if path else None
+
+
+def signing_key() -> bytes | None:
+    """HMAC key for manifests, from WARMD_SIGNING_KEY_FILE or WARMD_SIGNING_KEY."""
+    path = signing_key_file()
+    if path:
+        return Path(path).read_bytes().strip()
+    value = get("WARMD_SIGNING_KEY")
+    return value.encode() if value else None
+
+
+def max_artifact_bytes() -> int:
+    return int(get("WARMD_MAX_ARTIFACT_BYTES"))
+
+
 def cache_ttl_seconds() -> int:
     """Shared-cache entries expire this long after their last use (WARMD_CACHE_TTL_DAYS)."""
-    return int(_positive_float("WARMD_CACHE_TTL_DAYS", 30.0) * 86400)
+    return int(get("WARMD_CACHE_TTL_DAYS") * 86400)
 
 
 def redis_timeout() -> float:
     """Bound on one shared-cache operation, in seconds (WARMD_REDIS_TIMEOUT)."""
-    return _positive_float("WARMD_REDIS_TIMEOUT", 2.0)
+    return get("WARMD_REDIS_TIMEOUT")
 
 
 def node_name() -> str:
     """This node's name in shared-cache stats and manifests (WARMD_NODE_NAME, else hostname)."""
     import socket
 
-    return os.environ.get("WARMD_NODE_NAME") or socket.gethostname()
+    return get("WARMD_NODE_NAME") or socket.gethostname()
 
 
 def embedded_maxmemory() -> str:
     """maxmemory of the embedded Redis (WARMD_EMBEDDED_MAXMEMORY, e.g. 4gb; 0 = no limit)."""
-    return os.environ.get("WARMD_EMBEDDED_MAXMEMORY") or "4gb"
+    return get("WARMD_EMBEDDED_MAXMEMORY")
 
 
 def config_path() -> Path | None:
     """The daemon's warmd.yaml (WARMD_CONFIG); None: the embedded default config."""
-    value = os.environ.get("WARMD_CONFIG")
-    return Path(value) if value else None
+    return get("WARMD_CONFIG")
 
 
 def metrics_port() -> str | None:
     """WARMD_METRICS_PORT: port of each node agent's Prometheus endpoint (0: any free port)."""
-    return os.environ.get("WARMD_METRICS_PORT") or None
+    return get("WARMD_METRICS_PORT")

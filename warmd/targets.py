@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import asdict, dataclass
 from functools import cache
 
+from warmd import settings
 from warmd.errors import WarmdInputError
 
 
@@ -130,7 +130,7 @@ def detect_local_gpus() -> tuple[Target, ...]:
 
 
 def _visible_indices(total: int) -> list[int]:
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    visible = settings.visible_devices()
     if visible is None:
         return list(range(total))
     indices = []

@@ -47,9 +47,15 @@ class WarmupOptions:
     task_filter: str | None = None  # regex searched in task keys
     workers: int | None = None  # None: one per GPU, else 1
     gpu_ids: tuple[str, ...] | None = None  # None: the visible GPUs
-    flashinfer_workspace_base: Path = field(default_factory=settings.flashinfer_workspace_base)
-    deep_gemm_cache_dir: Path = field(default_factory=settings.deep_gemm_cache_dir)
+    # library -> the cache root its workers compile into; missing: the engine's (settings)
+    cache_roots: dict[str, Path] = field(default_factory=dict)
     single_flight_timeout: float = 3600.0
+
+    def __post_init__(self) -> None:
+        from warmd.libraries import LIBRARIES
+
+        self.cache_roots = {**{name: lib.root.default() for name, lib in LIBRARIES.items()},
+                            **{name: Path(root) for name, root in self.cache_roots.items()}}
 
     def select(self, tasks: tuple[Task, ...]) -> list[Task]:
         try:
@@ -155,31 +161,32 @@ def write_task_record(root: Path, task_key: str, entries: dict[str, float]) -> b
 def make_adapter(library: str, plan: Plan, options: WarmupOptions) -> CacheAdapter | None:
     """The parent's view of a library's cache (for records and the shared cache); None when
     the library or its adapter is not installed here."""
-    if library == "flashinfer":
-        from warmd.cache.flashinfer import FlashInferCacheAdapter, flashinfer_version
+    from warmd.libraries import LIBRARIES, resolve
 
-        if flashinfer_version() is None:
-            return None
-        arch = os.environ.get("FLASHINFER_CUDA_ARCH_LIST") or plan.env.target.arch
-        return FlashInferCacheAdapter(options.flashinfer_workspace_base, arch)
-    if library == "deep_gemm":
-        try:
-            from warmd.cache.deep_gemm import DeepGemmCacheAdapter
-        except ImportError:
-            return None
-        return DeepGemmCacheAdapter(options.deep_gemm_cache_dir)
-    return None
+    registered = LIBRARIES.get(library)
+    if registered is None:
+        return None
+    module = registered.adapter.partition(":")[0]
+    try:
+        factory = resolve(registered.adapter)
+    except ModuleNotFoundError as exc:
+        if exc.name != module:
+            raise
+        return None  # this warmd has no adapter for it
+    return factory(options.cache_roots[library], plan.env.target.arch)
 
 
 def worker_env(plan: Plan, options: WarmupOptions, libraries: set[str]) -> dict[str, str]:
-    env = {"DG_JIT_CACHE_DIR": str(options.deep_gemm_cache_dir),
-           "FLASHINFER_WORKSPACE_BASE": str(options.flashinfer_workspace_base)}
-    if "flashinfer" in libraries:
-        from warmd.executors.flashinfer import worker_env as flashinfer_env
+    """Every library's cache root, and what the libraries of these tasks need set before
+    they are imported (FlashInfer: its arch, a stub libcuda...)."""
+    from warmd.libraries import LIBRARIES, resolve
 
-        local = tuple(g.arch for g in _local_gpus())
-        env.update(flashinfer_env(plan.env.target.arch, options.flashinfer_workspace_base,
-                                  local))
+    env = {}
+    for name, registered in LIBRARIES.items():
+        env[registered.root.env] = str(options.cache_roots[name])
+        if name in libraries and registered.worker_env:
+            env.update(resolve(registered.worker_env)(plan.env.target.arch,
+                                                      options.cache_roots[name]))
     return env
 
 
@@ -192,7 +199,7 @@ def _local_gpus():
 def gpu_ids(options: WarmupOptions) -> list[str]:
     if options.gpu_ids is not None:
         return list(options.gpu_ids)
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    visible = settings.visible_devices()
     total = sum(g.count for g in _local_gpus())
     if visible is not None:
         return [p.strip() for p in visible.split(",") if p.strip()][:total]

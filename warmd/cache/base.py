@@ -54,6 +54,11 @@ class UnsafeArtifact(ValueError):
     """An artifact that must not be installed: traversal, links, devices, too large."""
 
 
+class IncompatibleEntry(UnsafeArtifact):
+    """An artifact that is well formed but cannot hit on this node (the library would
+    rebuild it): refused by the adapter, counted as a miss, never quarantined."""
+
+
 class SharedCache(ABC):
     """The cluster-wide side of the cache (implemented by warmd.store over Redis).
 

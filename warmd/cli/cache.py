@@ -19,7 +19,6 @@ from warmd.stats import Counters, format_bytes, format_seconds
 STORE_HELP = ("Shared cache URL: redis://[user:password@]host:port/db, rediss:// for TLS, "
               "redis+cluster:// (or ?cluster=true) for Redis Cluster. Default: "
               "WARMD_REDIS_URL, else warmd's embedded server (started if needed).")
-LIBRARIES = ("flashinfer", "deep_gemm")
 # Store counters shown under the Counters summary, with their labels.
 DETAILS = (("signature_rejected", "  bad or missing signature"),
            ("unsafe_rejected", "  unsafe archive"),
@@ -100,6 +99,7 @@ def cache() -> None:
 # ----------------------------------------------------------------------------- fingerprint
 
 def _adapters(libraries: tuple[str, ...], target):
+    from warmd.libraries import LIBRARIES
     from warmd.probes import check_library_name
     from warmd.warmup import WarmupOptions, make_adapter
 
@@ -115,7 +115,7 @@ def _adapters(libraries: tuple[str, ...], target):
 
 @cache.command()
 @click.option("--library", "libraries", multiple=True, metavar="LIB",
-              help="flashinfer or deep_gemm (repeatable; default: both).")
+              help="A library with a cache (repeatable; default: every one).")
 @click.option("--target", "-t", metavar="PRESET", help="GPU preset instead of the local GPU.")
 @click.option("--capability", metavar="X.Y", help="Compute capability instead of the local GPU.")
 @click.option("--sms", type=int, help="SM count of the target.")

@@ -9,6 +9,7 @@ import click
 from warmd.kernels.preferences import ENGINES
 from warmd.mvalues import MODES
 from warmd.plan import PlanRequest
+from warmd.probes import probe_names
 from warmd.targets import PRESETS
 
 
@@ -27,8 +28,8 @@ def plan_options(func):
         click.option("--capability", metavar="X.Y", help="Plan for this compute capability."),
         click.option("--sms", type=int, help="SM count of the target (with --capability)."),
         click.option("--with", "with_libs", multiple=True, metavar="LIB",
-                     help="Plan as if LIB (deep_gemm, flashinfer, cutlass_dsl, sgl_kernel, nvcc) "
-                          "were installed. Repeatable."),
+                     help=f"Plan as if LIB ({', '.join(probe_names())}) were installed. "
+                          "Repeatable."),
         click.option("--without", "without_libs", multiple=True, metavar="LIB",
                      help="Plan as if LIB were missing. Repeatable."),
         click.option("--engine", type=click.Choice(ENGINES), default="vllm", show_default=True,

@@ -18,19 +18,19 @@ from rich.progress import (
 )
 
 from warmd.cache.base import SharedCache
+from warmd.cli.from_config import from_config_option, from_config_path, warmup_from_config
 from warmd.cli.options import plan_options
-from warmd.config import from_config_option, from_config_path, warmup_from_config
+from warmd.libraries import LIBRARIES
 from warmd.plan import PlanRequest, make_plan
 from warmd.warmup import TaskReport, WarmupOptions, WarmupReport, run_warmup
 
-LIBRARIES = ("deep_gemm", "flashinfer")
 EXIT_INTERRUPTED = 130
 
 
 @click.command()
 @from_config_option
 @plan_options
-@click.option("--library", "libraries", multiple=True, type=click.Choice(LIBRARIES),
+@click.option("--library", "libraries", multiple=True, type=click.Choice(tuple(LIBRARIES)),
               help="Only warm this library's tasks. Repeatable (default: all).")
 @click.option("--task-filter", metavar="REGEX",
               help="Only tasks whose key matches REGEX (keys as `warmd plan` lists them).")

@@ -89,7 +89,7 @@ def resolve_address(address: str | None) -> str | None:
         if why:
             raise WarmdInputError(f"cannot reach a Ray cluster at {address}: {why}")
         return address
-    env = os.environ.get("RAY_ADDRESS")
+    env = settings.ray_address()
     if env and env != "auto":
         why = reachable(env)
         if why:
@@ -302,15 +302,13 @@ def _call(ref, what: str, timeout: float = 120.0):
 
 
 def _start_warnings(config: WarmdConfig, url: str | None, embedded: bool, nodes) -> list[str]:
-    from warmd.store import OFF
-
     out = []
     alive = [n for n in nodes if n.alive]
     if embedded and len(alive) > 1:
         out.append("the embedded Redis listens on this machine's loopback only: the other "
                    f"{len(alive) - 1} node(s) cannot share kernels (set redis.url or "
                    "WARMD_REDIS_URL)")
-    if url and url.strip().lower() not in OFF:
+    if url and not settings.store_is_off(url):
         store = StateStore(url, config.redis.namespace)
         if not store.ping():
             out.append(f"shared cache {redact_url(url)} is unreachable ({store.last_error}); "

@@ -23,6 +23,7 @@ import logging
 import time
 from dataclasses import asdict, dataclass, field, fields
 
+from warmd import settings
 from warmd.store.layout import PREFIX
 
 log = logging.getLogger("warmd.cluster")
@@ -113,9 +114,7 @@ class StateStore:
     write returns False and is counted, a failed read returns nothing, both say why."""
 
     def __init__(self, url: str | None, namespace: str, ttl: float = 120.0) -> None:
-        from warmd.store import OFF
-
-        if url and url.strip().lower() in OFF:
+        if settings.store_is_off(url):
             url = None
         self.namespace = namespace
         self.ttl = max(int(ttl), 10)

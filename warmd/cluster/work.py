@@ -11,10 +11,11 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from warmd import settings
 from warmd.config import ModelConfig, WarmdConfig, expand_path
 from warmd.errors import WarmdInputError
 
@@ -47,31 +48,21 @@ def node_env(config: WarmdConfig, node_name: str | None = None) -> dict[str, str
     env["WARMD_NAMESPACE"] = config.redis.namespace
     if config.signing_key_file:
         env["WARMD_SIGNING_KEY_FILE"] = expand_path(config.signing_key_file)
-    if node_name and not os.environ.get("WARMD_NODE_NAME"):
+    if node_name and not settings.is_set("WARMD_NODE_NAME"):
         env["WARMD_NODE_NAME"] = node_name
     return env
 
 
-@contextlib.contextmanager
-def scoped_env(env: dict[str, str]) -> Iterator[None]:
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
 def model_libraries(model: ModelConfig, builder: bool) -> tuple[str, ...] | None:
-    """The libraries to warm; None when a builder has nothing to do for this model."""
+    """The libraries to warm; None when a builder has nothing to do for this model (a
+    builder, a node without a GPU, warms only the libraries that build without one)."""
+    from warmd.libraries import LIBRARIES
+
     if not builder:
         return model.libraries
-    wanted = model.libraries or ("flashinfer",)
-    return ("flashinfer",) if "flashinfer" in wanted else None
+    buildable = tuple(name for name, lib in LIBRARIES.items() if lib.builds_without_gpu)
+    wanted = tuple(name for name in model.libraries or buildable if name in buildable)
+    return wanted or None
 
 
 def _plan(model: ModelConfig, builder_target: str | None):
@@ -90,7 +81,7 @@ def warm_node(config: WarmdConfig, *, builder: bool = False, shard: int = 0, sha
     "seconds": float}.
     """
     started = time.monotonic()
-    with scoped_env(node_env(config, node_name)):
+    with settings.scoped_env(node_env(config, node_name)):
         results, planned = _plan_all(config, builder, shard, shards, progress, workers)
         store = {"ok": True, "reason": "", "url": None}
         for model, plan, options, result in planned:
@@ -129,9 +120,9 @@ def _plan_all(config: WarmdConfig, builder: bool, shard: int, shards: int,
 
 
 def _open_shared(redis_url: str | None, plan, store: dict):
-    from warmd.store import OFF, open_shared_cache, redact
+    from warmd.store import open_shared_cache, redact
 
-    if redis_url is not None and redis_url.strip().lower() in OFF:
+    if settings.store_is_off(redis_url):
         return None
     try:
         shared = open_shared_cache(redis_url, target=plan.env.target)
@@ -194,10 +185,9 @@ def _dir_bytes(root: Path) -> int:
 
 def cache_bytes() -> dict[str, int]:
     """Bytes in this node's kernel caches, per library (the roots the engines use)."""
-    from warmd import settings
+    from warmd.libraries import LIBRARIES
 
-    roots = {"deep_gemm": settings.deep_gemm_cache_dir() / "cache",
-             "flashinfer": settings.flashinfer_workspace_base() / ".cache" / "flashinfer"}
+    roots = {name: lib.entries(lib.root.default()) for name, lib in LIBRARIES.items()}
     return {lib: _dir_bytes(root) for lib, root in roots.items() if root.exists()}
 
 

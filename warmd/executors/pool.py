@@ -21,18 +21,17 @@ from multiprocessing.connection import Connection
 from warmd.executors.base import Executor, KernelOutcome, TaskResult
 from warmd.plan import Task
 
-EXECUTORS = {
-    "flashinfer": "warmd.executors.flashinfer:FlashInferExecutor",
-    "deep_gemm": "warmd.executors.deep_gemm:DeepGemmExecutor",
-}
 STOP_GRACE_SECONDS = 3.0
 
 
 def load_executor(library: str) -> Executor | str:
     """The library's executor, checked; or the reason it cannot run here."""
-    target = EXECUTORS.get(library)
-    if target is None:
+    from warmd.libraries import LIBRARIES
+
+    registered = LIBRARIES.get(library)
+    if registered is None:
         return f"no executor for library {library!r}"
+    target = registered.executor
     module_name, _, cls_name = target.partition(":")
     try:
         module = importlib.import_module(module_name)

@@ -11,14 +11,13 @@ from typing import ClassVar
 
 from warmd.models import Layer
 from warmd.mvalues import MSpec
-from warmd.probes import LibraryProbe
+from warmd.probes import LibraryProbe, display_name
 from warmd.targets import Target
 
 Check = tuple[bool, str]
 OK: Check = (True, "")
-
-# The libraries warmd can warm; a kernel that needs none of these is built into the engine.
-JIT_LIBRARIES = ("deep_gemm", "flashinfer")
+MRange = tuple[int, int | None]
+BLOCK_128 = (128, 128)
 
 
 @dataclass(frozen=True)
@@ -73,7 +72,8 @@ class Kernel:
 
     name: ClassVar[str]
     op: ClassVar[str]  # layer op it implements: linear, moe, attention, activation, sampling
-    library: ClassVar[str | None] = None  # a JIT library it needs; None: built into the engine
+    # a library it needs (a registered JIT library or a helper probe); None: built in
+    library: ClassVar[str | None] = None
     capabilities: ClassVar[tuple[int, ...]] = ()  # major versions; empty: any GPU
     min_capability: ClassVar[tuple[int, int]] = (7, 0)
     schemes: ClassVar[tuple[str, ...]] = ("bf16",)
@@ -91,9 +91,9 @@ class Kernel:
         if cls.library is not None:
             probe = env.library(cls.library)
             if not probe.available:
-                return False, f"{_LIBRARY_NAMES[cls.library]} unavailable: {probe.reason}"
+                return False, f"{display_name(cls.library)} unavailable: {probe.reason}"
             if not probe.can_jit:
-                return False, f"{_LIBRARY_NAMES[cls.library]} cannot JIT here: {probe.reason}"
+                return False, f"{display_name(cls.library)} cannot JIT here: {probe.reason}"
         return OK
 
     @classmethod
@@ -138,5 +138,11 @@ class WrapperKernel(Kernel):
         return OK
 
 
-_LIBRARY_NAMES = {"deep_gemm": "DeepGEMM", "flashinfer": "FlashInfer",
-                  "cutlass_dsl": "CUTLASS DSL", "nvcc": "nvcc", "sgl_kernel": "sgl-kernel"}
+
+def fp8_block_128(layer: Layer) -> Check:
+    """FP8 weights in 128x128 blocks, what the block-scaled GEMMs of every library need."""
+    if layer.quant != "fp8_block":
+        return False, f"needs FP8 128x128 block-scaled weights; layer is {layer.quant}"
+    if layer.block != BLOCK_128:
+        return False, f"needs 128x128 weight blocks; layer has {layer.block}"
+    return OK

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
+from warmd import settings
 from warmd.errors import WarmdInputError
 from warmd.kernels.base import Environment, Kernel
 from warmd.kernels.preferences import PREFERENCES, family_of, platform_of
-from warmd.kernels.registry import ALL_KERNELS
+from warmd.kernels.registry import ENGINE_KERNELS
+from warmd.libraries import LIBRARIES
 from warmd.models import Layer
 
-DISABLED_KERNELS_ENV = ("WARMD_DISABLED_KERNELS", "VLLM_DISABLED_KERNELS")
+# Every kernel warmd knows: the engines' own and every registered library's.
+ALL_KERNELS: dict[str, type[Kernel]] = {
+    cls.name: cls for cls in (*ENGINE_KERNELS,
+                              *(k for lib in LIBRARIES.values() for k in lib.kernels))
+}
 
 
 @dataclass(frozen=True)
@@ -28,12 +33,9 @@ class Selection:
     rejected: tuple[Rejection, ...]
 
 
-def disabled_kernels_from_env(environ: dict | None = None) -> frozenset[str]:
-    environ = os.environ if environ is None else environ
-    names = set()
-    for var in DISABLED_KERNELS_ENV:
-        names.update(n.strip() for n in environ.get(var, "").split(",") if n.strip())
-    return frozenset(names)
+def disabled_kernels_from_env() -> frozenset[str]:
+    """Kernels WARMD_DISABLED_KERNELS and VLLM_DISABLED_KERNELS name."""
+    return settings.disabled_kernels()
 
 
 def check_kernel_names(names: frozenset[str] | set[str]) -> None:

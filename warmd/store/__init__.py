@@ -22,8 +22,6 @@ from warmd.store.redis_store import RedisSharedCache
 
 log = logging.getLogger("warmd.store")
 
-OFF = ("off", "none", "disabled")
-
 __all__ = ["Fingerprint", "RedisSharedCache", "compute_fingerprint", "open_shared_cache",
            "redact", "resolve_store_url"]
 
@@ -33,7 +31,7 @@ def resolve_store_url(url: str | None = None) -> tuple[StoreURL | None, object]:
     embedded server (started if needed). 'off' gives (None, None). Raises WarmdInputError for
     a malformed URL and EmbeddedServerError when no embedded server can run."""
     url = url or settings.redis_url()
-    if url and url.strip().lower() in OFF:
+    if settings.store_is_off(url):
         return None, None
     if url:
         return parse_store_url(url), None

@@ -20,7 +20,7 @@ from typing import Any
 
 from warmd import settings
 from warmd.cache.base import CacheAdapter, CacheEntry, SharedCache, UnsafeArtifact
-from warmd.cache.flashinfer import IncompatibleEntry as IncompatibleHere
+from warmd.cache.base import IncompatibleEntry as IncompatibleHere
 from warmd.store import layout
 from warmd.store.breaker import CircuitBreaker
 from warmd.store.connection import (

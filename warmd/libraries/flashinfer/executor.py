@@ -23,14 +23,13 @@ import uuid
 from pathlib import Path
 
 from warmd import settings
-from warmd.cache.flashinfer import (
+from warmd.executors.base import Executor, KernelOutcome, TaskResult
+from warmd.libraries.flashinfer.cache import (
     FlashInferCacheAdapter,
     arch_dir,
-    cuda_home,
     flashinfer_version,
     read_ninja_log,
 )
-from warmd.executors.base import Executor, KernelOutcome, TaskResult
 from warmd.plan import Task
 
 LIBRARY = "flashinfer"
@@ -43,7 +42,7 @@ def _links_libcuda(home: Path) -> bool:
     out.parent.mkdir(parents=True, exist_ok=True)
     try:
         proc = subprocess.run(
-            [os.environ.get("CXX", "c++"), "-x", "c", "-", "-shared", "-o", str(out),
+            [settings.cxx(), "-x", "c", "-", "-shared", "-o", str(out),
              f"-L{home / 'lib64'}", f"-L{home / 'lib64' / 'stubs'}", "-lcuda"],
             input="", capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired):
@@ -71,7 +70,7 @@ def stub_libcuda_dir() -> Path:
 def curand_include_dir() -> Path | None:
     """nvidia-curand's headers (some modules include curand_kernel.h) when the toolkit
     lacks them."""
-    if (cuda_home() / "include" / "curand_kernel.h").exists():
+    if (settings.cuda_home() / "include" / "curand_kernel.h").exists():
         return None
     spec = importlib.util.find_spec("nvidia")
     for base in (spec.submodule_search_locations or []) if spec else []:
@@ -82,23 +81,27 @@ def curand_include_dir() -> Path | None:
 
 
 def _prepend(env: dict[str, str], var: str, value: str) -> None:
-    current = env.get(var, os.environ.get(var, ""))
+    current = env.get(var, settings.get(var) or "")
     env[var] = f"{value}:{current}" if current else value
 
 
-def worker_env(target_arch: str, workspace_base: Path, gpu_archs: tuple[str, ...] = ()) -> dict:
-    """Environment for a worker that builds FlashInfer modules for target_arch ('9.0a').
+def worker_env(target_arch: str, workspace_base: Path) -> dict[str, str]:
+    """Environment for a worker that builds FlashInfer modules for target_arch ('9.0a') on
+    this node: the arch is set only when no local GPU has it (on such a GPU FlashInfer's own
+    detection agrees, and the module is also loaded).
 
     The stub libcuda goes on LIBRARY_PATH and curand's headers on CPATH rather than into
     FLASHINFER_EXTRA_LDFLAGS/CUDAFLAGS: those flags enter the build commands, and a command
     that differs from the GPU node's makes ninja rebuild the module there.
     """
+    from warmd.targets import detect_local_gpus
+
     env = {"FLASHINFER_WORKSPACE_BASE": str(workspace_base)}
-    home = cuda_home()
-    if not os.environ.get("CUDA_HOME") and (home / "bin" / "nvcc").exists():
+    home = settings.cuda_home()
+    if not settings.is_set("CUDA_HOME") and (home / "bin" / "nvcc").exists():
         env["CUDA_HOME"] = str(home)
-    wanted = os.environ.get("FLASHINFER_CUDA_ARCH_LIST") or target_arch
-    if arch_dir(wanted) not in {arch_dir(a) for a in gpu_archs}:
+    wanted = settings.flashinfer_arch_list() or target_arch
+    if arch_dir(wanted) not in {arch_dir(g.arch) for g in detect_local_gpus()}:
         env["FLASHINFER_CUDA_ARCH_LIST"] = wanted
     if not _links_libcuda(home):
         _prepend(env, "LIBRARY_PATH", str(stub_libcuda_dir()))
@@ -138,7 +141,7 @@ class FlashInferExecutor(Executor):
 
     def __init__(self, workspace_base: Path | None = None, arch: str | None = None) -> None:
         self.workspace_base = Path(workspace_base or settings.flashinfer_workspace_base())
-        self.arch = arch or os.environ.get("FLASHINFER_CUDA_ARCH_LIST")
+        self.arch = arch or settings.flashinfer_arch_list()
         self._adapter: FlashInferCacheAdapter | None = None
 
     def cache(self) -> FlashInferCacheAdapter:
@@ -170,7 +173,7 @@ class FlashInferExecutor(Executor):
             return False, "flashinfer is not installed (pip install flashinfer-python)"
         if shutil.which("ninja") is None:
             return False, "ninja is not on PATH (pip install ninja)"
-        nvcc = cuda_home() / "bin" / "nvcc"
+        nvcc = settings.cuda_home() / "bin" / "nvcc"
         if not nvcc.exists():
             return False, f"nvcc not found at {nvcc} (set CUDA_HOME)"
         try:

@@ -43,6 +43,12 @@ OPTIONAL_FILES = ("kernel.ptx", "kernel.sass")
 _IMPL_RE = re.compile(r"&\s*([A-Za-z_][A-Za-z0-9_:]*)\s*<(.*)>\s*\)\s*;", re.S)
 
 
+def make_adapter(root: Path, target_arch: str) -> DeepGemmCacheAdapter:
+    """The warmup's view of DeepGEMM's cache under root (the fingerprint describes the local
+    GPU: DeepGEMM kernels are built where they run)."""
+    return DeepGemmCacheAdapter(root)
+
+
 class IncompleteEntry(ValueError):
     """A cache directory DeepGEMM would reject (kernel.cu or kernel.cubin missing)."""
 

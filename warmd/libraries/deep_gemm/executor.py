@@ -32,8 +32,8 @@ from pathlib import Path
 
 from warmd import settings
 from warmd.cache.base import CacheEntry
-from warmd.cache.deep_gemm import DeepGemmCacheAdapter, entry_state
 from warmd.executors.base import Executor, KernelOutcome, TaskResult
+from warmd.libraries.deep_gemm.cache import DeepGemmCacheAdapter, entry_state
 from warmd.plan import Task
 
 LIBRARY = "deep_gemm"
@@ -271,15 +271,14 @@ class DeepGemmExecutor(Executor):
 
 
 def _environment_problems() -> list[str]:
-    from warmd.probes import cuda_home, probe_library
+    from warmd.probes import probe_library
 
     problems = []
     probe = probe_library("deep_gemm")
     if not probe.available:
         problems.append(probe.reason)
-    home = cuda_home()
     nvrtc = settings.deep_gemm_key_env().get("DG_JIT_USE_NVRTC")
-    if not nvrtc and (home is None or not (home / "bin" / "nvcc").exists()):
+    if not nvrtc and not (settings.cuda_home() / "bin" / "nvcc").exists():
         problems.append("nvcc not found (DeepGEMM compiles its kernels with it; set CUDA_HOME)")
     return problems
 

@@ -63,21 +63,15 @@ from warmd.cache.artifacts import (
     staging,
     unpack_safely,
 )
-from warmd.cache.base import CacheAdapter, CacheEntry, UnsafeArtifact
+from warmd.cache.base import CacheAdapter, CacheEntry, IncompatibleEntry, UnsafeArtifact
 
 LIBRARY = "flashinfer"
-# Env knobs FlashInfer copies into the build commands (cpp_ext.py, core.py).
-COMMAND_ENV = ("CC", "CXX", "CUDA_HOME", "CUDA_PATH", "FLASHINFER_NVCC",
-               "FLASHINFER_CXX_LAUNCHER", "FLASHINFER_NVCC_LAUNCHER", "FLASHINFER_NVCC_THREADS",
-               "FLASHINFER_EXTRA_CFLAGS", "FLASHINFER_EXTRA_CUDAFLAGS",
-               "FLASHINFER_EXTRA_LDFLAGS", "FLASHINFER_JIT_DEBUG", "FLASHINFER_JIT_VERBOSE",
-               "FLASHINFER_JIT_LINEINFO")
+# Env knobs FlashInfer copies into the build commands (but CUDA_HOME/CUDA_PATH enter the
+# fingerprint as the resolved toolkit).
+FINGERPRINT_ENV = tuple(k for k in settings.FLASHINFER_COMMAND_ENV
+                        if k not in ("CUDA_HOME", "CUDA_PATH"))
 LOCK_TIMEOUT = 600.0
 _NOT_ENTRIES = {"tmp"}
-
-
-class IncompatibleEntry(UnsafeArtifact):
-    """An artifact that is well formed but cannot hit here (would rebuild): refused."""
 
 
 def arch_dir(arch: str) -> str:
@@ -91,6 +85,14 @@ def arch_dir(arch: str) -> str:
         return (int(major), minor) if "." in item else (int(item[:-1] or 0), item[-1:])
 
     return "_".join(a.replace(".", "") for a in sorted(items, key=key))
+
+
+def make_adapter(workspace_base: Path, target_arch: str) -> FlashInferCacheAdapter | None:
+    """The warmup's view of FlashInfer's cache (None: FlashInfer is not installed here); it
+    builds for FLASHINFER_CUDA_ARCH_LIST when the operator set it, else the target's arch."""
+    if flashinfer_version() is None:
+        return None
+    return FlashInferCacheAdapter(workspace_base, settings.flashinfer_arch_list() or target_arch)
 
 
 def flashinfer_version() -> str | None:
@@ -471,12 +473,11 @@ class FlashInferCacheAdapter(CacheAdapter):
             "tvm_ffi_path": _package_dir("tvm_ffi"),
             "python_include": sysconfig.get_path("include"),
             "torch": _dist_version("torch"),
-            "cuda_home": str(cuda_home()),
-            "nvcc": _tool_version([str(cuda_home() / "bin" / "nvcc"), "--version"]),
+            "cuda_home": str(settings.cuda_home()),
+            "nvcc": _tool_version([str(settings.cuda_home() / "bin" / "nvcc"), "--version"]),
             "cxx": _cxx_identity(),
             "ninja": _tool_version([shutil.which("ninja") or "ninja", "--version"]),
-            "env": {k: os.environ[k] for k in COMMAND_ENV
-                    if os.environ.get(k) and k not in ("CUDA_HOME", "CUDA_PATH")},
+            "env": settings.present(FINGERPRINT_ENV),
         }
 
 
@@ -573,20 +574,6 @@ def _dist_version(name: str) -> str | None:
         return None
 
 
-def cuda_home() -> Path:
-    """CUDA_HOME as FlashInfer should see it: the env var, else /usr/local/cuda, else the
-    toolkit holding the nvcc on PATH (FlashInfer's own guess, dirname(dirname(which nvcc)),
-    is wrong when that nvcc is a wrapper in /usr/local/bin)."""
-    found = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
-    if found:
-        return Path(found)
-    default = Path("/usr/local/cuda")
-    nvcc = shutil.which("nvcc")
-    if (default / "bin" / "nvcc").exists() or not nvcc:
-        return default
-    return Path(nvcc).resolve().parent.parent
-
-
 def _tool_version(cmd: list[str]) -> str | None:
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
@@ -597,7 +584,7 @@ def _tool_version(cmd: list[str]) -> str | None:
 
 
 def _cxx_identity() -> dict:
-    cxx = os.environ.get("CXX", "c++")
+    cxx = settings.cxx()
     path = shutil.which(cxx)
     return {"path": str(Path(path).resolve()) if path else cxx,
             "version": _tool_version([cxx, "-dumpfullversion"])}

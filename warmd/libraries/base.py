@@ -1,0 +1,59 @@
+"""What a JIT library registers with warmd, once, in its package's ``LIBRARY``.
+
+Registering imports no GPU library: the probe finds the library without importing it, and
+the executor, the cache adapter and the worker environment are named as "module:attribute"
+and imported only where they run (the executor in a worker process, the adapter in the
+warmup that needs it).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from warmd import settings
+from warmd.kernels.base import Kernel
+from warmd.probes import LibraryProbe
+
+
+@dataclass(frozen=True)
+class CacheRoot:
+    """A directory a library's cache depends on: the engine's variable for it (a knob in
+    settings.KNOBS) and its key under warmd.yaml's ``cache:`` section."""
+
+    config_key: str
+    env: str
+
+    def default(self) -> Path:
+        """The root as this process's environment sets it (or its default)."""
+        return settings.get(self.env)
+
+
+@dataclass(frozen=True)
+class Library:
+    name: str  # as tasks, --library and warmd.yaml name it
+    display: str  # as messages name it
+    probe: Callable[[], LibraryProbe]  # found without importing the library
+    kernels: tuple[type[Kernel], ...]  # its kernels (preference order: kernels/preferences.py)
+    executor: str  # "module:Class", made in the worker with no arguments
+    adapter: str  # "module:function" (root, target arch) -> CacheAdapter | None (not here)
+    # roots[0] is the cache root the executor compiles into; later ones only feed its default
+    roots: tuple[CacheRoot, ...]
+    entries: Callable[[Path], Path]  # where under the root its entries lie (for sizes)
+    # "module:function" (target arch, root) -> extra variables its worker processes need
+    worker_env: str | None = None
+    builds_without_gpu: bool = False  # a GPU-less builder node warms it
+    aliases: tuple[str, ...] = ()  # other spellings accepted by --with/--without
+
+    @property
+    def root(self) -> CacheRoot:
+        return self.roots[0]
+
+
+def resolve(reference: str) -> Any:
+    """The object a "module:attribute" reference names (imports the module)."""
+    module_name, _, attribute = reference.partition(":")
+    return getattr(importlib.import_module(module_name), attribute)

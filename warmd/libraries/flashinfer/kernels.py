@@ -1,0 +1,188 @@
+"""FlashInfer's kernels as the engines dispatch to them, with the JIT module each needs (its
+name and the FlashInfer generator that makes its spec)."""
+
+from __future__ import annotations
+
+from warmd.kernels.base import (
+    OK,
+    Branch,
+    Check,
+    Environment,
+    JitWork,
+    Kernel,
+    MRange,
+    WrapperKernel,
+    fp8_block_128,
+)
+from warmd.kernels.registry import AttentionKernel, FlashMLABackend
+from warmd.libraries.deep_gemm.kernels import DeepGemmFp8BlockScaledMMKernel
+from warmd.models import Layer
+from warmd.mvalues import MSpec
+
+
+def _spec(generator: str, *args: object) -> tuple[tuple[str, object], ...]:
+    return (("generator", generator), ("args", tuple(args)))
+
+
+_DTYPES = ("bfloat16", "bfloat16", "bfloat16", "int32")
+
+
+class FlashInferFp8BlockScaledMMKernel(Kernel):
+    name = "FlashInferFp8BlockScaledMMKernel"
+    op = "linear"
+    library = "flashinfer"
+    capabilities = (9,)
+    schemes = ("fp8_block",)
+
+    @classmethod
+    def can_implement(cls, layer: Layer, env: Environment) -> Check:
+        return fp8_block_128(layer)
+
+    @classmethod
+    def jit_work(cls, layer: Layer, env: Environment, mspec: MSpec, m_range: MRange):
+        return [JitWork("flashinfer", "fp8_blockscale_gemm", module="fp8_blockscale_gemm_90",
+                        spec=_spec("flashinfer.jit.gemm.fp8_blockscale:"
+                                   "gen_fp8_blockscale_gemm_sm90_module"))]
+
+
+class FlashInferFp8DeepGEMMDynamicBlockScaledKernel(WrapperKernel):
+    """vLLM's dynamic kernel: FlashInfer's swapAB GEMM for M < 32, DeepGEMM for M >= 32."""
+
+    name = "FlashInferFp8DeepGEMMDynamicBlockScaledKernel"
+    op = "linear"
+    capabilities = (9,)
+    schemes = ("fp8_block",)
+    branches = (
+        Branch("base", FlashInferFp8BlockScaledMMKernel, 1, 31),
+        Branch("fallback", DeepGemmFp8BlockScaledMMKernel, 32, None),
+    )
+
+
+class FlashInferFP8ScaledMMLinearKernel(Kernel):
+    name = "FlashInferFP8ScaledMMLinearKernel"
+    op = "linear"
+    library = "flashinfer"
+    capabilities = (10,)
+    schemes = ("fp8_tensor",)
+
+    @classmethod
+    def jit_work(cls, layer: Layer, env: Environment, mspec: MSpec, m_range: MRange):
+        return [JitWork("flashinfer", "fp8_gemm_cutlass", module="fp8_gemm_cutlass",
+                        spec=_spec("flashinfer.jit.gemm.core:gen_gemm_sm100_module_cutlass_fp8"))]
+
+
+class FlashInferCutlassMxfp8LinearKernel(Kernel):
+    name = "FlashInferCutlassMxfp8LinearKernel"
+    op = "linear"
+    library = "flashinfer"
+    capabilities = (10, 12)
+    schemes = ("mxfp8",)
+
+    @classmethod
+    def can_implement(cls, layer: Layer, env: Environment) -> Check:
+        ok, reason = super().can_implement(layer, env)
+        if ok and (layer.n % 32 or layer.k % 32):
+            return False, f"MXFP8 GEMM needs N and K % 32; layer has N={layer.n}, K={layer.k}"
+        return ok, reason
+
+    @classmethod
+    def jit_work(cls, layer: Layer, env: Environment, mspec: MSpec, m_range: MRange):
+        sm = "sm120" if env.target.capability[0] == 12 else "sm100"
+        module = "mxfp8_gemm_cutlass_sm120" if sm == "sm120" else "mxfp8_gemm_cutlass"
+        return [JitWork("flashinfer", "mxfp8_gemm_cutlass", module=module,
+                        spec=_spec(f"flashinfer.jit.gemm.core:gen_gemm_{sm}_module_cutlass_mxfp8"))]
+
+
+class FlashInferAttentionBackend(AttentionKernel):
+    name = "FlashInferAttentionBackend"
+    library = "flashinfer"
+    min_capability = (8, 0)
+
+    @classmethod
+    def can_implement(cls, layer: Layer, env: Environment) -> Check:
+        ok, reason = super().can_implement(layer, env)
+        if not ok:
+            return ok, reason
+        if layer.param["head_dim"] not in (64, 128, 256):
+            return False, f"head_dim {layer.param['head_dim']} not in 64/128/256"
+        return OK
+
+    @classmethod
+    def jit_work(cls, layer: Layer, env: Environment, mspec: MSpec, m_range: MRange):
+        d = layer.param["head_dim"]
+        backend = "fa3" if env.target.is_hopper else "fa2"
+        decode = ("batch_decode_with_kv_cache_dtype_q_bf16_dtype_kv_bf16_dtype_o_bf16_"
+                  f"dtype_idx_i32_head_dim_qk_{d}_head_dim_vo_{d}_posenc_0_use_swa_False_"
+                  "use_logits_cap_False")
+        prefill = ("batch_prefill_with_kv_cache_dtype_q_bf16_dtype_kv_bf16_dtype_o_bf16_"
+                   f"dtype_idx_i32_head_dim_qk_{d}_head_dim_vo_{d}_posenc_0_use_swa_False_"
+                   "use_logits_cap_False_f16qk_False" + ("_sm90" if backend == "fa3" else ""))
+        return [
+            JitWork("flashinfer", "batch_decode", module=decode,
+                    spec=_spec("flashinfer.jit:gen_batch_decode_module", *_DTYPES, d, d, 0,
+                               False, False)),
+            JitWork("flashinfer", "batch_prefill", module=prefill,
+                    spec=_spec("flashinfer.jit:gen_batch_prefill_module", backend, *_DTYPES, d,
+                               d, 0, False, False, False)),
+        ]
+
+
+class FlashInferMLABackend(FlashMLABackend):
+    name = "FlashInferMLABackend"
+    library = "flashinfer"
+    capabilities = (9, 10)
+
+    @classmethod
+    def jit_work(cls, layer: Layer, env: Environment, mspec: MSpec, m_range: MRange):
+        ckv, kpe = layer.param["kv_lora_rank"], layer.param["qk_rope_head_dim"]
+        backend = "fa3" if env.target.is_hopper else "fa2"
+        module = ("batch_mla_attention_dtype_q_bf16_dtype_kv_bf16_dtype_o_bf16_dtype_idx_i32_"
+                  f"head_dim_ckv_{ckv}_head_dim_kpe_{kpe}_profiler_False_planabi2"
+                  + ("_sm90" if backend == "fa3" else ""))
+        return [JitWork("flashinfer", "batch_mla", module=module,
+                        spec=_spec("flashinfer.jit:gen_batch_mla_module", backend, *_DTYPES, ckv,
+                                   kpe, False))]
+
+
+class FlashInferActivation(Kernel):
+    name = "FlashInferActivation"
+    op = "activation"
+    library = "flashinfer"
+    min_capability = (8, 0)
+
+    @classmethod
+    def can_implement(cls, layer: Layer, env: Environment) -> Check:
+        act = layer.param.get("act")
+        if act not in ("silu", "gelu", "gelu_tanh", "gelu_pytorch_tanh"):
+            return False, f"no FlashInfer {act}_and_mul"
+        return OK
+
+    @classmethod
+    def jit_work(cls, layer: Layer, env: Environment, mspec: MSpec, m_range: MRange):
+        act = {"gelu_pytorch_tanh": "gelu_tanh"}.get(layer.param["act"], layer.param["act"])
+        return [JitWork("flashinfer", "act_and_mul", module=f"{act}_and_mul",
+                        spec=_spec("flashinfer.jit:gen_act_and_mul_module", act))]
+
+
+class FlashInferSampler(Kernel):
+    name = "FlashInferSampler"
+    op = "sampling"
+    library = "flashinfer"
+    min_capability = (8, 0)
+
+    @classmethod
+    def jit_work(cls, layer: Layer, env: Environment, mspec: MSpec, m_range: MRange):
+        return [JitWork("flashinfer", "sampling", module="sampling",
+                        spec=_spec("flashinfer.jit.sampling:gen_sampling_module"))]
+
+
+KERNELS: tuple[type[Kernel], ...] = (
+    FlashInferFp8BlockScaledMMKernel,
+    FlashInferFp8DeepGEMMDynamicBlockScaledKernel,
+    FlashInferFP8ScaledMMLinearKernel,
+    FlashInferCutlassMxfp8LinearKernel,
+    FlashInferAttentionBackend,
+    FlashInferMLABackend,
+    FlashInferActivation,
+    FlashInferSampler,
+)
