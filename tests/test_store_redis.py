@@ -274,7 +274,7 @@ def test_tls_with_auth(tmp_path, caches):
 # ----------------------------------------------------------------------------- faults
 
 def test_store_down_before_warmup(tmp_path, caches):
-    from warmd.store.embedded import free_port
+    from warmd.store import free_port
 
     cache = caches(f"redis://:secret-pw@127.0.0.1:{free_port()}/0")
     adapter = DirAdapter(tmp_path / "a")
@@ -341,7 +341,7 @@ def test_paused_server_times_out_and_degrades(tmp_path, caches):
 
 
 def test_out_of_memory_and_read_only_stores_keep_reads_working(tmp_path, caches):
-    from warmd.store.embedded import free_port
+    from warmd.store import free_port
 
     srv = start_test_server(tmp_path, password="pw")
     try:

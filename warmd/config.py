@@ -159,7 +159,7 @@ def expand_path(path: str) -> str:
 
 def redact_url(url: str | None) -> str | None:
     """A Redis URL with its password replaced: never print or store the real one."""
-    from warmd.store.connection import redact
+    from warmd.store import redact
 
     return redact(url) if url else url
 
@@ -374,10 +374,9 @@ def load_config(path: str | Path | None = None, *, redis_url: str | None = None,
     if metrics_port is not None and not 0 <= metrics_port <= 65535:
         raise WarmdInputError(f"metrics port must be 0..65535, got {metrics_port}")
     url = redis_url or settings.redis_url() or config.redis.url
-    from warmd.store import OFF
-    from warmd.store.connection import parse_store_url
+    from warmd.store import is_off, parse_store_url
 
-    if url and url.strip().lower() not in OFF:
+    if url and not is_off(url):
 
         parse_store_url(url)  # one clear line for a malformed URL, before anything starts
     ns = namespace or settings.namespace_override() or config.redis.namespace

@@ -26,14 +26,18 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from warmd import settings
-from warmd.cache.base import CacheAdapter, SharedCache
+from warmd.cache.base import CacheAdapter
 from warmd.errors import WarmdInputError
 from warmd.executors.base import KernelOutcome, TaskResult
 from warmd.executors.pool import Worker, failed_result
 from warmd.plan import Plan, Task
 from warmd.stats import Counters
+
+if TYPE_CHECKING:  # the interface only: warming without a store imports no store client
+    from warmd.store.api import SharedCache
 
 RECORD_DIR = ".warmd/tasks"
 STORE_COUNTERS = ("corrupt_rejected", "bytes_fetched", "bytes_published")
@@ -378,11 +382,8 @@ def run_warmup(plan: Plan, options: WarmupOptions, shared: SharedCache | None = 
 
 
 def _store_counters(shared: SharedCache) -> dict:
-    """What only the store can count (bytes moved, entries refused), when it exposes its
-    counters (warmd.store's RedisSharedCache.counters)."""
-    counts = getattr(shared, "counters", None)
-    if not isinstance(counts, dict):
-        return {}
+    """What only the store can count (bytes moved, entries refused)."""
+    counts = shared.counters
     return {k: counts[k] for k in STORE_COUNTERS if k in counts}
 
 

@@ -63,7 +63,7 @@ from warmd.cache.artifacts import (
     staging,
     unpack_safely,
 )
-from warmd.cache.base import CacheAdapter, CacheEntry, UnsafeArtifact
+from warmd.cache.base import CacheAdapter, CacheEntry, IncompatibleHere, UnsafeArtifact
 
 LIBRARY = "flashinfer"
 # Env knobs FlashInfer copies into the build commands (cpp_ext.py, core.py).
@@ -76,7 +76,7 @@ LOCK_TIMEOUT = 600.0
 _NOT_ENTRIES = {"tmp"}
 
 
-class IncompatibleEntry(UnsafeArtifact):
+class IncompatibleEntry(IncompatibleHere):
     """An artifact that is well formed but cannot hit here (would rebuild): refused."""
 
 

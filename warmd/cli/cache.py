@@ -61,13 +61,13 @@ def _open(redis_url: str | None):
         store_log.setLevel(level)
     if cache.disabled_reason:
         _fail(f"no shared cache: {cache.disabled_reason}")
-    if cache.breaker.is_open:
+    if not cache.reachable:
         _fail(f"shared cache {cache.display_url} unreachable: {cache.last_error}")
     return cache
 
 
 def _run(cache, func, *args, **kwargs):
-    from warmd.store.redis_store import StoreFailed
+    from warmd.store import StoreFailed
 
     try:
         return func(cache, *args, **kwargs)
@@ -127,7 +127,7 @@ def fingerprint(libraries, target, capability, sms, as_json) -> None:
     and SM count, CUDA toolkit and driver major version, compiler and the namespace
     (WARMD_NAMESPACE). Nodes with equal fingerprints share entries.
     """
-    from warmd.store.fingerprint import compute_fingerprint
+    from warmd.store import compute_fingerprint
     from warmd.targets import resolve_target
 
     resolved = resolve_target(target, capability, sms)
@@ -321,7 +321,7 @@ def prune(older_than, fingerprints, namespaces, everything, dry_run, redis_url,
 
 
 def _run_keep(store, func, *args):
-    from warmd.store.redis_store import StoreFailed
+    from warmd.store import StoreFailed
 
     try:
         return func(store, *args)
@@ -407,7 +407,7 @@ def _print_server(found) -> None:
 @json_option
 def server_status(as_json) -> None:
     """Whether the embedded server of this state dir (WARMD_STATE_DIR) is running."""
-    from warmd.store.embedded import embedded_status
+    from warmd.store import embedded_status
 
     found = embedded_status()
     _echo_json(_server_json(found)) if as_json else _print_server(found)
@@ -417,7 +417,7 @@ def server_status(as_json) -> None:
 @json_option
 def server_start(as_json) -> None:
     """Start the embedded server (or find the running one)."""
-    from warmd.store.embedded import EmbeddedServerError, ensure_embedded
+    from warmd.store import EmbeddedServerError, ensure_embedded
 
     try:
         found = ensure_embedded()
@@ -429,7 +429,7 @@ def server_start(as_json) -> None:
 @server.command(name="stop")
 def server_stop() -> None:
     """Stop the embedded server cleanly (its data stays in the state dir)."""
-    from warmd.store.embedded import stop_embedded
+    from warmd.store import stop_embedded
 
     click.echo("embedded server stopped" if stop_embedded() else
                "embedded server: not running")

@@ -129,16 +129,16 @@ def _plan_all(config: WarmdConfig, builder: bool, shard: int, shards: int,
 
 
 def _open_shared(redis_url: str | None, plan, store: dict):
-    from warmd.store import OFF, open_shared_cache, redact
+    from warmd.store import is_off, open_shared_cache
 
-    if redis_url is not None and redis_url.strip().lower() in OFF:
+    if is_off(redis_url):
         return None
     try:
         shared = open_shared_cache(redis_url, target=plan.env.target)
     except WarmdInputError as exc:  # unreadable key file, malformed URL
         store.update(ok=False, reason=f"shared cache not used: {exc}")
         return None
-    store["url"] = redact(shared.store_url.url) if shared.store_url else None
+    store["url"] = None if shared.disabled_reason else shared.display_url
     return shared
 
 

@@ -585,7 +585,7 @@ def _import_entry(cache: RedisSharedCache, tar: tarfile.TarFile, fp: str, name: 
     new = cache.write_entries(fingerprint, [(man, blob)])
     counts["imported" if new else "already_present"] += 1
     if new:
-        cache._count("imported", fp=fp)
+        cache.count("imported", fp=fp)
     return True
 
 

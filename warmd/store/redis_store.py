@@ -19,9 +19,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from warmd import settings
-from warmd.cache.base import CacheAdapter, CacheEntry, SharedCache, UnsafeArtifact
-from warmd.cache.flashinfer import IncompatibleEntry as IncompatibleHere
+from warmd.cache.base import CacheAdapter, CacheEntry, IncompatibleHere, UnsafeArtifact
 from warmd.store import layout
+from warmd.store.api import SharedCache, StoreFailed
 from warmd.store.breaker import CircuitBreaker
 from warmd.store.connection import (
     CONNECT_TIMEOUT,
@@ -73,14 +73,6 @@ return 1
 """
 
 
-class StoreFailed(Exception):
-    """One store operation failed; `kind` is connection.classify's verdict."""
-
-    def __init__(self, kind: str, message: str = "") -> None:
-        super().__init__(message or kind)
-        self.kind = kind
-
-
 class RedisSharedCache(SharedCache):
     """SharedCache over one Redis (or Redis Cluster) URL; url=None gives a disabled cache
     (every call a miss) that says why in `disabled_reason`."""
@@ -127,6 +119,10 @@ class RedisSharedCache(SharedCache):
         return self.store_url.display if self.store_url else "(none)"
 
     @property
+    def reachable(self) -> bool:
+        return not self.breaker.is_open
+
+    @property
     def counters(self) -> dict[str, float]:
         """This process's store counters so far (a copy)."""
         with self._lock:
@@ -135,11 +131,11 @@ class RedisSharedCache(SharedCache):
     def count_refusal(self, counter: str, fp: str) -> None:
         """Every refused record or blob is a corrupt_rejected; signature and safety refusals
         are also counted under their own name."""
-        self._count("corrupt_rejected", fp=fp)
+        self.count("corrupt_rejected", fp=fp)
         if counter != "corrupt_rejected":
-            self._count(counter, fp=fp)
+            self.count(counter, fp=fp)
 
-    def _count(self, name: str, value: float = 1, fp: str | None = None) -> None:
+    def count(self, name: str, value: float = 1, fp: str | None = None) -> None:
         if not value:
             return
         with self._lock:
@@ -168,10 +164,10 @@ class RedisSharedCache(SharedCache):
     def op(self, fn: Callable[[Any], Any], what: str) -> Any:
         """fn(client) through the circuit breaker; a store error raises StoreFailed."""
         if self.disabled_reason:
-            self._count("store_skipped")
+            self.count("store_skipped")
             raise StoreFailed("disabled", self.disabled_reason)
         if not self.breaker.allow():
-            self._count("store_skipped")
+            self.count("store_skipped")
             raise StoreFailed("open", "circuit breaker open")
         try:
             result = fn(self._get_client())
@@ -187,7 +183,7 @@ class RedisSharedCache(SharedCache):
         if kind in ("down", "auth"):
             was_open = self.breaker.is_open
             self.breaker.failure()
-            self._count("store_errors")
+            self.count("store_errors")
             if not was_open:
                 log.warning("shared cache %s unavailable during %s (%s); continuing with local "
                             "compiles", self.display_url, what, message)
@@ -251,19 +247,19 @@ class RedisSharedCache(SharedCache):
         except OSError as exc:  # listing the local cache failed
             log.warning("shared cache: cannot list %s cache: %s", adapter.library, exc)
             return result
-        self._count("local_hits", len(named & present), fp.digest)
+        self.count("local_hits", len(named & present), fp.digest)
         for task in tasks:
             found = records.get(task)
             if found is None:
-                self._count("tasks_missed", fp=fp.digest)
+                self.count("tasks_missed", fp=fp.digest)
                 continue
             rec, raw = found
             if all(n in present or n in installed for n in rec.entries):
                 result[task] = list(rec.entries)
-                self._count("tasks_hit", fp=fp.digest)
+                self.count("tasks_hit", fp=fp.digest)
             else:
                 self._stale[task] = raw
-                self._count("tasks_missed", fp=fp.digest)
+                self.count("tasks_missed", fp=fp.digest)
         return result
 
     def _read_records(self, fp: str, tasks: list[str]) -> dict[str, tuple[TaskRecord, bytes]]:
@@ -352,7 +348,7 @@ class RedisSharedCache(SharedCache):
     def refused_here(self, fp: str, name: str, why: str) -> None:
         """A miss this node cannot use (its own limits, an incompatible build): counted,
         never quarantined, so nodes that can use the entry keep it."""
-        self._count("refused_here", fp=fp)
+        self.count("refused_here", fp=fp)
         log.warning("shared cache: not using entry %s here (fingerprint %s): %s", name, fp, why)
 
     def _fetch_and_install(self, adapter: CacheAdapter, fp: str,
@@ -421,13 +417,13 @@ class RedisSharedCache(SharedCache):
                              counter="unsafe_rejected")
             return False
         except Exception as exc:  # a local problem (disk full, permissions): not the entry's
-            self._count("install_failed", fp=fp)
+            self.count("install_failed", fp=fp)
             log.warning("shared cache: installing %s into %s failed: %s", man.name,
                         adapter.root, exc)
             return False
-        self._count("remote_hits", fp=fp)
-        self._count("bytes_fetched", len(blob), fp)
-        self._count("compile_seconds_saved", man.compile_seconds, fp)
+        self.count("remote_hits", fp=fp)
+        self.count("bytes_fetched", len(blob), fp)
+        self.count("compile_seconds_saved", man.compile_seconds, fp)
         return True
 
     def quarantine(self, fp: str, name: str, raw: bytes, why: str, digest: str | None = None,
@@ -453,7 +449,7 @@ class RedisSharedCache(SharedCache):
 
         try:
             if self.op(run, "quarantine"):
-                self._count("quarantined", fp=fp)
+                self.count("quarantined", fp=fp)
         except StoreFailed:
             pass
 
@@ -479,7 +475,7 @@ class RedisSharedCache(SharedCache):
         state, holder = self._try_claim(fp, task, token, stale)
         if state != "held":
             return self._claimed(state, fp, task, token, waited=False)
-        self._count("lease_waits", fp=fp)
+        self.count("lease_waits", fp=fp)
         log.info("shared cache: %s is being compiled by %s; waiting", task, holder)
         deadline = time.monotonic() + timeout
         # Subscribed only now: a publication in between is found by the next poll.
@@ -487,7 +483,7 @@ class RedisSharedCache(SharedCache):
             while state == "held":
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    self._count("lease_timeouts", fp=fp)
+                    self.count("lease_timeouts", fp=fp)
                     log.warning("shared cache: waited %.0f s for %s (held by %s); compiling it "
                                 "here", timeout, task, holder)
                     return True, None
@@ -498,10 +494,10 @@ class RedisSharedCache(SharedCache):
     def _claimed(self, state: str, fp: str, task: str, token: str, waited: bool
                  ) -> tuple[bool, _Lease | None]:
         if state == "published":
-            self._count("lease_waits_satisfied" if waited else "published_meanwhile", fp=fp)
+            self.count("lease_waits_satisfied" if waited else "published_meanwhile", fp=fp)
             return False, None
         if state == "acquired":
-            self._count("lease_takeovers" if waited else "leases_acquired", fp=fp)
+            self.count("lease_takeovers" if waited else "leases_acquired", fp=fp)
             return True, _Lease(self, fp, task, token)
         return True, None  # "free": a read-only user and nobody compiling: we do
 
@@ -576,7 +572,7 @@ class RedisSharedCache(SharedCache):
         except Exception:
             return
         if self.disabled_reason or self.read_only:
-            self._count("publish_skipped", fp=fp.digest)
+            self.count("publish_skipped", fp=fp.digest)
             return
         packed = self._pack(adapter, fp, entries, compile_seconds)
         if packed is None:
@@ -591,10 +587,10 @@ class RedisSharedCache(SharedCache):
             self._publish_failed(failed, fp.digest)
             return
         self._stale.pop(task_key, None)
-        self._count("published", len(new), fp.digest)
-        self._count("already_published", len(packed) - len(new), fp.digest)
-        self._count("bytes_published", sum(len(b) for _m, b in new), fp.digest)
-        self._count("compile_seconds", float(compile_seconds), fp.digest)
+        self.count("published", len(new), fp.digest)
+        self.count("already_published", len(packed) - len(new), fp.digest)
+        self.count("bytes_published", sum(len(b) for _m, b in new), fp.digest)
+        self.count("compile_seconds", float(compile_seconds), fp.digest)
         self._maybe_flush()
 
     def _pack(self, adapter: CacheAdapter, fp: Fingerprint, entries: list[CacheEntry],
@@ -605,11 +601,11 @@ class RedisSharedCache(SharedCache):
             try:
                 blob = adapter.pack(entry)
             except Exception as exc:  # unsafe or vanished entry: publish nothing of the task
-                self._count("publish_failed", fp=fp.digest)
+                self.count("publish_failed", fp=fp.digest)
                 log.warning("shared cache: cannot pack %s: %s", entry.name, exc)
                 return None
             if len(blob) > self.max_artifact_bytes or not layout.is_entry_name(entry.name):
-                self._count("publish_failed", fp=fp.digest)
+                self.count("publish_failed", fp=fp.digest)
                 log.warning("shared cache: not publishing %s (%d bytes): too large or a bad "
                             "name", entry.name, len(blob))
                 return None
@@ -664,16 +660,16 @@ class RedisSharedCache(SharedCache):
 
     def _publish_failed(self, failed: StoreFailed, fp: str) -> None:
         if failed.kind == "denied":
-            self._count("publish_denied", fp=fp)
+            self.count("publish_denied", fp=fp)
             self._note_read_only(failed)
         elif failed.kind in ("oom", "readonly"):
-            self._count("publish_failed", fp=fp)
+            self.count("publish_failed", fp=fp)
             self._warn_once(failed.kind, "shared cache %s cannot store new entries (%s); "
                             "warmup continues, results stay local", self.display_url,
                             "out of memory: see docs/redis.md on maxmemory"
                             if failed.kind == "oom" else "read-only replica")
         else:
-            self._count("publish_failed", fp=fp)
+            self.count("publish_failed", fp=fp)
 
     # ----------------------------------------------------------------------- stats
 
@@ -768,12 +764,6 @@ class RedisSharedCache(SharedCache):
                     self._client.close()
                 self._client = None
 
-    def __enter__(self) -> RedisSharedCache:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
 
 class _Lease:
     """A held single-flight lease: renewed in a thread while the body runs, then released
@@ -812,7 +802,7 @@ class _Lease:
             except StoreFailed:
                 continue
             if not held:
-                store._count("lease_lost", fp=self.fp)
+                store.count("lease_lost", fp=self.fp)
                 log.warning("shared cache: lost the lease on %s (it expired); finishing the "
                             "compile anyway", self.task)
                 return
