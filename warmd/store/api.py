@@ -45,8 +45,15 @@ class SharedCache(ABC):
     at the end record_outcomes with the run's counters, then close.
     """
 
-    disabled_reason: str | None = None  # set when the cache is off; then every call misses
-    last_error: str | None = None  # the last store failure, secrets scrubbed
+    @property
+    @abstractmethod
+    def disabled_reason(self) -> str | None:
+        """Why the cache is off (then every call is a miss); None when it is on."""
+
+    @property
+    @abstractmethod
+    def last_error(self) -> str | None:
+        """The last store failure, secrets scrubbed; None before any."""
 
     # -- per task ------------------------------------------------------------------------
 
