@@ -52,6 +52,22 @@ def same_files(a: DirAdapter, b: DirAdapter, name: str) -> bool:
                                                            ).read_bytes()
 
 
+def wait_in_thread(cache: SharedCache, task: str, settle: float
+                   ) -> tuple[threading.Thread, dict]:
+    """Enter cache.single_flight(task) in a thread (seen["mine"] once it answers), then
+    give it `settle` seconds to start waiting."""
+    seen: dict = {}
+
+    def wait() -> None:
+        with cache.single_flight(task, 20) as mine:
+            seen["mine"] = mine
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    time.sleep(settle)
+    return thread, seen
+
+
 class StoreContract:
     # ------------------------------------------------------------------- fetch and publish
 
@@ -101,22 +117,16 @@ class StoreContract:
         a, b = DirAdapter(tmp_path / "a"), DirAdapter(tmp_path / "b")
         assert holder.fetch_task(a, "testlib/sf") is None
         assert waiter.fetch_task(b, "testlib/sf") is None
-        seen: dict = {}
-
-        def wait() -> None:
-            with waiter.single_flight("testlib/sf", 20) as mine:
-                seen["mine"] = mine
-
         with holder.single_flight("testlib/sf", 20) as mine:
             assert mine
-            thread = threading.Thread(target=wait)
-            thread.start()
-            time.sleep(0.5)
+            thread, seen = wait_in_thread(waiter, "testlib/sf", 0.5)
             assert "mine" not in seen  # waiting for the holder
             publish(holder, a, "testlib/sf", ["kernel.sf.0001"])
         thread.join(10)
         assert seen["mine"] is False
         assert waiter.fetch_task(b, "testlib/sf") == ["kernel.sf.0001"]
+        assert waiter.counters["lease_waits"] == 1
+        assert waiter.counters["lease_waits_satisfied"] == 1
 
     def test_single_flight_is_taken_over_when_the_holder_publishes_nothing(
             self, backend: Backend, tmp_path: Path):
@@ -124,19 +134,11 @@ class StoreContract:
         a = DirAdapter(tmp_path / "a")
         holder.fetch_task(a, "testlib/fail")
         waiter.fetch_task(a, "testlib/fail")
-        seen: dict = {}
-
-        def wait() -> None:
-            with waiter.single_flight("testlib/fail", 20) as mine:
-                seen["mine"] = mine
-
         with holder.single_flight("testlib/fail", 20) as mine:
             assert mine
-            thread = threading.Thread(target=wait)
-            thread.start()
-            time.sleep(0.3)
+            thread, seen = wait_in_thread(waiter, "testlib/fail", 0.3)
         thread.join(10)
-        assert seen["mine"] is True
+        assert seen["mine"] is True and waiter.counters["lease_takeovers"] == 1
 
     def test_shard_order_is_a_rotation_that_differs_per_arrival(self, backend: Backend):
         keys = [f"testlib/t{i:02d}" for i in range(20)]

@@ -16,6 +16,8 @@ import time
 from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING
 
+from warmd.stats import F, hit_rate, ids
+
 if TYPE_CHECKING:
     from warmd.store import NodeRecords
 
@@ -29,7 +31,7 @@ _NEXT = {
     DEGRADED: {WARMING},
     FAILED: {WARMING},
 }
-KERNEL_COUNTS = ("total", "local_hits", "remote_hits", "compiled", "failed")
+KERNEL_COUNTS = ("total", *ids(F.KERNEL))  # a node record's kernels: what `warmd status` shows
 
 
 class BadTransition(RuntimeError):
@@ -73,9 +75,7 @@ class NodeState:
 
     @property
     def hit_rate(self) -> float:
-        total = self.kernels.get("total", 0)
-        hits = self.kernels.get("local_hits", 0) + self.kernels.get("remote_hits", 0)
-        return hits / total if total else 0.0
+        return hit_rate(self.kernels) or 0.0
 
     def to_json(self) -> dict:
         data = asdict(self)

@@ -20,6 +20,7 @@ from pathlib import Path
 from warmd import settings
 from warmd.cache.artifacts import check_artifact
 from warmd.cache.base import UnsafeArtifact
+from warmd.stats import F, hit_rate, ids
 from warmd.store import layout
 from warmd.store.entries import unpacks_over
 from warmd.store.fingerprint import Fingerprint, digest_of
@@ -32,7 +33,6 @@ MAX_RECORD_BYTES = 1 << 20
 # Listing and pruning read every manifest whatever this node's own size limit: an entry too
 # large to install here is still an entry (and its chunks are still referenced).
 ANY_SIZE = 1 << 62
-OUTCOME_FIELDS = ("local_hits", "remote_hits", "compiled", "failed")
 
 
 class UnsafeArchive(ValueError):
@@ -53,12 +53,6 @@ def _counters(raw: dict) -> dict[str, float]:
             continue
         out[name] = int(number) if number.is_integer() and name != "last_seen" else number
     return out
-
-
-def hit_rate(counters: dict[str, float]) -> float | None:
-    hits = counters.get("local_hits", 0) + counters.get("remote_hits", 0)
-    total = hits + counters.get("compiled", 0) + counters.get("failed", 0)
-    return hits / total if total else None
 
 
 # --------------------------------------------------------------------------- listing
@@ -534,8 +528,7 @@ def import_archive(cache: RedisSharedCache, path: Path) -> dict:
         fps = {_MEMBERS["fp"].match(m.name).group(1): _json_member(tar, m)
                for m in found["fp"]}
         counts = {"imported": 0, "already_present": 0, "tasks": 0, "tasks_skipped": 0,
-                  "corrupt_rejected": 0, "signature_rejected": 0, "unsafe_rejected": 0,
-                  "refused_here": 0}
+                  **dict.fromkeys(ids(F.REFUSAL), 0)}
         accepted: dict[str, set[str]] = {}
         for member in found["man"]:
             fp, name = _MEMBERS["man"].match(member.name).groups()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 
+from warmd.stats import BY_ID, F, ids
 from warmd.store import layout
 from warmd.store.api import StoreFailed
 from warmd.store.transport import RedisTransport
@@ -13,10 +14,9 @@ from warmd.store.transport import RedisTransport
 FLUSH_INTERVAL = 10.0
 # Counters warmup reports itself (warmd.stats.Counters via record_outcomes): the store's own
 # view of them goes to the per-fingerprint stats only, so a node's totals count nothing twice.
-WARMUP_OWNED = ("local_hits", "remote_hits", "compile_seconds", "compile_seconds_saved")
+WARMUP_OWNED = frozenset(ids(F.RUN, without=F.STORE))
 # Counters only the store can know: what warmup reports under these names is ignored.
-STORE_OWNED = ("corrupt_rejected", "signature_rejected", "unsafe_rejected", "refused_here",
-               "bytes_fetched", "bytes_published")
+STORE_OWNED = frozenset(ids(F.STORE))
 
 
 class StoreStats:
@@ -37,7 +37,10 @@ class StoreStats:
             return dict(self._counts)
 
     def count(self, name: str, value: float = 1, fp: str | None = None) -> None:
-        """Count an event of this process, for this node and (given fp) its fingerprint."""
+        """Count an event of this process, for this node and (given fp) its fingerprint.
+        `name` is a counter of warmd.stats.COUNTERS (another name is a bug: ValueError)."""
+        if name not in BY_ID:
+            raise ValueError(f"{name!r} is not in warmd.stats.COUNTERS")
         if not value:
             return
         with self._lock:
