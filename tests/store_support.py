@@ -17,7 +17,7 @@ from pathlib import Path
 
 from warmd.cache.artifacts import install_atomically, pack_directory
 from warmd.cache.base import CacheAdapter, CacheEntry
-from warmd.store.embedded import ServerProcess, start_server
+from warmd.store import ServerProcess, start_server
 
 SRC = str(Path(__file__).resolve().parent.parent)
 

@@ -27,9 +27,9 @@ ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 
 from warmd.cluster import CONTROLLER_NAME, RAY_NAMESPACE, agent_name  # noqa: E402
-from warmd.cluster.state import StateStore  # noqa: E402
+from warmd.cluster.state import node_records  # noqa: E402
 from warmd.examples import EXAMPLES_DIR  # noqa: E402
-from warmd.store.embedded import free_port, start_server  # noqa: E402
+from warmd.store import free_port, start_server  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -209,7 +209,7 @@ def test_start_warms_every_selected_node(world):
     until(lambda: ray.available_resources().get("GPU") == 2.0, timeout=30)
 
     # any process can read the node states from Redis
-    records = StateStore(world.url, NAMESPACE).get_all()
+    records = node_records(world.url, NAMESPACE).get_all()
     assert {r.node_id: r.state for r in records} == dict.fromkeys(gpu_nodes, "READY")
 
     # each agent serves Prometheus metrics
@@ -290,7 +290,7 @@ def test_removed_node_leaves_the_status(world):
     world.cluster.remove_node(world.nodes.pop("c"))
     until(lambda: node_id not in {n["node_id"] for n in world.status()["nodes"]}, timeout=90)
     assert agent_name(node_id) not in warmd_actors()
-    assert node_id not in {r.node_id for r in StateStore(world.url, NAMESPACE).get_all()}
+    assert node_id not in {r.node_id for r in node_records(world.url, NAMESPACE).get_all()}
 
 
 def test_model_missing_on_one_node_fails_only_that_node(world):
@@ -344,7 +344,7 @@ def test_stop_then_start_finds_the_cache_warm(world):
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["controller"] is True
     assert warmd_actors() == set()
-    assert StateStore(world.url, NAMESPACE).get_all() == []
+    assert node_records(world.url, NAMESPACE).get_all() == []
     assert world.server.client().dbsize() > 0  # the shared cache is intact
     down = world.cli("status", "--address", world.cluster.address)
     assert down.returncode == 1 and "not running" in down.stdout

@@ -14,11 +14,11 @@ from warmd.cluster import state as st
 from warmd.cluster.client import node_matches, reachable, resolve_address
 from warmd.cluster.logs import node_logger
 from warmd.cluster.nodes import RayNode, wanted_nodes
-from warmd.cluster.state import NodeState, StateStore
+from warmd.cluster.state import NodeState, node_records
 from warmd.cluster.work import summarize, warm_node
 from warmd.config import parse_config
 from warmd.errors import WarmdInputError
-from warmd.store.embedded import free_port, start_server
+from warmd.store import free_port, layout, start_server
 
 
 @pytest.fixture(scope="module")
@@ -45,12 +45,12 @@ def test_state_machine_allows_only_documented_moves():
 
 
 def test_state_store_roundtrip_on_a_real_server(server):
-    store = StateStore(server.url, "ns1", ttl=30)
-    other = StateStore(server.url, "ns2")
+    store = node_records(server.url, "ns1", ttl=30)
+    other = node_records(server.url, "ns2")
     assert store.put(NodeState("a", state=st.READY)) and store.put(NodeState("b"))
     assert other.put(NodeState("c"))
     assert {n.node_id: n.state for n in store.get_all()} == {"a": st.READY, "b": st.PENDING}
-    assert 0 < server.client().ttl(st.node_key("ns1", "a")) <= 30  # dead agents' records expire
+    assert 0 < server.client().ttl(layout.node_key("ns1", "a")) <= 30  # dead agents' records expire
     assert store.delete("b") and [n.node_id for n in store.get_all()] == ["a"]
     assert [n.node_id for n in other.get_all()] == ["c"]
     assert store.put_daemon({"config_hash": "abc"}) and store.get_daemon() == {
@@ -60,20 +60,20 @@ def test_state_store_roundtrip_on_a_real_server(server):
 
 
 def test_state_store_degrades_when_redis_is_unreachable():
-    store = StateStore(f"redis://127.0.0.1:{free_port()}/0", "ns")
+    store = node_records(f"redis://127.0.0.1:{free_port()}/0", "ns")
     started = time.monotonic()
     assert store.put(NodeState("a")) is False
     assert store.get_all() is None and store.get_daemon() is None
     assert store.server_size() is None and not store.ping()
     assert time.monotonic() - started < 5  # bounded timeouts, no hidden retries
     assert store.errors == 5 and "ConnectionError" in store.last_error and not store.healthy
-    off = StateStore("off", "ns")
+    off = node_records("off", "ns")
     assert off.put(NodeState("a")) is False and off.errors == 0
     assert off.last_error == "no Redis configured"
 
 
 def test_state_store_never_shows_the_password(server):
-    bad = StateStore(server.url.replace("unit-pw", "wrong-pw"), "ns")
+    bad = node_records(server.url.replace("unit-pw", "wrong-pw"), "ns")
     assert bad.put(NodeState("a")) is False
     assert "wrong-pw" not in bad.last_error and bad.last_error
 

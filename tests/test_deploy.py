@@ -20,9 +20,9 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from warmd.cli import main
-from warmd.cluster.state import NodeState, StateStore
+from warmd.cluster.state import NodeState, node_records
 from warmd.config import parse_config
-from warmd.store.embedded import free_port
+from warmd.store import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
@@ -265,8 +265,8 @@ def test_redis_acl_users_have_their_documented_rights(tmp_path):
 
         # warmd's own node records: the writer writes, the reader is refused and it is counted
         url = f"redis://warmd-writer:warmd-writer-pw@127.0.0.1:{port}/0"
-        assert StateStore(url, "acl").put(NodeState("n1"))
-        read_only = StateStore(f"redis://warmd-reader:warmd-reader-pw@127.0.0.1:{port}/0", "acl")
+        assert node_records(url, "acl").put(NodeState("n1"))
+        read_only = node_records(f"redis://warmd-reader:warmd-reader-pw@127.0.0.1:{port}/0", "acl")
         assert not read_only.put(NodeState("n2")) and read_only.errors == 1
         assert "NOPERM" in read_only.last_error or "permission" in read_only.last_error.lower()
         assert [r.node_id for r in read_only.get_all()] == ["n1"]

@@ -72,7 +72,7 @@ def test_bad_input_is_one_line_exit_2(args):
 
 
 def test_unreachable_store_is_one_line_without_the_password():
-    from warmd.store.embedded import free_port
+    from warmd.store import free_port
 
     result = run("cache", "stats", "--redis", f"redis://:hunter2@127.0.0.1:{free_port()}/0",
                  code=1)

@@ -274,7 +274,7 @@ def test_tls_with_auth(tmp_path, caches):
 # ----------------------------------------------------------------------------- faults
 
 def test_store_down_before_warmup(tmp_path, caches):
-    from warmd.store.embedded import free_port
+    from warmd.store import free_port
 
     cache = caches(f"redis://:secret-pw@127.0.0.1:{free_port()}/0")
     adapter = DirAdapter(tmp_path / "a")
@@ -341,7 +341,7 @@ def test_paused_server_times_out_and_degrades(tmp_path, caches):
 
 
 def test_out_of_memory_and_read_only_stores_keep_reads_working(tmp_path, caches):
-    from warmd.store.embedded import free_port
+    from warmd.store import free_port
 
     srv = start_test_server(tmp_path, password="pw")
     try:
@@ -396,26 +396,10 @@ def test_single_flight_waiter_gets_the_publication(server, rclient, caches, tmp_
     assert not rclient.keys("warmd:v1:lease:*")
 
 
-def test_single_flight_takes_over_a_released_lease_and_times_out(server, rclient, caches,
-                                                                 tmp_path):
+def test_single_flight_waiter_times_out(server, rclient, caches, tmp_path):
+    # Taking over a released lease: tests/store_contract.py (run on Redis by
+    # test_store_contract.py).
     holder, waiter = caches(server.url), caches(server.url, lease_seconds=1.0)
-    a = DirAdapter(tmp_path / "a")
-    holder.fetch_task(a, "testlib/fail")
-    waiter.fetch_task(a, "testlib/fail")
-    # The holder's compile fails (nothing published): the waiter takes over at release.
-    result = {}
-
-    def wait():
-        with waiter.single_flight("testlib/fail", 20) as mine:
-            result["mine"] = mine
-
-    with holder.single_flight("testlib/fail", 20) as mine:
-        assert mine
-        thread = threading.Thread(target=wait)
-        thread.start()
-        time.sleep(0.3)
-    thread.join(10)
-    assert result["mine"] is True and waiter.counters["lease_takeovers"] == 1
     # A holder that never finishes: the waiter gives up after its timeout and compiles.
     with holder.single_flight("testlib/slow", 20):
         start = time.monotonic()

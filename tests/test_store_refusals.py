@@ -16,11 +16,9 @@ from click.testing import CliRunner
 from store_support import DirAdapter, compile_entry, start_test_server
 
 from warmd.cache.artifacts import pack_directory
-from warmd.cache.base import CacheEntry, IncompatibleEntry
+from warmd.cache.base import CacheEntry, IncompatibleHere
 from warmd.cli import main
-from warmd.store import admin, layout
-from warmd.store.embedded import free_port
-from warmd.store.fingerprint import digest_of
+from warmd.store import admin, digest_of, free_port, layout
 
 
 @pytest.fixture(scope="module")
@@ -118,13 +116,16 @@ def test_quarantine_leaves_chunks_another_fingerprint_uses(server, rclient, cach
 
 class IncompatibleHereAdapter(DirAdapter):
     """The test library on a node that cannot use its entries (FlashInfer's adapter raises
-    IncompatibleEntry when, say, its ninja cannot relocate a build)."""
+    IncompatibleEntry, an IncompatibleHere, when, say, its ninja cannot relocate a build)."""
 
     def install(self, name: str, artifact: bytes) -> CacheEntry:
-        raise IncompatibleEntry("built against files missing here")
+        raise IncompatibleHere("built against files missing here")
 
 
 def test_incompatible_entry_is_refused_here_only(server, rclient, caches, tmp_path):
+    from warmd.cache.flashinfer import IncompatibleEntry
+
+    assert issubclass(IncompatibleEntry, IncompatibleHere)  # the store knows no library
     a = DirAdapter(tmp_path / "a")
     writer = caches(server.url)
     writer.publish_task(a, "t", [compile_entry(a, "kernel.x.0001", 10_000)], 1.0)

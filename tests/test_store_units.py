@@ -187,3 +187,26 @@ def test_unix_urls_keep_their_slashes_and_are_checked_by_redis_py():
     assert parse_store_url("unix:///tmp/x.sock?db=1").url == "unix:///tmp/x.sock?db=1"
     with pytest.raises(WarmdInputError, match="socket_timeout"):
         parse_store_url("unix:///tmp/x.sock?socket_timeout=abc")
+
+
+def test_the_counter_table_is_the_one_source_of_counter_names():
+    from dataclasses import fields
+
+    from warmd import stats
+    from warmd.cluster.state import KERNEL_COUNTS
+    from warmd.executors.base import OUTCOMES
+    from warmd.stats import F
+    from warmd.store.stats import STORE_OWNED, WARMUP_OWNED, StoreStats
+
+    assert len(stats.BY_ID) == len(stats.COUNTERS)  # every id once
+    assert [f.name for f in fields(stats.Counters)] == list(stats.ids(F.RUN))
+    assert {s.outcome for s in stats.select(F.KERNEL)} == set(OUTCOMES)
+    assert ("total", *stats.ids(F.KERNEL)) == KERNEL_COUNTS
+    assert not WARMUP_OWNED & STORE_OWNED and "corrupt_rejected" in STORE_OWNED
+    counters = stats.Counters(local_hits=1, remote_hits=2, compiled=1)
+    assert counters.kernel_counts() == {"total": 4, "local_hits": 1, "remote_hits": 2,
+                                        "compiled": 1, "failed": 0}
+    assert counters.hit_rate == 0.75 == stats.hit_rate(counters.to_json())
+    assert stats.render_details({"store_errors": 3})[6] == f"{'Store errors':<26}{3:>12}"
+    with pytest.raises(ValueError):  # a name not in the table is a bug, caught at once
+        StoreStats("n").count("no_such_counter")

@@ -176,8 +176,7 @@ def test_ctrl_c_stops_compilers_and_leaves_no_entry(env, tmp_path):
 
 def test_second_node_installs_from_shared_cache_and_compiles_nothing(warm, tmp_path,
                                                                      monkeypatch):
-    from warmd.store import open_shared_cache
-    from warmd.store.embedded import start_server
+    from warmd.store import open_shared_cache, start_server
 
     monkeypatch.setenv("WARMD_STATE_DIR", str(warm.base / "state"))
     server = start_server(tmp_path / "redis", appendonly=False)

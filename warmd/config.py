@@ -167,7 +167,7 @@ def expand_path(path: str) -> str:
 
 def redact_url(url: str | None) -> str | None:
     """A Redis URL with its password replaced: never print or store the real one."""
-    from warmd.store.connection import redact
+    from warmd.store import redact
 
     return redact(url) if url else url
 
@@ -394,7 +394,7 @@ def load_config(path: str | Path | None = None, *, redis_url: str | None = None,
         raise WarmdInputError(f"metrics port must be 0..65535, got {metrics_port}")
     url = redis_url or settings.redis_url() or config.redis.url
     if url and not settings.store_is_off(url):
-        from warmd.store.connection import parse_store_url
+        from warmd.store import parse_store_url
 
         parse_store_url(url)  # one clear line for a malformed URL, before anything starts
     ns = namespace or settings.namespace_override() or config.redis.namespace

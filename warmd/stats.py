@@ -1,50 +1,142 @@
-"""One set of cache counters, for a warmup run and for the cluster-wide totals alike,
-rendered as text (ccache/sccache style) or JSON."""
+"""The one table of counters (in the manner of ccache's statistics table), and what is
+derived from it: `Counters` (a warmup run's counters and the cluster totals), its text and
+JSON renderings, the store's per-node and per-fingerprint stats, `warmd cache stats`'
+columns, `warmd status`' kernel counts and the Prometheus outcome labels.
+
+A counter name is written once, here; everything else selects counters by flag.
+"""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
-
-_INT_FIELDS = ("tasks", "tasks_failed", "local_hits", "remote_hits", "compiled", "failed",
-               "corrupt_rejected", "bytes_fetched", "bytes_published")
+import enum
+from dataclasses import asdict, dataclass, field, fields, make_dataclass
 
 
-@dataclass
-class Counters:
-    tasks: int = 0
-    tasks_failed: int = 0
-    local_hits: int = 0  # kernels already in the local cache
-    remote_hits: int = 0  # kernels installed from the shared cache during the run
-    compiled: int = 0
-    failed: int = 0
-    corrupt_rejected: int = 0  # shared entries refused: bad digest/signature/unsafe archive
-    bytes_fetched: int = 0
-    bytes_published: int = 0
-    compile_seconds: float = 0.0
-    compile_seconds_saved: float = 0.0  # what the hits took to compile where they were built
+class F(enum.Flag):
+    NONE = 0
+    RUN = enum.auto()  # a warmup counts it: a field of Counters
+    STORE = enum.auto()  # only the store can count it; warmup's reports of it are ignored
+    KERNEL = enum.auto()  # a kernel outcome: kernels = sum of these
+    HIT = enum.auto()  # an outcome that is a hit (hit rate = hits / kernels)
+    ERROR = enum.auto()  # something failed or was refused
+    REFUSAL = enum.auto()  # a shared entry refused (counted per kind by verify and import)
+    TROUBLE = enum.auto()  # the shared cache did not do its job: the node is DEGRADED
+    DOWN = enum.auto()  # ...because it was unreachable (else it refused work)
+    TIME = enum.auto()  # seconds (float)
+    BYTES = enum.auto()
+    DETAIL = enum.auto()  # shown indented under the row before
+    SHOWN = enum.auto()  # a store counter `warmd cache stats` lists under the summary
+    NODE_COLUMN = enum.auto()  # a column of `warmd cache stats`' per-node table
+    FP_COLUMN = enum.auto()  # a column of its per-fingerprint table
+
+
+@dataclass(frozen=True)
+class Stat:
+    id: str
+    description: str  # as the text renderings show it
+    flags: F = F.NONE
+    outcome: str | None = None  # the executors' outcome name (KERNEL), a Prometheus label
+    column: str | None = None  # header in `warmd cache stats` tables
+
+    def has(self, flag: F) -> bool:
+        return bool(self.flags & flag)
+
+
+_COLS = F.NODE_COLUMN | F.FP_COLUMN
+COUNTERS: tuple[Stat, ...] = (
+    # What a warmup counts (Counters fields, in the order the text shows them).
+    Stat("tasks", "Tasks", F.RUN),
+    Stat("tasks_failed", "failed", F.RUN | F.ERROR | F.DETAIL),
+    Stat("local_hits", "local hits", F.RUN | F.KERNEL | F.HIT | F.DETAIL | _COLS, "local_hit",
+         "local"),
+    Stat("remote_hits", "remote hits", F.RUN | F.KERNEL | F.HIT | F.DETAIL | _COLS,
+         "remote_hit", "remote"),
+    Stat("compiled", "compiled", F.RUN | F.KERNEL | F.DETAIL | F.NODE_COLUMN, "compiled",
+         "compiled"),
+    Stat("failed", "failed", F.RUN | F.KERNEL | F.ERROR | F.DETAIL | F.NODE_COLUMN, "failed",
+         "failed"),
+    Stat("compile_seconds", "Compile time", F.RUN | F.TIME),
+    Stat("compile_seconds_saved", "Compile time saved", F.RUN | F.TIME | _COLS,
+         column="saved"),
+    Stat("corrupt_rejected", "Corrupt entries rejected",
+         F.RUN | F.STORE | F.ERROR | F.REFUSAL | _COLS, column="rejected"),
+    Stat("bytes_fetched", "Fetched", F.RUN | F.STORE | F.BYTES | _COLS, column="fetched"),
+    Stat("bytes_published", "Published", F.RUN | F.STORE | F.BYTES | F.NODE_COLUMN,
+         column="published"),
+    # What only the store counts (its per-node and per-fingerprint stats).
+    Stat("signature_rejected", "bad or missing signature",
+         F.STORE | F.ERROR | F.REFUSAL | F.DETAIL | F.SHOWN),
+    Stat("unsafe_rejected", "unsafe archive",
+         F.STORE | F.ERROR | F.REFUSAL | F.DETAIL | F.SHOWN),
+    Stat("refused_here", "Entries this node cannot use", F.STORE | F.REFUSAL),
+    Stat("quarantined", "Entries quarantined", F.STORE | F.SHOWN),
+    Stat("published", "Entries published", F.STORE | F.SHOWN | F.FP_COLUMN, column="published"),
+    Stat("already_published", "Entries another node had published", F.STORE),
+    Stat("imported", "Entries imported", F.STORE),
+    Stat("publish_denied", "Publish refused (ACL)", F.STORE | F.ERROR | F.TROUBLE | F.SHOWN),
+    Stat("publish_failed", "Publish failed", F.STORE | F.ERROR | F.TROUBLE | F.SHOWN),
+    Stat("publish_skipped", "Publish skipped (store off or read-only)", F.STORE),
+    Stat("store_errors", "Store errors", F.STORE | F.ERROR | F.TROUBLE | F.DOWN | F.SHOWN),
+    Stat("store_skipped", "Skipped (breaker open)", F.STORE | F.TROUBLE | F.DOWN | F.SHOWN),
+    Stat("install_failed", "Installs failed here", F.STORE | F.ERROR),
+    Stat("tasks_hit", "Tasks found complete", F.STORE),
+    Stat("tasks_missed", "Tasks not found", F.STORE),
+    Stat("leases_acquired", "Leases acquired", F.STORE),
+    Stat("lease_waits", "Waited for another node", F.STORE | F.SHOWN),
+    Stat("lease_waits_satisfied", "Waits ended by a publication", F.STORE),
+    Stat("published_meanwhile", "Published before the lease was asked", F.STORE),
+    Stat("lease_takeovers", "Leases taken over", F.STORE | F.SHOWN),
+    Stat("lease_timeouts", "Waits timed out", F.STORE | F.ERROR | F.SHOWN),
+    Stat("lease_lost", "Leases lost while compiling", F.STORE | F.ERROR),
+)
+BY_ID = {s.id: s for s in COUNTERS}
+BY_OUTCOME = {s.outcome: s for s in COUNTERS if s.outcome}
+
+
+def select(flag: F, without: F = F.NONE) -> tuple[Stat, ...]:
+    """The counters with every flag in `flag` and none in `without`, in table order."""
+    return tuple(s for s in COUNTERS if s.flags & flag == flag and not s.flags & without)
+
+
+def ids(flag: F, without: F = F.NONE) -> tuple[str, ...]:
+    return tuple(s.id for s in select(flag, without))
+
+
+def hit_rate(values: dict) -> float | None:
+    """Hits over kernels of any counter mapping; None when there were no kernels."""
+    total = sum(values.get(i, 0) for i in ids(F.KERNEL))
+    return sum(values.get(i, 0) for i in ids(F.KERNEL | F.HIT)) / total if total else None
+
+
+class _CountersBase:
+    """Methods of Counters (its fields come from the table)."""
 
     def add(self, other: Counters | dict) -> Counters:
         """Add another counter set (or a dict of some counters, e.g. from the store)."""
-        values = other.to_json() if isinstance(other, Counters) else other
+        values = other.to_json() if isinstance(other, _CountersBase) else other
         for f in fields(self):
             if f.name in values and values[f.name] is not None:
-                cast = int if f.name in _INT_FIELDS else float
+                cast = float if BY_ID[f.name].has(F.TIME) else int
                 setattr(self, f.name, getattr(self, f.name) + cast(values[f.name]))
         return self
 
     @property
     def kernels(self) -> int:
-        return self.local_hits + self.remote_hits + self.compiled + self.failed
+        return sum(getattr(self, i) for i in ids(F.KERNEL))
 
     @property
     def hit_rate(self) -> float:
         """Hits over all kernels looked at; 0.0 when there were none."""
-        return (self.local_hits + self.remote_hits) / self.kernels if self.kernels else 0.0
+        return hit_rate(self.to_json()) or 0.0
+
+    def kernel_counts(self) -> dict[str, int]:
+        """{"total": kernels, and each outcome}: what a node record and `warmd status` show."""
+        return {"total": self.kernels, **{i: getattr(self, i) for i in ids(F.KERNEL)}}
 
     def to_json(self) -> dict:
         data = asdict(self)
-        data["compile_seconds"] = round(self.compile_seconds, 3)
-        data["compile_seconds_saved"] = round(self.compile_seconds_saved, 3)
+        for name in ids(F.RUN | F.TIME):
+            data[name] = round(data[name], 3)
         return data
 
     @classmethod
@@ -53,29 +145,45 @@ class Counters:
 
     def render_text(self, title: str = "warmd cache statistics") -> str:
         total = self.kernels
-
-        def share(n: int) -> str:
-            return f"({100.0 * n / total:5.1f}%)" if total else ""
-
-        rows = [
-            ("Tasks", f"{self.tasks}", ""),
-            ("  failed", f"{self.tasks_failed}", ""),
-            ("Kernels", f"{total}", ""),
-            ("  local hits", f"{self.local_hits}", share(self.local_hits)),
-            ("  remote hits", f"{self.remote_hits}", share(self.remote_hits)),
-            ("  compiled", f"{self.compiled}", share(self.compiled)),
-            ("  failed", f"{self.failed}", share(self.failed)),
-            ("Hit rate", f"{100.0 * self.hit_rate:.1f} %", ""),
-            ("Compile time", format_seconds(self.compile_seconds), ""),
-            ("Compile time saved", format_seconds(self.compile_seconds_saved), ""),
-            ("Corrupt entries rejected", f"{self.corrupt_rejected}", ""),
-            ("Fetched", format_bytes(self.bytes_fetched), ""),
-            ("Published", format_bytes(self.bytes_published), ""),
-        ]
+        rows = []
+        for stat in select(F.RUN):
+            if stat.id == ids(F.KERNEL)[0]:
+                rows.append(("Kernels", f"{total}", ""))
+            value = getattr(self, stat.id)
+            share = f"({100.0 * value / total:5.1f}%)" if stat.has(F.KERNEL) and total else ""
+            rows.append((_label(stat), format_value(stat, value), share))
+            if stat.id == ids(F.KERNEL)[-1]:
+                rows.append(("Hit rate", f"{100.0 * self.hit_rate:.1f} %", ""))
         width = max(len(r[0]) for r in rows) + 2
         lines = [title]
         lines += [f"{label:<{width}}{value:>12} {extra}".rstrip() for label, value, extra in rows]
         return "\n".join(lines)
+
+
+Counters = make_dataclass(
+    "Counters",
+    [(s.id, float if s.has(F.TIME) else int, field(default=0.0 if s.has(F.TIME) else 0))
+     for s in select(F.RUN)],
+    bases=(_CountersBase,))
+Counters.__module__ = __name__
+Counters.__doc__ = "One set of cache counters, for a warmup run and the cluster totals alike."
+
+
+def render_details(totals: dict) -> list[str]:
+    """The store counters `warmd cache stats` lists under the Counters summary."""
+    return [f"{_label(s):<26}{int(totals.get(s.id, 0)):>12}" for s in select(F.SHOWN)]
+
+
+def _label(stat: Stat) -> str:
+    return f"  {stat.description}" if stat.has(F.DETAIL) else stat.description
+
+
+def format_value(stat: Stat, value: float) -> str:
+    if stat.has(F.TIME):
+        return format_seconds(float(value))
+    if stat.has(F.BYTES):
+        return format_bytes(int(value))
+    return f"{int(value)}"
 
 
 def format_seconds(value: float) -> str:

@@ -26,17 +26,21 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from warmd import settings
-from warmd.cache.base import CacheAdapter, SharedCache
+from warmd.cache.base import CacheAdapter
 from warmd.errors import WarmdInputError
 from warmd.executors.base import KernelOutcome, TaskResult
 from warmd.executors.pool import Worker, failed_result
 from warmd.plan import Plan, Task
-from warmd.stats import Counters
+from warmd.stats import BY_OUTCOME, Counters, F, ids
+
+if TYPE_CHECKING:  # the interface only: warming without a store imports no store client
+    from warmd.store.api import SharedCache
 
 RECORD_DIR = ".warmd/tasks"
-STORE_COUNTERS = ("corrupt_rejected", "bytes_fetched", "bytes_published")
+STORE_COUNTERS = ids(F.RUN | F.STORE)  # what warmup reports from the store's counters
 
 log = logging.getLogger(__name__)
 
@@ -105,9 +109,7 @@ class WarmupReport:
             "tasks": len(self.reports),
             "tasks_selected": self.selected,
             "tasks_failed": len(self.failed),
-            "kernels": {"total": c.kernels, "local_hits": c.local_hits,
-                        "remote_hits": c.remote_hits, "compiled": c.compiled,
-                        "failed": c.failed},
+            "kernels": c.kernel_counts(),
             "hit_rate": round(c.hit_rate, 4),
             "seconds": round(self.seconds, 3),
             "compile_seconds": round(c.compile_seconds, 3),
@@ -335,8 +337,8 @@ class _Run:
                 if k.outcome == "compiled":
                     counters.compiled += 1
                     counters.compile_seconds += k.seconds
-                elif k.outcome in ("local_hit", "remote_hit"):
-                    counters.add({f"{k.outcome}s": 1,
+                elif k.outcome in BY_OUTCOME and BY_OUTCOME[k.outcome].has(F.HIT):
+                    counters.add({BY_OUTCOME[k.outcome].id: 1,
                                   "compile_seconds_saved": recorded.get(k.name, 0.0)})
                 else:
                     counters.failed += 1
@@ -385,11 +387,8 @@ def run_warmup(plan: Plan, options: WarmupOptions, shared: SharedCache | None = 
 
 
 def _store_counters(shared: SharedCache) -> dict:
-    """What only the store can count (bytes moved, entries refused), when it exposes its
-    counters (warmd.store's RedisSharedCache.counters)."""
-    counts = getattr(shared, "counters", None)
-    if not isinstance(counts, dict):
-        return {}
+    """What only the store can count (bytes moved, entries refused)."""
+    counts = shared.counters
     return {k: counts[k] for k in STORE_COUNTERS if k in counts}
 
 

@@ -43,7 +43,8 @@ class CacheAdapter(ABC):
 
     @abstractmethod
     def install(self, name: str, artifact: bytes) -> CacheEntry:
-        """Install an artifact atomically; refuse unsafe archives (raises UnsafeArtifact)."""
+        """Install an artifact atomically; refuse unsafe archives (raises UnsafeArtifact) and
+        ones this node cannot use (raises IncompatibleHere)."""
 
     @abstractmethod
     def fingerprint_inputs(self) -> dict:
@@ -54,49 +55,8 @@ class UnsafeArtifact(ValueError):
     """An artifact that must not be installed: traversal, links, devices, too large."""
 
 
-class IncompatibleEntry(UnsafeArtifact):
+class IncompatibleHere(UnsafeArtifact):
     """An artifact that is well formed but cannot hit on this node (the library would
-    rebuild it): refused by the adapter, counted as a miss, never quarantined."""
-
-
-class SharedCache(ABC):
-    """The cluster-wide side of the cache (implemented by warmd.store over Redis).
-
-    Warmup calls it per task, in this order: fetch_task (install what the cluster has),
-    then for a miss single_flight (one node compiles, the others wait), then publish_task.
-    Every method degrades instead of raising: store down, corrupt entry or refused signature
-    is a miss, counted in the store's own counters.
-    """
-
-    @abstractmethod
-    def fetch_task(self, adapter: CacheAdapter, task_key: str) -> list[str] | None:
-        """Install every entry the cluster recorded for this task into adapter's root.
-        Returns the entry names installed (already-present ones included), or None when the
-        cluster has no complete, verified record for this task (a miss)."""
-
-    @abstractmethod
-    def single_flight(self, task_key: str, timeout: float):
-        """Context manager yielding True when this process should compile the task, False
-        when another node compiled it meanwhile (fetch_task again). Takes the lease over
-        when its holder dies; yields True when the store is unreachable."""
-
-    @abstractmethod
-    def publish_task(self, adapter: CacheAdapter, task_key: str, entries: list[CacheEntry],
-                     compile_seconds: float) -> None:
-        """Publish the entries a task produced (once per entry cluster-wide) and the task's
-        record naming them."""
-
-    def prefetch(self, adapter: CacheAdapter, task_keys: list[str]
-                 ) -> dict[str, list[str] | None]:
-        """fetch_task for a whole plan at once (few round trips); same result per task."""
-        return {key: self.fetch_task(adapter, key) for key in task_keys}
-
-    def shard_order(self, task_keys: list[str]) -> list[str]:
-        """The order this node should try the tasks in, so nodes warming the same plan
-        together start on different tasks."""
-        return list(task_keys)
-
-    @abstractmethod
-    def record_outcomes(self, counts: dict[str, float]) -> None:
-        """Add this run's counters (local_hits, remote_hits, compiled, failed, seconds...)
-        to the cluster-wide stats."""
+    rebuild it: files missing here, a tool version it cannot relocate). Adapters raise it
+    from install; the shared cache counts a miss here and leaves the entry for nodes that
+    can use it."""

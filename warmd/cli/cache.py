@@ -6,6 +6,7 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -14,23 +15,20 @@ from rich.console import Console
 from rich.table import Table
 
 from warmd.errors import WarmdInputError
-from warmd.stats import Counters, format_bytes, format_seconds
+from warmd.stats import (
+    Counters,
+    F,
+    format_bytes,
+    format_seconds,
+    format_value,
+    hit_rate,
+    render_details,
+    select,
+)
 
 STORE_HELP = ("Shared cache URL: redis://[user:password@]host:port/db, rediss:// for TLS, "
               "redis+cluster:// (or ?cluster=true) for Redis Cluster. Default: "
               "WARMD_REDIS_URL, else warmd's embedded server (started if needed).")
-# Store counters shown under the Counters summary, with their labels.
-DETAILS = (("signature_rejected", "  bad or missing signature"),
-           ("unsafe_rejected", "  unsafe archive"),
-           ("quarantined", "Entries quarantined"),
-           ("published", "Entries published"),
-           ("publish_denied", "Publish refused (ACL)"),
-           ("publish_failed", "Publish failed"),
-           ("store_errors", "Store errors"),
-           ("store_skipped", "Skipped (breaker open)"),
-           ("lease_waits", "Waited for another node"),
-           ("lease_takeovers", "Leases taken over"),
-           ("lease_timeouts", "Waits timed out"))
 
 
 def _fail(message: str) -> None:
@@ -60,13 +58,13 @@ def _open(redis_url: str | None):
         store_log.setLevel(level)
     if cache.disabled_reason:
         _fail(f"no shared cache: {cache.disabled_reason}")
-    if cache.breaker.is_open:
+    if not cache.reachable:
         _fail(f"shared cache {cache.display_url} unreachable: {cache.last_error}")
     return cache
 
 
 def _run(cache, func, *args, **kwargs):
-    from warmd.store.redis_store import StoreFailed
+    from warmd.store import StoreFailed
 
     try:
         return func(cache, *args, **kwargs)
@@ -127,7 +125,7 @@ def fingerprint(libraries, target, capability, sms, as_json) -> None:
     and SM count, CUDA toolkit and driver major version, compiler and the namespace
     (WARMD_NAMESPACE). Nodes with equal fingerprints share entries.
     """
-    from warmd.store.fingerprint import compute_fingerprint
+    from warmd.store import compute_fingerprint
     from warmd.targets import resolve_target
 
     resolved = resolve_target(target, capability, sms)
@@ -168,8 +166,8 @@ def stats(redis_url, as_json) -> None:
     summary = Counters.from_json(totals)
     click.echo(summary.render_text(f"Shared cache {data['store']}: {len(data['nodes'])} nodes, "
                                    f"{len(data['fingerprints'])} fingerprints"))
-    for name, label in DETAILS:
-        click.echo(f"{label:<26}{int(totals.get(name, 0)):>12}")
+    for line in render_details(totals):
+        click.echo(line)
     console = Console(soft_wrap=False, width=160)
     if data["nodes"]:
         console.print(_node_table(data["nodes"]))
@@ -177,35 +175,45 @@ def stats(redis_url, as_json) -> None:
         console.print(_fp_table(data["fingerprints"]))
 
 
+def _counter_columns(column: F) -> list[tuple[str, Callable[[dict], str]]]:
+    """(header, cell of a counter dict) for a stats table's counter columns (the counters
+    flagged `column`), with the hit rate after the kernel outcomes when all are shown."""
+    out: list[tuple[str, Callable[[dict], str]]] = []
+    every_outcome = select(column | F.KERNEL) == select(F.KERNEL)
+    for stat in select(column):
+        out.append((stat.column or stat.id,
+                    lambda c, stat=stat: format_value(stat, c.get(stat.id, 0))))
+        if every_outcome and stat == select(F.KERNEL)[-1]:
+            out.append(("hit rate", _rate))
+    return out
+
+
+def _rate(counters: dict) -> str:
+    rate = hit_rate(counters)
+    return "-" if rate is None else f"{100 * rate:.1f} %"
+
+
 def _node_table(nodes: dict) -> Table:
     table = Table(title="Per node")
-    for col in ("node", "local", "remote", "compiled", "failed", "hit rate", "rejected",
-                "fetched", "published", "saved", "last seen"):
+    columns = _counter_columns(F.NODE_COLUMN)
+    for col in ("node", *(head for head, _cell in columns), "last seen"):
         table.add_column(col, justify="left" if col == "node" else "right")
     for node, c in sorted(nodes.items()):
-        counters = Counters.from_json(c)
-        table.add_row(node, str(counters.local_hits), str(counters.remote_hits),
-                      str(counters.compiled), str(counters.failed),
-                      f"{100 * counters.hit_rate:.1f} %" if counters.kernels else "-",
-                      str(counters.corrupt_rejected), format_bytes(counters.bytes_fetched),
-                      format_bytes(counters.bytes_published),
-                      format_seconds(counters.compile_seconds_saved), _ago(c.get("last_seen")))
+        counters = Counters.from_json(c).to_json()
+        table.add_row(node, *(cell(counters) for _head, cell in columns),
+                      _ago(c.get("last_seen")))
     return table
 
 
 def _fp_table(fps: dict) -> Table:
+    named = ("fingerprint", "library", "namespace")
     table = Table(title="Per fingerprint")
-    for col in ("fingerprint", "library", "namespace", "entries", "local", "remote",
-                "published", "rejected", "fetched", "saved"):
-        table.add_column(col, justify="left" if col in ("fingerprint", "library",
-                                                        "namespace") else "right")
+    columns = _counter_columns(F.FP_COLUMN)
+    for col in (*named, "entries", *(head for head, _cell in columns)):
+        table.add_column(col, justify="left" if col in named else "right")
     for fp, info in sorted(fps.items()):
-        c = info["counters"]
         table.add_row(fp, info["library"], str(info["namespace"] or "-"), str(info["entries"]),
-                      str(int(c.get("local_hits", 0))), str(int(c.get("remote_hits", 0))),
-                      str(int(c.get("published", 0))), str(int(c.get("corrupt_rejected", 0))),
-                      format_bytes(int(c.get("bytes_fetched", 0))),
-                      format_seconds(float(c.get("compile_seconds_saved", 0))))
+                      *(cell(info["counters"]) for _head, cell in columns))
     return table
 
 
@@ -321,7 +329,7 @@ def prune(older_than, fingerprints, namespaces, everything, dry_run, redis_url,
 
 
 def _run_keep(store, func, *args):
-    from warmd.store.redis_store import StoreFailed
+    from warmd.store import StoreFailed
 
     try:
         return func(store, *args)
@@ -373,8 +381,7 @@ def import_cmd(path, redis_url, as_json) -> None:
     if as_json:
         _echo_json(counts)
     else:
-        refused = (counts["corrupt_rejected"] + counts["signature_rejected"]
-                   + counts["unsafe_rejected"])
+        refused = sum(counts[s.id] for s in select(F.REFUSAL | F.ERROR))
         click.echo(f"imported {counts['imported']} entries ({counts['already_present']} "
                    f"already present), {counts['tasks']} task records; refused {refused}")
 
@@ -407,7 +414,7 @@ def _print_server(found) -> None:
 @json_option
 def server_status(as_json) -> None:
     """Whether the embedded server of this state dir (WARMD_STATE_DIR) is running."""
-    from warmd.store.embedded import embedded_status
+    from warmd.store import embedded_status
 
     found = embedded_status()
     _echo_json(_server_json(found)) if as_json else _print_server(found)
@@ -417,7 +424,7 @@ def server_status(as_json) -> None:
 @json_option
 def server_start(as_json) -> None:
     """Start the embedded server (or find the running one)."""
-    from warmd.store.embedded import EmbeddedServerError, ensure_embedded
+    from warmd.store import EmbeddedServerError, ensure_embedded
 
     try:
         found = ensure_embedded()
@@ -429,7 +436,7 @@ def server_start(as_json) -> None:
 @server.command(name="stop")
 def server_stop() -> None:
     """Stop the embedded server cleanly (its data stays in the state dir)."""
-    from warmd.store.embedded import stop_embedded
+    from warmd.store import stop_embedded
 
     click.echo("embedded server stopped" if stop_embedded() else
                "embedded server: not running")

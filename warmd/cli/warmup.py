@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import TYPE_CHECKING
 
 import click
 from rich.console import Console
@@ -17,12 +18,14 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from warmd.cache.base import SharedCache
 from warmd.cli.from_config import from_config_option, from_config_path, warmup_from_config
 from warmd.cli.options import plan_options
 from warmd.libraries import LIBRARIES
 from warmd.plan import PlanRequest, make_plan
 from warmd.warmup import TaskReport, WarmupOptions, WarmupReport, run_warmup
+
+if TYPE_CHECKING:
+    from warmd.store import SharedCache
 
 EXIT_INTERRUPTED = 130
 

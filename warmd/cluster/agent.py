@@ -20,7 +20,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from warmd.cluster.logs import node_logger
 from warmd.cluster.metrics import AgentMetrics
-from warmd.cluster.state import FAILED, WARMING, NodeState, StateStore
+from warmd.cluster.state import FAILED, WARMING, NodeState, node_records
 from warmd.cluster.work import summarize, warm_node
 from warmd.config import WarmdConfig
 
@@ -62,7 +62,7 @@ class NodeAgent:
                                gpu_type=node.get("gpu_type"), role=node.get("role", "gpu"),
                                agent=ray.get_runtime_context().get_actor_id() or "",
                                heartbeat=time.time())
-        self.store = StateStore(redis_url, self.config.redis.namespace,
+        self.store = node_records(redis_url, self.config.redis.namespace,
                                 ttl=max(60.0, 6 * self.config.agent.heartbeat_seconds))
         self.metrics = AgentMetrics(self.node_id)
         port = self.metrics.serve(self.config.agent.metrics_port)
@@ -97,7 +97,7 @@ class NodeAgent:
             self.target_hash = config.work_hash()
             if (redis_url, config.redis.namespace) != (self.store.url, self.store.namespace):
                 self.store.close()
-                self.store = StateStore(redis_url, config.redis.namespace, self.store.ttl)
+                self.store = node_records(redis_url, config.redis.namespace, self.store.ttl)
         if changed:
             self.log.info("config changed; re-warming", extra={"config_hash": self.target_hash})
             self._wake.set()

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from warmd import settings
 from warmd.cluster import CONTROLLER_NAME, RAY_NAMESPACE, agent_name
-from warmd.cluster.state import StateStore
+from warmd.cluster.state import node_records
 from warmd.config import WarmdConfig, redact_url
 from warmd.errors import WarmdInputError
 from warmd.processes import pid_alive
@@ -159,7 +159,7 @@ def _write_services(data: dict) -> None:
 
 def start_local_head() -> str:
     """Start a one-machine Ray cluster that outlives this process; returns its address."""
-    from warmd.store.embedded import free_port
+    from warmd.store import free_port
 
     log_path = settings.state_dir() / "ray-head.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -208,7 +208,7 @@ def stop_local_services() -> list[str]:
         _stop_pid_group(int(ray_info["pid"]))
         stopped.append(f"local Ray cluster at {ray_info['address']}")
     if services.pop("embedded_redis", False):
-        from warmd.store.embedded import stop_embedded
+        from warmd.store import stop_embedded
 
         if stop_embedded():
             stopped.append("embedded Redis (data kept)")
@@ -231,7 +231,7 @@ def effective_redis_url(config: WarmdConfig) -> tuple[str | None, bool]:
     """(URL the agents use, whether it is the embedded server started/reused here)."""
     if config.redis.url:
         return config.redis.url, False
-    from warmd.store.embedded import EmbeddedServerError, ensure_embedded
+    from warmd.store import EmbeddedServerError, ensure_embedded
 
     try:
         server = ensure_embedded()
@@ -309,7 +309,7 @@ def _start_warnings(config: WarmdConfig, url: str | None, embedded: bool, nodes)
                    f"{len(alive) - 1} node(s) cannot share kernels (set redis.url or "
                    "WARMD_REDIS_URL)")
     if url and not settings.store_is_off(url):
-        store = StateStore(url, config.redis.namespace)
+        store = node_records(url, config.redis.namespace)
         if not store.ping():
             out.append(f"shared cache {redact_url(url)} is unreachable ({store.last_error}); "
                        "nodes will warm with local compiles and show DEGRADED")
@@ -386,12 +386,12 @@ def snapshot(address: str | None, config: WarmdConfig | None) -> dict:
 def _snapshot_from_redis(resolved: str | None, config: WarmdConfig | None) -> dict:
     url = config.redis.url if config else None
     if not url:
-        from warmd.store.embedded import embedded_status
+        from warmd.store import embedded_status
 
         server = embedded_status()
         url = server.url if server else None
     namespace = config.redis.namespace if config else settings.namespace()
-    store = StateStore(url, namespace)
+    store = node_records(url, namespace)
     records = store.get_all()
     daemon = store.get_daemon()
     size = store.server_size()

@@ -20,7 +20,7 @@ from warmd.cluster import RAY_NAMESPACE, agent_name
 from warmd.cluster.agent import NodeAgent
 from warmd.cluster.logs import node_logger
 from warmd.cluster.nodes import RayNode, list_nodes, wanted_nodes
-from warmd.cluster.state import NodeState, StateStore
+from warmd.cluster.state import NodeState, node_records
 from warmd.config import WarmdConfig, redact_url
 
 HEALTH_TIMEOUT = 3.0
@@ -53,7 +53,7 @@ class Controller:
         self.config = WarmdConfig.from_json(config_json)
         self.redis_url = redis_url
         self.config_hash = self.config.work_hash()
-        self.store = StateStore(redis_url, self.config.redis.namespace)
+        self.store = node_records(redis_url, self.config.redis.namespace)
 
     # --- called over Ray -----------------------------------------------------------------
 

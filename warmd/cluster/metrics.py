@@ -8,10 +8,10 @@ import errno
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from warmd.cluster.state import STATES, NodeState
+from warmd.stats import F, select
 
 # Node counters -> the `outcome` label (the executors' own outcome names).
-OUTCOMES = {"local_hits": "local_hit", "remote_hits": "remote_hit", "compiled": "compiled",
-            "failed": "failed"}
+OUTCOMES = {s.id: s.outcome for s in select(F.KERNEL)}
 
 
 class AgentMetrics:

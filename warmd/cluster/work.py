@@ -19,9 +19,6 @@ from warmd import settings
 from warmd.config import ModelConfig, WarmdConfig, expand_path
 from warmd.errors import WarmdInputError
 
-# Store counters that mean the shared cache did not do its job for this node.
-_STORE_TROUBLE = ("store_errors", "store_skipped", "publish_denied", "publish_failed")
-
 ProgressFn = Callable[[str, int, int], None]  # (model name, tasks done, tasks total)
 
 
@@ -120,7 +117,7 @@ def _plan_all(config: WarmdConfig, builder: bool, shard: int, shards: int,
 
 
 def _open_shared(redis_url: str | None, plan, store: dict):
-    from warmd.store import open_shared_cache, redact
+    from warmd.store import open_shared_cache
 
     if settings.store_is_off(redis_url):
         return None
@@ -129,7 +126,7 @@ def _open_shared(redis_url: str | None, plan, store: dict):
     except WarmdInputError as exc:  # unreadable key file, malformed URL
         store.update(ok=False, reason=f"shared cache not used: {exc}")
         return None
-    store["url"] = redact(shared.store_url.url) if shared.store_url else None
+    store["url"] = None if shared.disabled_reason else shared.display_url
     return shared
 
 
@@ -162,13 +159,15 @@ def _warm_model(model: ModelConfig, plan, options, result: ModelResult, redis_ur
 
 
 def _note_store(shared, store: dict) -> None:
+    from warmd.stats import F, ids
+
     counters = shared.counters
-    trouble = {k: int(counters.get(k, 0)) for k in _STORE_TROUBLE if counters.get(k)}
+    trouble = {k: int(counters[k]) for k in ids(F.TROUBLE) if counters.get(k)}
     if shared.disabled_reason:
         store.update(ok=False, reason=f"shared cache disabled: {shared.disabled_reason}")
     elif trouble:
         what = ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in trouble.items())
-        unreachable = "store_errors" in trouble or "store_skipped" in trouble
+        unreachable = any(k in trouble for k in ids(F.TROUBLE | F.DOWN))
         why = "unreachable" if unreachable else "refused work"
         store.update(ok=False, reason=f"shared cache {store.get('url') or ''} {why} ({what}); "
                                       f"kernels were built locally")
@@ -216,9 +215,7 @@ def summarize(shards: list[dict]) -> dict:
     else:
         state, reason = "READY", ""
     return {"state": state, "reason": reason[:1000], "plans": plans,
-            "kernels": {"total": counters.kernels, "local_hits": counters.local_hits,
-                        "remote_hits": counters.remote_hits, "compiled": counters.compiled,
-                        "failed": counters.failed},
+            "kernels": counters.kernel_counts(),
             "tasks": counters.tasks, "tasks_failed": counters.tasks_failed,
             "compile_seconds": round(counters.compile_seconds, 3),
             "saved_seconds": round(counters.compile_seconds_saved, 3),

@@ -1,4 +1,6 @@
-"""The cluster-wide compiled-kernel cache in Redis (see docs/redis.md).
+"""The cluster's store: the compiled-kernel cache and the daemon's node records, in Redis
+(see docs/redis.md). What callers may use is declared in warmd.store.api and exported here;
+everything else in the package is the Redis backend's own business.
 
     cache = open_shared_cache(url, target=plan.env.target)   # None: WARMD_REDIS_URL or embedded
     names = cache.fetch_task(adapter, task.key)               # or cache.prefetch(adapter, keys)
@@ -15,15 +17,27 @@ import logging
 
 from warmd import settings
 from warmd.errors import WarmdInputError
+from warmd.store.api import NodeRecords, SharedCache, StoreFailed
 from warmd.store.connection import StoreURL, parse_store_url, redact
-from warmd.store.embedded import EmbeddedServerError, ensure_embedded
-from warmd.store.fingerprint import Fingerprint, compute_fingerprint
+from warmd.store.embedded import (
+    EmbeddedServerError,
+    ServerProcess,
+    embedded_status,
+    ensure_embedded,
+    free_port,
+    start_server,
+    stop_embedded,
+)
+from warmd.store.fingerprint import Fingerprint, compute_fingerprint, digest_of
+from warmd.store.nodes import RedisNodeRecords
 from warmd.store.redis_store import RedisSharedCache
 
 log = logging.getLogger("warmd.store")
 
-__all__ = ["Fingerprint", "RedisSharedCache", "compute_fingerprint", "open_shared_cache",
-           "redact", "resolve_store_url"]
+__all__ = ["EmbeddedServerError", "Fingerprint", "NodeRecords", "ServerProcess", "SharedCache",
+           "StoreFailed", "compute_fingerprint", "digest_of", "embedded_status",
+           "ensure_embedded", "free_port", "open_node_records", "open_shared_cache",
+           "parse_store_url", "redact", "resolve_store_url", "start_server", "stop_embedded"]
 
 
 def resolve_store_url(url: str | None = None) -> tuple[StoreURL | None, object]:
@@ -47,11 +61,12 @@ def signing_key() -> bytes | None:
                               f"{exc.filename}") from None
 
 
-def open_shared_cache(url: str | None = None, **kw) -> RedisSharedCache:
-    """The shared cache for this process; never raises for an unreachable store (it then
-    degrades to misses), only for bad input (a malformed URL, an unreadable key file).
+def open_shared_cache(url: str | None = None, **kw) -> SharedCache:
+    """The shared cache for this process (the one factory); never raises for an unreachable
+    store (it then degrades to misses), only for bad input (a malformed URL, an unreadable
+    key file). A second backend is chosen here, by the URL's scheme.
 
-    Keyword arguments go to RedisSharedCache: target (the plan's Target, part of every
+    Keyword arguments go to the backend: target (the plan's Target, part of every
     fingerprint), node, lease_seconds, poll_interval, socket_timeout, ttl_seconds...
     """
     key = kw.pop("signing_key", None) or signing_key()
@@ -65,3 +80,10 @@ def open_shared_cache(url: str | None = None, **kw) -> RedisSharedCache:
     cache = RedisSharedCache(store_url, signing_key=key, embedded=server, **kw)
     cache.ping()  # learn now whether the store is there; a failure opens the breaker
     return cache
+
+
+def open_node_records(url: str | None, namespace: str, ttl: float = 120.0,
+                      decode=dict) -> NodeRecords:
+    """The daemon's node records of one namespace at url (None or 'off': none kept);
+    `decode` turns each stored record (a dict) back into the caller's type."""
+    return RedisNodeRecords(None if settings.store_is_off(url) else url, namespace, ttl, decode)

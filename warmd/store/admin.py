@@ -1,7 +1,8 @@
 """Operator views and maintenance of the shared cache: ls, stats, verify, prune, export, import.
 
-Everything here runs through a RedisSharedCache (same connection, timeouts and verification
-as warmup's fetch) but lets store errors surface as StoreFailed: an operator asked.
+Everything here runs through a RedisSharedCache's parts (its transport, entries, publisher
+and stats: same connection, timeouts and verification as warmup's fetch) but lets store
+errors surface as StoreFailed: an operator asked.
 """
 
 from __future__ import annotations
@@ -19,10 +20,12 @@ from pathlib import Path
 from warmd import settings
 from warmd.cache.artifacts import check_artifact
 from warmd.cache.base import UnsafeArtifact
+from warmd.stats import F, hit_rate, ids
 from warmd.store import layout
+from warmd.store.entries import unpacks_over
 from warmd.store.fingerprint import Fingerprint, digest_of
 from warmd.store.layout import BadRecord, Manifest
-from warmd.store.redis_store import RedisSharedCache, unpacks_over
+from warmd.store.redis_store import RedisSharedCache
 
 EXPORT_FORMAT = "warmd-cache-export"
 ORPHAN_GRACE_MS = 10 * 60 * 1000  # chunks younger than this may belong to a publish in flight
@@ -30,7 +33,6 @@ MAX_RECORD_BYTES = 1 << 20
 # Listing and pruning read every manifest whatever this node's own size limit: an entry too
 # large to install here is still an entry (and its chunks are still referenced).
 ANY_SIZE = 1 << 62
-OUTCOME_FIELDS = ("local_hits", "remote_hits", "compiled", "failed")
 
 
 class UnsafeArchive(ValueError):
@@ -53,16 +55,10 @@ def _counters(raw: dict) -> dict[str, float]:
     return out
 
 
-def hit_rate(counters: dict[str, float]) -> float | None:
-    hits = counters.get("local_hits", 0) + counters.get("remote_hits", 0)
-    total = hits + counters.get("compiled", 0) + counters.get("failed", 0)
-    return hits / total if total else None
-
-
 # --------------------------------------------------------------------------- listing
 
 def fingerprints(cache: RedisSharedCache) -> list[str]:
-    pairs = cache.op(lambda c: c.zrange(layout.FPS_KEY, 0, -1), "ls")
+    pairs = cache.transport.op(lambda c: c.zrange(layout.FPS_KEY, 0, -1), "ls")
     return [_text(fp) for fp in pairs]
 
 
@@ -74,7 +70,7 @@ def fingerprint_meta(cache: RedisSharedCache, fps: list[str]) -> dict[str, dict]
             pipe.zcard(layout.index_key(fp))
         return pipe.execute()
 
-    replies = cache.op(run, "ls") if fps else []
+    replies = cache.transport.op(run, "ls") if fps else []
     out = {}
     for i, fp in enumerate(fps):
         raw, count = replies[2 * i], replies[2 * i + 1]
@@ -98,7 +94,8 @@ def _meta_fields(raw: bytes | None) -> dict:
 
 def entries(cache: RedisSharedCache, fp: str) -> list[dict]:
     """Every entry indexed under fp with its manifest (None when it expired or was evicted)."""
-    members = cache.op(lambda c: c.zrange(layout.index_key(fp), 0, -1, withscores=True), "ls")
+    members = cache.transport.op(
+        lambda c: c.zrange(layout.index_key(fp), 0, -1, withscores=True), "ls")
 
     def run(client):
         pipe = client.pipeline(transaction=False)
@@ -106,7 +103,7 @@ def entries(cache: RedisSharedCache, fp: str) -> list[dict]:
             pipe.get(layout.manifest_key(fp, _text(name)))
         return pipe.execute()
 
-    raws = cache.op(run, "ls") if members else []
+    raws = cache.transport.op(run, "ls") if members else []
     out = []
     for (name, score), raw in zip(members, raws, strict=True):
         item = {"name": _text(name), "last_used": score, "raw": raw, "manifest": None}
@@ -142,7 +139,8 @@ def listing(cache: RedisSharedCache, selected: Iterable[str] = ()) -> list[dict]
 # --------------------------------------------------------------------------- stats
 
 def read_stats(cache: RedisSharedCache) -> dict:
-    nodes = sorted(_text(n) for n in cache.op(lambda c: c.smembers(layout.NODES_KEY), "stats"))
+    members = cache.transport.op(lambda c: c.smembers(layout.NODES_KEY), "stats")
+    nodes = sorted(_text(n) for n in members)
     fps = fingerprints(cache)
 
     def run(client):
@@ -153,7 +151,7 @@ def read_stats(cache: RedisSharedCache) -> dict:
             pipe.hgetall(layout.fp_stats_key(fp))
         return pipe.execute()
 
-    replies = cache.op(run, "stats") if nodes or fps else []
+    replies = cache.transport.op(run, "stats") if nodes or fps else []
     meta = fingerprint_meta(cache, fps)
     node_stats = {n: _counters(r) for n, r in zip(nodes, replies[:len(nodes)], strict=True)}
     fp_stats = {}
@@ -195,14 +193,14 @@ def verify(cache: RedisSharedCache, selected: Iterable[str] = (),
         good = []
         for item in items:
             try:
-                man = layout.accept_manifest(item["raw"], key=cache.signing_key,
-                                             max_size=cache.max_artifact_bytes, fp=fp,
+                man = layout.accept_manifest(item["raw"], key=cache.session.signing_key,
+                                             max_size=cache.session.max_artifact_bytes, fp=fp,
                                              name=item["name"])
                 good.append((man, item["raw"]))
             except BadRecord as exc:
                 _bad(cache, report, fp, item["name"], item["raw"], exc, quarantine)
         for batch in layout.size_batches(good):
-            blobs = cache.read_blobs([m for m, _ in batch])
+            blobs = cache.entries.read_blobs([m for m, _ in batch])
             for man, raw in batch:
                 blob = blobs[man.digest]
                 problem = blob if isinstance(blob, BadRecord) else _unsafe(blob)
@@ -232,12 +230,12 @@ def _bad(cache: RedisSharedCache, report: VerifyReport, fp: str, name: str, raw:
                        "kind": problem.counter})
     if quarantine and not isinstance(problem, (layout.SignatureRefused, layout.RefusedHere)):
         before = cache.counters.get("quarantined", 0)
-        cache.quarantine(fp, name, raw, str(problem), digest, counter=problem.counter)
+        cache.entries.quarantine(fp, name, raw, str(problem), digest, counter=problem.counter)
         report.quarantined += int(cache.counters.get("quarantined", 0) - before)
     elif isinstance(problem, layout.RefusedHere):
-        cache.refused_here(fp, name, str(problem))
+        cache.entries.refused_here(fp, name, str(problem))
     else:
-        cache.count_refusal(problem.counter, fp)
+        cache.stats.count_refusal(problem.counter, fp)
 
 
 # --------------------------------------------------------------------------- prune
@@ -310,7 +308,7 @@ def _remove_entries(cache: RedisSharedCache, fp: str, removed: list[tuple]) -> N
         pipe.zrem(layout.index_key(fp), *[name for name, _ in removed])
         return pipe.execute()
 
-    cache.op(run, "prune")
+    cache.transport.op(run, "prune")
 
 
 def _prune_tasks(cache: RedisSharedCache, fp: str, removed: set[str], everything: bool,
@@ -318,10 +316,10 @@ def _prune_tasks(cache: RedisSharedCache, fp: str, removed: set[str], everything
     if not removed and not everything:
         return 0
     pattern = layout.task_key(fp, "*")
-    keys = cache.op(lambda c: list(c.scan_iter(match=pattern, count=500)), "prune")
+    keys = cache.transport.op(lambda c: list(c.scan_iter(match=pattern, count=500)), "prune")
     if not keys:
         return 0
-    raws = cache.op(lambda c: _get_many(c, keys), "prune")
+    raws = cache.transport.op(lambda c: _get_many(c, keys), "prune")
     doomed = []
     for key, raw in zip(keys, raws, strict=True):
         try:
@@ -331,7 +329,7 @@ def _prune_tasks(cache: RedisSharedCache, fp: str, removed: set[str], everything
         if everything or names & removed:
             doomed.append(key)
     if doomed and not dry_run:
-        cache.op(lambda c: _delete_many(c, doomed), "prune")
+        cache.transport.op(lambda c: _delete_many(c, doomed), "prune")
     return len(doomed)
 
 
@@ -357,7 +355,7 @@ def _remove_fingerprint(cache: RedisSharedCache, fp: str) -> None:
         pipe.zrem(layout.FPS_KEY, fp)
         return pipe.execute()
 
-    cache.op(run, "prune")
+    cache.transport.op(run, "prune")
 
 
 _BLOB_KEY = re.compile(r"^warmd:v1:blob:\{([0-9a-f]{64})\}:\d+$")
@@ -368,7 +366,7 @@ def _prune_blobs(cache: RedisSharedCache, dry_run: bool) -> int:
     belong to a publication in flight). Returns how many blobs went."""
     referenced = {item["manifest"].digest for fp in fingerprints(cache)
                   for item in entries(cache, fp) if item["manifest"]}
-    chunk_keys = cache.op(lambda c: list(c.scan_iter(match=f"{layout.PREFIX}blob:*",
+    chunk_keys = cache.transport.op(lambda c: list(c.scan_iter(match=f"{layout.PREFIX}blob:*",
                                                      count=1000)), "prune")
     orphans: dict[str, list] = {}
     for key in chunk_keys:
@@ -385,11 +383,11 @@ def _prune_blobs(cache: RedisSharedCache, dry_run: bool) -> int:
             pipe.pttl(key)
         return pipe.execute()
 
-    ttls = dict(zip(keys, cache.op(ages, "prune"), strict=True))
-    young = cache.ttl_ms - ORPHAN_GRACE_MS
+    ttls = dict(zip(keys, cache.transport.op(ages, "prune"), strict=True))
+    young = cache.session.ttl_ms - ORPHAN_GRACE_MS
     old = [d for d, ks in orphans.items() if all(ttls[k] < young for k in ks)]
     if old and not dry_run:
-        cache.op(lambda c: _delete_many(c, [k for d in old for k in orphans[d]]), "prune")
+        cache.transport.op(lambda c: _delete_many(c, [k for d in old for k in orphans[d]]), "prune")
     return len(old)
 
 
@@ -449,8 +447,8 @@ def _export_entries(cache: RedisSharedCache, tar: tarfile.TarFile, fp: str,
     good = []
     for item in entries(cache, fp):
         try:
-            man = layout.accept_manifest(item["raw"], key=cache.signing_key,
-                                         max_size=cache.max_artifact_bytes, fp=fp,
+            man = layout.accept_manifest(item["raw"], key=cache.session.signing_key,
+                                         max_size=cache.session.max_artifact_bytes, fp=fp,
                                          name=item["name"]) if item["raw"] else None
         except BadRecord:
             man = None
@@ -460,7 +458,7 @@ def _export_entries(cache: RedisSharedCache, tar: tarfile.TarFile, fp: str,
         good.append((man, item["raw"]))
     exported, blobs_done = set(), set()
     for batch in layout.size_batches(good):
-        blobs = cache.read_blobs([m for m, _ in batch])
+        blobs = cache.entries.read_blobs([m for m, _ in batch])
         for man, raw in batch:
             blob = blobs[man.digest]
             if isinstance(blob, BadRecord):
@@ -478,9 +476,9 @@ def _export_entries(cache: RedisSharedCache, tar: tarfile.TarFile, fp: str,
 
 def _export_tasks(cache: RedisSharedCache, tar: tarfile.TarFile, fp: str, exported: set[str],
                   counts: dict) -> None:
-    keys = cache.op(lambda c: list(c.scan_iter(match=layout.task_key(fp, "*"), count=500)),
-                    "export")
-    raws = cache.op(lambda c: _get_many(c, keys, strict=False), "export") if keys else []
+    keys = cache.transport.op(
+        lambda c: list(c.scan_iter(match=layout.task_key(fp, "*"), count=500)), "export")
+    raws = cache.transport.op(lambda c: _get_many(c, keys, strict=False), "export") if keys else []
     for raw in raws:
         if raw is None or isinstance(raw, Exception):  # gone, or not a string (WRONGTYPE)
             continue
@@ -522,7 +520,7 @@ def import_archive(cache: RedisSharedCache, path: Path) -> dict:
     except (tarfile.TarError, OSError) as exc:
         raise UnsafeArchive(f"cannot read {path} as a tar archive: {exc}") from None
     with tar:
-        found = _scan_archive(tar, cache.max_artifact_bytes)
+        found = _scan_archive(tar, cache.session.max_artifact_bytes)
         header = _json_member(tar, found["meta"][0])
         if header.get("format") != EXPORT_FORMAT or header.get("version") != 1:
             raise UnsafeArchive("not a warmd cache export (format/version)")
@@ -530,8 +528,7 @@ def import_archive(cache: RedisSharedCache, path: Path) -> dict:
         fps = {_MEMBERS["fp"].match(m.name).group(1): _json_member(tar, m)
                for m in found["fp"]}
         counts = {"imported": 0, "already_present": 0, "tasks": 0, "tasks_skipped": 0,
-                  "corrupt_rejected": 0, "signature_rejected": 0, "unsafe_rejected": 0,
-                  "refused_here": 0}
+                  **dict.fromkeys(ids(F.REFUSAL), 0)}
         accepted: dict[str, set[str]] = {}
         for member in found["man"]:
             fp, name = _MEMBERS["man"].match(member.name).groups()
@@ -540,7 +537,7 @@ def import_archive(cache: RedisSharedCache, path: Path) -> dict:
         for member in found["task"]:
             fp = _MEMBERS["task"].match(member.name).group(1)
             _import_task(cache, tar, fp, member, accepted.get(fp, set()), counts)
-    cache.flush_stats()
+    cache.stats.flush()
     return counts
 
 
@@ -555,9 +552,9 @@ def _refuse(cache: RedisSharedCache, counts: dict, fp: str, what: str,
             problem: BadRecord) -> None:
     counts[problem.counter] += 1
     if isinstance(problem, layout.RefusedHere):
-        cache.refused_here(fp, what, str(problem))
+        cache.entries.refused_here(fp, what, str(problem))
     else:
-        cache.reject(problem.counter, fp, what, str(problem))
+        cache.entries.reject(problem.counter, fp, what, str(problem))
 
 
 def _import_entry(cache: RedisSharedCache, tar: tarfile.TarFile, fp: str, name: str,
@@ -565,8 +562,8 @@ def _import_entry(cache: RedisSharedCache, tar: tarfile.TarFile, fp: str, name: 
                   counts: dict) -> bool:
     raw = tar.extractfile(member).read()
     try:
-        man = layout.accept_manifest(raw, key=cache.signing_key,
-                                     max_size=cache.max_artifact_bytes, fp=fp, name=name)
+        man = layout.accept_manifest(raw, key=cache.session.signing_key,
+                                     max_size=cache.session.max_artifact_bytes, fp=fp, name=name)
         if (fp_meta is None or fp_meta.get("digest") != fp
                 or not isinstance(fp_meta.get("inputs"), dict)
                 or digest_of(fp_meta["inputs"]) != fp):
@@ -582,10 +579,10 @@ def _import_entry(cache: RedisSharedCache, tar: tarfile.TarFile, fp: str, name: 
         _refuse(cache, counts, fp, f"imported entry {name}", exc)
         return False
     fingerprint = Fingerprint(man.library, dict(fp_meta["inputs"]), fp)
-    new = cache.write_entries(fingerprint, [(man, blob)])
+    new = cache.publisher.write_entries(fingerprint, [(man, blob)])
     counts["imported" if new else "already_present"] += 1
     if new:
-        cache._count("imported", fp=fp)
+        cache.stats.count("imported", fp=fp)
     return True
 
 
@@ -594,7 +591,7 @@ def _import_task(cache: RedisSharedCache, tar: tarfile.TarFile, fp: str,
     raw = tar.extractfile(member).read()
     try:
         rec = layout.TaskRecord.decode(raw)
-        rec = layout.accept_record(raw, key=cache.signing_key, fp=fp, task=rec.task)
+        rec = layout.accept_record(raw, key=cache.session.signing_key, fp=fp, task=rec.task)
     except BadRecord as exc:
         _refuse(cache, counts, fp, "imported task record", exc)
         return
@@ -603,7 +600,7 @@ def _import_task(cache: RedisSharedCache, tar: tarfile.TarFile, fp: str,
         return
 
     def run(client):
-        return client.set(layout.task_key(fp, rec.task), raw, nx=True, px=cache.ttl_ms)
+        return client.set(layout.task_key(fp, rec.task), raw, nx=True, px=cache.session.ttl_ms)
 
-    if cache.op(run, "import"):
+    if cache.transport.op(run, "import"):
         counts["tasks"] += 1

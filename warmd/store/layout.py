@@ -15,6 +15,9 @@ Keys that must live together in Redis Cluster share a hash tag: every chunk of o
     warmd:v1:stats:node:<node>        HASH of counters per node
     warmd:v1:stats:fp:{<fp>}          HASH of counters per fingerprint
     warmd:v1:stats:nodes              SET of node names
+    warmd:v1:nodes:<ns>:<node id>     the daemon's JSON node record (expires unless rewritten)
+    warmd:v1:nodes:<ns>               SET of node ids with a record
+    warmd:v1:daemon:<ns>              JSON: the running controller's config summary
 """
 
 from __future__ import annotations
@@ -74,6 +77,18 @@ def node_stats_key(node: str) -> str:
 
 def fp_stats_key(fp: str) -> str:
     return f"{PREFIX}stats:fp:{{{fp}}}"
+
+
+def nodes_key(namespace: str) -> str:
+    return f"{PREFIX}nodes:{namespace}"
+
+
+def node_key(namespace: str, node_id: str) -> str:
+    return f"{PREFIX}nodes:{namespace}:{node_id}"
+
+
+def daemon_key(namespace: str) -> str:
+    return f"{PREFIX}daemon:{namespace}"
 
 
 class BadRecord(ValueError):

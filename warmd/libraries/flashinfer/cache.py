@@ -63,7 +63,7 @@ from warmd.cache.artifacts import (
     staging,
     unpack_safely,
 )
-from warmd.cache.base import CacheAdapter, CacheEntry, IncompatibleEntry, UnsafeArtifact
+from warmd.cache.base import CacheAdapter, CacheEntry, IncompatibleHere, UnsafeArtifact
 
 LIBRARY = "flashinfer"
 # Env knobs FlashInfer copies into the build commands (but CUDA_HOME/CUDA_PATH enter the
@@ -210,10 +210,10 @@ def read_deps_log(path: Path) -> DepsLog:
     """Parse ninja's binary .ninja_deps (format v4: ninja >= 1.10)."""
     data = path.read_bytes()
     if not data.startswith(_DEPS_MAGIC) or len(data) < 16:
-        raise IncompatibleEntry(f"{path} is not a ninja deps log")
+        raise IncompatibleHere(f"{path} is not a ninja deps log")
     (version,) = struct.unpack_from("<i", data, 12)
     if version != _DEPS_VERSION:
-        raise IncompatibleEntry(f"ninja deps log v{version} is not supported (v4 is)")
+        raise IncompatibleHere(f"ninja deps log v{version} is not supported (v4 is)")
     log, pos = DepsLog([], []), 16
     while pos + 4 <= len(data):
         (size,) = struct.unpack_from("<I", data, pos)
@@ -245,7 +245,7 @@ def write_deps_log(path: Path, log: DepsLog) -> None:
 def ninja_binary() -> str:
     found = shutil.which("ninja")
     if not found:
-        raise IncompatibleEntry("ninja is not on PATH (FlashInfer's JIT needs it too)")
+        raise IncompatibleHere("ninja is not on PATH (FlashInfer's JIT needs it too)")
     return found
 
 
@@ -254,7 +254,7 @@ def ninja_commands(module_dir: Path) -> dict[str, str]:
     proc = subprocess.run([ninja_binary(), "-C", str(module_dir), "-f", "build.ninja", "-t",
                            "compdb"], capture_output=True, text=True, timeout=60)
     if proc.returncode != 0:
-        raise IncompatibleEntry(f"ninja cannot read build.ninja: {proc.stderr.strip()[:200]}")
+        raise IncompatibleHere(f"ninja cannot read build.ninja: {proc.stderr.strip()[:200]}")
     return {e["output"]: e["command"] for e in json.loads(proc.stdout) if "output" in e}
 
 
@@ -455,7 +455,7 @@ class FlashInferCacheAdapter(CacheAdapter):
         if missing:
             shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more"
                                               if len(missing) > 3 else "")
-            raise IncompatibleEntry(f"module {name} was built against files missing here "
+            raise IncompatibleHere(f"module {name} was built against files missing here "
                                     f"(another toolchain?): {shown}")
 
     def is_up_to_date(self, name: str) -> tuple[bool, str]:
@@ -489,11 +489,11 @@ def _check_module_name(name: str) -> None:
 
 def _check_same_source(src: Path, dest: Path, generated_dir: Path) -> bool:
     """True when dest already holds src's bytes, False when dest is absent; a different
-    source there means FlashInfer would rebuild the module: IncompatibleEntry."""
+    source there means FlashInfer would rebuild the module: IncompatibleHere."""
     if not dest.exists():
         return False
     if dest.read_bytes() != src.read_bytes():
-        raise IncompatibleEntry(
+        raise IncompatibleHere(
             f"generated source {dest.relative_to(generated_dir)} differs from this node's: "
             "FlashInfer would rebuild the module")
     return True
@@ -548,7 +548,7 @@ def _relocate_log(module: Path, old_ws: str, new_ws: str, now_ns: int) -> None:
     version, entries = read_ninja_log(module / ".ninja_log")
     commands = ninja_commands(module)
     if version != 7 and old_ws != new_ws:
-        raise IncompatibleEntry(f"ninja log v{version} cannot be relocated (v7 can)")
+        raise IncompatibleHere(f"ninja log v{version} cannot be relocated (v7 can)")
     relocated = []
     for entry in entries.values():
         output = _rewrite_path(entry.output, old_ws, new_ws)

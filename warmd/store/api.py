@@ -1,0 +1,186 @@
+"""What warmup, the daemon and the CLI need from a store: the one declaration of it.
+
+Two interfaces, one per kind of data, each implemented by a backend (warmd.store.redis_store
+and warmd.store.nodes over Redis; a shared filesystem or S3 backend would add its own pair):
+
+- SharedCache: the cluster-wide compiled-kernel cache (fetch, single flight, publish, shard
+  order, outcome counters, health).
+- NodeRecords: the daemon's per-node state records and the controller's summary.
+
+Every method degrades instead of raising: a store that is down, slow, full or refusing this
+user's writes turns into misses, skipped publications and False/None answers, counted in the
+backend's counters. Only operator commands (warmd.store.admin) see StoreFailed.
+
+This lives in the store package, not next to the cache adapters in warmd.cache.base: it
+covers more than the cache's key/value traffic (health, node records, operator counters), and
+a new backend then means reading this file and adding one module beside it. Warmup depends on
+it for annotations only, so warming without any store imports no store client.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol
+
+from warmd.cache.base import CacheAdapter, CacheEntry
+
+
+class StoreFailed(Exception):
+    """One store operation failed. `kind` says what warmd does about it: "down" and "auth"
+    (the store is unusable for a while), "denied", "readonly" and "oom" (writes refused,
+    reads work), "disabled" and "open" (not even tried), "error" (anything else)."""
+
+    def __init__(self, kind: str, message: str = "") -> None:
+        super().__init__(message or kind)
+        self.kind = kind
+
+
+class SharedCache(ABC):
+    """The cluster-wide side of the kernel cache.
+
+    Warmup calls it per task, in this order: fetch_task (install what the cluster has),
+    then for a miss single_flight (one node compiles, the others wait), then publish_task;
+    at the end record_outcomes with the run's counters, then close.
+    """
+
+    @property
+    @abstractmethod
+    def disabled_reason(self) -> str | None:
+        """Why the cache is off (then every call is a miss); None when it is on."""
+
+    @property
+    @abstractmethod
+    def last_error(self) -> str | None:
+        """The last store failure, secrets scrubbed; None before any."""
+
+    # -- per task ------------------------------------------------------------------------
+
+    @abstractmethod
+    def fetch_task(self, adapter: CacheAdapter, task_key: str) -> list[str] | None:
+        """Install every entry the cluster recorded for this task into adapter's root.
+        Returns the entry names installed (already-present ones included), or None when the
+        cluster has no complete, verified record for this task (a miss)."""
+
+    def prefetch(self, adapter: CacheAdapter, task_keys: Iterable[str]
+                 ) -> dict[str, list[str] | None]:
+        """fetch_task for a whole plan at once (few round trips); same result per task."""
+        return {key: self.fetch_task(adapter, key) for key in dict.fromkeys(task_keys)}
+
+    @abstractmethod
+    def single_flight(self, task_key: str, timeout: float
+                      ) -> contextlib.AbstractContextManager[bool]:
+        """Context manager yielding True when this process should compile the task, False
+        when another node compiled it meanwhile (fetch_task again). Takes the lease over
+        when its holder dies; yields True when the store is unreachable."""
+
+    @abstractmethod
+    def publish_task(self, adapter: CacheAdapter, task_key: str, entries: list[CacheEntry],
+                     compile_seconds: float) -> None:
+        """Publish the entries a task produced (once per entry cluster-wide) and the task's
+        record naming them."""
+
+    def shard_order(self, task_keys: list[str]) -> list[str]:
+        """The order this node should try the tasks in, so nodes warming the same plan
+        together start on different tasks."""
+        return list(task_keys)
+
+    # -- counters --------------------------------------------------------------------------
+
+    @abstractmethod
+    def record_outcomes(self, counts: dict[str, float]) -> None:
+        """Add this run's counters (warmd.stats.Counters.to_json(); a key 'LIB.NAME' counts
+        for that library only) to the cluster-wide stats."""
+
+    @property
+    @abstractmethod
+    def counters(self) -> dict[str, float]:
+        """This process's store counters so far (a copy; names from warmd.stats.COUNTERS)."""
+
+    # -- health and identity ---------------------------------------------------------------
+
+    @property
+    @abstractmethod
+    def display_url(self) -> str:
+        """Where the store is, safe to print (no secrets)."""
+
+    @abstractmethod
+    def ping(self) -> bool:
+        """Whether the store answers now (a failure makes later calls misses for a while)."""
+
+    @property
+    @abstractmethod
+    def reachable(self) -> bool:
+        """False while the store is known to be down (after a failed call, until it answers
+        again); True otherwise, including before the first call."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Flush pending counters and release connections; the cache is unusable after."""
+
+    def __enter__(self) -> SharedCache:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class NodeRecord(Protocol):
+    """What node records hold (warmd.cluster.state.NodeState)."""
+
+    node_id: str
+
+    def to_json(self) -> dict: ...
+
+
+class NodeRecords(ABC):
+    """The daemon's node records for one namespace, and its controller's summary. Never
+    raises for store trouble: a failed write returns False and counts in `errors`, a failed
+    read returns None; `last_error` says why (secrets scrubbed)."""
+
+    namespace: str
+    ttl: int  # seconds a node record lives unless written again
+    errors: int = 0
+    last_error: str = ""
+
+    def __init__(self, decode: Callable[[dict], Any] = dict) -> None:
+        self.decode = decode  # turns a stored record back into what was put
+
+    @property
+    @abstractmethod
+    def url(self) -> str | None:
+        """The store URL these records live at (None: no store)."""
+
+    @property
+    def healthy(self) -> bool:
+        return bool(self.url) and not self.last_error
+
+    @abstractmethod
+    def put(self, record: NodeRecord) -> bool: ...
+
+    @abstractmethod
+    def get_all(self) -> list | None:
+        """Every live node record, decoded; None when the store could not be read."""
+
+    @abstractmethod
+    def delete(self, node_id: str) -> bool: ...
+
+    @abstractmethod
+    def put_daemon(self, info: dict) -> bool: ...
+
+    @abstractmethod
+    def get_daemon(self) -> dict | None: ...
+
+    @abstractmethod
+    def delete_daemon(self) -> bool: ...
+
+    @abstractmethod
+    def ping(self) -> bool: ...
+
+    @abstractmethod
+    def server_size(self) -> dict | None:
+        """{"used_memory": bytes, "keys": count} of the store; None when not known."""
+
+    @abstractmethod
+    def close(self) -> None: ...

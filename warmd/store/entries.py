@@ -1,0 +1,283 @@
+"""Reading entries: task records, manifests and blobs, each verified (layout's decoders,
+signatures, digests) before an adapter installs it; bad entries quarantined, entries this
+node cannot use left alone."""
+
+from __future__ import annotations
+
+import logging
+import time
+import zlib
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+
+from warmd import settings
+from warmd.cache.base import CacheAdapter, IncompatibleHere, UnsafeArtifact
+from warmd.store import layout
+from warmd.store.api import StoreFailed
+from warmd.store.connection import classify
+from warmd.store.fingerprint import Fingerprint
+from warmd.store.layout import BadRecord, Manifest, TaskRecord
+from warmd.store.session import Session
+from warmd.store.signing import check as check_signature
+
+log = logging.getLogger("warmd.store")
+
+QUARANTINE_TTL_MS = 7 * 86400 * 1000
+BLOB_BATCH_BYTES = 64 << 20  # bound on blob bytes held in memory during a prefetch
+INSTALL_THREADS = 8
+
+
+class Entries:
+    def __init__(self, session: Session) -> None:
+        self.s = session
+        self.op = session.transport.op
+        self.count = session.stats.count
+
+    def prefetch(self, adapter: CacheAdapter, task_keys: Iterable[str]
+                 ) -> dict[str, list[str] | None]:
+        """SharedCache.prefetch in a few pipelined round trips: task records, then
+        manifests, then blobs (in batches of at most 64 MiB)."""
+        tasks = list(dict.fromkeys(task_keys))
+        result: dict[str, list[str] | None] = dict.fromkeys(tasks)
+        try:
+            fp = self.s.fingerprint(adapter)
+        except Exception as exc:  # the adapter could not describe itself
+            self.s.warn_once(f"fp:{adapter.library}", "shared cache: no fingerprint for %s "
+                             "(%s); not sharing it", adapter.library, exc)
+            return result
+        for task in tasks:
+            self.s.task_fp[task] = fp.digest
+        try:
+            records = self._read_records(fp.digest, tasks)
+            present = {e.name for e in adapter.list_entries()}
+            named = {n for rec, _raw in records.values() for n in rec.entries}
+            manifests = self._read_manifests(fp, sorted(named - present))
+            installed = self._fetch_and_install(adapter, fp.digest, manifests)
+        except StoreFailed:
+            return result
+        except OSError as exc:  # listing the local cache failed
+            log.warning("shared cache: cannot list %s cache: %s", adapter.library, exc)
+            return result
+        self.count("local_hits", len(named & present), fp.digest)
+        for task in tasks:
+            found = records.get(task)
+            if found is None:
+                self.count("tasks_missed", fp=fp.digest)
+                continue
+            rec, raw = found
+            if all(n in present or n in installed for n in rec.entries):
+                result[task] = list(rec.entries)
+                self.count("tasks_hit", fp=fp.digest)
+            else:
+                self.s.stale[task] = raw
+                self.count("tasks_missed", fp=fp.digest)
+        return result
+
+    # -- task records and manifests --------------------------------------------------------
+
+    def _get_and_touch(self, keys: list[str], extra=None) -> list:
+        """GET and PEXPIRE (the TTL refresh of a use) each key in one round trip; the GET
+        replies, errors left in place for the caller."""
+        def run(client):
+            pipe = client.pipeline(transaction=False)
+            for key in keys:
+                pipe.get(key)
+                pipe.pexpire(key, self.s.ttl_ms)
+            if extra is not None:
+                extra(pipe)
+            return pipe.execute(raise_on_error=False)
+
+        return (self.op(run, "fetch") if keys else [])[:2 * len(keys):2]
+
+    def _read_records(self, fp: str, tasks: list[str]) -> dict[str, tuple[TaskRecord, bytes]]:
+        replies = self._get_and_touch([layout.task_key(fp, task) for task in tasks])
+        out = {}
+        for task, reply in zip(tasks, replies, strict=True):
+            raw = self.s.transport.checked(reply, "fetch")
+            if raw is None:
+                continue
+            try:
+                out[task] = (layout.accept_record(raw, key=self.s.signing_key, fp=fp,
+                                                  task=task), raw)
+            except BadRecord as exc:
+                self.reject(exc.counter, fp, f"task record {task}", str(exc))
+        return out
+
+    def _read_manifests(self, fp: Fingerprint, names: list[str]) -> dict[str, tuple]:
+        """name -> (Manifest, raw) for every acceptable manifest; the others are counted."""
+        def touch_index(pipe) -> None:
+            pipe.zadd(layout.index_key(fp.digest), dict.fromkeys(names, time.time()), xx=True)
+            pipe.zadd(layout.FPS_KEY, {fp.digest: time.time()})
+            pipe.pexpire(layout.fp_meta_key(fp.digest), self.s.ttl_ms)
+
+        replies = self._get_and_touch([layout.manifest_key(fp.digest, n) for n in names],
+                                      touch_index)
+        out = {}
+        for name, reply in zip(names, replies, strict=True):
+            raw = self.s.transport.checked(reply, "fetch")
+            if raw is None:
+                continue
+            man = self._accept_manifest(fp, name, raw)
+            if man is not None:
+                out[name] = (man, raw)
+        return out
+
+    def _accept_manifest(self, fp: Fingerprint, name: str, raw: bytes) -> Manifest | None:
+        try:
+            return layout.accept_manifest(raw, key=self.s.signing_key,
+                                          max_size=self.s.max_artifact_bytes, fp=fp.digest,
+                                          name=name, library=fp.library)
+        except layout.RefusedHere as exc:
+            self.refused_here(fp.digest, name, str(exc))
+        except layout.SignatureRefused as exc:
+            # Not quarantined: a node with a wrong key must not wipe valid entries.
+            self.reject(exc.counter, fp.digest, f"entry {name}", str(exc))
+        except BadRecord as exc:
+            if self._signed_ok(raw):
+                self.quarantine(fp.digest, name, raw, str(exc))
+            else:  # unsigned garbage under a signing key proves nothing about the entry
+                self.reject("signature_rejected", fp.digest, f"entry {name}", str(exc))
+        return None
+
+    def _signed_ok(self, raw: bytes) -> bool:
+        """True without a signing key, or when raw is a JSON object validly signed."""
+        if not self.s.signing_key:
+            return True
+        try:
+            return check_signature(layout.load_record(raw), self.s.signing_key) is None
+        except BadRecord:
+            return False
+
+    # -- blobs -----------------------------------------------------------------------------
+
+    def _fetch_and_install(self, adapter: CacheAdapter, fp: str,
+                           manifests: dict[str, tuple]) -> set[str]:
+        """Read and verify blobs batch by batch; install the good ones in a few threads
+        (installs wait on fsync, so they overlap well)."""
+        installed: set[str] = set()
+
+        def one(man: Manifest, raw: bytes, blob) -> None:
+            if isinstance(blob, BadRecord):
+                self.quarantine(fp, man.name, raw, str(blob), man.digest)
+            elif blob is not None and self._install(adapter, fp, man, raw, blob):
+                installed.add(man.name)
+
+        with ThreadPoolExecutor(INSTALL_THREADS, thread_name_prefix="warmd-install") as pool:
+            for batch in layout.size_batches(list(manifests.values()), BLOB_BATCH_BYTES):
+                blobs = self.read_blobs([man for man, _raw in batch])
+                jobs = [pool.submit(one, man, raw, blobs.get(man.digest)) for man, raw in batch]
+                for job in jobs:
+                    job.result()
+        return installed
+
+    def read_blobs(self, manifests: list[Manifest]) -> dict[str, bytes | BadRecord]:
+        """digest -> the verified blob, or the BadRecord saying why it is not usable."""
+        unique = list({man.digest: man for man in manifests}.values())
+
+        def run(client):
+            pipe = client.pipeline(transaction=False)
+            for man in unique:
+                for i in range(man.chunks):
+                    key = layout.blob_key(man.digest, i)
+                    pipe.get(key)
+                    pipe.pexpire(key, self.s.ttl_ms)
+            return pipe.execute(raise_on_error=False)
+
+        replies = iter(self.op(run, "fetch") if unique else [])
+        out: dict[str, bytes | BadRecord] = {}
+        for man in unique:
+            chunks, wrong = [], None
+            for i in range(man.chunks):
+                reply = next(replies)
+                next(replies)  # the PEXPIRE: refused for a read-only user, which is fine
+                if isinstance(reply, Exception) and classify(reply) == "error":
+                    wrong = BadRecord(f"chunk {i} is unreadable: {reply}")  # e.g. WRONGTYPE
+                    reply = None
+                chunks.append(self.s.transport.checked(reply, "fetch"))
+            try:
+                out[man.digest] = wrong or layout.check_blob(man, chunks)
+            except BadRecord as exc:
+                out[man.digest] = exc
+        return out
+
+    def _install(self, adapter: CacheAdapter, fp: str, man: Manifest, raw: bytes,
+                 blob: bytes) -> bool:
+        limit = min(self.s.max_artifact_bytes, settings.max_artifact_bytes())
+        if unpacks_over(blob, limit):
+            self.refused_here(fp, man.name, f"unpacks to more than this node's {limit}-byte "
+                              "limit")
+            return False
+        try:
+            adapter.install(man.name, blob)
+        except IncompatibleHere as exc:
+            self.refused_here(fp, man.name, str(exc))
+            return False
+        except UnsafeArtifact as exc:
+            self.quarantine(fp, man.name, raw, f"unsafe artifact: {exc}", man.digest,
+                            counter="unsafe_rejected")
+            return False
+        except Exception as exc:  # a local problem (disk full, permissions): not the entry's
+            self.count("install_failed", fp=fp)
+            log.warning("shared cache: installing %s into %s failed: %s", man.name,
+                        adapter.root, exc)
+            return False
+        self.count("remote_hits", fp=fp)
+        self.count("bytes_fetched", len(blob), fp)
+        self.count("compile_seconds_saved", man.compile_seconds, fp)
+        return True
+
+    # -- refusals --------------------------------------------------------------------------
+
+    def reject(self, counter: str, fp: str, what: str, why: str) -> None:
+        """Count and log a refused record or entry (left where it is)."""
+        self.s.stats.count_refusal(counter, fp)
+        log.warning("shared cache: refused %s (fingerprint %s): %s", what, fp, why)
+
+    def refused_here(self, fp: str, name: str, why: str) -> None:
+        """A miss this node cannot use (its own limits, an incompatible build): counted,
+        never quarantined, so nodes that can use the entry keep it."""
+        self.count("refused_here", fp=fp)
+        log.warning("shared cache: not using entry %s here (fingerprint %s): %s", name, fp, why)
+
+    def quarantine(self, fp: str, name: str, raw: bytes, why: str, digest: str | None = None,
+                   counter: str = "corrupt_rejected") -> None:
+        """Move a bad manifest aside so the entry is rebuilt and republished; best effort
+        (a read-only user cannot). Its blob's chunks stay: other manifests (under any
+        fingerprint) may share them, a republication overwrites them, and `prune` removes
+        them once nothing references them. `digest` is accepted for callers' symmetry."""
+        self.reject(counter, fp, f"entry {name}", f"{why}; quarantining it")
+        try:
+            note = layout.load_record(raw)
+        except BadRecord:
+            note = {"raw": repr(raw[:200])}
+        value = layout.json_bytes({"manifest": note, "reason": why, "node": self.s.node,
+                                   "at": time.time()})
+
+        def run(client):
+            return self.s.transport.script(
+                "quarantine", client,
+                keys=[layout.manifest_key(fp, name), layout.quarantine_key(fp, name),
+                      layout.index_key(fp)],
+                args=[raw, value, QUARANTINE_TTL_MS, name])
+
+        try:
+            if self.op(run, "quarantine"):
+                self.count("quarantined", fp=fp)
+        except StoreFailed:
+            pass
+
+
+def unpacks_over(blob: bytes, limit: int) -> bool:
+    """Whether a gzip'd artifact decompresses to more than limit bytes (measured in bounded
+    steps, nothing kept). A blob that is not gzip is left to the adapter's own checks."""
+    decomp = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    total, data = 0, blob
+    try:
+        while data and not decomp.eof:
+            total += len(decomp.decompress(data, 1 << 20))
+            if total > limit:
+                return True
+            data = decomp.unconsumed_tail
+    except zlib.error:
+        return False
+    return False
