@@ -39,7 +39,8 @@ _SECONDS = _Seconds()
 MIN_WATCH_INTERVAL = 0.5
 
 ADDRESS_HELP = ("Ray cluster address (HOST:PORT, or 'auto' for the running local one; "
-                "default: RAY_ADDRESS, else the running local cluster).")
+                "default: RAY_ADDRESS, else the cluster this state dir's `warmd start` "
+                "started, else the one `ray start` recorded here).")
 
 
 def _config_options(func):
@@ -69,8 +70,9 @@ def _load(config_path, redis_url, namespace, metrics_port=None):
 @_config_options
 @click.option("--address", metavar="ADDR",
               help="Ray cluster to run on (HOST:PORT, or 'auto': the running local one). "
-                   "Default: RAY_ADDRESS, else the running local cluster, else a new local "
-                   "one started here.")
+                   "Default: RAY_ADDRESS, else the cluster this state dir's `warmd start` "
+                   "started, else the one `ray start` recorded here, else a new local one "
+                   "started here.")
 @click.option("--metrics-port", type=int, metavar="PORT",
               help="Port of each agent's Prometheus endpoint (0: any free port); overrides "
                    "agent.metrics_port and WARMD_METRICS_PORT.")
@@ -87,8 +89,8 @@ def start(config_path, redis_url, namespace, address, metrics_port, wait, timeou
     the new configuration; nodes re-warm when the work changed.
 
     \b
-    Exit codes: 0 every selected node warm (READY or DEGRADED), 1 a node FAILED or the
-    wait timed out, 2 bad input (config, address).
+    Exit codes: 0 every selected node warm (READY or DEGRADED), 1 a node FAILED, the
+    wait timed out or the config selects no node, 2 bad input (config, address).
     """
     from warmd.cluster import client
 
