@@ -129,11 +129,17 @@ def node_name() -> str:
         machine = ""
     seed = f"{machine or uuid.uuid4().hex}:{state_dir().resolve()}"
     name = f"{socket.gethostname()}-{hashlib.sha256(seed.encode()).hexdigest()[:8]}"
+    tmp = path.with_name(f".node-id.{os.getpid()}")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(name + "\n")
+        tmp.write_text(name + "\n")
+        os.link(tmp, path)  # atomic, and never replaces a name another process wrote first
+    except FileExistsError:
+        return path.read_text().strip() or name
     except OSError:  # a read-only state dir: the name still derives from the machine id
         pass
+    finally:
+        tmp.unlink(missing_ok=True)
     return name
 
 
