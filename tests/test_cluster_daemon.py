@@ -376,7 +376,7 @@ def test_unreachable_redis_degrades_then_recovers(daemon):
     done = world.cli("start", "--address", world.cluster.address, "--config",
                      str(world.config), "--redis", dead, "--timeout", "180")
     # DEGRADED nodes are warm (every kernel is here), so start succeeds, with a warning
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 0, done.stdout + done.stderr
     assert "unreachable" in done.stderr
     snap = world.snapshot()
     assert {n["node_id"] for n in snap["nodes"]} == set(before)
