@@ -5,7 +5,9 @@ This machine has no GPU: worker nodes advertise FAKE GPUs (`num_gpus=1` plus an
 `accelerator_type:H200` resource) so that Ray schedules warm workers on them exactly as on
 H200 nodes; the work itself is a real nvcc cross-build for sm_90a. Each simulated node gets its
 own cache directories through per-node environment variables, so kernels move between nodes
-only through Redis. The tests run in order and share one cluster (they tell one story).
+only through Redis. The tests share one cluster, but none depends on another having run:
+each starts the daemon if it is not running (the `daemon` fixture) and adds and removes the
+nodes it needs.
 """
 
 from __future__ import annotations
@@ -108,6 +110,35 @@ class World:
     def node_id(self, name: str) -> str:
         return self.nodes[name].node_id
 
+    def controller(self):
+        try:
+            return ray.get_actor(CONTROLLER_NAME, namespace=RAY_NAMESPACE)
+        except ValueError:
+            return None
+
+    def start(self) -> None:
+        done = self.cli("start", "--address", self.cluster.address, "--config",
+                        str(self.config), "--timeout", "300")
+        assert done.returncode == 0, done.stdout + done.stderr
+
+    def reset(self) -> None:
+        """No daemon, an empty shared cache and empty node caches: a fresh cluster."""
+        done = self.cli("stop", "--address", self.cluster.address)
+        assert done.returncode == 0, done.stderr
+        self.server.client().flushall()
+        for name in self.nodes:
+            for cache in ("fi", "state"):
+                shutil.rmtree(self.base / name / cache, ignore_errors=True)
+
+    def add_node(self, name: str, **kwargs) -> str:
+        self.nodes[name] = self.cluster.add_node(**self.node_args(name, **kwargs))
+        return self.node_id(name)
+
+    def remove_node(self, name: str) -> None:
+        node_id = self.node_id(name)
+        self.cluster.remove_node(self.nodes.pop(name))
+        until(lambda: self.record(node_id) is None, timeout=90)
+
 
 def until(check, timeout: float = 120, interval: float = 0.5):
     deadline = time.monotonic() + timeout
@@ -152,6 +183,14 @@ def world(tmp_path_factory):
             os.environ["RAY_AUTH_MODE"] = saved
 
 
+@pytest.fixture
+def daemon(world):
+    """The daemon running with the test config on nodes a and b (started if it is not)."""
+    if world.controller() is None:
+        world.start()
+    return world
+
+
 def stop_ray_start(proc: subprocess.Popen) -> None:
     """End a `ray start --block` this test started: SIGTERM drains its node."""
     proc.send_signal(signal.SIGTERM)
@@ -181,6 +220,7 @@ def test_unreachable_ray_address_is_one_line_exit_2(tmp_path):
 
 
 def test_start_warms_every_selected_node(world):
+    world.reset()
     done = world.cli("start", "--address", world.cluster.address, "--config", str(world.config),
                      "--json", "--timeout", "300")
     assert done.returncode == 0, done.stderr
@@ -192,6 +232,7 @@ def test_start_warms_every_selected_node(world):
     assert set(nodes) == gpu_nodes  # the head has no GPU and builders are off
     for record in nodes.values():
         assert record["state"] == "READY", record
+        assert record["name"]  # each simulated machine's stable name (its own state dir)
         assert record["kernels"]["total"] == 1 and record["kernels"]["failed"] == 0
         assert record["gpus"] == 1 and record["gpu_type"] == "H200"
         assert record["progress_done"] == record["progress_total"] == 1
@@ -223,6 +264,8 @@ def test_start_warms_every_selected_node(world):
     assert shown.returncode == 0, shown.stderr
     assert world.node_id("a")[:8] in shown.stdout and "READY" in shown.stdout
     assert "Cluster totals" in shown.stdout and "test-secret-pw" not in shown.stdout
+    assert nodes[world.node_id("a")]["name"] in shown.stdout
+    assert nodes[world.node_id("a")]["name"] != nodes[world.node_id("b")]["name"]
 
     again = world.cli("start", "--address", world.cluster.address, "--config",
                       str(world.config), "--no-wait", "--json")
@@ -230,8 +273,16 @@ def test_start_warms_every_selected_node(world):
     assert json.loads(again.stdout)["controller"] == "updated"  # idempotent: same controller
     assert warmd_actors() == {CONTROLLER_NAME} | {agent_name(n) for n in gpu_nodes}
 
+    summary = world.cli("start", "--address", world.cluster.address, "--config",
+                        str(world.config), "--timeout", "120")
+    assert summary.returncode == 0, summary.stderr
+    # a short summary (the full view is `warmd status`)
+    assert "2 node(s) warm" in summary.stdout and "2 READY" in summary.stdout
+    assert "Cluster totals" not in summary.stdout and len(summary.stdout.splitlines()) == 3
 
-def test_prejoin_node_joins_warm_and_labelled(world):
+
+def test_prejoin_node_joins_warm_and_labelled(daemon):
+    world = daemon
     """The KubeRay worker command: warm from the config, then `ray start --labels`."""
     name = "e"
     env = world.env(FLASHINFER_WORKSPACE_BASE=str(world.base / name / "fi"),
@@ -261,18 +312,20 @@ def test_prejoin_node_joins_warm_and_labelled(world):
     until(lambda: world.record(node_id) is None, timeout=90)
 
 
-def test_node_added_later_is_warmed_without_a_command(world):
-    world.nodes["c"] = world.cluster.add_node(**world.node_args("c"))
-    node_id = world.node_id("c")
+def test_node_added_later_is_warmed_without_a_command(daemon):
+    world = daemon
+    node_id = world.add_node("c")
     done = world.cli("wait-ready", "--address", world.cluster.address, "--node-id",
                      node_id[:12], "--timeout", "180")
     assert done.returncode == 0, done.stdout + done.stderr
     record = world.record(node_id)
     assert record["state"] == "READY"
     assert record["kernels"]["remote_hits"] == 1 and record["kernels"]["compiled"] == 0
+    world.remove_node("c")
 
 
-def test_killed_agent_is_replaced_and_resumes_from_cache(world):
+def test_killed_agent_is_replaced_and_resumes_from_cache(daemon):
+    world = daemon
     node_id = world.node_id("a")
     agent = ray.get_actor(agent_name(node_id), namespace=RAY_NAMESPACE)
     old = ray.get(agent.health.remote(), timeout=30)
@@ -285,17 +338,20 @@ def test_killed_agent_is_replaced_and_resumes_from_cache(world):
     assert world.snapshot()["controller"]["counters"]["agents_replaced"] >= 1
 
 
-def test_removed_node_leaves_the_status(world):
-    node_id = world.node_id("c")
-    world.cluster.remove_node(world.nodes.pop("c"))
+def test_removed_node_leaves_the_status(daemon):
+    world = daemon
+    node_id = world.add_node("f")
+    world.wait_record(node_id, lambda r: r["state"] == "READY")
+    assert agent_name(node_id) in warmd_actors()
+    world.cluster.remove_node(world.nodes.pop("f"))
     until(lambda: node_id not in {n["node_id"] for n in world.status()["nodes"]}, timeout=90)
     assert agent_name(node_id) not in warmd_actors()
     assert node_id not in {r.node_id for r in node_records(world.url, NAMESPACE).get_all()}
 
 
-def test_model_missing_on_one_node_fails_only_that_node(world):
-    world.nodes["d"] = world.cluster.add_node(**world.node_args("d", models=world.no_models))
-    node_id = world.node_id("d")
+def test_model_missing_on_one_node_fails_only_that_node(daemon):
+    world = daemon
+    node_id = world.add_node("d", models=world.no_models)
     record = world.wait_record(node_id, lambda r: r["state"] == "FAILED")
     assert "model config not found" in record["reason"]
     assert str(world.no_models / "llama") in record["reason"]
@@ -310,17 +366,17 @@ def test_model_missing_on_one_node_fails_only_that_node(world):
     ok = world.cli("wait-ready", "--address", world.cluster.address, "--node-id",
                    world.node_id("b"), "--timeout", "60")
     assert ok.returncode == 0, ok.stderr
-    world.cluster.remove_node(world.nodes.pop("d"))
-    until(lambda: world.record(node_id) is None, timeout=90)
+    world.remove_node("d")
 
 
-def test_unreachable_redis_degrades_then_recovers(world):
+def test_unreachable_redis_degrades_then_recovers(daemon):
+    world = daemon
     dead = f"redis://127.0.0.1:{free_port()}/0"
     before = {n["node_id"]: n["warmed_at"] for n in world.snapshot()["nodes"]}
     done = world.cli("start", "--address", world.cluster.address, "--config",
                      str(world.config), "--redis", dead, "--timeout", "180")
     # DEGRADED nodes are warm (every kernel is here), so start succeeds, with a warning
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 0, done.stdout + done.stderr
     assert "unreachable" in done.stderr
     snap = world.snapshot()
     assert {n["node_id"] for n in snap["nodes"]} == set(before)
@@ -339,7 +395,8 @@ def test_unreachable_redis_degrades_then_recovers(world):
     assert {n["state"] for n in json.loads(back.stdout)["status"]["nodes"]} == {"READY"}
 
 
-def test_stop_then_start_finds_the_cache_warm(world):
+def test_stop_then_start_finds_the_cache_warm(daemon):
+    world = daemon
     done = world.cli("stop", "--address", world.cluster.address, "--json")
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["controller"] is True

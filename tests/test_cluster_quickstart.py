@@ -2,46 +2,35 @@
 local Ray cluster and the embedded Redis, warms the embedded default config (one small
 FlashInfer module, built for sm_90a on this CPU-only machine) and `warmd status` shows the
 node READY with its counters. `warmd stop` ends exactly what `start` started; a second
-`start` finds everything in the cache.
+`start` finds everything in the cache. The machine is private (cluster_support): a daemon
+that already runs here (the Quickstart's first command) is neither found nor disturbed.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
 pytest.importorskip("ray")
 
-from warmd.cluster.client import _local_candidates, reachable  # noqa: E402
+from cluster_support import private_machine, warmd  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
 
-def fresh_env(home) -> dict:
-    """A machine where warmd never ran: its own HOME (caches, state) and no warmd/Ray vars."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("WARMD_", "RAY_", "FLASHINFER_", "DG_JIT_", "VLLM_", "XDG_"))}
-    return {**env, "HOME": str(home), "RAY_AUTH_MODE": "disabled"}
-
-
-def warmd(env: dict, *args: str, timeout: float = 400) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "warmd", *args], env=env, capture_output=True,
-                          text=True, timeout=timeout)
-
-
 def test_start_with_no_arguments_comes_up_ready(tmp_path):
-    running = [a for a in _local_candidates() if reachable(a, timeout=1.0) is None]
-    if running:
-        pytest.skip(f"a Ray cluster already runs on this machine ({running[0]}): not fresh")
-    env = fresh_env(tmp_path / "home")
+    with private_machine(tmp_path / "home") as env:
+        _quickstart(env, tmp_path)
+
+
+def _quickstart(env: dict, tmp_path) -> None:
     try:
         started = warmd(env, "start")
         assert started.returncode == 0, started.stdout + started.stderr
         assert "local cluster started" in started.stdout
+        # a short summary, not the whole status (`warmd start && warmd status` shows it once)
+        assert "1 node(s) warm" in started.stdout and "Cluster totals" not in started.stdout
 
         status = warmd(env, "status", "--json")
         assert status.returncode == 0, status.stderr
@@ -49,6 +38,8 @@ def test_start_with_no_arguments_comes_up_ready(tmp_path):
         assert snap["running"] and snap["ready"]
         [node] = snap["nodes"]
         assert node["state"] == "READY" and node["role"] == "builder"
+        name = node["name"]  # the machine's stable name
+        assert name and name == (tmp_path / "home/.cache/warmd/node-id").read_text().strip()
         assert node["kernels"] == {"total": 1, "local_hits": 0, "remote_hits": 0,
                                    "compiled": 1, "failed": 0}
         assert snap["totals"]["compiled"] == 1 and snap["totals"]["bytes_published"] > 0
@@ -58,16 +49,29 @@ def test_start_with_no_arguments_comes_up_ready(tmp_path):
 
         text = warmd(env, "status")
         assert text.returncode == 0 and "READY" in text.stdout and "Cluster totals" in text.stdout
+        assert name in text.stdout
 
         stopped = warmd(env, "stop")
         assert stopped.returncode == 0, stopped.stderr
         assert "stopped local Ray cluster" in stopped.stdout
         assert "stopped embedded Redis" in stopped.stdout
 
+        down = warmd(env, "status")
+        assert down.returncode == 1 and down.stderr == ""
+        [line, store] = down.stdout.splitlines()  # two lines, not a table of zeros
+        assert "warmd is not running" in line
+        assert "the embedded shared cache is stopped; its data is kept in" in store
+
         again = warmd(env, "start", "--json")
         assert again.returncode == 0, again.stderr
         totals = json.loads(again.stdout)["status"]["totals"]
         assert totals["compiled"] == 0 and totals["hit_rate"] == 1.0, totals
+        # a restart is the same node everywhere: in status and in the cache's statistics
+        [again_node] = json.loads(again.stdout)["status"]["nodes"]
+        assert again_node["name"] == name and again_node["node_id"] != node["node_id"]
+        stats = warmd(env, "cache", "stats", "--json")
+        assert stats.returncode == 0, stats.stderr
+        assert set(json.loads(stats.stdout)["nodes"]) == {name}
     finally:
         final = warmd(env, "stop", timeout=180)
         assert final.returncode == 0, final.stderr

@@ -217,3 +217,106 @@ def test_ray_addresses_are_checked_before_connecting():
         resolve_address(f"127.0.0.1:{port}")
     with pytest.raises(WarmdInputError, match="expected HOST:PORT"):
         resolve_address("nonsense")
+
+
+def test_a_config_that_selects_no_node_says_why_and_what_to_change():
+    from warmd.cluster.nodes import selection_problem
+
+    cpu = RayNode("c" * 56, "10.0.0.1", True, 0, None)
+    h100 = RayNode("h" * 56, "10.0.0.2", True, 8, "H100", labels={"zone": "a"})
+    plain = parse_config({"models": [{"path": "/m"}]})
+    assert selection_problem([cpu], plain) == (
+        "the config selects no node: none of the 1 node(s) has a GPU and builders are "
+        "disabled; set `builders: {enabled: true}` in the config to build kernels on CPU "
+        "nodes, or add GPU nodes")
+    assert selection_problem([], plain) == ("the config selects no node: the Ray cluster "
+                                            "has no alive node")
+    assert selection_problem([cpu, h100], plain) is None
+    h200 = parse_config({"models": [{"path": "/m"}], "nodes": {"gpu_types": ["H200"]}})
+    assert selection_problem([cpu, h100], h200) == (
+        "the config selects no node: its gpu_types ['H200'] match none of the 1 GPU node(s) "
+        "(H100) and 1 CPU node(s); change `nodes:` in the config")
+
+
+def test_node_name_is_stable_per_state_dir(tmp_path, monkeypatch):
+    from warmd import settings
+
+    monkeypatch.delenv("WARMD_NODE_NAME", raising=False)
+    monkeypatch.setenv("WARMD_STATE_DIR", str(tmp_path / "one"))
+    first = settings.node_name()
+    assert first == settings.node_name() == (tmp_path / "one" / "node-id").read_text().strip()
+    monkeypatch.setenv("WARMD_STATE_DIR", str(tmp_path / "two"))
+    assert settings.node_name() != first  # two simulated machines on one host differ
+    monkeypatch.setenv("WARMD_STATE_DIR", str(tmp_path / "one"))
+    assert settings.node_name() == first
+    monkeypatch.setenv("WARMD_NODE_NAME", "gpu-17")
+    assert settings.node_name() == "gpu-17"
+
+
+def test_status_tables_fit_the_terminal_and_never_break_ids():
+    from warmd.cli.daemon import clip, render_status, table_lines
+
+    head = ("NODE", "RAY ID", "STATE")
+    rows = [("a-very-long-stable-machine-name-0123456789", "deadbeef", "READY")]
+    wide = table_lines(head, rows, 200)
+    assert rows[0][0] in wide[1]
+    narrow = table_lines(head, rows, 40)
+    assert all(len(line) <= 40 for line in narrow)
+    assert "a-very-long-stable-ma…" in narrow[1] and "…" in narrow[1]
+    assert "deadbeef" in narrow[1] and "READY" in narrow[1]  # cut, never wrapped
+    assert clip("abc", 3) == "abc" and clip("abcd", 3) == "ab…"
+
+    record = NodeState("e" * 56, name="host-with-a-rather-long-name-1234", ip="10.0.0.9",
+                       state=st.FAILED, reason="model m: " + "x" * 200).to_json()
+    snap = {"running": True, "source": "ray", "ray_address": "10.0.0.1:6379",
+            "nodes": [record], "controller": {"node_id": "c" * 56}, "store_size": None}
+    for width in (60, 100, 160):
+        table = render_status(snap, width).split("Nodes (")[1].split("Cluster totals")[0]
+        assert all(len(line) <= width for line in table.splitlines()), width
+        [row] = [line for line in table.splitlines() if line.startswith(" host")]
+        assert "eeeeeeee" in row and "FAILED" in row  # ids and states are never cut
+
+
+def test_status_of_a_stopped_daemon_is_two_lines(tmp_path):
+    from warmd.cli.daemon import render_stopped
+
+    base = {"running": False, "source": "none", "nodes": [], "controller": None,
+            "ray_address": None}
+    text = render_stopped({**base, "redis": "redis://h:6379/0",
+                           "store_size": {"used_memory": 2 << 20, "keys": 7}})
+    assert text.splitlines() == [
+        "warmd is not running (no Ray cluster found); start it with `warmd start`",
+        "shared cache redis://h:6379/0: 7 keys, 2.0 MiB; its counters: `warmd cache stats`"]
+    kept = render_stopped({**base, "redis": None, "store_size": None,
+                           "embedded_dir": str(tmp_path)})
+    assert f"its data is kept in {tmp_path}" in kept.splitlines()[1]
+
+
+def test_watch_interval_is_bounded_and_signals_end_it_cleanly(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from cluster_support import private_machine, warmd, warmd_popen
+
+    with private_machine(tmp_path / "home") as env:
+        for interval in ("0", "0.1", "-1", "nan"):
+            done = warmd(env, "status", "--watch", "--interval", interval, timeout=60)
+            assert done.returncode == 2 and done.stdout == ""
+            [line] = done.stderr.splitlines()
+            assert "--interval" in line and ">= 0.5" in line, line
+        for signum, code in ((signal.SIGINT, 130), (signal.SIGTERM, 143)):
+            shown = tmp_path / f"watch-{signum}.txt"
+            with open(shown, "w") as out:
+                watch = warmd_popen(env, "status", "--watch", "--interval", "0.5", stdout=out,
+                                    stderr=subprocess.PIPE,
+                                    preexec_fn=lambda: signal.signal(signal.SIGINT,
+                                                                     signal.SIG_IGN))
+                deadline = time.monotonic() + 60
+                while shown.read_text().count("warmd is not running") < 2:
+                    assert watch.poll() is None and time.monotonic() < deadline
+                    time.sleep(0.1)
+                os.kill(watch.pid, signum)
+                _, err = watch.communicate(timeout=30)
+            assert watch.returncode == code and err == "", (sys.platform, err)

@@ -15,10 +15,9 @@ from types import SimpleNamespace
 import pytest
 
 from warmd.cache.artifacts import pack_directory, unpack_safely
-from warmd.cache.base import UnsafeArtifact
+from warmd.cache.base import IncompatibleHere, UnsafeArtifact
 from warmd.libraries.flashinfer.cache import (
     FlashInferCacheAdapter,
-    IncompatibleEntry,
     ninja_commands,
     rapidhash,
     read_deps_log,
@@ -147,7 +146,7 @@ def test_install_refuses_a_module_that_would_rebuild(built, tmp_path):
     clash = FlashInferCacheAdapter(tmp_path / "clash", "9.0a")
     clash.generated_dir.mkdir(parents=True)
     (clash.generated_dir / f"{MODULE}.cu").write_text("// another flashinfer version\n")
-    with pytest.raises(IncompatibleEntry, match="differs"):
+    with pytest.raises(IncompatibleHere, match="differs"):
         clash.install(MODULE, artifact)
     assert clash.list_entries() == [] and not (clash.root / MODULE).exists()
 
@@ -158,7 +157,7 @@ def test_install_refuses_a_module_that_would_rebuild(built, tmp_path):
     deps.paths = [p.replace("/usr/include/", "/opt/elsewhere/include/") for p in deps.paths]
     write_deps_log(unpacked / "module" / ".ninja_deps", deps)
     foreign = FlashInferCacheAdapter(tmp_path / "foreign", "9.0a")
-    with pytest.raises(IncompatibleEntry, match="missing here"):
+    with pytest.raises(IncompatibleHere, match="missing here"):
         foreign.install(MODULE, pack_directory(unpacked))
     assert not (foreign.root / MODULE).exists()
 
@@ -182,7 +181,7 @@ def test_refused_install_leaves_generated_unchanged(built, tmp_path):
 
     # a node with no generated sources yet: the refusal must not create any
     empty = FlashInferCacheAdapter(tmp_path / "empty", "9.0a")
-    with pytest.raises(IncompatibleEntry, match="missing here"):
+    with pytest.raises(IncompatibleHere, match="missing here"):
         empty.install(MODULE, foreign)
     assert _snapshot(empty.generated_dir) == {} and not (empty.root / MODULE).exists()
 
@@ -191,7 +190,7 @@ def test_refused_install_leaves_generated_unchanged(built, tmp_path):
     busy.generated_dir.mkdir(parents=True)
     (busy.generated_dir / "gelu_and_mul.cu").write_text("// another module\n")
     before = _snapshot(busy.generated_dir)
-    with pytest.raises(IncompatibleEntry, match="missing here"):
+    with pytest.raises(IncompatibleHere, match="missing here"):
         busy.install(MODULE, foreign)
     assert _snapshot(busy.generated_dir) == before
 

@@ -307,10 +307,40 @@ def redis_timeout() -> float:
 
 
 def node_name() -> str:
-    """This node's name in shared-cache stats and manifests (WARMD_NODE_NAME, else hostname)."""
+    """This machine's stable name in node records, `warmd status` and shared-cache stats:
+    WARMD_NODE_NAME, else <state dir>/node-id, written once as <host>-<8 hex> from the machine
+    id and the state dir (so restarts keep it, and two state dirs on one host differ)."""
+    import hashlib
     import socket
+    import uuid
 
-    return get("WARMD_NODE_NAME") or socket.gethostname()
+    if get("WARMD_NODE_NAME"):
+        return get("WARMD_NODE_NAME")
+    path = state_dir() / "node-id"
+    try:
+        kept = path.read_text().strip()
+    except OSError:
+        kept = ""
+    if kept:
+        return kept
+    try:
+        machine = Path("/etc/machine-id").read_text().strip()
+    except OSError:
+        machine = ""
+    seed = f"{machine or uuid.uuid4().hex}:{state_dir().resolve()}"
+    name = f"{socket.gethostname()}-{hashlib.sha256(seed.encode()).hexdigest()[:8]}"
+    tmp = path.with_name(f".node-id.{os.getpid()}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(name + "\n")
+        os.link(tmp, path)  # atomic, and never replaces a name another process wrote first
+    except FileExistsError:
+        return path.read_text().strip() or name
+    except OSError:  # a read-only state dir: the name still derives from the machine id
+        pass
+    finally:
+        tmp.unlink(missing_ok=True)
+    return name
 
 
 def embedded_maxmemory() -> str:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import shutil
+import signal
 import sys
 import time
 
@@ -14,24 +17,30 @@ from warmd.stats import format_bytes
 
 
 class _Seconds(click.ParamType):
-    """A finite, non-negative number of seconds (NaN or a negative wait never ends well)."""
+    """A finite number of seconds, at least `minimum` (NaN or a negative wait never ends well,
+    a zero refresh interval is a busy loop)."""
 
     name = "seconds"
+
+    def __init__(self, minimum: float = 0.0) -> None:
+        self.minimum = minimum
 
     def convert(self, value, param, ctx):
         try:
             seconds = float(value)
         except (TypeError, ValueError):
             self.fail(f"{value!r} is not a number of seconds", param, ctx)
-        if not math.isfinite(seconds) or seconds < 0:
-            self.fail(f"{value!r} must be a finite number >= 0", param, ctx)
+        if not math.isfinite(seconds) or seconds < self.minimum:
+            self.fail(f"{value!r} must be a finite number >= {self.minimum:g}", param, ctx)
         return seconds
 
 
 _SECONDS = _Seconds()
+MIN_WATCH_INTERVAL = 0.5
 
 ADDRESS_HELP = ("Ray cluster address (HOST:PORT, or 'auto' for the running local one; "
-                "default: RAY_ADDRESS, else the running local cluster).")
+                "default: RAY_ADDRESS, else the cluster this state dir's `warmd start` "
+                "started, else the one `ray start` recorded here).")
 
 
 def _config_options(func):
@@ -61,8 +70,9 @@ def _load(config_path, redis_url, namespace, metrics_port=None):
 @_config_options
 @click.option("--address", metavar="ADDR",
               help="Ray cluster to run on (HOST:PORT, or 'auto': the running local one). "
-                   "Default: RAY_ADDRESS, else the running local cluster, else a new local "
-                   "one started here.")
+                   "Default: RAY_ADDRESS, else the cluster this state dir's `warmd start` "
+                   "started, else the one `ray start` recorded here, else a new local one "
+                   "started here.")
 @click.option("--metrics-port", type=int, metavar="PORT",
               help="Port of each agent's Prometheus endpoint (0: any free port); overrides "
                    "agent.metrics_port and WARMD_METRICS_PORT.")
@@ -79,19 +89,21 @@ def start(config_path, redis_url, namespace, address, metrics_port, wait, timeou
     the new configuration; nodes re-warm when the work changed.
 
     \b
-    Exit codes: 0 every selected node warm (READY or DEGRADED), 1 a node FAILED or the
-    wait timed out, 2 bad input (config, address).
+    Exit codes: 0 every selected node warm (READY or DEGRADED), 1 a node FAILED, the
+    wait timed out or the config selects no node, 2 bad input (config, address).
     """
     from warmd.cluster import client
 
     config = _load(config_path, redis_url, namespace, metrics_port)
+    began = time.monotonic()
     started = client.start(config, address)
     for warning in started.warnings:
         click.echo(f"warmd: warning: {warning}", err=True)
     summary = {"ray_address": started.address, "started_local_ray": started.started_local_ray,
                "controller": "created" if started.created else "updated",
                "config_hash": started.config_hash, "redis": started.redis,
-               "embedded_redis": started.embedded_redis, "config": config.source}
+               "embedded_redis": started.embedded_redis, "config": config.source,
+               "no_node": started.no_node}
     if not as_json:
         verb = "started" if started.created else "already running; configuration applied"
         local = " (local cluster started)" if started.started_local_ray else ""
@@ -99,12 +111,15 @@ def start(config_path, redis_url, namespace, address, metrics_port, wait, timeou
                    f"config {started.config_hash} from {config.source}; "
                    f"shared cache {started.redis or 'off'}")
     code = 0
-    if wait:
+    if started.no_node:
+        click.echo(f"warmd: {started.no_node}", err=True)
+        code = 1
+    elif wait:
         snap, code = _wait_for_nodes(None, config, timeout, started.address)
         if as_json:
             summary["status"] = status_json(snap)
         else:
-            click.echo(render_status(snap))
+            click.echo(render_start_summary(snap, time.monotonic() - began, code))
     if as_json:
         click.echo(json.dumps(summary, indent=2))
     sys.exit(code)
@@ -168,32 +183,70 @@ def stop(address, keep_services, as_json):
 @_config_options
 @click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
 @click.option("--watch", "-w", is_flag=True, help="Refresh until interrupted (Ctrl-C).")
-@click.option("--interval", type=_SECONDS, default=2.0, show_default=True, metavar="S",
-              help="Refresh interval with --watch.")
+@click.option("--interval", type=_Seconds(MIN_WATCH_INTERVAL), default=2.0, show_default=True,
+              metavar="S", help=f"Refresh interval with --watch (at least {MIN_WATCH_INTERVAL}s).")
 def status(address, config_path, redis_url, namespace, as_json, watch, interval):
     """Per-node warmup state and cluster-wide cache totals.
 
     Asks the controller over Ray; without a reachable cluster it reads the node records
     that the agents keep in Redis. Exit code 0 when every selected node is READY, 1 when
-    one is not (or warmd is not running).
+    one is not, when the config selects no node, or when warmd is not running. --watch
+    ends on Ctrl-C (exit 130) or SIGTERM (exit 143).
     """
+    config = _load(config_path, redis_url, namespace)
+    if not watch:
+        sys.exit(_show_status(address, config, as_json, watch=False))
+    with _stop_on_signals() as rearm:
+        while True:
+            _show_status(address, config, as_json, watch=True)
+            rearm()  # connecting to Ray installs Ray's own handlers
+            time.sleep(interval)
+
+
+def _show_status(address, config, as_json: bool, watch: bool) -> int:
+    """Print one status; returns its exit code."""
     from warmd.cluster import client
 
-    config = _load(config_path, redis_url, namespace)
-    while True:
-        snap = client.snapshot(address, config)
-        if as_json:
-            click.echo(json.dumps(status_json(snap), indent=None if watch else 2))
-        else:
-            if watch:
-                click.clear()
-            click.echo(render_status(snap))
-        if not watch:
-            sys.exit(0 if _ready(snap) else 1)
-        try:
-            time.sleep(interval)
-        except KeyboardInterrupt:
-            sys.exit(0 if _ready(snap) else 1)
+    snap = client.snapshot(address, config)
+    no_node = (snap.get("controller") or {}).get("no_node") if snap["running"] else None
+    if as_json:
+        click.echo(json.dumps(status_json(snap), indent=None if watch else 2))
+    elif not snap["running"] and not snap["nodes"]:
+        click.echo(render_stopped(snap))
+    else:
+        if watch:
+            click.clear()
+        click.echo(render_status(snap))
+    if no_node and not watch:
+        click.echo(f"warmd: {no_node}", err=True)
+    return 0 if _ready(snap) and not no_node else 1
+
+
+class _WatchStopped(Exception):
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.code = 128 + signum
+
+
+def _raise_stopped(signum, _frame) -> None:
+    raise _WatchStopped(signum)
+
+
+def _arm_signals() -> None:
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, _raise_stopped)
+
+
+@contextlib.contextmanager
+def _stop_on_signals():
+    """SIGINT and SIGTERM end a --watch loop quietly (no "Aborted!", no Ray signal dump),
+    with the shell's exit code 128 + signal. Yields the function that re-arms them."""
+    _arm_signals()
+    try:
+        yield _arm_signals
+    except _WatchStopped as stopped:
+        sys.stdout.flush()
+        sys.exit(stopped.code)
 
 
 def _ready(snap: dict) -> bool:
@@ -207,7 +260,8 @@ def _ready(snap: dict) -> bool:
 @click.command("wait-ready")
 @click.option("--address", metavar="ADDR", help=ADDRESS_HELP)
 @click.option("--node-id", metavar="ID",
-              help="Wait for this node only: a node id, a unique prefix of one, or its IP.")
+              help="Wait for this node only: a Ray node id, a unique prefix of one, its IP "
+                   "or its stable name.")
 @click.option("--all", "all_nodes", is_flag=True,
               help="Wait for every selected node (the default).")
 @click.option("--timeout", type=_SECONDS, default=600.0, show_default=True, metavar="S",
@@ -279,7 +333,17 @@ def _gpus(node: dict) -> str:
     return "builder" if node.get("role") == "builder" else "-"
 
 
-def render_status(snap: dict) -> str:
+def terminal_width() -> int:
+    return shutil.get_terminal_size((100, 24)).columns
+
+
+def clip(text: str, width: int) -> str:
+    """text in at most width characters: cut with an ellipsis, never wrapped mid-word."""
+    return text if len(text) <= width else text[:max(width - 1, 0)] + "…"
+
+
+def render_status(snap: dict, width: int | None = None) -> str:
+    width = width or terminal_width()
     lines = [f"======== warmd status: {time.strftime('%Y-%m-%d %H:%M:%S')} ========"]
     ctl = snap.get("controller") or {}
     if snap["running"]:
@@ -294,30 +358,80 @@ def render_status(snap: dict) -> str:
         lines.append(f"Controller: not running ({where}); node records from Redis "
                      f"{snap.get('redis') or '(none)'}"
                      + (f": {snap['redis_error']}" if snap.get("redis_error") else ""))
-    lines += ["", *_node_table(snap["nodes"]), ""]
+    lines += ["", *_node_table(snap["nodes"], width, ctl.get("no_node")), ""]
     counters = totals(snap["nodes"])
     lines.append(counters.render_text("Cluster totals"))
-    size = snap.get("store_size")
-    label_width = len("Corrupt entries rejected") + 2
-    if size:
-        value = f"{format_bytes(int(size.get('used_memory') or 0))}, {size.get('keys', 0)} keys"
-        lines.append(f"{'Store size':<{label_width}}{value:>12}")
-    else:
-        lines.append(f"{'Store size':<{label_width}}{'unknown':>12}")
+    lines.append(_store_size_line(snap.get("store_size")))
     return "\n".join(lines)
 
 
-def _node_table(nodes: list[dict]) -> list[str]:
+def _store_size_line(size: dict | None) -> str:
+    label_width = len("Corrupt entries rejected") + 2
+    value = (f"{format_bytes(int(size.get('used_memory') or 0))}, {size.get('keys', 0)} keys"
+             if size else "unknown")
+    return f"{'Store size':<{label_width}}{value:>12}"
+
+
+def render_stopped(snap: dict) -> str:
+    """`warmd status` with no controller and no node records: two lines, not a table of
+    zeros. Says where the kernel cache's own statistics are."""
+    where = (f"no warmd controller on Ray {snap['ray_address']}" if snap.get("ray_address")
+             else "no Ray cluster found")
+    lines = [f"warmd is not running ({where}); start it with `warmd start`"]
+    size, url = snap.get("store_size"), snap.get("redis")
+    if url and size:
+        lines.append(f"shared cache {url}: {size.get('keys', 0)} keys, "
+                     f"{format_bytes(int(size.get('used_memory') or 0))}; "
+                     "its counters: `warmd cache stats`")
+    elif snap.get("embedded_dir"):
+        lines.append(f"the embedded shared cache is stopped; its data is kept in "
+                     f"{snap['embedded_dir']} (`warmd cache server start`, then "
+                     "`warmd cache stats`)")
+    elif url:
+        lines.append(f"shared cache {url} is unreachable"
+                     + (f": {snap['redis_error']}" if snap.get("redis_error") else ""))
+    else:
+        lines.append("no shared cache is configured or kept on this machine")
+    return "\n".join(lines)
+
+
+def render_start_summary(snap: dict, seconds: float, code: int) -> str:
+    """What `warmd start` says once the nodes settle: a short summary (the full view is
+    `warmd status`)."""
+    nodes = snap["nodes"]
+    counts: dict[str, int] = {}
+    for n in nodes:
+        counts[n["state"]] = counts.get(n["state"], 0) + 1
+    states = ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) or "no node"
+    kernels = totals(nodes)
+    verdict = "warm" if code == 0 else "not warm"
+    lines = [f"{len(nodes)} node(s) {verdict} after {seconds:.0f}s ({states}); "
+             f"{kernels.kernels} kernel(s): {kernels.compiled} compiled, "
+             f"{kernels.remote_hits} from the shared cache, {kernels.local_hits} already here"]
+    width = terminal_width()
+    lines += [clip(f"  {_label(n)} {n['state']}: {n['reason']}", width)
+              for n in nodes if n["state"] != "READY" and n.get("reason")]
+    lines.append("details: warmd status")
+    return "\n".join(lines)
+
+
+def _label(node: dict) -> str:
+    return f"{node.get('name') or ''} {node['node_id'][:8]}".strip()
+
+
+def _node_table(nodes: list[dict], width: int, no_node: str | None = None) -> list[str]:
     from warmd.cluster.state import READY
 
     counts: dict[str, int] = {}
     for n in nodes:
         counts[n["state"]] = counts.get(n["state"], 0) + 1
     summary = ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) or "none selected"
-    out = [f"Nodes ({len(nodes)}: {summary})"]
+    out = [clip(f"Nodes ({len(nodes)}: {summary})" + (f": {no_node}" if no_node else ""),
+                width)]
     if not nodes:
         return out
-    head = ("NODE", "IP", "GPUS", "STATE", "PROGRESS", "KERNELS", "HIT RATE", "LAST WARM")
+    head = ("NODE", "RAY ID", "IP", "GPUS", "STATE", "PROGRESS", "KERNELS", "HIT RATE",
+            "LAST WARM")
     rows = []
     for n in nodes:
         progress = (f"{n.get('progress_done', 0)}/{n['progress_total']}"
@@ -327,11 +441,9 @@ def _node_table(nodes: list[dict]) -> list[str]:
         rate = f"{100 * n.get('hit_rate', 0):.1f}%" if total else "-"
         last = (f"{_when(n.get('warmed_at'))} ({n.get('warm_seconds', 0):.1f}s)"
                 if n.get("warmed_at") else "-")
-        rows.append((n["node_id"][:8], n.get("ip") or "-", _gpus(n), n["state"], progress,
-                     str(total), rate, last))
-    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
-    for row in [head, *rows]:
-        out.append(" " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+        rows.append((n.get("name") or "-", n["node_id"][:8], n.get("ip") or "-", _gpus(n),
+                     n["state"], progress, str(total), rate, last))
+    out += table_lines(head, rows, width, fixed=frozenset({1, 4}))  # ray id, state
     now = time.time()
     for n in nodes:
         notes = []
@@ -340,9 +452,33 @@ def _node_table(nodes: list[dict]) -> list[str]:
         beat = n.get("heartbeat") or 0
         if beat and now - beat > 60:
             notes.append(f"no heartbeat for {now - beat:.0f}s")
-        for note in notes:
-            out.append(f"  {n['node_id'][:8]} {n['state']}: {note}")
+        out += [clip(f"  {_label(n)} {n['state']}: {note}", width) for note in notes]
     return out
+
+
+def table_lines(head: tuple[str, ...], rows: list[tuple[str, ...]], width: int,
+                fixed: frozenset[int] = frozenset()) -> list[str]:
+    """Left-aligned columns that fit in width, never wrapped: the widest columns are cut
+    first, with an ellipsis, down to their header's width (columns in `fixed`, ids, never);
+    when that is not enough, the last columns are left out (--json has every value)."""
+    shown = len(head)
+    while True:
+        widths = [max(len(r[i]) for r in [head, *rows]) for i in range(shown)]
+        floor = [w if i in fixed else min(w, max(len(head[i]), 4)) for i, w in enumerate(widths)]
+        while _line_width(widths) > width:
+            i = max(range(shown), key=lambda c: widths[c] - floor[c])
+            if widths[i] <= floor[i]:
+                break
+            widths[i] -= 1
+        if _line_width(widths) <= width or shown <= 1:
+            break
+        shown -= 1
+    return [" " + "  ".join(clip(c, w).ljust(w) for c, w in zip(row[:shown], widths, strict=True)
+                            ).rstrip() for row in [head, *rows]]
+
+
+def _line_width(widths: list[int]) -> int:
+    return 1 + sum(widths) + 2 * (len(widths) - 1)
 
 
 def register(main: click.Group) -> None:

@@ -11,13 +11,12 @@ record to Redis on every change and heartbeat, and serves Prometheus metrics.
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 
-import ray
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
+from warmd import settings
+from warmd.cluster import ray_api
+from warmd.cluster.decisions import RetryBackoff
 from warmd.cluster.logs import node_logger
 from warmd.cluster.metrics import AgentMetrics
 from warmd.cluster.state import FAILED, WARMING, NodeState, node_records
@@ -31,11 +30,11 @@ def warm_shard(config_json: dict, builder: bool, shard: int, shards: int,
                redis_url: str | None, node_name: str, agent=None) -> dict:
     """One worker's share of the node's warmup (runs as a Ray task on the agent's node)."""
     config = WarmdConfig.from_json(config_json)
-    log = node_logger("worker", ray.get_runtime_context().get_node_id())
+    log = node_logger("worker", ray_api.current_node_id())
 
     def progress(model: str, done: int, total: int) -> None:
         if agent is not None:
-            agent.report_progress.remote(shard, model, done, total)
+            ray_api.call_later(agent.report_progress, shard, model, done, total)
 
     log.info("warming shard %d/%d", shard + 1, shards, extra={"builder": builder})
     result = warm_node(config, builder=builder, shard=shard, shards=shards,
@@ -44,8 +43,6 @@ def warm_shard(config_json: dict, builder: bool, shard: int, shards: int,
              extra={"models": [(m["name"], m["ok"]) for m in result["models"]]})
     return result
 
-
-_warm_task = ray.remote(max_calls=1)(warm_shard)
 
 
 class NodeAgent:
@@ -57,10 +54,10 @@ class NodeAgent:
         self.config = WarmdConfig.from_json(config_json)
         self.redis_url = redis_url
         self.target_hash = self.config.work_hash()
-        self.node_name = f"{socket.gethostname()}-{self.node_id[:8]}"
+        self.node_name = settings.node_name()
         self.state = NodeState(self.node_id, ip=node.get("ip", ""), gpus=int(node.get("gpus", 0)),
                                gpu_type=node.get("gpu_type"), role=node.get("role", "gpu"),
-                               agent=ray.get_runtime_context().get_actor_id() or "",
+                               name=self.node_name, agent=ray_api.current_actor_id(),
                                heartbeat=time.time())
         self.store = node_records(redis_url, self.config.redis.namespace,
                                 ttl=max(60.0, 6 * self.config.agent.heartbeat_seconds))
@@ -71,7 +68,7 @@ class NodeAgent:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._progress: dict[tuple[int, str], tuple[int, int]] = {}
-        self._retry_at, self._retry_delay = 0.0, 0.0
+        self.retry = RetryBackoff(RETRY_FIRST, RETRY_MAX)
         self._publish()
         self._thread = threading.Thread(target=self._loop, name="warmd-agent", daemon=True)
         self._thread.start()
@@ -85,7 +82,7 @@ class NodeAgent:
             record = self.state.to_json()
         record["target_hash"] = self.target_hash
         record["alive"] = self._thread.is_alive()
-        record["running_on"] = ray.get_runtime_context().get_node_id()
+        record["running_on"] = ray_api.current_node_id()
         return record
 
     def set_config(self, config_json: dict, redis_url: str | None) -> str:
@@ -137,14 +134,13 @@ class NodeAgent:
         been passing: a worker lost with its node's memory, a file not there yet)."""
         if self.state.config_hash != self.target_hash:
             return True
-        return self.state.state == FAILED and time.monotonic() >= self._retry_at
+        return self.state.state == FAILED and self.retry.due()
 
     def _schedule_retry(self) -> None:
         if self.state.state == FAILED:
-            self._retry_delay = min(self._retry_delay * 2, RETRY_MAX) or RETRY_FIRST
-            self._retry_at = time.monotonic() + self._retry_delay
+            self.retry.failed()
         else:
-            self._retry_delay = 0.0
+            self.retry.succeeded()
 
     def _warm(self) -> None:
         with self._lock:
@@ -178,30 +174,19 @@ class NodeAgent:
     def _run_workers(self, config: WarmdConfig, url: str | None) -> list[dict]:
         builder = self.state.gpus <= 0
         shards = 1 if builder else self.state.gpus
-        pin = NodeAffinitySchedulingStrategy(self.node_id, soft=False)
-        me = ray.get_runtime_context().current_actor
-        refs = [_warm_task.options(num_cpus=0, num_gpus=0 if builder else 1,
-                                   scheduling_strategy=pin,
-                                   name=f"warmd-warm-{self.node_id[:8]}-{i}").remote(
-                    config.public_json(), builder, i, shards, url, self.node_name, me)
-                for i in range(shards)]
-        pending, results = list(refs), []
-        while pending:
-            _done, pending = ray.wait(pending, num_returns=len(pending),
-                                      timeout=config.agent.heartbeat_seconds)
+        me = ray_api.current_actor()
+        calls = [(config.public_json(), builder, i, shards, url, self.node_name, me)
+                 for i in range(shards)]
+
+        def tick() -> bool:
             self._publish()
-            if self._stop.is_set():
-                for ref in pending:
-                    ray.cancel(ref, force=True)
-                break
-        for i, ref in enumerate(refs):
-            try:
-                results.append(ray.get(ref, timeout=0))
-            except Exception as exc:  # the worker process died, was cancelled, ...
-                results.append({"models": [{"name": f"worker {i}", "ok": False,
-                                            "reason": f"warm worker {i} failed: "
-                                                      f"{type(exc).__name__}: {exc}"[:500]}]})
-        return results
+            return self._stop.is_set()
+
+        outcomes = ray_api.run_pinned(warm_shard, self.node_id, calls, 0 if builder else 1,
+                                      f"warmd-warm-{self.node_id[:8]}",
+                                      config.agent.heartbeat_seconds, tick)
+        return [outcome if not isinstance(outcome, Exception) else _worker_failed(i, outcome)
+                for i, outcome in enumerate(outcomes)]
 
     def _finish_failed(self, reason: str) -> None:
         with self._lock:
@@ -216,3 +201,8 @@ class NodeAgent:
             snapshot = NodeState.from_json(self.state.to_json())
         self.metrics.observe_state(snapshot)
         self.store.put(snapshot)
+
+
+def _worker_failed(shard: int, exc: Exception) -> dict:
+    reason = f"warm worker {shard} failed: {type(exc).__name__}: {exc}"
+    return {"models": [{"name": f"worker {shard}", "ok": False, "reason": reason[:500]}]}

@@ -3,12 +3,16 @@
 Ray addresses are checked with a plain TCP connect before `ray.init` (which otherwise waits
 minutes on a dead address). Without a running cluster, `warmd start` starts a local head
 (`ray start --head --block` in its own session, so `warmd stop` can end exactly what it
-started) and the embedded Redis; both are recorded in <state dir>/daemon.json.
+started) and the embedded Redis; what it started is recorded in <state dir>/daemon.json.
+One daemon per state dir: `start` and `stop` hold <state dir>/daemon.lock, so a second
+`start` waits for the first and then joins the cluster it recorded.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import importlib.util
 import json
 import logging
 import os
@@ -22,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from warmd import settings
-from warmd.cluster import CONTROLLER_NAME, RAY_NAMESPACE, agent_name
+from warmd.cluster import RAY_NAMESPACE
 from warmd.cluster.state import node_records
 from warmd.config import WarmdConfig, redact_url
 from warmd.errors import WarmdInputError
@@ -31,6 +35,7 @@ from warmd.processes import pid_alive
 CONNECT_TIMEOUT = 3.0
 LOCAL_HEAD_TIMEOUT = 120.0
 SERVICES_FILE = "daemon.json"
+LOCK_FILE = "daemon.lock"
 _ADDRESS_LINE = re.compile(r"ray start --address='([^']+)'")
 
 
@@ -65,25 +70,32 @@ def reachable(address: str, timeout: float = CONNECT_TIMEOUT) -> str | None:
         return exc.strerror or type(exc).__name__
 
 
-def _local_candidates() -> list[str]:
-    """Clusters on this machine: the last `ray start`'s address, then running GCS servers."""
-    found: list[str] = []
+def _own_cluster() -> str | None:
+    """The local cluster that this state dir's `warmd start` started, if it still runs."""
+    ray_info = read_services().get("ray") or {}
+    address = ray_info.get("address")
+    if address and pid_alive(int(ray_info.get("pid", 0))) and reachable(address, 1.0) is None:
+        return address
+    return None
+
+
+def _recorded_cluster() -> str | None:
+    """The cluster a `ray start` on this machine recorded in Ray's temp dir (RAY_TMPDIR),
+    if it is reachable. Running Ray processes are not searched: a cluster another warmd
+    state dir started is that daemon's, not this one's."""
     with contextlib.suppress(Exception):
         from ray._private.utils import read_ray_address
 
         address = read_ray_address()
-        if address:
-            found.append(address)
-    with contextlib.suppress(Exception):
-        from ray._private.services import find_gcs_addresses
-
-        found.extend(sorted(find_gcs_addresses()))
-    return list(dict.fromkeys(found))
+        if address and reachable(address, timeout=1.0) is None:
+            return address
+    return None
 
 
 def resolve_address(address: str | None) -> str | None:
     """The address of a live cluster: explicit (checked; unreachable is bad input), or for
-    None/"auto" RAY_ADDRESS, else a live local one; None when there is none."""
+    None/"auto" RAY_ADDRESS, else the one this state dir's daemon started, else the one
+    `ray start` recorded on this machine; None when there is none."""
     if address and address != "auto":
         why = reachable(address)
         if why:
@@ -95,10 +107,8 @@ def resolve_address(address: str | None) -> str | None:
         if why:
             raise WarmdInputError(f"cannot reach the Ray cluster at RAY_ADDRESS={env}: {why}")
         return env
-    for candidate in _local_candidates():
-        with contextlib.suppress(WarmdInputError):
-            if reachable(candidate, timeout=1.0) is None:
-                return candidate
+    with contextlib.suppress(WarmdInputError):
+        return _own_cluster() or _recorded_cluster()
     return None
 
 
@@ -147,6 +157,20 @@ def read_services() -> dict:
         return json.loads(_services_path().read_text())
     except (OSError, ValueError):
         return {}
+
+
+@contextlib.contextmanager
+def daemon_lock():
+    """Held by `start` and `stop`: one daemon per state dir, and daemon.json written by one
+    process at a time. A second holder waits."""
+    path = settings.state_dir() / LOCK_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def _write_services(data: dict) -> None:
@@ -218,26 +242,21 @@ def stop_local_services() -> list[str]:
 
 # --- the controller -----------------------------------------------------------------------
 
-def get_controller():
-    import ray
-
-    try:
-        return ray.get_actor(CONTROLLER_NAME, namespace=RAY_NAMESPACE)
-    except ValueError:
-        return None
-
-
 def effective_redis_url(config: WarmdConfig) -> tuple[str | None, bool]:
-    """(URL the agents use, whether it is the embedded server started/reused here)."""
+    """(URL the agents use, whether it is the embedded server). The embedded server is
+    recorded as this daemon's (for `warmd stop`) only when this start started it: one that
+    `warmd cache server start` started stays up."""
     if config.redis.url:
         return config.redis.url, False
-    from warmd.store import EmbeddedServerError, ensure_embedded
+    from warmd.store import EmbeddedServerError, embedded_status, ensure_embedded
 
+    was_running = embedded_status() is not None
     try:
         server = ensure_embedded()
     except EmbeddedServerError as exc:
         raise WarmdInputError(f"no Redis URL configured and no embedded Redis: {exc}") from None
-    _write_services({**read_services(), "embedded_redis": True})
+    if not was_running:
+        _write_services({**read_services(), "embedded_redis": True})
     return server.url, True
 
 
@@ -250,15 +269,20 @@ class Started:
     redis: str | None
     embedded_redis: bool
     warnings: list
+    no_node: str | None = None  # why the config selects no node of the cluster
 
 
 def start(config: WarmdConfig, address: str | None) -> Started:
-    """Connect (or start a local cluster), then create or update the controller."""
-    ray = _require_ray()
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+    """Connect (or start a local cluster), then create or update the controller; one
+    `start` at a time per state dir."""
+    _require_ray()
+    with daemon_lock():
+        return _start(config, address)
 
-    from warmd.cluster.controller import Controller
-    from warmd.cluster.nodes import list_nodes
+
+def _start(config: WarmdConfig, address: str | None) -> Started:
+    from warmd.cluster import ray_api
+    from warmd.cluster.nodes import selection_problem
 
     resolved = resolve_address(address)
     if resolved is None and address == "auto":
@@ -269,33 +293,26 @@ def start(config: WarmdConfig, address: str | None) -> Started:
     if started_local:
         resolved = start_local_head()
     ray_init(resolved)
-    warnings = _start_warnings(config, url, embedded, list_nodes())
+    nodes = ray_api.list_nodes()
+    warnings = _start_warnings(config, url, embedded, nodes)
     info = {"ray_address": resolved, "embedded_redis": embedded, "started": time.time()}
-    controller = get_controller()
+    controller = ray_api.get_controller()
     created = controller is None
     if created:
-        head = next((n.node_id for n in list_nodes() if n.is_head and n.alive),
-                    ray.get_runtime_context().get_node_id())
-        actor = ray.remote(Controller).options(
-            name=CONTROLLER_NAME, namespace=RAY_NAMESPACE, lifetime="detached",
-            # No restarts: a restarted actor would get its first config back, not the last
-            # one applied. A new `warmd start` recreates it; the agents keep running.
-            get_if_exists=True, num_cpus=0, max_restarts=0,
-            scheduling_strategy=NodeAffinitySchedulingStrategy(head, soft=True))
-        controller = actor.remote(config.to_json(), url, info)
+        controller = ray_api.create_controller(config.to_json(), url, info)
         config_hash = _call(controller.ping.remote(), "start")
     else:
         config_hash = _call(controller.apply.remote(config.to_json(), url, info),
                             "update")["config_hash"]
     return Started(resolved, started_local, created, config_hash, redact_url(url), embedded,
-                   warnings)
+                   warnings, selection_problem(nodes, config))
 
 
 def _call(ref, what: str, timeout: float = 120.0):
-    import ray
+    from warmd.cluster import ray_api
 
     try:
-        return ray.get(ref, timeout=timeout)
+        return ray_api.wait_for(ref, timeout)
     except Exception as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise WarmdInputError(f"could not {what} the warmd controller: {first[:300]}") from None
@@ -319,43 +336,31 @@ def _start_warnings(config: WarmdConfig, url: str | None, embedded: bool, nodes)
 
 def stop(address: str | None, keep_services: bool = False) -> dict:
     """Remove the controller and every agent (the caches stay), then the local services
-    `warmd start` started, unless keep_services."""
-    ray = _require_ray()
+    this state dir's `warmd start` started, unless keep_services."""
+    _require_ray()
+    with daemon_lock():
+        return _stop(address, keep_services)
 
+
+def _stop(address: str | None, keep_services: bool) -> dict:
     result = {"controller": False, "agents_stopped": 0, "services_stopped": []}
     resolved = resolve_address(address)
     if resolved is not None:
+        from warmd.cluster import ray_api
+
         ray_init(resolved)
-        controller = get_controller()
+        controller = ray_api.get_controller()
         if controller is not None:
             with contextlib.suppress(Exception):
-                done = ray.get(controller.shutdown.remote(), timeout=60)
+                done = ray_api.wait_for(controller.shutdown.remote(), 60)
                 result["agents_stopped"] = done["agents_stopped"]
-            ray.kill(controller, no_restart=True)
+            ray_api.kill_actor(controller)
             result["controller"] = True
-        result["agents_stopped"] += _kill_orphan_agents()
-        ray.shutdown()
+        result["agents_stopped"] += ray_api.kill_orphan_agents()
+        _require_ray().shutdown()
     if not keep_services:
         result["services_stopped"] = stop_local_services()
     return result
-
-
-def _kill_orphan_agents() -> int:
-    """Agents left without a controller (one killed by hand, say)."""
-    import ray
-
-    killed = 0
-    for entry in ray.util.list_named_actors(all_namespaces=True):
-        if entry.get("namespace") != RAY_NAMESPACE or not entry["name"].startswith(
-                agent_name("")):
-            continue
-        with contextlib.suppress(Exception):
-            handle = ray.get_actor(entry["name"], namespace=RAY_NAMESPACE)
-            with contextlib.suppress(Exception):
-                ray.get(handle.shutdown.remote(), timeout=10)
-            ray.kill(handle, no_restart=True)
-            killed += 1
-    return killed
 
 
 # --- status ---------------------------------------------------------------------------------
@@ -363,17 +368,17 @@ def _kill_orphan_agents() -> int:
 def snapshot(address: str | None, config: WarmdConfig | None) -> dict:
     """The daemon's view: from the controller over Ray when there is one, else the node
     records in Redis. {"source", "running", "controller", "nodes", "store_size"}."""
-    try:
-        import ray
-    except ModuleNotFoundError:  # a machine that only reaches Redis
+    if importlib.util.find_spec("ray") is None:  # a machine that only reaches Redis
         return _snapshot_from_redis(None, config)
     resolved = resolve_address(address)
     if resolved is not None:
+        from warmd.cluster import ray_api
+
         ray_init(resolved)
-        controller = get_controller()
+        controller = ray_api.get_controller()
         if controller is not None:
             try:
-                snap = ray.get(controller.snapshot.remote(), timeout=30)
+                snap = ray_api.wait_for(controller.snapshot.remote(), 30)
             except Exception as exc:
                 raise WarmdInputError(f"the warmd controller did not answer: "
                                       f"{type(exc).__name__}: {exc}"[:300]) from None
@@ -385,11 +390,13 @@ def snapshot(address: str | None, config: WarmdConfig | None) -> dict:
 
 def _snapshot_from_redis(resolved: str | None, config: WarmdConfig | None) -> dict:
     url = config.redis.url if config else None
+    kept = None  # the stopped embedded server's data directory
     if not url:
-        from warmd.store import embedded_status
+        from warmd.store import embedded_dir, embedded_status
 
         server = embedded_status()
         url = server.url if server else None
+        kept = None if server or not embedded_dir().is_dir() else str(embedded_dir())
     namespace = config.redis.namespace if config else settings.namespace()
     store = node_records(url, namespace)
     records = store.get_all()
@@ -399,9 +406,11 @@ def _snapshot_from_redis(resolved: str | None, config: WarmdConfig | None) -> di
     return {"source": "redis" if records is not None else "none", "running": False,
             "ray_address": resolved, "controller": daemon, "nodes": [
                 r.to_json() for r in records or []], "store_size": size,
-            "redis": redact_url(url), "redis_error": store.last_error}
+            "redis": redact_url(url), "redis_error": store.last_error, "embedded_dir": kept}
 
 
 def node_matches(record: dict, wanted: str) -> bool:
-    """--node-id takes a node id, a unique prefix of one, or the node's IP address."""
-    return record["node_id"].startswith(wanted) or record.get("ip") == wanted
+    """--node-id takes a node id, a unique prefix of one, the node's IP address or its
+    stable name."""
+    return (record["node_id"].startswith(wanted) or record.get("ip") == wanted
+            or record.get("name") == wanted)

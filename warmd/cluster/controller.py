@@ -12,37 +12,33 @@ from __future__ import annotations
 import threading
 import time
 
-import ray
-from ray.exceptions import ActorDiedError, GetTimeoutError
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-from warmd.cluster import RAY_NAMESPACE, agent_name
-from warmd.cluster.agent import NodeAgent
+from warmd.cluster import ray_api
+from warmd.cluster.decisions import Forget, Reconfigure, Record, Replace, Spawn, reconcile
 from warmd.cluster.logs import node_logger
-from warmd.cluster.nodes import RayNode, list_nodes, wanted_nodes
+from warmd.cluster.nodes import RayNode, selection_problem, wanted_nodes
 from warmd.cluster.state import NodeState, node_records
 from warmd.config import WarmdConfig, redact_url
 
 HEALTH_TIMEOUT = 3.0
-_Agent = ray.remote(NodeAgent)
 
 
 class Controller:
     def __init__(self, config_json: dict, redis_url: str | None, info: dict | None = None
                  ) -> None:
-        self.node_id = ray.get_runtime_context().get_node_id()
+        self.node_id = ray_api.current_node_id()
         self.log = node_logger("controller", self.node_id)
         self.info = dict(info or {})
         self.started_at = time.time()
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
-        self.agents: dict[str, object] = {}
+        self.agents: dict[str, ray_api.AgentHandle] = {}
         self.records: dict[str, dict] = {}
         self.nodes: dict[str, RayNode] = {}
         self.counters = {"reconciles": 0, "agents_started": 0, "agents_replaced": 0,
                          "nodes_removed": 0, "errors": 0}
         self.last_error = ""
+        self.no_node = ""  # why the config selects no node, after a round that found none
         self._configure(config_json, redis_url)
         self._thread = threading.Thread(target=self._loop, name="warmd-controller", daemon=True)
         self._thread.start()
@@ -78,6 +74,7 @@ class Controller:
                         "config_hash": self.config_hash, "config": self.config.public_json(),
                         "redis": redact_url(self.redis_url), "counters": dict(self.counters),
                         "last_error": self.last_error, "info": self.info,
+                        "no_node": self.no_node,
                         "store_size": self.store.server_size()},
                     "nodes": records}
 
@@ -90,10 +87,7 @@ class Controller:
         with self._lock:
             agents = dict(self.agents)
             self.agents.clear()
-        stops = {nid: a.shutdown.remote() for nid, a in agents.items()}
-        ray.wait(list(stops.values()), num_returns=len(stops), timeout=10)
-        for handle in agents.values():
-            ray.kill(handle, no_restart=True)
+        ray_api.shutdown_agents(agents, timeout=10)
         with self._lock:
             for nid in list(self.records):
                 self.store.delete(nid)
@@ -119,28 +113,40 @@ class Controller:
             self._wake.clear()
 
     def reconcile(self) -> None:
+        """One round: look at the cluster and the agents, decide (decisions.reconcile), act."""
         with self._lock:
-            config, url = self.config, self.redis_url
-        wanted = wanted_nodes(list_nodes(), config)
-        for node_id in set(self.agents) | set(self.records):
-            if node_id not in wanted:
-                self._forget(node_id)
-        for node_id, node in wanted.items():
-            if node_id not in self.agents:
-                self._spawn(node, config, url)
-        self._poll(config, url)
+            config, url, config_hash = self.config, self.redis_url, self.config_hash
+            agents, records = dict(self.agents), dict(self.records)
+        nodes = ray_api.list_nodes()
+        wanted = wanted_nodes(nodes, config)
+        self.no_node = selection_problem(nodes, config) or ""
+        health = ray_api.poll_health(agents, HEALTH_TIMEOUT)
+        for action in reconcile(wanted, health, records, config_hash):
+            self._apply(action, config, url)
         self.nodes = wanted
         self.counters["reconciles"] += 1
-        self.store.put_daemon({"config_hash": self.config_hash, "nodes": sorted(wanted),
+        self.store.put_daemon({"config_hash": config_hash, "nodes": sorted(wanted),
                                "controller_node": self.node_id, "updated": time.time(),
                                "config": config.public_json()})
 
+    def _apply(self, action, config: WarmdConfig, url: str | None) -> None:
+        if isinstance(action, Forget):
+            self._forget(action.node_id)
+        elif isinstance(action, Replace):
+            self._replace(action.node_id, action.why)
+        elif isinstance(action, Record):
+            with self._lock:
+                if action.node_id in self.agents:
+                    self.records[action.node_id] = action.record
+        elif isinstance(action, Reconfigure):
+            handle = self.agents.get(action.node_id)
+            if handle is not None:
+                handle.set_config(config.public_json(), url)
+        elif isinstance(action, Spawn):
+            self._spawn(action.node, config, url)
+
     def _spawn(self, node: RayNode, config: WarmdConfig, url: str | None) -> None:
-        handle = _Agent.options(
-            name=agent_name(node.node_id), namespace=RAY_NAMESPACE, lifetime="detached",
-            get_if_exists=True, num_cpus=0, num_gpus=0, max_restarts=0,
-            scheduling_strategy=NodeAffinitySchedulingStrategy(node.node_id, soft=False),
-        ).remote(node.to_json(), config.public_json(), url)
+        handle = ray_api.AgentHandle.spawn(node, config.public_json(), url)
         with self._lock:
             self.agents[node.node_id] = handle
             if node.node_id not in self.records:
@@ -158,42 +164,18 @@ class Controller:
             self.records.pop(node_id, None)
         if handle is not None:
             try:
-                ray.kill(handle, no_restart=True)
+                handle.kill()
             except Exception as exc:  # its node is gone: so is the agent
                 self.log.debug("kill of a departed agent failed: %s", exc)
         self.store.delete(node_id)
         self.counters["nodes_removed"] += 1
         self.log.info("node forgotten", extra={"for_node": node_id})
 
-    def _poll(self, config: WarmdConfig, url: str | None) -> None:
-        with self._lock:
-            agents = dict(self.agents)
-        refs = {a.health.remote(): nid for nid, a in agents.items()}
-        if not refs:
-            return
-        ray.wait(list(refs), num_returns=len(refs), timeout=HEALTH_TIMEOUT)
-        for ref, node_id in refs.items():
-            try:
-                record = ray.get(ref, timeout=0)
-            except GetTimeoutError:
-                continue  # busy or still starting; ask again next round
-            except ActorDiedError as exc:
-                self._replace(node_id, exc)
-                continue
-            except Exception as exc:  # unavailable for a moment (its node is restarting)
-                self.log.debug("agent health failed: %s", exc, extra={"for_node": node_id})
-                continue
-            with self._lock:
-                if node_id in self.agents:
-                    self.records[node_id] = record
-            if record.get("target_hash") != self.config_hash:
-                agents[node_id].set_config.remote(config.public_json(), url)
-
-    def _replace(self, node_id: str, exc: Exception) -> None:
+    def _replace(self, node_id: str, why: str) -> None:
         """The agent died (killed, crashed): the next round starts a new one on the node."""
         with self._lock:
             self.agents.pop(node_id, None)
         self.counters["agents_replaced"] += 1
-        self.log.warning("agent died; starting a new one",
-                         extra={"for_node": node_id, "why": str(exc).splitlines()[0][:200]})
+        self.log.warning("agent died; starting a new one", extra={"for_node": node_id,
+                                                                  "why": why})
         self._wake.set()

@@ -46,15 +46,30 @@ class RayNode:
                 "gpu_type": self.gpu_type, "role": self.role(), "is_head": self.is_head}
 
 
-def list_nodes() -> list[RayNode]:
-    """Every node Ray knows, alive or dead (needs a connected Ray)."""
-    import ray
-
-    return [RayNode.from_ray(info) for info in ray.nodes()]
-
-
 def wanted_nodes(nodes: list[RayNode], config: WarmdConfig) -> dict[str, RayNode]:
     """The alive nodes that should have an agent under this config, by node id."""
     return {n.node_id: n for n in nodes
             if n.alive and config.nodes.matches(n.labels, n.gpus, n.gpu_type,
                                                 config.builders.enabled)}
+
+
+def selection_problem(nodes: list[RayNode], config: WarmdConfig) -> str | None:
+    """Why the config selects no node of the cluster, and what to change; None when it
+    selects one."""
+    if wanted_nodes(nodes, config):
+        return None
+    alive = [n for n in nodes if n.alive]
+    gpu = [n for n in alive if n.gpus > 0]
+    if not alive:
+        return "the config selects no node: the Ray cluster has no alive node"
+    if not gpu and not config.builders.enabled:
+        return (f"the config selects no node: none of the {len(alive)} node(s) has a GPU and "
+                "builders are disabled; set `builders: {enabled: true}` in the config to build "
+                "kernels on CPU nodes, or add GPU nodes")
+    kinds = sorted({n.gpu_type or "unknown type" for n in gpu})
+    have = [f"{len(gpu)} GPU node(s) ({', '.join(kinds)})"] if gpu else []
+    have += [f"{len(alive) - len(gpu)} CPU node(s)"] if len(alive) > len(gpu) else []
+    wanted = [f"gpu_types {list(config.nodes.gpu_types)}"] if config.nodes.gpu_types else []
+    wanted += [f"labels {dict(config.nodes.labels)}"] if config.nodes.labels else []
+    return (f"the config selects no node: its {' and '.join(wanted)} match none of the "
+            f"{' and '.join(have)}; change `nodes:` in the config")

@@ -44,7 +44,7 @@ def zero_kernels() -> dict[str, int]:
 
 @dataclass
 class NodeState:
-    node_id: str
+    node_id: str  # Ray's id of the node (new on every Ray restart)
     ip: str = ""
     gpus: int = 0
     gpu_type: str | None = None
@@ -67,6 +67,7 @@ class NodeState:
     cache_bytes: dict = field(default_factory=dict)  # library -> bytes on this node
     counters: dict = field(default_factory=dict)  # warmd.stats.Counters of the last warmup
     changed_at: float = field(default_factory=time.time)
+    name: str = ""  # the machine's stable name (settings.node_name)
 
     def transition(self, new: str, reason: str = "") -> None:
         if new not in _NEXT.get(self.state, set()):

@@ -22,6 +22,7 @@ from warmd.store.connection import StoreURL, parse_store_url, redact
 from warmd.store.embedded import (
     EmbeddedServerError,
     ServerProcess,
+    embedded_dir,
     embedded_status,
     ensure_embedded,
     free_port,
@@ -35,7 +36,7 @@ from warmd.store.redis_store import RedisSharedCache
 log = logging.getLogger("warmd.store")
 
 __all__ = ["EmbeddedServerError", "Fingerprint", "NodeRecords", "ServerProcess", "SharedCache",
-           "StoreFailed", "compute_fingerprint", "digest_of", "embedded_status",
+           "StoreFailed", "compute_fingerprint", "digest_of", "embedded_dir", "embedded_status",
            "ensure_embedded", "free_port", "open_node_records", "open_shared_cache",
            "parse_store_url", "redact", "resolve_store_url", "start_server", "stop_embedded"]
 

@@ -1,0 +1,182 @@
+"""The one place the controller and the agents call Ray, in the manner of Ray Serve's
+ActorReplicaWrapper: they decide in plain code (warmd.cluster.decisions) and act through
+these functions and the AgentHandle wrapper, so their logic is tested without a cluster.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import ray
+from ray.exceptions import ActorDiedError, GetTimeoutError
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from warmd.cluster import CONTROLLER_NAME, RAY_NAMESPACE, agent_name
+from warmd.cluster.decisions import BUSY, DEAD, HEALTHY, UNAVAILABLE, Health
+from warmd.cluster.nodes import RayNode
+
+
+def list_nodes() -> list[RayNode]:
+    """Every node Ray knows, alive or dead."""
+    return [RayNode.from_ray(info) for info in ray.nodes()]
+
+
+def current_node_id() -> str:
+    return ray.get_runtime_context().get_node_id()
+
+
+def current_actor_id() -> str:
+    return ray.get_runtime_context().get_actor_id() or ""
+
+
+def _pinned(node_id: str) -> NodeAffinitySchedulingStrategy:
+    return NodeAffinitySchedulingStrategy(node_id, soft=False)
+
+
+@functools.cache
+def _agent_class():
+    from warmd.cluster.agent import NodeAgent
+
+    return ray.remote(NodeAgent)
+
+
+class AgentHandle:
+    """One node agent's actor, as the controller uses it."""
+
+    def __init__(self, actor) -> None:
+        self.actor = actor
+
+    @classmethod
+    def spawn(cls, node: RayNode, config_json: dict, redis_url: str | None) -> AgentHandle:
+        """The node's detached, named agent pinned to it (an alive one of that name is
+        reused, so a restarted controller never starts twins)."""
+        actor = _agent_class().options(
+            name=agent_name(node.node_id), namespace=RAY_NAMESPACE, lifetime="detached",
+            get_if_exists=True, num_cpus=0, num_gpus=0, max_restarts=0,
+            scheduling_strategy=_pinned(node.node_id),
+        ).remote(node.to_json(), config_json, redis_url)
+        return cls(actor)
+
+    def set_config(self, config_json: dict, redis_url: str | None) -> None:
+        self.actor.set_config.remote(config_json, redis_url)  # answered by a health record
+
+    def kill(self) -> None:
+        ray.kill(self.actor, no_restart=True)
+
+
+def poll_health(agents: dict[str, AgentHandle], timeout: float) -> dict[str, Health]:
+    """Ask every agent for its record at once; wait at most `timeout` seconds in all."""
+    refs = {handle.actor.health.remote(): node_id for node_id, handle in agents.items()}
+    if refs:
+        ray.wait(list(refs), num_returns=len(refs), timeout=timeout)
+    return {node_id: _health(ref) for ref, node_id in refs.items()}
+
+
+def _health(ref) -> Health:
+    try:
+        return Health(HEALTHY, ray.get(ref, timeout=0))
+    except GetTimeoutError:
+        return Health(BUSY)
+    except ActorDiedError as exc:
+        return Health(DEAD, detail=str(exc).splitlines()[0][:200])
+    except Exception as exc:  # a node restarting, a network hiccup
+        return Health(UNAVAILABLE, detail=f"{type(exc).__name__}: {exc}"[:200])
+
+
+def shutdown_agents(agents: dict[str, AgentHandle], timeout: float) -> None:
+    """Ask every agent to stop (at most `timeout` seconds in all), then kill it."""
+    stops = [handle.actor.shutdown.remote() for handle in agents.values()]
+    if stops:
+        ray.wait(stops, num_returns=len(stops), timeout=timeout)
+    for handle in agents.values():
+        handle.kill()
+
+
+def wait_for(ref, timeout: float):
+    """The result of one call, waiting at most `timeout` seconds."""
+    return ray.get(ref, timeout=timeout)
+
+
+# --- the controller, as the CLI finds, creates and removes it -----------------------------
+
+def get_controller():
+    try:
+        return ray.get_actor(CONTROLLER_NAME, namespace=RAY_NAMESPACE)
+    except ValueError:
+        return None
+
+
+def create_controller(config_json: dict, redis_url: str | None, info: dict):
+    """The detached, named controller, preferably on the head node."""
+    from warmd.cluster.controller import Controller
+
+    head = next((n.node_id for n in list_nodes() if n.is_head and n.alive), current_node_id())
+    actor = ray.remote(Controller).options(
+        name=CONTROLLER_NAME, namespace=RAY_NAMESPACE, lifetime="detached",
+        # No restarts: a restarted actor would get its first config back, not the last
+        # one applied. A new `warmd start` recreates it; the agents keep running.
+        get_if_exists=True, num_cpus=0, max_restarts=0,
+        scheduling_strategy=NodeAffinitySchedulingStrategy(head, soft=True))
+    return actor.remote(config_json, redis_url, info)
+
+
+def kill_actor(actor) -> None:
+    ray.kill(actor, no_restart=True)
+
+
+def kill_orphan_agents() -> int:
+    """Agents left without a controller (one killed by hand, say): stop and kill them."""
+    killed = 0
+    for entry in ray.util.list_named_actors(all_namespaces=True):
+        if entry.get("namespace") != RAY_NAMESPACE or not entry["name"].startswith(
+                agent_name("")):
+            continue
+        try:
+            handle = ray.get_actor(entry["name"], namespace=RAY_NAMESPACE)
+            shutdown_agents({entry["name"]: AgentHandle(handle)}, timeout=10)
+        except Exception:  # gone meanwhile, or its node with it
+            continue
+        killed += 1
+    return killed
+
+
+# --- the agent's warm workers ---------------------------------------------------------------
+
+@functools.cache
+def _remote_task(func: Callable):
+    return ray.remote(max_calls=1)(func)  # each worker process exits: its GPU memory is freed
+
+
+def run_pinned(func: Callable, node_id: str, calls: list[tuple], gpus_each: int, name: str,
+               tick: float, on_tick: Callable[[], bool]) -> list[dict | Exception]:
+    """Run func(*args) once per args tuple as Ray tasks on node_id, `gpus_each` GPUs each.
+    on_tick() runs every `tick` seconds while they run; when it returns True the rest are
+    cancelled. Returns each call's result, or the exception it ended with."""
+    task = _remote_task(func)
+    refs = [task.options(num_cpus=0, num_gpus=gpus_each, scheduling_strategy=_pinned(node_id),
+                         name=f"{name}-{i}").remote(*args) for i, args in enumerate(calls)]
+    pending = list(refs)
+    while pending:
+        _done, pending = ray.wait(pending, num_returns=len(pending), timeout=tick)
+        if on_tick():
+            for ref in pending:
+                ray.cancel(ref, force=True)
+            break
+    results: list[dict | Exception] = []
+    for ref in refs:
+        try:
+            results.append(ray.get(ref, timeout=0))
+        except Exception as exc:  # the worker process died, was cancelled, ...
+            results.append(exc)
+    return results
+
+
+def current_actor():
+    """The handle of the actor this code runs in (workers report progress to it)."""
+    return ray.get_runtime_context().current_actor
+
+
+def call_later(method, *args) -> None:
+    """Fire one actor method call without waiting for it."""
+    method.remote(*args)
