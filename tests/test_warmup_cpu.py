@@ -169,27 +169,46 @@ def _processes_mentioning(text: str) -> list[str]:
     return found
 
 
-def test_ctrl_c_stops_compilers_and_leaves_no_entry(env, tmp_path):
+def _with_sigint(disposition):
+    """preexec_fn giving the child this SIGINT disposition whatever the caller's is (pytest
+    run from `nohup ... &` or a script's background job inherits SIGINT ignored)."""
+    return lambda: signal.signal(signal.SIGINT, disposition)
+
+
+def _interrupt_a_build(env: dict, tmp_path: Path, sig: int, sigint) -> int:
+    """Start a CLI warmup of silu_and_mul, send sig while nvcc runs, check what is left."""
     workspace = tmp_path / "ws"
     env = {**env, "FLASHINFER_WORKSPACE_BASE": str(workspace)}
     proc = subprocess.Popen([sys.executable, "-c", "from warmd.cli import main; main()",
                              "warmup", *PLAN_ARGS, "--task-filter", "act_and_mul",
                              "--no-shared"], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=_with_sigint(sigint))
     adapter = FlashInferCacheAdapter(workspace, "9.0a")
     deadline = time.monotonic() + 60
     while not _processes_mentioning(str(workspace / ".cache")):  # nvcc/ninja are running
         assert time.monotonic() < deadline and proc.poll() is None
         time.sleep(0.1)
-    proc.send_signal(signal.SIGINT)
+    # a module being built is not complete, whoever holds FlashInfer's lock
+    assert not adapter.is_complete("silu_and_mul") and adapter.list_entries() == []
+    proc.send_signal(sig)
     proc.communicate(timeout=30)
-    assert proc.returncode == 130
     time.sleep(0.5)
     assert _processes_mentioning(str(workspace / ".cache")) == []
     assert adapter.list_entries() == []
     assert not list((adapter.root / ".warmd-staging").glob("*"))
     log = read_ninja_log(adapter.root / "silu_and_mul" / ".ninja_log")[1]
     assert not any(e.output.endswith(".so") for e in log.values())
+    return proc.returncode
+
+
+def test_ctrl_c_stops_compilers_and_leaves_no_entry(env, tmp_path):
+    assert _interrupt_a_build(env, tmp_path, signal.SIGINT, signal.SIG_DFL) == 130
+
+
+def test_sigterm_stops_compilers_even_with_sigint_ignored(env, tmp_path):
+    """A warmup started as a background job (SIGINT ignored, as POSIX shells do and as warmd
+    keeps) is stopped by SIGTERM as cleanly as by Ctrl-C."""
+    assert _interrupt_a_build(env, tmp_path, signal.SIGTERM, signal.SIG_IGN) == 143
 
 
 # ----- sharing through a real Redis-protocol server -----

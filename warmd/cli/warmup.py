@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import signal
 import sys
+from collections.abc import Iterator
 
 import click
 from rich.console import Console
@@ -25,6 +28,7 @@ from warmd.warmup import TaskReport, WarmupOptions, WarmupReport, run_warmup
 
 LIBRARIES = ("deep_gemm", "flashinfer")
 EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143  # 128 + SIGTERM
 
 
 @click.command()
@@ -49,7 +53,8 @@ def warmup(request: PlanRequest, libraries: tuple[str, ...], task_filter: str | 
     Each task is fetched from the shared cache when the cluster has it, else compiled here
     (one node per task cluster-wide) and published. A task that fails is reported with its
     reason and does not stop the others. Exit code: 0 all tasks ok, 1 some failed, 2 bad
-    input, 130 interrupted (Ctrl-C stops the compilers; no partial cache entry is left).
+    input, 130 interrupted (Ctrl-C stops the compilers; no partial cache entry is left),
+    143 stopped by SIGTERM (the same way; the way to stop a background job).
     """
     if from_config_path():
         sys.exit(warmup_from_config(from_config_path(), redis_url=redis_url,
@@ -58,11 +63,13 @@ def warmup(request: PlanRequest, libraries: tuple[str, ...], task_filter: str | 
     options = WarmupOptions(libraries=libraries, task_filter=task_filter, workers=workers)
     selected = options.select(plan.tasks)  # a bad regex is bad input: exit 2 before any work
     shared = None if no_shared else open_shared(redis_url, plan)
+    terminated: list[int] = []
     try:
-        report = _run_with_progress(plan, options, shared, len(selected))
+        with _sigterm_interrupts(terminated):
+            report = _run_with_progress(plan, options, shared, len(selected))
     except KeyboardInterrupt:  # before the workers ran: nothing was written
         click.echo("warmd: interrupted", err=True)
-        sys.exit(EXIT_INTERRUPTED)
+        sys.exit(_interrupted_exit(terminated))
     finally:
         if shared is not None and hasattr(shared, "close"):
             shared.close()
@@ -71,9 +78,31 @@ def warmup(request: PlanRequest, libraries: tuple[str, ...], task_filter: str | 
     else:
         click.echo(render_summary(report))
     if report.interrupted:
-        sys.exit(EXIT_INTERRUPTED)
+        sys.exit(_interrupted_exit(terminated))
     if report.failed:
         sys.exit(1)
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts(received: list[int]) -> Iterator[None]:
+    """SIGTERM stops the run as Ctrl-C does (workers and their compilers end, nothing half
+    written). A warmup started as a background job inherits SIGINT ignored, which warmd
+    keeps, as POSIX shells mean it to: SIGTERM is then the way to stop it."""
+
+    def interrupt(signum: int, _frame) -> None:
+        received.append(signum)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one stop; cleanup is bounded
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupted_exit(terminated: list[int]) -> int:
+    return EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
 
 
 def open_shared(url: str | None, plan) -> SharedCache | None:
