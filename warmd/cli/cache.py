@@ -10,9 +10,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import click
-from rich.console import Console
 from rich.table import Table
 
+from warmd.cli.render import Col, fitted_table, make_console
 from warmd.errors import WarmdInputError
 from warmd.stats import Counters, format_bytes, format_seconds
 
@@ -170,7 +170,7 @@ def stats(redis_url, as_json) -> None:
                                    f"{len(data['fingerprints'])} fingerprints"))
     for name, label in DETAILS:
         click.echo(f"{label:<26}{int(totals.get(name, 0)):>12}")
-    console = Console(soft_wrap=False, width=160)
+    console = make_console()
     if data["nodes"]:
         console.print(_node_table(data["nodes"]))
     if data["fingerprints"]:
@@ -178,35 +178,34 @@ def stats(redis_url, as_json) -> None:
 
 
 def _node_table(nodes: dict) -> Table:
-    table = Table(title="Per node")
-    for col in ("node", "local", "remote", "compiled", "failed", "hit rate", "rejected",
-                "fetched", "published", "saved", "last seen"):
-        table.add_column(col, justify="left" if col == "node" else "right")
+    columns = [Col("node", "id")] + [Col(h, justify="right") for h in (
+        "local", "remote", "compiled", "failed", "hit rate", "rejected", "fetched",
+        "published", "saved", "last seen")]
+    rows = []
     for node, c in sorted(nodes.items()):
         counters = Counters.from_json(c)
-        table.add_row(node, str(counters.local_hits), str(counters.remote_hits),
-                      str(counters.compiled), str(counters.failed),
-                      f"{100 * counters.hit_rate:.1f} %" if counters.kernels else "-",
-                      str(counters.corrupt_rejected), format_bytes(counters.bytes_fetched),
-                      format_bytes(counters.bytes_published),
-                      format_seconds(counters.compile_seconds_saved), _ago(c.get("last_seen")))
-    return table
+        rows.append([node, str(counters.local_hits), str(counters.remote_hits),
+                     str(counters.compiled), str(counters.failed),
+                     f"{100 * counters.hit_rate:.1f} %" if counters.kernels else "-",
+                     str(counters.corrupt_rejected), format_bytes(counters.bytes_fetched),
+                     format_bytes(counters.bytes_published),
+                     format_seconds(counters.compile_seconds_saved), _ago(c.get("last_seen"))])
+    return fitted_table("Per node", columns, rows)
 
 
 def _fp_table(fps: dict) -> Table:
-    table = Table(title="Per fingerprint")
-    for col in ("fingerprint", "library", "namespace", "entries", "local", "remote",
-                "published", "rejected", "fetched", "saved"):
-        table.add_column(col, justify="left" if col in ("fingerprint", "library",
-                                                        "namespace") else "right")
+    columns = [Col("fingerprint", "id"), Col("library"), Col("namespace", "id")] + [
+        Col(h, justify="right") for h in ("entries", "local", "remote", "published",
+                                          "rejected", "fetched", "saved")]
+    rows = []
     for fp, info in sorted(fps.items()):
         c = info["counters"]
-        table.add_row(fp, info["library"], str(info["namespace"] or "-"), str(info["entries"]),
-                      str(int(c.get("local_hits", 0))), str(int(c.get("remote_hits", 0))),
-                      str(int(c.get("published", 0))), str(int(c.get("corrupt_rejected", 0))),
-                      format_bytes(int(c.get("bytes_fetched", 0))),
-                      format_seconds(float(c.get("compile_seconds_saved", 0))))
-    return table
+        rows.append([fp, info["library"], str(info["namespace"] or "-"), str(info["entries"]),
+                     str(int(c.get("local_hits", 0))), str(int(c.get("remote_hits", 0))),
+                     str(int(c.get("published", 0))), str(int(c.get("corrupt_rejected", 0))),
+                     format_bytes(int(c.get("bytes_fetched", 0))),
+                     format_seconds(float(c.get("compile_seconds_saved", 0)))])
+    return fitted_table("Per fingerprint", columns, rows)
 
 
 # ----------------------------------------------------------------------------- ls
@@ -226,30 +225,28 @@ def ls_cmd(fingerprint_, redis_url, as_json) -> None:
         if as_json:
             _echo_json(items)
             return
-        table = Table(title=f"Entries of {fingerprint_}")
-        for col in ("name", "size", "producer", "compile", "created", "last used", "state"):
-            table.add_column(col)
-        for i in items:
-            table.add_row(i["name"], format_bytes(i.get("size", 0)), i.get("producer", "-"),
-                          format_seconds(i.get("compile_seconds", 0.0)), _ago(i.get("created")),
-                          _ago(i["last_used"]), i["state"])
-        Console(soft_wrap=False, width=160).print(table)
+        columns = [Col("name", "id"), Col("size"), Col("producer", "id"), Col("compile"),
+                   Col("created"), Col("last used"), Col("state")]
+        rows = [[i["name"], format_bytes(i.get("size", 0)), i.get("producer", "-"),
+                 format_seconds(i.get("compile_seconds", 0.0)), _ago(i.get("created")),
+                 _ago(i["last_used"]), i["state"]] for i in items]
+        make_console().print(fitted_table(f"Entries of {fingerprint_}", columns, rows))
         return
     rows = _run(store, admin.listing)
     if as_json:
         _echo_json(rows)
         return
-    table = Table(title=f"Fingerprints in {store.display_url}")
-    for col in ("fingerprint", "library", "version", "arch", "sms", "namespace", "entries",
-                "bytes", "last used"):
-        table.add_column(col)
+    columns = [Col("fingerprint", "id"), Col("library"), Col("version", "id"), Col("arch"),
+               Col("sms"), Col("namespace", "id"), Col("entries"), Col("bytes"),
+               Col("last used")]
+    cells = []
     for r in rows:
         inputs = r["inputs"]
         version = inputs.get("version") or inputs.get("flashinfer") or "-"
-        table.add_row(r["fingerprint"], r["library"], str(version), str(inputs.get("arch", "-")),
+        cells.append([r["fingerprint"], r["library"], str(version), str(inputs.get("arch", "-")),
                       str(inputs.get("sms", "-")), str(inputs.get("namespace", "-")),
-                      str(r["entries"]), format_bytes(r["bytes"]), _ago(r["last_used"]))
-    Console(soft_wrap=False, width=160).print(table)
+                      str(r["entries"]), format_bytes(r["bytes"]), _ago(r["last_used"])])
+    make_console().print(fitted_table(f"Fingerprints in {store.display_url}", columns, cells))
 
 
 # ----------------------------------------------------------------------------- verify

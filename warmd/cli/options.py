@@ -23,9 +23,13 @@ def plan_options(func):
                      help="Expert parallel size (experts split across ranks)."),
         click.option("--target", "-t", metavar="PRESET",
                      help=f"Plan for a GPU preset ({', '.join(PRESETS)}) instead of the local "
-                          "GPU."),
-        click.option("--capability", metavar="X.Y", help="Plan for this compute capability."),
-        click.option("--sms", type=int, help="SM count of the target (with --capability)."),
+                          "GPU. Needs no local GPU."),
+        click.option("--capability", metavar="X.Y",
+                     help="Plan for a custom GPU of this compute capability (with --sms). With "
+                          "--target it must equal the preset's (else exit 2)."),
+        click.option("--sms", type=int,
+                     help="SM count of the custom GPU (with --capability). With --target it "
+                          "must equal the preset's (else exit 2)."),
         click.option("--with", "with_libs", multiple=True, metavar="LIB",
                      help="Plan as if LIB (deep_gemm, flashinfer, cutlass_dsl, sgl_kernel, nvcc) "
                           "were installed. Repeatable."),
