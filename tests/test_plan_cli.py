@@ -332,3 +332,61 @@ def test_shorten_keeps_head_and_digest_tail():
     assert shorten(key, 40) == "flashinfer/batch_prefill/b…/0123456789ab"
     assert len(shorten(key, 40)) == 40
     assert shorten("a" * 64, 20) == "a" * 10 + "…" + "a" * 9  # a digest: head and tail
+
+
+# ----- warmup: empty selections, --from-config without --model -----
+
+QWEN_SGLANG = ["-m", "qwen3-30b-a3b-fp8", "-t", "h200", "--engine", "sglang", "--with",
+               "flashinfer", "--without", "sgl_kernel", "--without", "deep_gemm", "--no-shared"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--task-filter", "no_such_kernel"], "--task-filter 'no_such_kernel' matched none of the "
+                                          "plan's"),
+    (["--library", "deep_gemm"], "--library deep_gemm matched none of the plan's"),
+    (["--library", "deep_gemm", "--task-filter", "nothing"],
+     "--library deep_gemm and --task-filter 'nothing' matched none"),
+])
+def test_warmup_selecting_nothing_is_exit_2_naming_the_filters(args, message, tmp_path):
+    env = {**os.environ, "WARMD_STATE_DIR": str(tmp_path / "state"),
+           "FLASHINFER_WORKSPACE_BASE": str(tmp_path / "ws")}
+    result = subprocess.run([sys.executable, "-m", "warmd", "warmup", *QWEN_SGLANG, *args],
+                            capture_output=True, text=True, timeout=120, env=env)
+    assert result.returncode == 2 and result.stdout == "" and "Traceback" not in result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("warmd: error: ") and message in line, line
+    assert "(libraries: flashinfer; keys: `warmd plan`)" in line
+    assert not (tmp_path / "ws").exists() and not (tmp_path / "state").exists()
+
+
+def test_warmup_filters_that_match_apart_but_not_together():
+    plan_args = ["-m", "qwen3-30b-a3b-fp8", "-t", "h200", "--engine", "sglang", "--with",
+                 "flashinfer", "--without", "sgl_kernel", "--with", "deep_gemm"]
+    args = [*plan_args, "--no-shared"]
+    tasks = plan_json(*plan_args)["tasks"]
+    assert {t["library"] for t in tasks} == {"deep_gemm", "flashinfer"}
+    result = CliRunner().invoke(main, ["warmup", *args, "--library", "flashinfer",
+                                       "--task-filter", "^deep_gemm/"])
+    assert result.exit_code == 2
+    assert result.stderr.strip() == (
+        f"warmd: error: --task-filter '^deep_gemm/' with --library flashinfer matched none of "
+        f"the plan's {len(tasks)} tasks (libraries: deep_gemm, flashinfer; keys: `warmd plan`)")
+
+
+def test_warmup_help_and_model_with_and_without_from_config():
+    help_text = CliRunner().invoke(main, ["warmup", "--help"]).output
+    model_help = help_text[help_text.index("--model"):help_text.index("--tp")]
+    assert "[required]" not in model_help and "Not used with --from-config" in model_help
+    missing = CliRunner().invoke(main, ["warmup", "--target", "h200"])
+    assert missing.exit_code == 2
+    assert missing.stderr.startswith("warmd: error: Missing option '--model'")
+    both = CliRunner().invoke(main, ["warmup", "--from-config", "warmd/examples/warmd.yaml",
+                                     "--model", "llama-3.1-8b", "--tp", "2", "--with",
+                                     "deep_gemm"])
+    assert both.exit_code == 2 and len(both.stderr.strip().splitlines()) == 1
+    assert "drop --model, --tp, --with" in both.stderr
+    # the README's pre-join example names a file that exists, relative to the repository
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    for line in readme.splitlines():
+        if "--from-config" in line and line.startswith("warmd warmup"):
+            assert (Path(__file__).parent.parent / line.split()[3]).is_file(), line

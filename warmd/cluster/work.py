@@ -18,9 +18,6 @@ from pathlib import Path
 from warmd.config import ModelConfig, WarmdConfig, expand_path
 from warmd.errors import WarmdInputError
 
-# Store counters that mean the shared cache did not do its job for this node.
-_STORE_TROUBLE = ("store_errors", "store_skipped", "publish_denied", "publish_failed")
-
 ProgressFn = Callable[[str, int, int], None]  # (model name, tasks done, tasks total)
 
 
@@ -171,16 +168,11 @@ def _warm_model(model: ModelConfig, plan, options, result: ModelResult, redis_ur
 
 
 def _note_store(shared, store: dict) -> None:
-    counters = shared.counters
-    trouble = {k: int(counters.get(k, 0)) for k in _STORE_TROUBLE if counters.get(k)}
-    if shared.disabled_reason:
-        store.update(ok=False, reason=f"shared cache disabled: {shared.disabled_reason}")
-    elif trouble:
-        what = ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in trouble.items())
-        unreachable = "store_errors" in trouble or "store_skipped" in trouble
-        why = "unreachable" if unreachable else "refused work"
-        store.update(ok=False, reason=f"shared cache {store.get('url') or ''} {why} ({what}); "
-                                      f"kernels were built locally")
+    from warmd.warmup import store_health
+
+    health = store_health(shared)
+    if not health["ok"]:
+        store.update(ok=False, reason=health["reason"])
 
 
 def _dir_bytes(root: Path) -> int:
