@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import os
 import shutil
 from pathlib import Path
 from types import SimpleNamespace
@@ -23,6 +24,7 @@ from warmd.libraries.flashinfer.cache import (
     read_deps_log,
     read_ninja_log,
     write_deps_log,
+    write_ninja_log,
 )
 from warmd.plan import PlanRequest, make_plan
 from warmd.warmup import WarmupOptions, run_warmup
@@ -219,12 +221,33 @@ def test_install_refuses_malformed_artifacts(built, tmp_path):
     assert not (target.root / MODULE).exists()
 
 
-def test_module_being_built_is_not_listed(built):
-    adapter = built.adapter
+def test_module_mid_build_is_not_listed_whoever_holds_the_lock(built, tmp_path):
+    """Completeness is what ninja finds on disk, never lock timing: the states a FlashInfer
+    build passes through are not complete, and a complete module stays listed while someone
+    (an installer re-checking, a pack) holds its lock. (A real build in flight is checked in
+    test_warmup_cpu's Ctrl-C test.)"""
+    adapter = FlashInferCacheAdapter(tmp_path / "ws", "9.0a")
+    adapter.install(MODULE, built.adapter.pack(built.adapter.entry(MODULE)))
     with adapter.module_lock(MODULE):
-        assert not adapter.is_complete(MODULE)
-        assert adapter.list_entries() == []
+        assert adapter.is_complete(MODULE)
+        assert [e.name for e in adapter.list_entries()] == [MODULE]
+    module = adapter.root / MODULE
+    log_path = module / ".ninja_log"
+    logged = log_path.read_bytes()
+    # linking: the objects are logged, the .so is not yet (ninja logs a command once it ran)
+    version, entries = read_ninja_log(log_path)
+    write_ninja_log(log_path, version, [e for e in entries.values()
+                                        if not e.output.endswith(".so")])
+    assert not adapter.is_complete(MODULE) and adapter.list_entries() == []
+    log_path.write_bytes(logged)
     assert adapter.is_complete(MODULE)
+    # rebuilding: the generator rewrote a source, so an object is older than its input
+    source = adapter.generated_dir / f"{MODULE}.cu"
+    later = source.stat().st_mtime_ns + 10**9
+    os.utime(source, ns=(later, later))
+    assert not adapter.is_complete(MODULE) and adapter.list_entries() == []
+    (module / f"{MODULE}.so").unlink()
+    assert not adapter.is_complete(MODULE)
 
 
 def _install_module(artifact: bytes, base: str) -> bool:

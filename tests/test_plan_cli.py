@@ -6,12 +6,14 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from warmd.cli import main
 from warmd.examples import example_names
+from warmd.plan import Task
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
@@ -22,7 +24,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
 def plan_json(*args: str) -> dict:
     result = CliRunner().invoke(main, ["plan", "--json", *args])
     assert result.exit_code == 0, result.output
-    return json.loads(result.output)
+    return json.loads(result.stdout)  # notes go to stderr
 
 
 def test_plan_json_shape():
@@ -80,6 +82,10 @@ def test_bundled_examples_all_plan():
     (["--model", "llama-3.1-8b", "--target", "h100", "--disable-kernel", "Nope"],
      "unknown kernel name"),
     (["--model", "llama-3.1-8b", "--target", "h100", "--max-tokens", "0"], "--max-tokens"),
+    (["--model", "llama-3.1-8b", "--target", "h200", "--capability", "8.0", "--sms", "10"],
+     "--target h200 is sm_90, not --capability 8.0"),
+    (["--model", "llama-3.1-8b", "--target", "h200", "--sms", "10"],
+     "--target h200 has 132 SMs, not --sms 10"),
 ])
 def test_bad_input_is_one_line_exit_2(args, message):
     result = run_cli("plan", *args)
@@ -179,3 +185,208 @@ def test_planned_flashinfer_modules_match_flashinfer_spec_names(tmp_path):
     assert any(m.startswith("batch_prefill_with_kv_cache") for m in checked)
     assert any(m.startswith("batch_decode_with_kv_cache") for m in checked)
     assert any(m.startswith("batch_mla_attention") for m in checked)
+
+
+# ----- the plan key: the model and the request, not only the tasks -----
+
+def test_plan_key_names_the_model_and_the_request(tmp_path):
+    none = ("--without", "deep_gemm", "--without", "flashinfer", "--target", "h100")
+    base = plan_json("--model", "llama-3.1-8b", *none)
+    assert base["tasks"] == []  # nothing to JIT: the tasks alone cannot tell plans apart
+    others = [plan_json("--model", "mixtral-8x7b", *none),
+              plan_json("--model", "llama-3.1-8b", "--tp", "2", *none),
+              plan_json("--model", "llama-3.1-8b", "--engine", "sglang", *none),
+              plan_json("--model", "llama-3.1-8b", "--mode", "full", *none),
+              plan_json("--model", "llama-3.1-8b", "--m-list", "1,2,4", *none),
+              plan_json("--model", "llama-3.1-8b", *none[:4], "--target", "b200")]
+    keys = [base["plan_key"]] + [o["plan_key"] for o in others]
+    assert len(set(keys)) == len(keys), keys
+    # the same model elsewhere on disk is the same plan; another config is another model
+    copy = tmp_path / "llama"
+    copy.mkdir()
+    config = json.loads((Path(base["model"]["path"])).read_text())
+    (copy / "config.json").write_text(json.dumps(config, indent=4))
+    assert plan_json("--model", str(copy), *none)["plan_key"] == base["plan_key"]
+    config["rope_theta"] = 1.0
+    (copy / "config.json").write_text(json.dumps(config))
+    assert plan_json("--model", str(copy), *none)["plan_key"] != base["plan_key"]
+
+
+# ----- planning for another GPU: no local GPU needed, missing libraries noted -----
+
+def _absent_here(monkeypatch, *names: str) -> None:
+    """This machine's probes, with `names` reported as not installed."""
+    import warmd.probes as probes
+
+    real = probes.probe_library
+
+    def probe(name: str) -> probes.LibraryProbe:
+        if name in names:
+            return probes.LibraryProbe(name, False, reason=f"{name} not installed (test)")
+        return real(name)
+
+    monkeypatch.setattr(probes, "probe_library", probe)
+
+
+def test_plan_for_a_preset_notes_missing_libraries_it_would_use(monkeypatch):
+    _absent_here(monkeypatch, "deep_gemm", "sgl_kernel")
+    args = ["plan", "--model", "deepseek-v3", "--tp", "8", "--target", "h200"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0
+    assert result.stderr.splitlines() == [
+        "warmd: note: deep_gemm is not installed here; planning as if absent (pass --with "
+        "deep_gemm to plan for a node that has it, or --without deep_gemm to confirm)"]
+    assert "Summary: 1 tasks" in result.stdout  # behaviour kept: planned as if absent
+    for flag in ("--with", "--without"):
+        quiet = CliRunner().invoke(main, [*args, flag, "deep_gemm", "--json"])
+        assert quiet.exit_code == 0 and quiet.stderr == ""
+    # sgl_kernel matters to SGLang's plan only
+    sglang = CliRunner().invoke(main, [*args, "--engine", "sglang", "--json"])
+    assert "deep_gemm, sgl_kernel are not installed here" in sglang.stderr
+    assert "--with deep_gemm --with sgl_kernel" in sglang.stderr
+    assert len(sglang.stderr.splitlines()) == 1 and json.loads(sglang.stdout)["tasks"]
+
+
+def test_plan_for_the_local_gpu_notes_nothing(monkeypatch):
+    import warmd.targets as targets
+    from warmd.targets import Target
+
+    _absent_here(monkeypatch, "deep_gemm")
+    local = Target("NVIDIA H200", (9, 0), 132, source="nvml")
+    monkeypatch.setattr(targets, "detect_local_gpus", lambda: (local,))
+    result = CliRunner().invoke(main, ["plan", "--model", "deepseek-v3", "--tp", "8", "--json"])
+    assert result.exit_code == 0 and result.stderr == ""
+
+
+def test_planning_for_a_preset_never_looks_for_a_gpu(monkeypatch):
+    import warmd.targets as targets
+
+    def no_gpu_lookup():
+        raise AssertionError("a preset plan looked for a local GPU")
+
+    monkeypatch.setattr(targets, "detect_local_gpus", no_gpu_lookup)
+    for args in (["--target", "h200"], ["--capability", "9.0", "--sms", "78"]):
+        plan_json("--model", "deepseek-v3", "--tp", "8", *args)
+
+
+def test_without_a_gpu_and_without_target_one_line_suggests_target():
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # no GPU visible, whatever the machine
+    result = subprocess.run([sys.executable, "-m", "warmd", "plan", "--model", "llama-3.1-8b"],
+                            capture_output=True, text=True, timeout=120, env=env)
+    assert result.returncode == 2 and result.stdout == "" and "Traceback" not in result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("warmd: error: no local GPU found") and "--target (a100" in line
+    ok = subprocess.run([sys.executable, "-m", "warmd", "plan", "--model", "llama-3.1-8b",
+                         "--target", "h200"], capture_output=True, text=True, timeout=120,
+                        env=env)
+    assert ok.returncode == 0 and "Target: NVIDIA H200" in ok.stdout
+
+
+# ----- tables follow the terminal; keys are never broken -----
+
+def _plan_text(width: int, *args: str) -> str:
+    result = CliRunner(env={"COLUMNS": str(width)}).invoke(main, ["plan", *args])
+    assert result.exit_code == 0, result.output
+    return result.stdout
+
+
+@pytest.mark.parametrize("width", [60, 80, 100, 140, 240])
+def test_plan_tables_fit_the_terminal_and_keep_keys_whole(width):
+    from warmd.cli.render import ELLIPSIS
+    from warmd.warmup import WarmupOptions
+
+    args = ("--model", "deepseek-v3", "--tp", "8", "--target", "h200", "--with", "deep_gemm",
+            "--with", "flashinfer", "--disable-kernel", "FlashMLABackend")
+    text = _plan_text(width, *args)
+    lines = text.splitlines()
+    assert max(len(line) for line in lines) <= width
+    for line in lines:  # every table fits whole: none is cropped at the right edge
+        if line[:1] in "┏┃┡│└":
+            assert line.rstrip()[-1] in "┓┃┩│┘", line
+    data = plan_json(*args)
+    tasks = tuple(Task.from_json(t) for t in data["tasks"])
+    assert any(len(t["key"]) > 100 for t in data["tasks"])  # some keys need shortening
+    rows = [line for line in lines if line.startswith("│ ") and "/" in line.split("│")[1]]
+    for task in data["tasks"]:
+        key, digest = task["key"], task["key"].rsplit("/", 1)[1]
+        (row,) = [r for r in rows if r.split("│")[1].strip().endswith("/" + digest)]
+        shown = row.split("│")[1].strip()
+        if shown != key:  # shortened in the middle: head and digest tail stay whole
+            head, tail = shown.split(ELLIPSIS)
+            assert key.startswith(head) and tail == "/" + digest
+            assert width < 240
+        # what the table shows selects exactly this task
+        chosen = WarmupOptions(task_filter=digest).select(tasks)
+        assert [t.key for t in chosen] == [key]
+    kernels = {layer["kernel"] for layer in data["layers"] if layer["kernel"]}
+    if width >= 200:
+        for kernel in kernels:
+            assert kernel in text
+
+
+def test_shorten_keeps_head_and_digest_tail():
+    from warmd.cli.render import shorten
+
+    key = "flashinfer/batch_prefill/batch_prefill_with_kv_cache_dtype_q_bf16/0123456789ab"
+    assert shorten(key, len(key)) == key
+    assert shorten(key, 40) == "flashinfer/batch_prefill/b…/0123456789ab"
+    assert len(shorten(key, 40)) == 40
+    assert shorten("a" * 64, 20) == "a" * 10 + "…" + "a" * 9  # a digest: head and tail
+
+
+# ----- warmup: empty selections, --from-config without --model -----
+
+QWEN_SGLANG = ["-m", "qwen3-30b-a3b-fp8", "-t", "h200", "--engine", "sglang", "--with",
+               "flashinfer", "--without", "sgl_kernel", "--without", "deep_gemm", "--no-shared"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--task-filter", "no_such_kernel"], "--task-filter 'no_such_kernel' matched none of the "
+                                          "plan's"),
+    (["--library", "deep_gemm"], "--library deep_gemm matched none of the plan's"),
+    (["--library", "deep_gemm", "--task-filter", "nothing"],
+     "--library deep_gemm and --task-filter 'nothing' matched none"),
+])
+def test_warmup_selecting_nothing_is_exit_2_naming_the_filters(args, message, tmp_path):
+    env = {**os.environ, "WARMD_STATE_DIR": str(tmp_path / "state"),
+           "FLASHINFER_WORKSPACE_BASE": str(tmp_path / "ws")}
+    result = subprocess.run([sys.executable, "-m", "warmd", "warmup", *QWEN_SGLANG, *args],
+                            capture_output=True, text=True, timeout=120, env=env)
+    assert result.returncode == 2 and result.stdout == "" and "Traceback" not in result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("warmd: error: ") and message in line, line
+    assert "(libraries: flashinfer; keys: `warmd plan`)" in line
+    assert not (tmp_path / "ws").exists() and not (tmp_path / "state").exists()
+
+
+def test_warmup_filters_that_match_apart_but_not_together():
+    plan_args = ["-m", "qwen3-30b-a3b-fp8", "-t", "h200", "--engine", "sglang", "--with",
+                 "flashinfer", "--without", "sgl_kernel", "--with", "deep_gemm"]
+    args = [*plan_args, "--no-shared"]
+    tasks = plan_json(*plan_args)["tasks"]
+    assert {t["library"] for t in tasks} == {"deep_gemm", "flashinfer"}
+    result = CliRunner().invoke(main, ["warmup", *args, "--library", "flashinfer",
+                                       "--task-filter", "^deep_gemm/"])
+    assert result.exit_code == 2
+    assert result.stderr.strip() == (
+        f"warmd: error: --task-filter '^deep_gemm/' with --library flashinfer matched none of "
+        f"the plan's {len(tasks)} tasks (libraries: deep_gemm, flashinfer; keys: `warmd plan`)")
+
+
+def test_warmup_help_and_model_with_and_without_from_config():
+    help_text = CliRunner().invoke(main, ["warmup", "--help"]).output
+    model_help = help_text[help_text.index("--model"):help_text.index("--tp")]
+    assert "[required]" not in model_help and "Not used with --from-config" in model_help
+    missing = CliRunner().invoke(main, ["warmup", "--target", "h200"])
+    assert missing.exit_code == 2
+    assert missing.stderr.startswith("warmd: error: Missing option '--model'")
+    both = CliRunner().invoke(main, ["warmup", "--from-config", "warmd/examples/warmd.yaml",
+                                     "--model", "llama-3.1-8b", "--tp", "2", "--with",
+                                     "deep_gemm"])
+    assert both.exit_code == 2 and len(both.stderr.strip().splitlines()) == 1
+    assert "drop --model, --tp, --with" in both.stderr
+    # the README's pre-join example names a file that exists, relative to the repository
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    for line in readme.splitlines():
+        if "--from-config" in line and line.startswith("warmd warmup"):
+            assert (Path(__file__).parent.parent / line.split()[3]).is_file(), line

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 
 import pytest
@@ -114,6 +115,26 @@ def test_resolve_target_presets_and_flags():
         resolve_target(capability="9.0")
     with pytest.raises(WarmdInputError, match="invalid compute capability"):
         resolve_target(capability="hopper", sms=1)
+
+
+@pytest.mark.parametrize("name, capability, sms, message", [
+    ("h200", "8.0", None, "--target h200 is sm_90, not --capability 8.0"),
+    ("h200", None, 10, "--target h200 has 132 SMs, not --sms 10"),
+    ("h200", "8.0", 10, "--target h200 is sm_90, not --capability 8.0"),
+    ("b200", "sm_90a", 148, "--target b200 is sm_100, not --capability 9.0"),
+    ("local", "9.0", 132, "--target local takes the local GPU's"),
+    (None, None, 78, "--sms needs --capability"),
+])
+def test_conflicting_target_flags_are_refused(name, capability, sms, message):
+    with pytest.raises(WarmdInputError, match=re.escape(message)):
+        resolve_target(name, capability, sms)
+
+
+def test_preset_flags_that_repeat_the_preset_are_accepted():
+    h200 = resolve_target("h200")
+    assert resolve_target("h200", "9.0", 132) == h200
+    assert resolve_target("H200", "sm_90a", None) == h200
+    assert resolve_target("h200", None, 132) == h200
 
 
 def test_local_target_without_gpu_is_a_clear_error(monkeypatch):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -135,6 +136,68 @@ def test_cli_text_summary(warm, env):
     assert "local hits" in proc.stdout and "Hit rate" in proc.stdout
     assert "100.0 %" in proc.stdout
     assert "tasks" in proc.stderr  # the progress bar goes to stderr
+    # not a terminal: a line per task started and finished, naming the module
+    lines = proc.stderr.splitlines()
+    assert lines[0] == "warmup: building flashinfer silu_and_mul", proc.stderr
+    assert lines[1].startswith("warmup: 1/1 tasks (0 compiled, 0 failed): flashinfer "
+                               "silu_and_mul in ") and lines[1].endswith(" s: ok")
+
+
+def test_cli_json_reports_an_unreachable_store_without_its_password(warm, env):
+    from warmd.store.embedded import free_port
+
+    url = f"redis://:hunter2@127.0.0.1:{free_port()}/0"  # nothing listens there
+    proc = _cli(["warmup", *PLAN_ARGS, "--task-filter", "act_and_mul", "--redis", url,
+                 "--json"], env)
+    assert proc.returncode == 0, proc.stderr  # degraded to local work, not failed
+    data = json.loads(proc.stdout)
+    assert data["shared"] is True and data["kernels"]["local_hits"] == 1
+    store = data["store"]
+    assert store["ok"] is False and store["url"] == url.replace("hunter2", "***")
+    assert "unreachable" in store["reason"] and "kernels were built locally" in store["reason"]
+    assert "hunter2" not in proc.stdout + proc.stderr
+    text = _cli(["warmup", *PLAN_ARGS, "--task-filter", "act_and_mul", "--redis", url], env)
+    assert text.returncode == 0 and "unreachable" in text.stdout and "hunter2" not in text.stdout
+
+
+def _display_task(module: str) -> Task:
+    return Task(key=f"flashinfer/act_and_mul/{module}/0123456789ab", library="flashinfer",
+                kernel="act_and_mul", module=module)
+
+
+def test_terminal_progress_has_a_live_line_per_build_and_failures_on_their_own_line():
+    import io
+
+    from rich.console import Console
+
+    from warmd.cli.warmup import WarmupDisplay
+    from warmd.executors.base import KernelOutcome, TaskResult
+    from warmd.warmup import TaskReport
+
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, width=100, color_system=None)
+    task, other = _display_task("silu_and_mul"), _display_task("gelu_and_mul")
+    with WarmupDisplay(2, console) as display:
+        display.started(task)
+        display.started(other)
+        frame = display.live.get_renderable()
+        rendered = Console(width=100, file=io.StringIO(), record=True)
+        rendered.print(frame)
+        shown = rendered.export_text()
+        assert "building flashinfer silu_and_mul" in shown
+        assert "building flashinfer gelu_and_mul" in shown and "0/2 tasks" in shown
+        failed = TaskResult(task.key, "flashinfer", False, 1.0,
+                            [KernelOutcome("silu_and_mul", "failed", 1.0)], "nvcc exploded")
+        display.finished(TaskReport(task, failed), 1, 2)
+        rendered = Console(width=100, file=io.StringIO(), record=True)
+        rendered.print(display.live.get_renderable())
+        shown = rendered.export_text()
+        assert "silu_and_mul" not in shown and "gelu_and_mul" in shown and "1/2" in shown
+    plain = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out.getvalue())  # cursor moves, erases
+    lines = plain.replace("\r", "\n").splitlines()
+    failures = [line for line in lines if "nvcc exploded" in line]
+    assert failures and all(line.startswith("failed ") for line in failures), failures
+    assert not any("nvcc exploded" in line and "tasks" in line for line in lines)
 
 
 def _processes_mentioning(text: str) -> list[str]:
@@ -149,27 +212,46 @@ def _processes_mentioning(text: str) -> list[str]:
     return found
 
 
-def test_ctrl_c_stops_compilers_and_leaves_no_entry(env, tmp_path):
+def _with_sigint(disposition):
+    """preexec_fn giving the child this SIGINT disposition whatever the caller's is (pytest
+    run from `nohup ... &` or a script's background job inherits SIGINT ignored)."""
+    return lambda: signal.signal(signal.SIGINT, disposition)
+
+
+def _interrupt_a_build(env: dict, tmp_path: Path, sig: int, sigint) -> int:
+    """Start a CLI warmup of silu_and_mul, send sig while nvcc runs, check what is left."""
     workspace = tmp_path / "ws"
     env = {**env, "FLASHINFER_WORKSPACE_BASE": str(workspace)}
     proc = subprocess.Popen([sys.executable, "-c", "from warmd.cli import main; main()",
                              "warmup", *PLAN_ARGS, "--task-filter", "act_and_mul",
                              "--no-shared"], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=_with_sigint(sigint))
     adapter = FlashInferCacheAdapter(workspace, "9.0a")
     deadline = time.monotonic() + 60
     while not _processes_mentioning(str(workspace / ".cache")):  # nvcc/ninja are running
         assert time.monotonic() < deadline and proc.poll() is None
         time.sleep(0.1)
-    proc.send_signal(signal.SIGINT)
+    # a module being built is not complete, whoever holds FlashInfer's lock
+    assert not adapter.is_complete("silu_and_mul") and adapter.list_entries() == []
+    proc.send_signal(sig)
     proc.communicate(timeout=30)
-    assert proc.returncode == 130
     time.sleep(0.5)
     assert _processes_mentioning(str(workspace / ".cache")) == []
     assert adapter.list_entries() == []
     assert not list((adapter.root / ".warmd-staging").glob("*"))
     log = read_ninja_log(adapter.root / "silu_and_mul" / ".ninja_log")[1]
     assert not any(e.output.endswith(".so") for e in log.values())
+    return proc.returncode
+
+
+def test_ctrl_c_stops_compilers_and_leaves_no_entry(env, tmp_path):
+    assert _interrupt_a_build(env, tmp_path, signal.SIGINT, signal.SIG_DFL) == 130
+
+
+def test_sigterm_stops_compilers_even_with_sigint_ignored(env, tmp_path):
+    """A warmup started as a background job (SIGINT ignored, as POSIX shells do and as warmd
+    keeps) is stopped by SIGTERM as cleanly as by Ctrl-C."""
+    assert _interrupt_a_build(env, tmp_path, signal.SIGTERM, signal.SIG_IGN) == 143
 
 
 # ----- sharing through a real Redis-protocol server -----

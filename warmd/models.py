@@ -7,6 +7,7 @@ TP=1 under expert parallelism) or their intermediate size across TP ranks.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections import Counter
 from dataclasses import dataclass, field
@@ -76,6 +77,7 @@ class ModelShapes:
     quant: Quantization
     layers: tuple[Layer, ...]
     num_hidden_layers: int
+    config_digest: str = ""  # sha256 of the config.json's content: the model's identity
 
 
 def load_config(path: str | Path) -> tuple[dict, Path]:
@@ -345,4 +347,6 @@ def model_shapes(path: str | Path, tp: int = 1, ep: int = 1,
     quant = parse_quantization(config, quantization)
     builder = _Builder(quant)
     n_layers = _BUILDERS[model_type](builder, config, tp, ep)
-    return ModelShapes(model_type, str(config_path), tp, ep, quant, builder.layers(), n_layers)
+    digest = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()
+    return ModelShapes(model_type, str(config_path), tp, ep, quant, builder.layers(), n_layers,
+                       digest)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from warmd import settings
 from warmd.kernels.base import Environment, JitWork, Kernel
@@ -54,8 +54,21 @@ class Plan:
 
     @property
     def key(self) -> str:
-        """Identifies the plan's work: same tasks, same key, whatever machine made it."""
-        return _digest([t.to_json() for t in self.tasks])[:16]
+        """Identifies the plan: the model (its config's digest, not its path), the request
+        (engine, parallelism, quantization, M values, target arch and SMs), the kernel
+        chosen for each layer and the tasks. The same plan gets the same key on any
+        machine; another model or request gets another key even when its tasks coincide."""
+        model, mspec, target = self.model, self.mspec, self.env.target
+        return _digest({
+            "model": {"model_type": model.model_type, "config": model.config_digest,
+                      "tp": model.tp, "ep": model.ep, "quantization": model.quant.scheme},
+            "request": {"engine": self.env.engine, "mode": mspec.mode,
+                        "max_tokens": mspec.max_tokens, "m_list": list(mspec.explicit),
+                        "arch": target.arch, "sms": target.sms},
+            "kernels": [[s.layer.name, s.kernel.name if s.kernel else None]
+                        for s in self.selections],
+            "tasks": [t.to_json() for t in self.tasks],
+        })[:16]
 
     def to_json(self) -> dict:
         return {
@@ -154,6 +167,28 @@ def build_tasks(selections: list[Selection], env: Environment, mspec: MSpec) -> 
 def build_plan(model: ModelShapes, env: Environment, mspec: MSpec) -> Plan:
     selections = [select_kernel(layer, env) for layer in model.layers]
     return Plan(model, env, mspec, tuple(selections), tuple(build_tasks(selections, env, mspec)))
+
+
+def absent_libraries_that_matter(plan: Plan) -> list[str]:
+    """For a plan made for another GPU than this machine's (a preset or --capability): the
+    libraries missing here, and not set by --with/--without, whose presence would change
+    the plan's kernels or tasks. The plan assumed the target lacks them too."""
+    if plan.env.target.source not in ("preset", "flags"):
+        return []
+    mattering = []
+    for name, probe in plan.env.libraries.items():
+        if probe.available or probe.overridden:
+            continue
+        present = replace(probe, available=True, can_jit=True)
+        env = replace(plan.env, libraries={**plan.env.libraries, name: present})
+        if _choices(build_plan(plan.model, env, plan.mspec)) != _choices(plan):
+            mattering.append(name)
+    return mattering
+
+
+def _choices(plan: Plan) -> tuple:
+    return (tuple(s.kernel.name if s.kernel else None for s in plan.selections),
+            tuple(t.key for t in plan.tasks))
 
 
 @dataclass(frozen=True)

@@ -94,23 +94,46 @@ def preset(name: str) -> Target:
 def resolve_target(
     name: str | None = None, capability: str | None = None, sms: int | None = None
 ) -> Target:
-    """The target a command plans for: a preset, an explicit capability, or the local GPU."""
+    """The target a command plans for: a preset, an explicit capability, or the local GPU.
+
+    --capability/--sms with a preset may only repeat the preset's own values: a preset
+    names one GPU, so 'h200 with sm_8.0' or 'h200 with 10 SMs' is a contradiction, refused
+    (a custom GPU is --capability with --sms and no --target)."""
     if sms is not None and sms < 1:
         raise WarmdInputError(f"--sms must be a positive integer, got {sms}")
-    if capability is not None:
-        cap = parse_capability(capability)
-        base = preset(name) if name else None
-        if sms is None and base is None:
+    cap = parse_capability(capability) if capability is not None else None
+    if name and name.lower() == "local":
+        if cap is not None or sms is not None:
+            raise WarmdInputError("--target local takes the local GPU's capability and SMs; "
+                                  "drop --capability/--sms")
+        return local_target()
+    if name:
+        return _check_preset_flags(name, preset(name), cap, sms)
+    if cap is not None:
+        if sms is None:
             raise WarmdInputError("--capability needs --sms (or a --target preset to take it from)")
-        return Target(
-            name=base.name if base else f"custom sm_{cap[0]}{cap[1]}",
-            capability=cap,
-            sms=sms if sms is not None else base.sms,
-            source="flags",
-        )
-    if name and name != "local":
-        found = preset(name)
-        return found if sms is None else Target(found.name, found.capability, sms)
+        return Target(f"custom sm_{cap[0]}{cap[1]}", cap, sms, source="flags")
+    if sms is not None:
+        raise WarmdInputError("--sms needs --capability (or a --target preset)")
+    return local_target()
+
+
+def _check_preset_flags(name: str, found: Target, cap: tuple[int, int] | None,
+                        sms: int | None) -> Target:
+    if cap is not None and cap != found.capability:
+        raise WarmdInputError(
+            f"--target {name} is sm_{found.capability[0]}{found.capability[1]}, not "
+            f"--capability {cap[0]}.{cap[1]}; for another GPU give --capability and --sms "
+            "without --target")
+    if sms is not None and sms != found.sms:
+        raise WarmdInputError(
+            f"--target {name} has {found.sms} SMs, not --sms {sms}; for another GPU give "
+            "--capability and --sms without --target")
+    return found
+
+
+def local_target() -> Target:
+    """The first kind of GPU of this machine; bad input (one line) when it has none."""
     local = detect_local_gpus()
     if not local:
         known = ", ".join(sorted(PRESETS))

@@ -97,6 +97,7 @@ class WarmupReport:
     seconds: float
     interrupted: bool = False
     shared: bool = False
+    store: dict | None = None  # store_health() of the shared cache; None without one
 
     @property
     def failed(self) -> list[TaskReport]:
@@ -116,11 +117,13 @@ class WarmupReport:
             "compile_seconds_saved": round(c.compile_seconds_saved, 3),
             "interrupted": self.interrupted,
             "shared": self.shared,
+            "store": self.store,
             "task_details": [r.to_json() for r in self.reports],
         }
 
 
 Progress = Callable[[TaskReport, int, int], None]  # (finished task, done, total)
+Started = Callable[[Task], None]  # a worker starts this task (fetch or build)
 
 
 # ----- local task records -----
@@ -212,8 +215,10 @@ def gpu_ids(options: WarmupOptions) -> list[str]:
 
 class _Run:
     def __init__(self, plan: Plan, options: WarmupOptions, shared: SharedCache | None,
-                 progress: Progress | None, tasks: list[Task]) -> None:
+                 progress: Progress | None, tasks: list[Task],
+                 started: Started | None = None) -> None:
         self.plan, self.options, self.shared, self.progress = plan, options, shared, progress
+        self.started = started
         self.tasks = tasks
         self.adapters = {lib: make_adapter(lib, plan, options) for lib in {t.library
                                                                             for t in tasks}}
@@ -261,15 +266,20 @@ class _Run:
                 task = self.pending.get_nowait()
             except queue.Empty:
                 return
+            self._notify(self.started, task)
             report = self.run_task(worker, task)
             with self.lock:
                 self.reports.append(report)
                 done = len(self.reports)
-            if self.progress is not None:
-                try:
-                    self.progress(report, done, len(self.tasks))
-                except Exception:  # a display problem must not drop this worker's tasks
-                    log.exception("progress callback failed")
+            self._notify(self.progress, report, done, len(self.tasks))
+
+    @staticmethod
+    def _notify(callback, *args) -> None:
+        if callback is not None:
+            try:
+                callback(*args)
+            except Exception:  # a display problem must not drop this worker's tasks
+                log.exception("progress callback failed")
 
     def run_task(self, worker: Worker, task: Task) -> TaskReport:
         adapter = self.adapters.get(task.library)
@@ -346,12 +356,14 @@ class _Run:
 
 
 def run_warmup(plan: Plan, options: WarmupOptions, shared: SharedCache | None = None,
-               progress: Progress | None = None) -> WarmupReport:
+               progress: Progress | None = None, started: Started | None = None
+               ) -> WarmupReport:
     """Run the plan's selected tasks; Ctrl-C stops the workers (and their compilers) and
-    returns what finished, with ``interrupted`` set."""
-    started = time.monotonic()
+    returns what finished, with ``interrupted`` set. ``started`` hears of each task as a
+    worker takes it, ``progress`` as it finishes (both from worker threads)."""
+    began = time.monotonic()
     tasks = options.select(plan.tasks)
-    run = _Run(plan, options, shared, progress, tasks)
+    run = _Run(plan, options, shared, progress, tasks, started)
     ids = gpu_ids(options)
     count = max(1, min(options.workers or len(ids) or 1, len(tasks) or 1))
     env = worker_env(plan, options, {t.library for t in tasks}) if tasks else {}
@@ -382,8 +394,28 @@ def run_warmup(plan: Plan, options: WarmupOptions, shared: SharedCache | None = 
             shared.record_outcomes(counters.to_json())
         counters.add(_store_counters(shared))
     reports = sorted(run.reports, key=lambda r: r.task.key)
-    return WarmupReport(plan.key, len(tasks), reports, counters, time.monotonic() - started,
-                        interrupted, shared is not None)
+    return WarmupReport(plan.key, len(tasks), reports, counters, time.monotonic() - began,
+                        interrupted, shared is not None,
+                        store_health(shared) if shared is not None else None)
+
+
+def store_health(shared: SharedCache) -> dict:
+    """{"ok", "reason", "url"} of a shared cache after a run: the store's health as every
+    report gives it (URL without credentials; reason says what failed and why)."""
+    if shared.disabled_reason:
+        return {"ok": False, "url": None,
+                "reason": f"shared cache disabled: {shared.disabled_reason}"}
+    url = shared.display_url
+    counts = shared.counters
+    trouble = {k: int(counts[k]) for k in ids(F.TROUBLE) if counts.get(k)}
+    if not trouble:
+        return {"ok": True, "url": url, "reason": ""}
+    what = ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in trouble.items())
+    unreachable = any(k in trouble for k in ids(F.TROUBLE | F.DOWN))
+    last = shared.last_error
+    why = ("unreachable" if unreachable else "refused work") + (f": {last}" if last else "")
+    return {"ok": False, "url": url,
+            "reason": f"shared cache {url or ''} {why} ({what}); kernels were built locally"}
 
 
 def _store_counters(shared: SharedCache) -> dict:

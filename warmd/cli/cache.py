@@ -11,9 +11,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import click
-from rich.console import Console
 from rich.table import Table
 
+from warmd.cli.render import Col, fitted_table, make_console
 from warmd.errors import WarmdInputError
 from warmd.stats import (
     Counters,
@@ -168,7 +168,7 @@ def stats(redis_url, as_json) -> None:
                                    f"{len(data['fingerprints'])} fingerprints"))
     for line in render_details(totals):
         click.echo(line)
-    console = Console(soft_wrap=False, width=160)
+    console = make_console()
     if data["nodes"]:
         console.print(_node_table(data["nodes"]))
     if data["fingerprints"]:
@@ -194,27 +194,25 @@ def _rate(counters: dict) -> str:
 
 
 def _node_table(nodes: dict) -> Table:
-    table = Table(title="Per node")
-    columns = _counter_columns(F.NODE_COLUMN)
-    for col in ("node", *(head for head, _cell in columns), "last seen"):
-        table.add_column(col, justify="left" if col == "node" else "right")
+    counter_cols = _counter_columns(F.NODE_COLUMN)
+    columns = [Col("node", "id"), *(Col(h, justify="right") for h, _ in counter_cols),
+               Col("last seen", justify="right")]
+    rows = []
     for node, c in sorted(nodes.items()):
         counters = Counters.from_json(c).to_json()
-        table.add_row(node, *(cell(counters) for _head, cell in columns),
-                      _ago(c.get("last_seen")))
-    return table
+        rows.append([node, *(cell(counters) for _h, cell in counter_cols),
+                     _ago(c.get("last_seen"))])
+    return fitted_table("Per node", columns, rows)
 
 
 def _fp_table(fps: dict) -> Table:
-    named = ("fingerprint", "library", "namespace")
-    table = Table(title="Per fingerprint")
-    columns = _counter_columns(F.FP_COLUMN)
-    for col in (*named, "entries", *(head for head, _cell in columns)):
-        table.add_column(col, justify="left" if col in named else "right")
-    for fp, info in sorted(fps.items()):
-        table.add_row(fp, info["library"], str(info["namespace"] or "-"), str(info["entries"]),
-                      *(cell(info["counters"]) for _head, cell in columns))
-    return table
+    counter_cols = _counter_columns(F.FP_COLUMN)
+    columns = [Col("fingerprint", "id"), Col("library"), Col("namespace", "id"),
+               Col("entries", justify="right"), *(Col(h, justify="right") for h, _ in counter_cols)]
+    rows = [[fp, info["library"], str(info["namespace"] or "-"), str(info["entries"]),
+             *(cell(info["counters"]) for _h, cell in counter_cols)]
+            for fp, info in sorted(fps.items())]
+    return fitted_table("Per fingerprint", columns, rows)
 
 
 # ----------------------------------------------------------------------------- ls
@@ -234,30 +232,28 @@ def ls_cmd(fingerprint_, redis_url, as_json) -> None:
         if as_json:
             _echo_json(items)
             return
-        table = Table(title=f"Entries of {fingerprint_}")
-        for col in ("name", "size", "producer", "compile", "created", "last used", "state"):
-            table.add_column(col)
-        for i in items:
-            table.add_row(i["name"], format_bytes(i.get("size", 0)), i.get("producer", "-"),
-                          format_seconds(i.get("compile_seconds", 0.0)), _ago(i.get("created")),
-                          _ago(i["last_used"]), i["state"])
-        Console(soft_wrap=False, width=160).print(table)
+        columns = [Col("name", "id"), Col("size"), Col("producer", "id"), Col("compile"),
+                   Col("created"), Col("last used"), Col("state")]
+        rows = [[i["name"], format_bytes(i.get("size", 0)), i.get("producer", "-"),
+                 format_seconds(i.get("compile_seconds", 0.0)), _ago(i.get("created")),
+                 _ago(i["last_used"]), i["state"]] for i in items]
+        make_console().print(fitted_table(f"Entries of {fingerprint_}", columns, rows))
         return
     rows = _run(store, admin.listing)
     if as_json:
         _echo_json(rows)
         return
-    table = Table(title=f"Fingerprints in {store.display_url}")
-    for col in ("fingerprint", "library", "version", "arch", "sms", "namespace", "entries",
-                "bytes", "last used"):
-        table.add_column(col)
+    columns = [Col("fingerprint", "id"), Col("library"), Col("version", "id"), Col("arch"),
+               Col("sms"), Col("namespace", "id"), Col("entries"), Col("bytes"),
+               Col("last used")]
+    cells = []
     for r in rows:
         inputs = r["inputs"]
         version = inputs.get("version") or inputs.get("flashinfer") or "-"
-        table.add_row(r["fingerprint"], r["library"], str(version), str(inputs.get("arch", "-")),
+        cells.append([r["fingerprint"], r["library"], str(version), str(inputs.get("arch", "-")),
                       str(inputs.get("sms", "-")), str(inputs.get("namespace", "-")),
-                      str(r["entries"]), format_bytes(r["bytes"]), _ago(r["last_used"]))
-    Console(soft_wrap=False, width=160).print(table)
+                      str(r["entries"]), format_bytes(r["bytes"]), _ago(r["last_used"])])
+    make_console().print(fitted_table(f"Fingerprints in {store.display_url}", columns, cells))
 
 
 # ----------------------------------------------------------------------------- verify

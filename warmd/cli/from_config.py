@@ -17,13 +17,12 @@ _FROM_CONFIG = "warmd.from_config"
 
 
 def from_config_option(func):
-    """Adds --from-config PATH to `warmd warmup`. Eager, so that --model is not required with
-    it; the command then calls warmup_from_config (see from_config_path)."""
+    """Adds --from-config PATH to `warmd warmup`; the command then calls warmup_from_config
+    (see from_config_path) and needs no --model."""
 
     def remember(ctx, _param, value):
         if value is not None and not ctx.resilient_parsing:
             ctx.meta[_FROM_CONFIG] = value
-            ctx.default_map = {**(ctx.default_map or {}), "model": "<from-config>"}
         return value
 
     return click.option(

@@ -13,20 +13,40 @@ from warmd.probes import probe_names
 from warmd.targets import PRESETS
 
 
-def plan_options(func):
-    """--model, parallelism, target and library overrides, engine and M-value mode."""
+def plan_options(func=None, *, model_help: str = ""):
+    """--model, parallelism, target and library overrides, engine and M-value mode.
+
+    As @plan_options --model is required; @plan_options(model_help=...) makes it optional
+    (the command then checks it, see require_model) and adds model_help to its help."""
+    if func is None:
+        return functools.partial(_plan_options, model_required=False, model_help=model_help)
+    return _plan_options(func, model_required=True, model_help="")
+
+
+def require_model(request: PlanRequest) -> None:
+    """The usage error of a missing --model, for commands where it is optional."""
+    if request.model is None:
+        raise click.UsageError("Missing option '--model' / '-m'.")
+
+
+def _plan_options(func, model_required: bool, model_help: str):
     options = [
-        click.option("--model", "-m", required=True, metavar="PATH",
+        click.option("--model", "-m", required=model_required, metavar="PATH",
                      help="A local config.json, a directory holding one, or a bundled example "
-                          "name (deepseek-v3, qwen3-30b-a3b-fp8, llama-3.1-8b, mixtral-8x7b)."),
+                          "name (deepseek-v3, qwen3-30b-a3b-fp8, llama-3.1-8b, mixtral-8x7b)."
+                          + (f" {model_help}" if model_help else "")),
         click.option("--tp", type=int, default=1, show_default=True, help="Tensor parallel size."),
         click.option("--ep", type=int, default=1, show_default=True,
                      help="Expert parallel size (experts split across ranks)."),
         click.option("--target", "-t", metavar="PRESET",
                      help=f"Plan for a GPU preset ({', '.join(PRESETS)}) instead of the local "
-                          "GPU."),
-        click.option("--capability", metavar="X.Y", help="Plan for this compute capability."),
-        click.option("--sms", type=int, help="SM count of the target (with --capability)."),
+                          "GPU. Needs no local GPU."),
+        click.option("--capability", metavar="X.Y",
+                     help="Plan for a custom GPU of this compute capability (with --sms). With "
+                          "--target it must equal the preset's (else exit 2)."),
+        click.option("--sms", type=int,
+                     help="SM count of the custom GPU (with --capability). With --target it "
+                          "must equal the preset's (else exit 2)."),
         click.option("--with", "with_libs", multiple=True, metavar="LIB",
                      help=f"Plan as if LIB ({', '.join(probe_names())}) were installed. "
                           "Repeatable."),
@@ -49,7 +69,7 @@ def plan_options(func):
 
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
-        request = PlanRequest(**{name: kwargs.pop(name) for name in _FIELDS})
+        request = PlanRequest(**{name: kwargs.pop(name) for name in PLAN_FIELDS})
         return func(*args, request=request, **kwargs)
 
     for option in reversed(options):
@@ -57,5 +77,5 @@ def plan_options(func):
     return wrapper
 
 
-_FIELDS = ("model", "tp", "ep", "target", "capability", "sms", "with_libs", "without_libs",
-           "engine", "mode", "max_tokens", "m_list", "quantization", "disabled_kernels")
+PLAN_FIELDS = ("model", "tp", "ep", "target", "capability", "sms", "with_libs", "without_libs",
+               "engine", "mode", "max_tokens", "m_list", "quantization", "disabled_kernels")

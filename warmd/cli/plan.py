@@ -6,10 +6,11 @@ import json
 
 import click
 from rich.console import Console
-from rich.table import Table
+from rich.text import Text
 
 from warmd.cli.options import plan_options
-from warmd.plan import Plan, PlanRequest, make_plan
+from warmd.cli.render import Col, fitted_table, make_console
+from warmd.plan import Plan, PlanRequest, absent_libraries_that_matter, make_plan
 
 
 @click.command()
@@ -18,14 +19,36 @@ from warmd.plan import Plan, PlanRequest, make_plan
 def plan(request: PlanRequest, as_json: bool) -> None:
     """Show the kernel each layer will dispatch to and the JIT tasks a warmup would run.
 
-    Every rejected kernel is listed with its reason. Plans from any machine: pick the GPU
-    with --target or --capability/--sms and the libraries with --with/--without.
+    Every rejected kernel is listed with its reason. Plans from any machine, no GPU needed:
+    pick the GPU with --target (a preset) or --capability and --sms (a custom GPU; with
+    --target they may only repeat the preset's values), and the libraries with
+    --with/--without. Libraries are otherwise those installed here: a plan for another
+    GPU notes on stderr each missing library that would change it. Tables follow the
+    terminal's width; long keys are shortened in the middle (their digest tail works as
+    --task-filter), --json has them whole.
     """
     result = make_plan(request)
+    note_absent_libraries(result)
     if as_json:
         click.echo(json.dumps(result.to_json(), indent=2))
     else:
-        render_plan(result, Console(soft_wrap=False, width=160))
+        render_plan(result, make_console())
+
+
+def note_absent_libraries(result: Plan) -> None:
+    """One line on stderr when the plan is for another GPU and libraries missing here would
+    change it: the plan assumed the target lacks them too."""
+    missing = absent_libraries_that_matter(result)
+    if not missing:
+        return
+    names = ", ".join(missing)
+    verb, them = ("is", "it") if len(missing) == 1 else ("are", "them")
+    def flags(flag: str) -> str:
+        return " ".join(f"{flag} {name}" for name in missing)
+
+    click.echo(f"warmd: note: {names} {verb} not installed here; planning as if absent (pass "
+               f"{flags('--with')} to plan for a node that has {them}, or "
+               f"{flags('--without')} to confirm)", err=True)
 
 
 def _m_summary(m: tuple[int, ...]) -> str:
@@ -34,40 +57,45 @@ def _m_summary(m: tuple[int, ...]) -> str:
     return f"{len(m)} M values ({m[0]}..{m[-1]})"
 
 
+def _kernel_cell(s) -> Text:
+    if s.kernel is None:
+        return Text("none", style="red")
+    lines = [s.kernel.name]
+    if s.kernel.is_wrapper():
+        lines += [f"  {b.role}: {b.kernel.name} (M {b.m_min}..{b.m_max or 'max'})"
+                  for b in s.kernel.branches]
+    return Text("\n".join(lines))
+
+
 def render_plan(result: Plan, console: Console) -> None:
     target = result.env.target
-    console.print(f"[bold]Plan {result.key}[/]  model={result.model.model_type} "
-                  f"({result.model.path})  tp={result.model.tp} ep={result.model.ep}  "
-                  f"quant={result.model.quant.scheme}  engine={result.env.engine}  "
-                  f"mode={result.mspec.mode} max_tokens={result.mspec.max_tokens}")
-    console.print(f"Target: {target.name}  sm_{target.arch}  {target.sms} SMs  "
-                  f"({target.source})")
+    console.print(Text(f"Plan {result.key}  model={result.model.model_type} "
+                       f"({result.model.path})  tp={result.model.tp} ep={result.model.ep}  "
+                       f"quant={result.model.quant.scheme}  engine={result.env.engine}  "
+                       f"mode={result.mspec.mode} max_tokens={result.mspec.max_tokens}",
+                       style="bold"))
+    console.print(Text(f"Target: {target.name}  sm_{target.arch}  {target.sms} SMs  "
+                       f"({target.source})"))
     libs = ", ".join(f"{n}={'yes' if p.available else 'no'}"
                      + (f" {p.version}" if p.version else "")
                      for n, p in result.env.libraries.items())
-    console.print(f"Libraries: {libs}")
-    layers = Table(title="Layers", show_lines=False)
-    for col in ("layer", "shape", "count", "kernel", "rejected (reason)"):
-        layers.add_column(col, overflow="fold")
-    for s in result.selections:
-        rejected = "\n".join(f"{r.kernel}: {r.reason}" for r in s.rejected) or "-"
-        kernel = s.kernel.name if s.kernel else "[red]none[/]"
-        if s.kernel and s.kernel.is_wrapper():
-            kernel += "\n" + "\n".join(
-                f"  {b.role}: {b.kernel.name} (M {b.m_min}..{b.m_max or 'max'})"
-                for b in s.kernel.branches)
-        layers.add_row(f"{s.layer.name} [{s.layer.quant}]", s.layer.describe_shape(),
-                       str(s.layer.count), kernel, rejected)
-    console.print(layers)
-    tasks = Table(title=f"Tasks ({len(result.tasks)})")
-    for col in ("library", "kernel", "shape / module", "M", "key"):
-        tasks.add_column(col, overflow="fold")
-    for t in result.tasks:
-        shape = t.module or (f"{t.num_groups}x" if t.num_groups else "") + f"N={t.n} K={t.k}"
-        tasks.add_row(t.library, t.kernel, shape, _m_summary(t.m), t.key)
-    console.print(tasks)
+    console.print(Text(f"Libraries: {libs}"))
+    layer_rows = [[f"{s.layer.name} [{s.layer.quant}]", s.layer.describe_shape(),
+                   str(s.layer.count), _kernel_cell(s),
+                   "\n".join(f"{r.kernel}: {r.reason}" for r in s.rejected) or "-"]
+                  for s in result.selections]
+    console.print(fitted_table("Layers", LAYER_COLUMNS, layer_rows, console.width))
+    task_rows = [[t.key, _m_summary(t.m)] for t in result.tasks]
+    console.print(fitted_table(f"Tasks ({len(result.tasks)})", TASK_COLUMNS, task_rows,
+                               console.width))
     by_lib: dict[str, int] = {}
     for t in result.tasks:
         by_lib[t.library] = by_lib.get(t.library, 0) + 1
     summary = ", ".join(f"{n} {lib}" for lib, n in sorted(by_lib.items())) or "nothing to JIT"
-    console.print(f"Summary: {len(result.tasks)} tasks ({summary})")
+    console.print(Text(f"Summary: {len(result.tasks)} tasks ({summary})"))
+
+
+LAYER_COLUMNS = (Col("layer", "id"), Col("shape", "text"), Col("count", justify="right"),
+                 Col("kernel", "id"), Col("rejected (reason)", "text"))
+# A task key is library/kernel/shape-or-module/digest: it names all three.
+TASK_COLUMNS = (Col("key (library/kernel/shape/digest)", "id"), Col("M"))

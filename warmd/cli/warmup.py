@@ -2,37 +2,48 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import signal
 import sys
+import threading
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import click
-from rich.console import Console
-from rich.markup import escape
+from click.core import ParameterSource
+from rich.console import Console, Group
+from rich.live import Live
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
     Progress,
+    SpinnerColumn,
+    TaskID,
     TextColumn,
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
+from rich.text import Text
 
 from warmd.cli.from_config import from_config_option, from_config_path, warmup_from_config
-from warmd.cli.options import plan_options
+from warmd.cli.options import PLAN_FIELDS, plan_options, require_model
+from warmd.cli.render import make_console, shorten
+from warmd.errors import WarmdInputError
 from warmd.libraries import LIBRARIES
-from warmd.plan import PlanRequest, make_plan
+from warmd.plan import PlanRequest, Task, make_plan
 from warmd.warmup import TaskReport, WarmupOptions, WarmupReport, run_warmup
 
 if TYPE_CHECKING:
     from warmd.store import SharedCache
 
 EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143  # 128 + SIGTERM
 
 
 @click.command()
 @from_config_option
-@plan_options
+@plan_options(model_help="Not used with --from-config (the file names the models).")
 @click.option("--library", "libraries", multiple=True, type=click.Choice(tuple(LIBRARIES)),
               help="Only warm this library's tasks. Repeatable (default: all).")
 @click.option("--task-filter", metavar="REGEX",
@@ -52,20 +63,27 @@ def warmup(request: PlanRequest, libraries: tuple[str, ...], task_filter: str | 
     Each task is fetched from the shared cache when the cluster has it, else compiled here
     (one node per task cluster-wide) and published. A task that fails is reported with its
     reason and does not stop the others. Exit code: 0 all tasks ok, 1 some failed, 2 bad
-    input, 130 interrupted (Ctrl-C stops the compilers; no partial cache entry is left).
+    input, 130 interrupted (Ctrl-C stops the compilers; no partial cache entry is left),
+    143 stopped by SIGTERM (the same way; the way to stop a background job).
     """
     if from_config_path():
+        _refuse_plan_flags_with_from_config()
         sys.exit(warmup_from_config(from_config_path(), redis_url=redis_url,
                                     no_shared=no_shared, workers=workers, as_json=as_json))
+    require_model(request)
     plan = make_plan(request)
     options = WarmupOptions(libraries=libraries, task_filter=task_filter, workers=workers)
     selected = options.select(plan.tasks)  # a bad regex is bad input: exit 2 before any work
+    if not selected:
+        _refuse_empty_selection(plan.tasks, options)
     shared = None if no_shared else open_shared(redis_url, plan)
+    terminated: list[int] = []
     try:
-        report = _run_with_progress(plan, options, shared, len(selected))
+        with _sigterm_interrupts(terminated):
+            report = _run_with_progress(plan, options, shared, len(selected))
     except KeyboardInterrupt:  # before the workers ran: nothing was written
         click.echo("warmd: interrupted", err=True)
-        sys.exit(EXIT_INTERRUPTED)
+        sys.exit(_interrupted_exit(terminated))
     finally:
         if shared is not None and hasattr(shared, "close"):
             shared.close()
@@ -74,9 +92,58 @@ def warmup(request: PlanRequest, libraries: tuple[str, ...], task_filter: str | 
     else:
         click.echo(render_summary(report))
     if report.interrupted:
-        sys.exit(EXIT_INTERRUPTED)
+        sys.exit(_interrupted_exit(terminated))
     if report.failed:
         sys.exit(1)
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts(received: list[int]) -> Iterator[None]:
+    """SIGTERM stops the run as Ctrl-C does (workers and their compilers end, nothing half
+    written). A warmup started as a background job inherits SIGINT ignored, which warmd
+    keeps, as POSIX shells mean it to: SIGTERM is then the way to stop it."""
+
+    def interrupt(signum: int, _frame) -> None:
+        received.append(signum)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one stop; cleanup is bounded
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupted_exit(terminated: list[int]) -> int:
+    return EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
+
+
+def _refuse_plan_flags_with_from_config() -> None:
+    """--from-config takes the models and their plan options from the file: a plan flag
+    given with it would be silently ignored, so it is a usage error."""
+    ctx = click.get_current_context()
+    names = {*PLAN_FIELDS, "libraries", "task_filter"}
+    given = [max(p.opts, key=len) for p in ctx.command.params if p.name in names
+             and ctx.get_parameter_source(p.name) == ParameterSource.COMMANDLINE]
+    if given:
+        raise click.UsageError(f"--from-config takes the models and their plan options from "
+                               f"the file; drop {', '.join(given)}")
+
+
+def _refuse_empty_selection(tasks, options: WarmupOptions) -> None:
+    """Bad input: the filters selected nothing from a plan that has tasks; say which."""
+    if not tasks or not (options.libraries or options.task_filter):
+        return  # the plan has nothing to JIT: a no-op warmup, not an error
+    have = sorted({t.library for t in tasks})
+    missing = [lib for lib in options.libraries if lib not in have]
+    parts = [f"--library {lib}" for lib in missing]
+    if options.task_filter and not WarmupOptions(task_filter=options.task_filter).select(tasks):
+        parts.append(f"--task-filter {options.task_filter!r}")
+    what = " and ".join(parts) or (f"--task-filter {options.task_filter!r} with --library "
+                                   f"{', '.join(options.libraries)}")
+    raise WarmdInputError(f"{what} matched none of the plan's {len(tasks)} tasks (libraries: "
+                          f"{', '.join(have)}; keys: `warmd plan`)")
 
 
 def open_shared(url: str | None, plan) -> SharedCache | None:
@@ -94,24 +161,86 @@ def open_shared(url: str | None, plan) -> SharedCache | None:
 
 def _run_with_progress(plan, options: WarmupOptions, shared: SharedCache | None,
                        total: int) -> WarmupReport:
-    console = Console(stderr=True)
-    columns = (TextColumn("[bold]warmup[/]"), BarColumn(), MofNCompleteColumn(),
-               TextColumn("tasks  {task.fields[compiled]} compiled  "
-                          "{task.fields[failed]} failed"),
-               TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
-    with Progress(*columns, console=console, transient=False) as bar:
-        bar_task = bar.add_task("warmup", total=total, compiled=0, failed=0)
-        counts = {"compiled": 0, "failed": 0}
+    with WarmupDisplay(total) as display:
+        return run_warmup(plan, options, shared, display.finished, display.started)
 
-        def progress(report: TaskReport, done: int, _total: int) -> None:
-            counts["compiled"] += sum(k.outcome == "compiled" for k in report.result.kernels)
-            counts["failed"] += 0 if report.result.ok else 1
-            if not report.result.ok:
-                bar.console.print(f"[red]failed[/] {escape(report.task.key)}: "
-                                  f"{escape(str(report.result.error))}")
-            bar.update(bar_task, completed=done, **counts)
 
-        return run_warmup(plan, options, shared, progress)
+def describe_task(task: Task) -> str:
+    """What a worker builds for a task, as a person reads it: the FlashInfer module, or the
+    kernel with its GEMM shape and how many M values it compiles."""
+    if task.module:
+        return f"{task.library} {task.module}"
+    groups = f"{task.num_groups}x" if task.num_groups else ""
+    m = f", {len(task.m)} M values" if task.m else ""
+    return f"{task.library} {task.kernel} {groups}N={task.n} K={task.k}{m}"
+
+
+class WarmupDisplay:
+    """A warmup's progress on stderr. On a terminal: the overall bar, and under it one live
+    line per task a worker is on (what it builds, for how long). Elsewhere (a log, a pipe):
+    one line when a task starts and one when it ends. A failure is always a line of its
+    own, printed above the live lines, never glued onto the bar."""
+
+    def __init__(self, total: int, console: Console | None = None) -> None:
+        self.console = console or make_console(stderr=True)
+        self.total = total
+        self.counts = {"compiled": 0, "failed": 0}
+        self.lock = threading.Lock()
+        self.overall = Progress(
+            TextColumn("[bold]warmup[/]"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("tasks  {task.fields[compiled]} compiled  {task.fields[failed]} failed"),
+            TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
+            console=self.console)
+        self.bar = self.overall.add_task("warmup", total=total, **self.counts)
+        self.current = Progress(TextColumn("  "), SpinnerColumn(), TextColumn("building"),
+                                TextColumn("{task.description}"), TimeElapsedColumn(),
+                                console=self.console)
+        self.running: dict[str, TaskID] = {}
+        self.live = (Live(Group(self.overall, self.current), console=self.console,
+                          refresh_per_second=4) if self.console.is_terminal else None)
+
+    def __enter__(self) -> WarmupDisplay:
+        if self.live is not None:
+            self.live.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.live is not None:
+            self.live.stop()
+
+    def _label(self, task: Task) -> str:
+        return shorten(describe_task(task), max(20, self.console.width - 30))
+
+    def started(self, task: Task) -> None:
+        if self.live is None:
+            self._line(Text(f"warmup: building {describe_task(task)}"))
+            return
+        with self.lock:
+            self.running[task.key] = self.current.add_task(self._label(task))
+
+    def finished(self, report: TaskReport, done: int, total: int) -> None:
+        result = report.result
+        with self.lock:
+            self.counts["compiled"] += sum(k.outcome == "compiled" for k in result.kernels)
+            self.counts["failed"] += 0 if result.ok else 1
+            task_id = self.running.pop(report.task.key, None)
+            if task_id is not None:
+                self.current.remove_task(task_id)
+            self.overall.update(self.bar, completed=done, **self.counts)
+        if self.live is not None:
+            if not result.ok:
+                self._line(Text.assemble(("failed", "red"),
+                                         f" {report.task.key}: {result.error}"))
+            return
+        outcome = "ok" if result.ok else f"FAILED: {report.task.key}: {result.error}"
+        self._line(Text(f"warmup: {done}/{total} tasks ({self.counts['compiled']} compiled, "
+                        f"{self.counts['failed']} failed): {describe_task(report.task)} in "
+                        f"{result.seconds:.1f} s: {outcome}"))
+
+    def _line(self, text: Text) -> None:
+        """A line of its own: above the live lines on a terminal, else just a line."""
+        with self.lock:
+            self.console.print(text, highlight=False, soft_wrap=True)
 
 
 def render_summary(report: WarmupReport) -> str:
@@ -119,6 +248,8 @@ def render_summary(report: WarmupReport) -> str:
                                          f"{len(report.reports)}/{report.selected} tasks in "
                                          f"{report.seconds:.1f} s"
                                          + (" (interrupted)" if report.interrupted else ""))]
+    if report.store is not None and not report.store["ok"]:
+        lines.append(report.store["reason"])
     for failed in report.failed:
         lines.append(f"FAILED {failed.task.key}: {failed.result.error}")
     return "\n".join(lines)

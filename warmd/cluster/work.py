@@ -159,18 +159,11 @@ def _warm_model(model: ModelConfig, plan, options, result: ModelResult, redis_ur
 
 
 def _note_store(shared, store: dict) -> None:
-    from warmd.stats import F, ids
+    from warmd.warmup import store_health
 
-    counters = shared.counters
-    trouble = {k: int(counters[k]) for k in ids(F.TROUBLE) if counters.get(k)}
-    if shared.disabled_reason:
-        store.update(ok=False, reason=f"shared cache disabled: {shared.disabled_reason}")
-    elif trouble:
-        what = ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in trouble.items())
-        unreachable = any(k in trouble for k in ids(F.TROUBLE | F.DOWN))
-        why = "unreachable" if unreachable else "refused work"
-        store.update(ok=False, reason=f"shared cache {store.get('url') or ''} {why} ({what}); "
-                                      f"kernels were built locally")
+    health = store_health(shared)
+    if not health["ok"]:
+        store.update(ok=False, reason=health["reason"])
 
 
 def _dir_bytes(root: Path) -> int:

@@ -308,15 +308,12 @@ class FlashInferCacheAdapter(CacheAdapter):
         return CacheEntry(LIBRARY, name, self.root / name)
 
     def is_complete(self, name: str) -> bool:
-        """A finished module: nobody holds FlashInfer's lock on it (no build running) and
-        ninja itself finds nothing to do for it."""
-        try:
-            with self.module_lock(name, timeout=0):
-                return self._up_to_date(name)
-        except TimeoutError:
-            return False
+        """A finished module: its .so is there and ninja itself finds nothing to do for it.
 
-    def _up_to_date(self, name: str) -> bool:
+        Deliberately lock-free: whoever holds the module lock (a FlashInfer build, an
+        installer re-checking, a pack) must not change the answer. A build in progress is
+        never up to date for ninja, which logs an output only once its command succeeded,
+        and an install makes the module dir appear in one rename."""
         module = self.root / name
         if not (module / f"{name}.so").is_file() or not (module / "build.ninja").is_file():
             return False
@@ -335,7 +332,7 @@ class FlashInferCacheAdapter(CacheAdapter):
 
     def pack(self, entry: CacheEntry) -> bytes:
         with self.module_lock(entry.name):
-            if not self._up_to_date(entry.name):
+            if not self.is_complete(entry.name):
                 raise FileNotFoundError(f"no complete FlashInfer module {entry.name}")
             module = self.root / entry.name
             members: list[tuple[str, Path | None]] = [
@@ -396,7 +393,7 @@ class FlashInferCacheAdapter(CacheAdapter):
             self._check_inputs_present(module, name, generated)
             fsync_tree(module)
             with self.module_lock(name):
-                if self._up_to_date(name):
+                if self.is_complete(name):
                     return self.entry(name)
                 # Sources first, then the module: once the module is visible, FlashInfer's
                 # generator finds identical sources and its write_if_different keeps them.
