@@ -117,11 +117,18 @@ def test_moe_wrapper_routes_large_m_to_deepgemm_grouped():
 
 
 def test_sglang_moe_uses_deepgemm_only_with_deepep():
+    # python/sglang/srt/layers/moe/ep_moe/layer.py: DeepEPMoE only with --moe-a2a-backend
+    # deepep; TP-only and a plain --ep run the Triton fused MoE.
     tp_only = plan_for("deepseek-v3", env("h200", "deep_gemm", "nvcc", engine="sglang"), tp=8)
     assert selection(tp_only, "mlp.experts.w13").kernel.name == "TritonExperts"
     assert "DeepEP" in selection(tp_only, "mlp.experts.w13").rejected[0].reason
-    deepep = plan_for("deepseek-v3", env("h200", "deep_gemm", "nvcc", engine="sglang"), tp=8,
-                      ep=8)
+    plain_ep = plan_for("deepseek-v3", env("h200", "deep_gemm", "nvcc", engine="sglang"), tp=8,
+                        ep=8)
+    assert selection(plain_ep, "mlp.experts.w13").kernel.name == "TritonExperts"
+    assert not [t for t in plain_ep.tasks if t.num_groups]
+    deepep_env = Environment(PRESETS["h200"], libs("deep_gemm", "nvcc"), "sglang",
+                             moe_a2a_backend="deepep")
+    deepep = plan_for("deepseek-v3", deepep_env, tp=8, ep=8)
     assert selection(deepep, "mlp.experts.w13").kernel.name == "DeepEPDeepGemmExperts"
     kernels = {t.kernel for t in deepep.tasks if t.num_groups == 32}
     assert kernels == {"m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_gemm_nt_masked"}
