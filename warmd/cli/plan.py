@@ -46,6 +46,8 @@ def render_plan(result: Plan, console: Console) -> None:
                      + (f" {p.version}" if p.version else "")
                      for n, p in result.env.libraries.items())
     console.print(f"Libraries: {libs}")
+    for note in result.engine_notes:
+        console.print(f"Engine: {note}", markup=False)
     layers = Table(title="Layers", show_lines=False)
     for col in ("layer", "shape", "count", "kernel", "rejected (reason)"):
         layers.add_column(col, overflow="fold")

@@ -117,13 +117,9 @@ def _parse(var: EngineVariable, value: str):
             return False
         raise WarmdInputError(f"{var.name} must be 0 or 1, got {value!r}")
     if var.kind == "int":
-        try:
-            number = int(text)
-        except ValueError:
-            raise WarmdInputError(f"{var.name} must be an integer, got {value!r}") from None
-        if number < 1:
-            raise WarmdInputError(f"{var.name} must be positive, got {value!r}")
-        return number
+        from warmd.engines.launch import positive_int
+
+        return positive_int(var.name, text)
     if var.kind == "choice":
         if text and text not in var.choices:
             raise WarmdInputError(f"{var.name}={value!r} is not one of "

@@ -22,7 +22,8 @@ _MODULES = {"vllm.entrypoints.openai.api_server": "vllm", "sglang.launch_server"
 _SERVE_BINARIES = {"vllm": "vllm", "sglang": "sglang"}
 
 
-def _positive_int(flag: str, value: str) -> int:
+def positive_int(flag: str, value: str) -> int:
+    """An engine argument or variable that must be a positive integer."""
     try:
         number = int(value)
     except ValueError:
@@ -46,23 +47,23 @@ def _text(flag: str, value: str) -> str:
 # flag -> (field of EngineLaunch, parser); a None parser is a switch.
 _VLLM_FLAGS = {
     "--model": ("model", _text),
-    "--tensor-parallel-size": ("tp", _positive_int), "-tp": ("tp", _positive_int),
-    "--data-parallel-size": ("dp", _positive_int), "-dp": ("dp", _positive_int),
+    "--tensor-parallel-size": ("tp", positive_int), "-tp": ("tp", positive_int),
+    "--data-parallel-size": ("dp", positive_int), "-dp": ("dp", positive_int),
     "--enable-expert-parallel": ("expert_parallel", None), "-ep": ("expert_parallel", None),
     "--no-enable-expert-parallel": ("no_expert_parallel", None),
-    "--max-num-batched-tokens": ("max_tokens", _positive_int),
+    "--max-num-batched-tokens": ("max_tokens", positive_int),
     "--quantization": ("quantization", _text), "-q": ("quantization", _text),
     "--kv-cache-dtype": ("kv_cache_dtype", _text),
     "--attention-backend": ("attention_backend", _text),
 }
 _SGLANG_FLAGS = {
     "--model-path": ("model", _text), "--model": ("model", _text),
-    "--tensor-parallel-size": ("tp", _positive_int), "--tp-size": ("tp", _positive_int),
-    "--tp": ("tp", _positive_int),
-    "--data-parallel-size": ("dp", _positive_int), "--dp-size": ("dp", _positive_int),
-    "--dp": ("dp", _positive_int),
-    "--expert-parallel-size": ("ep", _positive_int), "--ep-size": ("ep", _positive_int),
-    "--ep": ("ep", _positive_int),
+    "--tensor-parallel-size": ("tp", positive_int), "--tp-size": ("tp", positive_int),
+    "--tp": ("tp", positive_int),
+    "--data-parallel-size": ("dp", positive_int), "--dp-size": ("dp", positive_int),
+    "--dp": ("dp", positive_int),
+    "--expert-parallel-size": ("ep", positive_int), "--ep-size": ("ep", positive_int),
+    "--ep": ("ep", positive_int),
     "--moe-a2a-backend": ("moe_a2a_backend", _text),
     "--chunked-prefill-size": ("chunked_prefill_size", _any_int),
     "--quantization": ("quantization", _text),
