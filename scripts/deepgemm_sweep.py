@@ -5,6 +5,15 @@ warmup of the same plan the answer must be zero.
 
     python scripts/deepgemm_sweep.py --model deepseek-v3 --tp 8 --max-tokens 4096 --json
 
+With --engine-range the M values come from the engine's own rules, not from the plan's tasks:
+dense GEMMs every M from 1 (32 when vLLM's FlashInfer wrapper takes M < 32) to the engine's
+largest batch, grouped GEMMs every 128-row multiple up to vLLM's compute_aligned_M(min(DP x
+max_num_batched_tokens, VLLM_FUSED_MOE_CHUNK_SIZE), topk, local experts, 128)
+(vllm/model_executor/warmup/deep_gemm_warmup.py); the plan only names the shapes:
+
+    python scripts/deepgemm_sweep.py --engine-range --json -- vllm serve MODEL -tp 2 -dp 2 \
+        --enable-expert-parallel --max-num-batched-tokens 2048
+
 Needs a GPU with DeepGEMM; compiles into the engine's DG_JIT_CACHE_DIR like `warmd warmup`.
 Exit code 0 when nothing compiled and nothing failed, 1 otherwise.
 """
@@ -31,12 +40,30 @@ def sweep_task(task: Task) -> Task:
     return dataclasses.replace(task, m=tuple(range(lo, hi + 1, step)))
 
 
+def engine_range_task(task: Task, plan) -> Task:
+    """The task over the engine's whole M range, computed from the launch alone."""
+    wrapper = "FlashInferFp8DeepGEMMDynamicBlockScaledKernel"
+    layers = [s for s in plan.selections if s.layer.name in task.layers]
+    if task.num_groups:
+        topk = max(s.layer.topk or 1 for s in layers)
+        tokens = plan.mspec.moe_tokens or plan.mspec.max_tokens
+        worst = tokens * topk + task.num_groups * (GROUPED_BLOCK_M - 1)
+        top = -(-worst // GROUPED_BLOCK_M) * GROUPED_BLOCK_M
+        return dataclasses.replace(task, m=tuple(range(GROUPED_BLOCK_M, top + 1,
+                                                       GROUPED_BLOCK_M)))
+    lo = 32 if any(s.kernel and s.kernel.name == wrapper for s in layers) else 1
+    return dataclasses.replace(task, m=tuple(range(lo, plan.mspec.max_tokens + 1)))
+
+
 @click.command()
 @plan_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def main(request: PlanRequest, as_json: bool) -> None:
+@click.option("--engine-range", is_flag=True,
+              help="Sweep the engine's whole M range, not each task's own range.")
+def main(request: PlanRequest, as_json: bool, engine_range: bool) -> None:
     plan = make_plan(request)
-    tasks = [sweep_task(t) for t in plan.tasks if t.library == "deep_gemm"]
+    tasks = [engine_range_task(t, plan) if engine_range else sweep_task(t)
+             for t in plan.tasks if t.library == "deep_gemm"]
     executor = DeepGemmExecutor()
     ok, reason = executor.check()
     if not ok:

@@ -76,7 +76,10 @@ def test_bundled_examples_all_plan():
 @pytest.mark.parametrize("args, message", [
     (["--model", "/no/such/dir"], "model config not found"),
     (["--model", "llama-3.1-8b", "--tp", "3"], "--tp=3 does not divide"),
-    (["--model", "qwen3-30b-a3b-fp8", "--ep", "5"], "--ep=5 does not divide"),
+    # SGLang takes any EP size that divides the experts; vLLM only 1 or TP x DP.
+    (["--model", "qwen3-30b-a3b-fp8", "--engine", "sglang", "--ep", "5"],
+     "--ep=5 does not divide"),
+    (["--model", "qwen3-30b-a3b-fp8", "--ep", "5"], "--ep must be 1 or 1 (--tp 1 x --dp 1)"),
     (["--model", "llama-3.1-8b", "--target", "h300"], "unknown target preset"),
     (["--model", "llama-3.1-8b", "--target", "h100", "--with", "cudnn"], "unknown library"),
     (["--model", "llama-3.1-8b", "--target", "h100", "--disable-kernel", "Nope"],

@@ -114,11 +114,18 @@ def test_moe_wrapper_routes_large_m_to_deepgemm_grouped():
 
 
 def test_sglang_moe_uses_deepgemm_only_with_deepep():
+    # python/sglang/srt/layers/moe/ep_moe/layer.py: DeepEPMoE only with --moe-a2a-backend
+    # deepep; TP-only and a plain --ep run the Triton fused MoE.
     tp_only = plan_for("deepseek-v3", env("h200", "deep_gemm", "nvcc", engine="sglang"), tp=8)
     assert selection(tp_only, "mlp.experts.w13").kernel.name == "TritonExperts"
     assert "DeepEP" in selection(tp_only, "mlp.experts.w13").rejected[0].reason
-    deepep = plan_for("deepseek-v3", env("h200", "deep_gemm", "nvcc", engine="sglang"), tp=8,
-                      ep=8)
+    plain_ep = plan_for("deepseek-v3", env("h200", "deep_gemm", "nvcc", engine="sglang"), tp=8,
+                        ep=8)
+    assert selection(plain_ep, "mlp.experts.w13").kernel.name == "TritonExperts"
+    assert not [t for t in plain_ep.tasks if t.num_groups]
+    deepep_env = Environment(PRESETS["h200"], libs("deep_gemm", "nvcc"), "sglang",
+                             moe_a2a_backend="deepep")
+    deepep = plan_for("deepseek-v3", deepep_env, tp=8, ep=8)
     assert selection(deepep, "mlp.experts.w13").kernel.name == "DeepEPDeepGemmExperts"
     kernels = {t.kernel for t in deepep.tasks if t.num_groups == 32}
     assert kernels == {"m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_gemm_nt_masked"}
@@ -165,7 +172,7 @@ def test_deepgemm_n_multiple_of_64_is_planned():
 
 
 def test_disabled_kernels_env_and_reason(monkeypatch):
-    monkeypatch.setenv("VLLM_DISABLED_KERNELS", "DeepGemmFp8BlockScaledMMKernel")
+    monkeypatch.setenv("WARMD_DISABLED_KERNELS", "DeepGemmFp8BlockScaledMMKernel")
     disabled = disabled_kernels_from_env()
     plan = plan_for("deepseek-v3", env("h200", "deep_gemm", "flashinfer", "nvcc",
                                        disabled=disabled), tp=8)
@@ -236,3 +243,16 @@ def test_sglang_prefers_flashinfer_activation_without_sgl_kernel():
     assert act.kernel.name == "FlashInferActivation"
     assert "sgl-kernel unavailable" in act.rejected[0].reason
     assert any(t.module == "silu_and_mul" for t in plan.tasks)
+
+
+def test_vllm_disabled_kernels_of_the_engine_environment(monkeypatch):
+    from warmd.plan import PlanRequest, make_plan
+
+    monkeypatch.setenv("VLLM_DISABLED_KERNELS", "DeepGemmFp8BlockScaledMMKernel")
+    plan = make_plan(PlanRequest(model="deepseek-v3", tp=8, target="h200",
+                                 with_libs=("deep_gemm", "flashinfer", "nvcc")))
+    o_proj = selection(plan, "self_attn.o_proj")
+    assert o_proj.kernel.name == "CutlassFp8BlockScaledMMKernel"
+    reasons = {r.kernel: r.reason for r in o_proj.rejected}
+    assert "VLLM_DISABLED_KERNELS" in reasons["DeepGemmFp8BlockScaledMMKernel"]
+    assert not [t for t in plan.tasks if t.kernel == "fp8_gemm_nt"]

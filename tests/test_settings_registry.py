@@ -64,13 +64,15 @@ def test_knob_types_and_defaults(monkeypatch, tmp_path):
         monkeypatch.setenv("WARMD_REDIS_TIMEOUT", bad)
         with pytest.raises(WarmdInputError, match="WARMD_REDIS_TIMEOUT must be a positive"):
             settings.redis_timeout()
-    monkeypatch.setenv("VLLM_USE_DEEP_GEMM_E8M0", "False")
-    assert settings.deep_gemm_e8m0() is False
-    monkeypatch.setenv("VLLM_USE_DEEP_GEMM_E8M0", "1")
-    assert settings.deep_gemm_e8m0() is True
     monkeypatch.setenv("WARMD_DISABLED_KERNELS", " A, ,B")
-    monkeypatch.setenv("VLLM_DISABLED_KERNELS", "C")
-    assert settings.disabled_kernels() == {"A", "B", "C"}
+    monkeypatch.setenv("VLLM_DISABLED_KERNELS", "C")  # the engine's: warmd.engines
+    assert settings.disabled_kernels() == {"A", "B"}
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    assert settings.hub_cache_dir() == tmp_path / "hf" / "hub"
+    monkeypatch.setenv("HUGGINGFACE_HUB_CACHE", str(tmp_path / "old"))
+    assert settings.hub_cache_dir() == tmp_path / "old"
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "new"))
+    assert settings.hub_cache_dir() == tmp_path / "new"
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     assert settings.visible_devices() == ""  # empty means no GPU, not "unset"
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")

@@ -37,8 +37,8 @@ class ModelConfig:
     tp: int = 1
     ep: int = 1
     engine: str = "vllm"
-    mode: str = "relax"
-    max_tokens: int = 8192
+    mode: str | None = None  # None: what the engine's own warmup does
+    max_tokens: int | None = None
     m_list: str | None = None
     target: str | None = None
     with_libs: tuple[str, ...] = ()
@@ -47,14 +47,23 @@ class ModelConfig:
     disable_kernels: tuple[str, ...] = ()
     libraries: tuple[str, ...] = ()  # only these libraries' tasks; empty: every library
     task_filter: str | None = None  # only tasks whose key matches this regex
+    engine_command: tuple[str, ...] = ()  # the serve command; replaces path/tp/ep/engine/...
+    env: tuple[tuple[str, str], ...] = ()  # the engine's environment variables
 
     def plan_request(self, target: str | None = None) -> PlanRequest:
         """The plan request on this node: `~` and `$VARS` in the path expand here."""
-        return PlanRequest(model=expand_path(self.path), tp=self.tp, ep=self.ep,
-                           target=self.target or target, with_libs=self.with_libs,
-                           without_libs=self.without_libs, engine=self.engine, mode=self.mode,
-                           max_tokens=self.max_tokens, m_list=self.m_list,
-                           quantization=self.quantization, disabled_kernels=self.disable_kernels)
+        request = PlanRequest(model=expand_path(self.path), tp=self.tp, ep=self.ep,
+                              target=self.target or target, with_libs=self.with_libs,
+                              without_libs=self.without_libs, engine=self.engine,
+                              mode=self.mode, max_tokens=self.max_tokens, m_list=self.m_list,
+                              quantization=self.quantization,
+                              disabled_kernels=self.disable_kernels,
+                              engine_env=self.env or None)
+        if self.engine_command:
+            from warmd.engines.launch import launch_request
+
+            return launch_request([expand_path(t) for t in self.engine_command], request)
+        return request
 
 
 @dataclass(frozen=True)
@@ -177,7 +186,8 @@ def redact_url(url: str | None) -> str | None:
 _MODEL_KEYS = {"path": str, "name": str, "tp": int, "ep": int, "engine": str, "mode": str,
                "max_tokens": int, "m_list": (str, list), "target": str, "with": list,
                "without": list, "quantization": str, "disable_kernels": list,
-               "libraries": list, "task_filter": str}
+               "libraries": list, "task_filter": str, "engine_command": (str, list),
+               "env": (dict, list)}
 _SECTIONS: dict[str, dict[str, Any]] = {
     "redis": {"url": str, "namespace": str},
     "cache": {},  # one string per registered library cache root: see _section_keys
@@ -232,12 +242,21 @@ def _parse_model(where: str, data) -> ModelConfig:
     from warmd.mvalues import MODES
 
     _check_keys(where, data, _MODEL_KEYS)
-    if "path" not in data:
-        raise _fail(where, "missing required key 'path'")
+    if "path" not in data and not data.get("engine_command"):
+        raise _fail(where, "missing required key 'path' (or 'engine_command')")
     for key, value in data.items():
         if value is not None or key == "path":
             _check_type(f"{where}.{key}", value, _MODEL_KEYS[key])
     values = {_RENAMES.get(k, k): v for k, v in data.items() if v is not None}
+    for key in ("engine_command", "env"):  # empty ones (as to_json writes them) are absent
+        if not values.get(key, True):
+            del values[key]
+    if "engine_command" in values:
+        values["engine_command"] = _engine_command(f"{where}.engine_command",
+                                                   values["engine_command"])
+        values.setdefault("path", values["engine_command"][0])
+    if "env" in values:
+        values["env"] = _engine_env(f"{where}.env", values["env"])
     for key in ("with_libs", "without_libs", "disable_kernels", "libraries"):
         if key in values:
             values[key] = _str_list(f"{where}.{key}", values[key])
@@ -276,6 +295,39 @@ def _section_keys(name: str) -> dict[str, Any]:
 
         return {root.config_key: str for root in cache_roots()}
     return _SECTIONS[name]
+
+
+def _engine_command(where: str, value) -> tuple[str, ...]:
+    from warmd.engines.launch import parse_launch, split_command
+
+    tokens = tuple(split_command(value)) if isinstance(value, str) else _str_list(where, value)
+    try:
+        parse_launch(tokens)  # checked here; the model path resolves on each node
+    except WarmdInputError as exc:
+        raise _fail(where, str(exc)) from None
+    return tuple(tokens)
+
+
+def _engine_env(where: str, value) -> tuple[tuple[str, str], ...]:
+    from warmd.engines.environment import BY_NAME, EngineEnv
+
+    if isinstance(value, list):  # [[name, value], ...] as to_json writes it
+        if not all(isinstance(p, list) and len(p) == 2 for p in value):
+            raise _fail(where, "expected a mapping of variable names to strings")
+        value = dict(value)
+    if not all(isinstance(k, str) and isinstance(v, (str, int)) and not isinstance(v, bool)
+               for k, v in value.items()):
+        raise _fail(where, "expected a mapping of variable names to strings")
+    pairs = {k: str(v) for k, v in value.items()}
+    unknown = sorted(set(pairs) - set(BY_NAME) - {"SGL_ENABLE_JIT_DEEPGEMM"})
+    if unknown:
+        raise _fail(where, f"unknown engine variable {unknown[0]!r} (known: "
+                           f"{', '.join(sorted(BY_NAME))})")
+    try:
+        EngineEnv.of("vllm", pairs, None)
+    except WarmdInputError as exc:
+        raise _fail(where, str(exc)) from None
+    return tuple(sorted(pairs.items()))
 
 
 def _parse_section(name: str, data) -> dict:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +21,16 @@ DENSE_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 MOE_TYPES = ("qwen3_moe", "mixtral")
 MLA_TYPES = ("deepseek_v3", "deepseek_v2")
 SUPPORTED_MODEL_TYPES = DENSE_TYPES + MOE_TYPES + MLA_TYPES
+# Engines pick the model class by `architectures`, not `model_type` (vLLM:
+# vllm/model_executor/models/registry.py; SGLang: python/sglang/srt/models/registry.py), so a
+# derivative with its own model_type (Kimi-K2: "kimi_k2" on DeepseekV3ForCausalLM) loads as
+# its architecture. Each architecture maps to the warmd builder of the same layers.
+ARCHITECTURES = {
+    "LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
+    "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
+    "Qwen3MoeForCausalLM": "qwen3_moe", "MixtralForCausalLM": "mixtral",
+    "DeepseekV3ForCausalLM": "deepseek_v3", "DeepseekV2ForCausalLM": "deepseek_v2",
+}
 
 
 @dataclass(frozen=True)
@@ -33,6 +44,10 @@ class Quantization:
         if self.scheme == "bf16":
             return self
         for pattern in self.ignored:
+            if pattern.startswith("re:"):  # compressed-tensors regex entries
+                if re.fullmatch(pattern[3:], name) or re.fullmatch(pattern[3:], f"x.{name}"):
+                    return Quantization("bf16")
+                continue
             if name == pattern or name.endswith("." + pattern) or pattern.endswith("." + name):
                 return Quantization("bf16")
         return self
@@ -78,6 +93,7 @@ class ModelShapes:
     layers: tuple[Layer, ...]
     num_hidden_layers: int
     config_digest: str = ""  # sha256 of the config.json's content: the model's identity
+    dp: int = 1
 
 
 def load_config(path: str | Path) -> tuple[dict, Path]:
@@ -125,10 +141,49 @@ def parse_quantization(config: dict, override: str | None = None) -> Quantizatio
         return Quantization("mxfp8", (1, 32), ignored)
     if method == "modelopt" and algo.upper() == "FP8":
         return Quantization("fp8_tensor", None, ignored)
+    if method == "compressed-tensors":
+        return _compressed_tensors(qc)
+    if method == "fbgemm_fp8":
+        # Per-channel FP8 weights, dynamic per-token activations: vLLM's FBGEMMFp8Config runs
+        # them through the scaled-mm kernels (vllm/model_executor/layers/quantization/
+        # fbgemm_fp8.py), like per-tensor FP8.
+        return Quantization("fp8_tensor", None, ignored)
     raise WarmdInputError(
         f"unsupported quantization (quant_method={method or None!r}, quant_algo={algo or None!r});"
-        " supported: fp8 (block or per-tensor), mxfp8, modelopt FP8/MXFP8, none (BF16);"
-        " or pass --quantization")
+        " supported: fp8 (block or per-tensor), compressed-tensors FP8, fbgemm_fp8, mxfp8,"
+        " modelopt FP8/MXFP8, none (BF16); or pass --quantization")
+
+
+def _compressed_tensors(qc: dict) -> Quantization:
+    """compressed-tensors FP8 (W8A8 float): 'tensor' and 'channel' weight strategies run the
+    scaled-mm kernels, 'block' the block-scaled FP8 linear path (DeepGEMM on Hopper), as
+    vLLM's CompressedTensorsW8A8Fp8 scheme dispatches them (vllm/model_executor/layers/
+    quantization/compressed_tensors/schemes/compressed_tensors_w8a8_fp8.py)."""
+    groups = qc.get("config_groups") or {}
+    weights = [g.get("weights") or {} for g in groups.values() if isinstance(g, dict)]
+    ignored = tuple(qc.get("ignore") or ())
+    if not weights:
+        raise WarmdInputError("compressed-tensors quantization_config has no config_groups "
+                              "with weights")
+    kinds = {(w.get("type"), w.get("num_bits"), w.get("strategy")) for w in weights}
+    if len(kinds) != 1:
+        raise WarmdInputError(f"compressed-tensors with mixed weight schemes {sorted(kinds)} "
+                              "is not supported; pass --quantization")
+    kind, bits, strategy = kinds.pop()
+    if kind != "float" or bits != 8:
+        raise WarmdInputError(f"unsupported compressed-tensors weights (type={kind!r}, "
+                              f"num_bits={bits!r}); supported: 8-bit float; or pass "
+                              "--quantization")
+    if strategy in ("tensor", "channel"):
+        return Quantization("fp8_tensor", None, ignored)
+    if strategy == "block":
+        block = weights[0].get("block_structure")
+        if not (isinstance(block, list) and len(block) == 2):
+            raise WarmdInputError(f"compressed-tensors block strategy needs a two-entry "
+                                  f"block_structure, got {block!r}")
+        return Quantization("fp8_block", (int(block[0]), int(block[1])), ignored)
+    raise WarmdInputError(f"unsupported compressed-tensors FP8 weight strategy {strategy!r}; "
+                          "supported: tensor, channel, block")
 
 
 def _require(config: dict, *keys: str) -> list[int]:
@@ -161,8 +216,9 @@ def _kv_heads_per_rank(kv_heads: int, tp: int) -> int:
 class _Builder:
     """Collects per-decoder-layer shapes, then deduplicates them with counts."""
 
-    def __init__(self, quant: Quantization):
+    def __init__(self, quant: Quantization, moe_ranks: int):
         self.quant = quant
+        self.moe_ranks = moe_ranks  # ranks one MoE layer spans (its TP or EP group)
         self.counts: Counter = Counter()
         self.order: dict[tuple, Layer] = {}
 
@@ -254,11 +310,12 @@ def _moe(b: _Builder, hidden: int, experts: int, inter: int, topk: int, tp: int,
          times: int) -> None:
     b.linear("mlp.gate", experts, hidden, times, quantized=False)
     groups = _divide(experts, ep, "the number of routed experts", "--ep")
-    moe_tp = moe_tp_size(tp, ep)
+    moe_tp = moe_tp_size(b.moe_ranks, ep)
     per_rank = _divide(inter, moe_tp, "moe_intermediate_size", f"--tp/--ep={moe_tp}")
     if moe_tp > 1:
         _check_fp8_blocks(b, "mlp.experts.w13", per_rank, "moe_intermediate_size",
-                          f"--tp={tp} --ep={ep}")
+                          f"--tp={tp} --ep={ep}" + (f" ({moe_tp} MoE ranks)"
+                                                     if moe_tp != tp else ""))
     # One kernel serves both GEMMs of the experts: selection sees the whole layer's sizes.
     params = (("hidden", hidden), ("intermediate", per_rank), ("ep", ep))
     b.moe("mlp.experts.w13", groups, 2 * per_rank, hidden, topk, times, params)
@@ -334,19 +391,48 @@ _BUILDERS = {
 }
 
 
-def model_shapes(path: str | Path, tp: int = 1, ep: int = 1,
-                 quantization: str | None = None) -> ModelShapes:
-    """Every layer of the model on one rank, deduplicated by shape with a count."""
-    if tp < 1 or ep < 1:
-        raise WarmdInputError("--tp and --ep must be positive integers")
-    config, config_path = load_config(path)
+def language_config(config: dict) -> dict:
+    """The language model's config: multimodal checkpoints nest it under text_config (engines
+    build the decoder from hf_config.get_text_config()); the quantization and architectures
+    of the checkpoint stay at the top level."""
+    text = config.get("text_config")
+    if not isinstance(text, dict):
+        return config
+    merged = dict(text)
+    for key in ("quantization_config", "architectures"):
+        if key in config and key not in merged:
+            merged[key] = config[key]
+    return merged
+
+
+def resolve_model_type(config: dict, where: object) -> str:
+    """model_type when warmd knows it, else the first known entry of `architectures`."""
     model_type = config.get("model_type")
-    if model_type not in _BUILDERS:
-        raise WarmdInputError(f"unsupported model_type {model_type!r} in {config_path}; "
-                              f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
+    if model_type in _BUILDERS:
+        return model_type
+    for arch in config.get("architectures") or ():
+        if arch in ARCHITECTURES:
+            return ARCHITECTURES[arch]
+    raise WarmdInputError(
+        f"unsupported model_type {model_type!r} (architectures "
+        f"{config.get('architectures')!r}) in {where}; supported: "
+        f"{', '.join(SUPPORTED_MODEL_TYPES)} or architectures {', '.join(ARCHITECTURES)}")
+
+
+def model_shapes(path: str | Path, tp: int = 1, ep: int = 1,
+                 quantization: str | None = None, dp: int = 1,
+                 moe_ranks: int | None = None) -> ModelShapes:
+    """Every layer of the model on one rank, deduplicated by shape with a count. moe_ranks is
+    how many ranks one MoE layer spans (vLLM: TP x DP; default TP)."""
+    if tp < 1 or ep < 1 or dp < 1:
+        raise WarmdInputError("--tp, --dp and --ep must be positive integers")
+    raw, config_path = load_config(path)
+    config = language_config(raw)
+    model_type = resolve_model_type(config, config_path)
+    config = {**config, "model_type": model_type}
     quant = parse_quantization(config, quantization)
-    builder = _Builder(quant)
+    builder = _Builder(quant, moe_ranks or tp)
     n_layers = _BUILDERS[model_type](builder, config, tp, ep)
     digest = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()
     return ModelShapes(model_type, str(config_path), tp, ep, quant, builder.layers(), n_layers,
-                       digest)
+                       config_digest=digest, dp=dp)

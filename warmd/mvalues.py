@@ -14,11 +14,14 @@ GROUPED_BLOCK_M = 128
 
 @dataclass(frozen=True)
 class MSpec:
-    """How to choose M values: a mode or an explicit list, up to max_tokens."""
+    """How to choose M values: a mode or an explicit list, up to max_tokens. moe_tokens is the
+    most tokens one MoE layer sees when that differs (vLLM with DP: every DP rank's tokens,
+    capped by VLLM_FUSED_MOE_CHUNK_SIZE)."""
 
     mode: str = "relax"
     max_tokens: int = 8192
     explicit: tuple[int, ...] = ()
+    moe_tokens: int | None = None
 
     def values(self, n: int, num_sms: int) -> list[int]:
         """The token counts to run a GEMM with output size n on a GPU with num_sms SMs."""
@@ -64,14 +67,15 @@ def relax_m_values(max_tokens: int, n: int, num_sms: int) -> list[int]:
 
 
 def fast_m_values(max_tokens: int) -> list[int]:
-    """SGLang's fast-warmup set: every M up to 1024, then per power-of-two band steps of
-    2, 4, 8, 16 (and 16 beyond)."""
-    values = set(range(1, min(1024, max_tokens) + 1))
+    """SGLang's fast-warmup set (SGLANG_JIT_DEEPGEMM_FAST_WARMUP, update_deep_gemm_config in
+    python/sglang/srt/layers/deep_gemm_wrapper/compile_utils.py): every M up to 1024, then each
+    power-of-two band [b, 2b) in steps that double from 2, bands while b < max_tokens, plus
+    max_tokens itself. A band is never cut at max_tokens: SGLang warms it whole."""
+    values = set(range(1, 1025))
     lo, step = 1024, 2
     while lo < max_tokens:
-        hi = min(lo * 2, max_tokens)
-        values.update(range(lo, hi + 1, step))
-        lo, step = lo * 2, min(step * 2, 16)
+        values.update(range(lo, 2 * lo, step))
+        lo, step = lo * 2, step * 2
     values.add(max_tokens)
     return sorted(values)
 
@@ -92,7 +96,8 @@ def grouped_m_values(spec: MSpec, n: int, num_sms: int, topk: int, groups: int, 
     """Row counts to run a contiguous grouped GEMM with when a wrapper routes token counts in
     [lo, hi] to it: every 128-row multiple up to the worst case for the largest token count
     (real per-expert counts make any multiple possible; vLLM's own warmup does the same)."""
-    top = spec.max_tokens if hi is None else min(hi, spec.max_tokens)
+    tokens = spec.moe_tokens or spec.max_tokens
+    top = tokens if hi is None else min(hi, tokens)
     if top < lo:
         return []
     row_hi = aligned_grouped_m(top, topk, groups)

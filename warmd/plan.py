@@ -7,7 +7,6 @@ import hashlib
 import json
 from dataclasses import dataclass, field, replace
 
-from warmd import settings
 from warmd.kernels.base import Environment, JitWork, Kernel
 from warmd.kernels.selection import Selection, select_kernel
 from warmd.models import ModelShapes
@@ -51,6 +50,8 @@ class Plan:
     mspec: MSpec
     selections: tuple[Selection, ...]
     tasks: tuple[Task, ...]
+    # What the engine's launch (flags, environment, version) decided, and why.
+    engine_notes: tuple[str, ...] = ()
 
     @property
     def key(self) -> str:
@@ -74,11 +75,13 @@ class Plan:
         return {
             "plan_key": self.key,
             "model": {"path": self.model.path, "model_type": self.model.model_type,
-                      "tp": self.model.tp, "ep": self.model.ep,
+                      "tp": self.model.tp, "ep": self.model.ep, "dp": self.model.dp,
                       "quantization": self.model.quant.scheme},
             "engine": self.env.engine,
+            "engine_notes": list(self.engine_notes),
             "mode": self.mspec.mode,
             "max_tokens": self.mspec.max_tokens,
+            "moe_tokens": self.mspec.moe_tokens or self.mspec.max_tokens,
             "target": self.env.target.to_json(),
             "libraries": {n: p.to_json() for n, p in self.env.libraries.items()},
             "layers": [_selection_json(s) for s in self.selections],
@@ -164,9 +167,11 @@ def build_tasks(selections: list[Selection], env: Environment, mspec: MSpec) -> 
     return sorted(tasks, key=lambda t: t.key)
 
 
-def build_plan(model: ModelShapes, env: Environment, mspec: MSpec) -> Plan:
+def build_plan(model: ModelShapes, env: Environment, mspec: MSpec,
+               engine_notes: tuple[str, ...] = ()) -> Plan:
     selections = [select_kernel(layer, env) for layer in model.layers]
-    return Plan(model, env, mspec, tuple(selections), tuple(build_tasks(selections, env, mspec)))
+    return Plan(model, env, mspec, tuple(selections), tuple(build_tasks(selections, env, mspec)),
+                engine_notes)
 
 
 def absent_libraries_that_matter(plan: Plan) -> list[str]:
@@ -193,7 +198,9 @@ def _choices(plan: Plan) -> tuple:
 
 @dataclass(frozen=True)
 class PlanRequest:
-    """Everything a plan is made from; the CLI flags and the daemon's config map onto it."""
+    """Everything a plan is made from; the CLI flags, a pasted serve command
+    (warmd.engines.launch) and the daemon's config map onto it. None leaves a value to the
+    engine's own rules (warmd.engines.decide)."""
 
     model: str
     tp: int = 1
@@ -204,32 +211,51 @@ class PlanRequest:
     with_libs: tuple[str, ...] = ()
     without_libs: tuple[str, ...] = ()
     engine: str = "vllm"
-    mode: str = "relax"
-    max_tokens: int = 8192
+    mode: str | None = None
+    max_tokens: int | None = None
     m_list: str | None = None
     quantization: str | None = None
     disabled_kernels: tuple[str, ...] = ()
+    dp: int = 1
+    chunked_prefill_size: int | None = None
+    engine_version: str | None = None
+    attention_backend: str | None = None
+    moe_a2a_backend: str | None = None
+    # The engine's environment variables; None: this process's environment.
+    engine_env: tuple[tuple[str, str], ...] | None = None
 
 
 def make_plan(request: PlanRequest) -> Plan:
+    from warmd.engines.decide import check_expert_parallel, decide, moe_ranks
+    from warmd.engines.environment import EngineEnv, process_engine_env
+    from warmd.engines.hub import resolve_model
+    from warmd.engines.versions import resolve_version
     from warmd.errors import WarmdInputError
-    from warmd.examples import resolve_model_path
     from warmd.kernels.preferences import ENGINES
     from warmd.kernels.selection import check_kernel_names, disabled_kernels_from_env
     from warmd.models import model_shapes
-    from warmd.mvalues import parse_mspec
     from warmd.probes import probe_libraries
     from warmd.targets import resolve_target
 
     if request.engine not in ENGINES:
         raise WarmdInputError(f"unknown engine {request.engine!r}; known: {', '.join(ENGINES)}")
-    mspec = parse_mspec(request.mode, request.max_tokens, request.m_list)
-    disabled = frozenset(request.disabled_kernels) | disabled_kernels_from_env()
+    if request.dp < 1:
+        raise WarmdInputError(f"--dp must be a positive integer, got {request.dp}")
+    check_expert_parallel(request.engine, request.tp, request.dp, request.ep)
+    version, version_note = resolve_version(request.engine, request.engine_version)
+    values = dict(request.engine_env) if request.engine_env is not None \
+        else process_engine_env()
+    decisions = decide(request, EngineEnv.of(request.engine, values, version))
     check_kernel_names(frozenset(request.disabled_kernels))
-    model = model_shapes(resolve_model_path(request.model), request.tp, request.ep,
-                         request.quantization)
+    disabled = (frozenset(request.disabled_kernels) | disabled_kernels_from_env()
+                | frozenset(decisions.disabled))
+    model = model_shapes(resolve_model(request.model), request.tp, request.ep,
+                         request.quantization, request.dp,
+                         moe_ranks(request.engine, request.tp, request.dp))
     libraries = probe_libraries(request.with_libs, request.without_libs)
     target = resolve_target(request.target, request.capability, request.sms)
     env = Environment(target, libraries, request.engine, disabled,
-                      deep_gemm_e8m0=settings.deep_gemm_e8m0())
-    return build_plan(model, env, mspec)
+                      deep_gemm_e8m0=decisions.deep_gemm_e8m0,
+                      moe_a2a_backend=decisions.moe_a2a_backend,
+                      disabled_reasons=tuple(sorted(decisions.disabled.items())))
+    return build_plan(model, env, decisions.mspec, (version_note, *decisions.notes))

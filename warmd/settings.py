@@ -116,7 +116,8 @@ KNOBS: tuple[Knob, ...] = (
     Knob("WARMD_REDIS_TIMEOUT", NUMBER, 2.0,
          "bound on one shared-cache operation, in seconds (default 2)"),
     Knob("WARMD_NODE_NAME", STRING, None,
-         "this node's name in stats and manifests (default: the host name)"),
+         "this node's name in stats, manifests and `warmd status` (default: `<host>-<8 hex>`, "
+         "kept in `<state dir>/node-id`)"),
     Knob("WARMD_EMBEDDED_MAXMEMORY", STRING, "4gb",
          "maxmemory of the embedded Redis (default `4gb`; `0`: no limit)"),
     Knob("WARMD_CONFIG", PATH, None,
@@ -129,9 +130,12 @@ KNOBS: tuple[Knob, ...] = (
                                                               "`~/.cache`)"),
     Knob("VLLM_CACHE_ROOT", PATH, lambda: xdg_cache_home() / "vllm",
          "vLLM's cache root (default `$XDG_CACHE_HOME/vllm`)"),
-    Knob("VLLM_DISABLED_KERNELS", NAMES, (), "vLLM's list of kernels never to select"),
-    Knob("VLLM_USE_DEEP_GEMM_E8M0", FLAG, True,
-         "vLLM's E8M0 scales (default on; `0`/`false`: its MoE uses Triton below 128 rows)"),
+    Knob("HF_HOME", PATH, lambda: xdg_cache_home() / "huggingface",
+         "Hugging Face home (default `$XDG_CACHE_HOME/huggingface`): models given as hub ids "
+         "resolve in its `hub/` cache"),
+    Knob("HF_HUB_CACHE", PATH, lambda: get("HF_HOME") / "hub",
+         "Hugging Face hub cache (default `$HF_HOME/hub`; warmd never downloads)"),
+    Knob("HUGGINGFACE_HUB_CACHE", PATH, None, "older name of `HF_HUB_CACHE`"),
     Knob("DG_JIT_CACHE_DIR", PATH, lambda: vllm_cache_root() / "deep_gemm",
          "DeepGEMM's cache root (default `$VLLM_CACHE_ROOT/deep_gemm`, as vLLM sets it)"),
     *(_engine(env, "DeepGEMM compiler knob (in the DeepGEMM fingerprint)")
@@ -148,6 +152,7 @@ KNOBS: tuple[Knob, ...] = (
          "linker search path; a FlashInfer worker gets warmd's stub libcuda prepended"),
     Knob("CPATH", STRING, None,
          "header search path; a FlashInfer worker gets curand's headers prepended"),
+    Knob("COLUMNS", STRING, None, "width tables render for (default: the terminal's, else 120)"),
     Knob("RAY_ADDRESS", STRING, None, "the Ray cluster warmd's daemon commands talk to"),
 )
 _BY_ENV = {knob.env: knob for knob in KNOBS}
@@ -245,11 +250,19 @@ def visible_devices() -> str | None:
 
 
 def disabled_kernels() -> frozenset[str]:
-    return frozenset(get("WARMD_DISABLED_KERNELS")) | frozenset(get("VLLM_DISABLED_KERNELS"))
+    """WARMD_DISABLED_KERNELS (the engine's own VLLM_DISABLED_KERNELS is an engine variable:
+    warmd.engines.environment)."""
+    return frozenset(get("WARMD_DISABLED_KERNELS"))
 
 
-def deep_gemm_e8m0() -> bool:
-    return get("VLLM_USE_DEEP_GEMM_E8M0")
+def hub_cache_dir() -> Path:
+    """huggingface_hub's cache: HF_HUB_CACHE, HUGGINGFACE_HUB_CACHE, else $HF_HOME/hub."""
+    explicit = _BY_ENV["HF_HUB_CACHE"].raw() or _BY_ENV["HUGGINGFACE_HUB_CACHE"].raw()
+    return Path(explicit).expanduser() if explicit else get("HF_HUB_CACHE").expanduser()
+
+
+def columns() -> str:
+    return (get("COLUMNS") or "").strip()
 
 
 def ray_address() -> str | None:

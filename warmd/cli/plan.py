@@ -80,6 +80,8 @@ def render_plan(result: Plan, console: Console) -> None:
                      + (f" {p.version}" if p.version else "")
                      for n, p in result.env.libraries.items())
     console.print(Text(f"Libraries: {libs}"))
+    for note in result.engine_notes:
+        console.print(Text(f"Engine: {note}"))
     layer_rows = [[f"{s.layer.name} [{s.layer.quant}]", s.layer.describe_shape(),
                    str(s.layer.count), _kernel_cell(s),
                    "\n".join(f"{r.kernel}: {r.reason}" for r in s.rejected) or "-"]

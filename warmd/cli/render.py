@@ -20,6 +20,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from warmd import settings
+
 FALLBACK_WIDTH = 120
 ELLIPSIS = "…"
 MIN_ID_WIDTH = 16  # an identifier column keeps at least this much: a head, "…", a digest
@@ -28,7 +30,7 @@ MIN_TEXT_WIDTH = 12
 
 def console_width() -> int:
     """The width to render for: $COLUMNS, else the terminal's, else FALLBACK_WIDTH."""
-    columns = os.environ.get("COLUMNS", "").strip()
+    columns = settings.columns()
     if columns.isdigit() and int(columns) > 0:
         return int(columns)
     for fd in (1, 2, 0):

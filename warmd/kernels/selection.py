@@ -34,7 +34,7 @@ class Selection:
 
 
 def disabled_kernels_from_env() -> frozenset[str]:
-    """Kernels WARMD_DISABLED_KERNELS and VLLM_DISABLED_KERNELS name."""
+    """Kernels WARMD_DISABLED_KERNELS names (VLLM_DISABLED_KERNELS: warmd.engines.decide)."""
     return settings.disabled_kernels()
 
 
@@ -55,8 +55,10 @@ def select_kernel(layer: Layer, env: Environment) -> Selection:
     rejected: list[Rejection] = []
     for kernel in preference_list(env, family):
         if kernel.name in env.disabled_kernels:
-            rejected.append(Rejection(kernel.name, "disabled by WARMD_DISABLED_KERNELS/"
-                                                   "VLLM_DISABLED_KERNELS/--disable-kernel"))
+            reason = dict(env.disabled_reasons).get(
+                kernel.name, "disabled by WARMD_DISABLED_KERNELS/VLLM_DISABLED_KERNELS/"
+                             "--disable-kernel")
+            rejected.append(Rejection(kernel.name, reason))
             continue
         ok, reason = kernel.is_supported(env)
         if ok:

@@ -109,8 +109,11 @@ class DeepEPDeepGemmExperts(DeepGemmExperts):
 
     @classmethod
     def can_implement(cls, layer: Layer, env: Environment) -> Check:
-        if layer.param.get("ep", 1) <= 1:
-            return False, "SGLang runs DeepGEMM MoE only with DeepEP (--ep > 1)"
+        # python/sglang/srt/layers/moe/ep_moe/layer.py: DeepEPMoE only for the deepep a2a
+        # backend; a plain --ep runs the Triton fused MoE.
+        if env.moe_a2a_backend != "deepep":
+            return False, ("SGLang runs DeepGEMM MoE only with DeepEP "
+                           "(--moe-a2a-backend deepep)")
         return _experts_aligned(layer)
 
     @classmethod

@@ -1,0 +1,306 @@
+"""A pasted serve command plans exactly what the equivalent flags plan, and both follow the
+engines' source: vLLM's deep_gemm_warmup.py (DP x max_num_batched_tokens capped by
+VLLM_FUSED_MOE_CHUNK_SIZE), fused_moe/config.py (EP = TP x DP), SGLang's compile_utils.py
+(precompile range and fast set) and server_args.py (DeepEP sets ep_size = tp_size)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from warmd.engines.decide import sglang_fast_max, sglang_m_max
+from warmd.engines.launch import launch_request, parse_launch
+from warmd.engines.versions import parse_version, resolve_version
+from warmd.errors import WarmdInputError
+from warmd.mvalues import aligned_grouped_m, fast_m_values
+from warmd.plan import PlanRequest, make_plan
+
+MODELS = Path(__file__).parent / "data" / "models"
+BASE = PlanRequest(model="", target="h200", with_libs=("deep_gemm", "flashinfer", "nvcc"),
+                   without_libs=("sgl_kernel",), engine_env=())
+
+
+def model(name: str) -> str:
+    return str(MODELS / name)
+
+
+def from_command(command: str, **base) -> object:
+    paths = {k.replace("-", "_").replace(".", "_"): model(k) for k in os.listdir(MODELS)}
+    request = launch_request(command.format(**paths), PlanRequest(**{**BASE.__dict__, **base}))
+    return make_plan(request)
+
+
+def from_flags(name: str, **flags) -> object:
+    return make_plan(PlanRequest(**{**BASE.__dict__, "model": model(name), **flags}))
+
+
+def selection(plan, name):
+    return next(s for s in plan.selections if s.layer.name == name)
+
+
+def grouped(plan):
+    return [t for t in plan.tasks if t.num_groups]
+
+
+# (serve command, model directory, equivalent warmd flags)
+CASES = [
+    ("vllm serve {kimi_k2_instruct} --tensor-parallel-size 8 --data-parallel-size 2 "
+     "--enable-expert-parallel --max-num-batched-tokens 16384 --trust-remote-code "
+     "--gpu-memory-utilization 0.9",
+     "kimi-k2-instruct", dict(tp=8, dp=2, ep=16, max_tokens=16384)),
+    ("python3 -m vllm.entrypoints.openai.api_server --model={llama_3_1_8b_instruct_fp8_dynamic}"
+     " --tensor_parallel_size=2 --max_num_batched_tokens 4096 --port 8000",
+     "llama-3.1-8b-instruct-fp8-dynamic", dict(tp=2, max_tokens=4096)),
+    ("vllm serve {mistral_small_3_1_24b_instruct_2503} -tp 4 --max-num-batched-tokens=4096 "
+     "--tokenizer-mode mistral --limit-mm-per-prompt '{{\"image\": 4}}'",
+     "mistral-small-3.1-24b-instruct-2503", dict(tp=4, max_tokens=4096)),
+    ("python -m sglang.launch_server --model-path {qwen3_30b_a3b_fp8} --tp 4 "
+     "--moe-a2a-backend deepep --chunked-prefill-size 4096 --mem-fraction-static 0.8",
+     "qwen3-30b-a3b-fp8", dict(engine="sglang", tp=4, ep=4, moe_a2a_backend="deepep",
+                               chunked_prefill_size=4096)),
+    ("vllm serve {llama_3_1_8b_instruct} --tensor-parallel-size 2 --data-parallel-size 2",
+     "llama-3.1-8b-instruct", dict(tp=2, dp=2)),
+    ("vllm serve {mixtral_8x7b_instruct} --tensor-parallel-size 8 --enable-expert-parallel",
+     "mixtral-8x7b-instruct", dict(tp=8, ep=8)),
+    ("sglang serve --model-path {qwen3_30b_a3b_fp8} --tp-size 2 --ep-size 2",
+     "qwen3-30b-a3b-fp8", dict(engine="sglang", tp=2, ep=2)),
+]
+
+
+@pytest.mark.parametrize("command, name, flags", CASES, ids=[c[1] + "-" + c[0].split()[0]
+                                                              for c in CASES])
+def test_serve_command_plans_what_the_equivalent_flags_plan(command, name, flags):
+    pasted = from_command(command)
+    assert pasted.to_json() == from_flags(name, **flags).to_json()
+    assert pasted.tasks  # every case warms something
+
+
+def test_kimi_k2_plans_as_deepseek_v3_with_dp_ep():
+    plan = from_command(CASES[0][0])
+    assert plan.model.model_type == "deepseek_v3"  # model_type kimi_k2, architecture DSv3
+    w13 = selection(plan, "mlp.experts.w13").layer
+    assert (w13.num_groups, w13.n, w13.k) == (384 // 16, 2 * 2048, 7168)  # EP = TP x DP
+    # The fused_qkv_a_proj (N = 1536 + 512 + 64 = 2112) vLLM's own warmup skips.
+    assert any((t.n, t.k) == (2112, 7168) for t in plan.tasks if t.kernel == "fp8_gemm_nt")
+    # vLLM: compute_aligned_M(min(dp x 16384, VLLM_FUSED_MOE_CHUNK_SIZE 16384), 8, 24, 128).
+    assert {max(t.m) for t in grouped(plan)} == {aligned_grouped_m(16384, 8, 24)}
+    assert aligned_grouped_m(16384, 8, 24) == 134144
+    assert any("DP 2 x 16384" in note for note in plan.engine_notes)
+
+
+def test_vllm_dp_multiplies_grouped_tokens_up_to_the_chunk_size():
+    qwen = "vllm serve {qwen3_30b_a3b_fp8} -tp 2 -dp 2 -ep --max-num-batched-tokens 2048"
+    plan = from_command(qwen)
+    assert plan.model.ep == 4
+    assert {max(t.m) for t in grouped(plan)} == {aligned_grouped_m(4096, 8, 32)}
+    dense = [t for t in plan.tasks if t.kernel == "fp8_gemm_nt"]
+    assert dense and max(max(t.m) for t in dense) == 2048  # dense GEMMs see one rank's tokens
+    capped = from_command(qwen, engine_env=(("VLLM_FUSED_MOE_CHUNK_SIZE", "3000"),))
+    assert {max(t.m) for t in grouped(capped)} == {aligned_grouped_m(3000, 8, 32)}
+
+
+def test_vllm_dp_without_ep_splits_the_experts_over_tp_x_dp():
+    # FusedMoEParallelConfig.make: the MoE's TP group is TP x DP without expert parallel.
+    plan = from_command("vllm serve {mixtral_8x7b_instruct} -tp 2 -dp 2")
+    w2 = selection(plan, "mlp.experts.w2").layer
+    assert (w2.num_groups, w2.k) == (8, 14336 // 4)
+
+
+def test_compressed_tensors_and_fbgemm_fp8(write_config):
+    plan = from_command(CASES[1][0])
+    qkv = selection(plan, "self_attn.qkv_proj")
+    assert qkv.layer.quant == "fp8_tensor" and qkv.kernel.name == "CutlassFP8ScaledMMLinearKernel"
+    assert selection(plan, "lm_head").layer.quant == "bf16"  # ignore: [lm_head]
+    assert not [t for t in plan.tasks if t.library == "deep_gemm"]
+    config = json.loads((MODELS / "llama-3.1-8b-instruct-fp8-dynamic" / "config.json")
+                        .read_text())
+    weights = config["quantization_config"]["config_groups"]["group_0"]["weights"]
+    weights.update(strategy="block", block_structure=[128, 128])
+    block = from_flags("llama-3.1-8b-instruct", model=str(write_config(config)))
+    assert selection(block, "self_attn.o_proj").kernel.name == \
+        "FlashInferFp8DeepGEMMDynamicBlockScaledKernel"  # block FP8: DeepGEMM on Hopper
+    assert any(t.kernel == "fp8_gemm_nt" for t in block.tasks)
+    config["quantization_config"] = {"quant_method": "fbgemm_fp8",
+                                     "modules_to_not_convert": ["lm_head"]}
+    fbgemm = from_flags("llama-3.1-8b-instruct", model=str(write_config(config)))
+    assert selection(fbgemm, "self_attn.qkv_proj").layer.quant == "fp8_tensor"
+
+
+def test_multimodal_text_config():
+    plan = from_command(CASES[2][0])
+    assert plan.model.model_type == "mistral"
+    qkv = selection(plan, "self_attn.qkv_proj").layer
+    assert (qkv.n, qkv.k) == ((32 // 4 + 2 * 8 // 4) * 128, 5120)
+    assert selection(plan, "self_attn.qkv_proj").layer.count == 40
+
+
+def test_sglang_m_range_follows_its_precompile():
+    plan = from_command(CASES[3][0])
+    assert plan.mspec.mode == "full" and plan.mspec.max_tokens == 16384  # cps <= 8192
+    assert selection(plan, "mlp.experts.w13").kernel.name == "DeepEPDeepGemmExperts"
+    masked = [t for t in plan.tasks if t.kernel == "m_grouped_fp8_gemm_nt_masked"]
+    assert masked and all(t.m == tuple(range(1, 16385)) for t in masked)
+    assert (sglang_m_max(None), sglang_m_max(8192), sglang_m_max(16384), sglang_m_max(-1),
+            sglang_m_max(100000)) == (16384, 16384, 32768, 65536, 131072)
+    fast = from_command(CASES[3][0].replace("4096", "16384"),
+                        engine_env=(("SGLANG_JIT_DEEPGEMM_FAST_WARMUP", "1"),))
+    assert fast.mspec.mode == "fast" and fast.mspec.max_tokens == sglang_fast_max(16384)
+    # compile_utils.py's own count for a 16384 chunk ("Totally ... = 3072 kernels"): 1024
+    # small Ms, four bands of 512 (1024 counted once), and 16384 itself.
+    assert len(fast_m_values(16384)) == 3072
+    assert any("SGLANG_JIT_DEEPGEMM_FAST_WARMUP=1" in n for n in fast.engine_notes)
+
+
+def test_sglang_plain_ep_runs_triton_moe():
+    plan = from_command(CASES[6][0])
+    assert selection(plan, "mlp.experts.w13").kernel.name == "TritonExperts"
+    assert not grouped(plan)
+    assert any("without --moe-a2a-backend deepep" in n for n in plan.engine_notes)
+
+
+@pytest.mark.parametrize("variable, value, check", [
+    ("VLLM_BLOCKSCALE_FP8_GEMM_FLASHINFER", "0",
+     lambda p: selection(p, "self_attn.o_proj").kernel.name == "DeepGemmFp8BlockScaledMMKernel"
+     and min(t.m[0] for t in p.tasks if t.kernel == "fp8_gemm_nt") == 1),
+    ("VLLM_USE_DEEP_GEMM", "0", lambda p: not [t for t in p.tasks if t.library == "deep_gemm"]),
+    ("VLLM_MOE_USE_DEEP_GEMM", "0",
+     lambda p: not grouped(p) and any(t.kernel == "fp8_gemm_nt" for t in p.tasks)),
+    ("VLLM_USE_FLASHINFER_SAMPLER", "0",
+     lambda p: selection(p, "sampler").kernel.name == "TorchSampler"),
+    ("VLLM_DEEP_GEMM_WARMUP", "full", lambda p: p.mspec.mode == "full"),
+    ("VLLM_ATTENTION_BACKEND", "FLASHINFER_MLA",
+     lambda p: selection(p, "self_attn.attn").kernel.name == "FlashInferMLABackend"),
+])
+def test_engine_variables_change_choices_and_say_so(variable, value, check):
+    command = "vllm serve {kimi_k2_instruct} -tp 8 --max-num-batched-tokens 1024"
+    plan = from_command(command, engine_env=((variable, value),))
+    assert check(plan)
+    assert any(f"{variable}={value}" in note for note in plan.engine_notes), plan.engine_notes
+    reasons = [r.reason for s in plan.selections for r in s.rejected]
+    if variable not in ("VLLM_DEEP_GEMM_WARMUP",):
+        assert any(variable in r for r in reasons), reasons
+
+
+def test_deep_gemm_default_follows_the_vllm_version():
+    command = "vllm serve {kimi_k2_instruct} -tp 8 --max-num-batched-tokens 1024"
+    old = from_command(command, engine_version="0.10.2")
+    assert not [t for t in old.tasks if t.library == "deep_gemm"]
+    assert any("VLLM_USE_DEEP_GEMM defaults to 0" in n for n in old.engine_notes)
+    new = from_command(command, engine_version="0.11.0")
+    assert [t for t in new.tasks if t.library == "deep_gemm"]
+    assert resolve_version("vllm", "0.11.0rc1+cu128")[0] == (0, 11, 0)
+    assert parse_version("v0.9") == (0, 9, 0)
+    with pytest.raises(WarmdInputError, match="not a version"):
+        parse_version("latest")
+
+
+def test_hub_id_resolves_only_through_the_local_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.delenv("HUGGINGFACE_HUB_CACHE", raising=False)
+    with pytest.raises(WarmdInputError, match="never downloads"):
+        launch_request("vllm serve moonshotai/Kimi-K2-Instruct -tp 8")
+    repo = tmp_path / "hub" / "models--moonshotai--Kimi-K2-Instruct"
+    snapshot = repo / "snapshots" / "abc123"
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text((MODELS / "kimi-k2-instruct" / "config.json")
+                                          .read_text())
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("abc123")
+    request = launch_request("vllm serve moonshotai/Kimi-K2-Instruct -tp 8")
+    assert request.model == str(snapshot) and request.tp == 8
+
+
+def test_launch_parsing_forms():
+    launch = parse_launch(["vllm", "serve", "/m", "--tensor_parallel_size=4", "-dp", "2",
+                           "--enable-expert-parallel", "--unknown-flag", "x"])
+    assert (launch.engine, launch.model, launch.tp, launch.dp, launch.expert_parallel) == \
+        ("vllm", "/m", 4, 2, True)
+    assert launch.ignored == ("--unknown-flag", "x")
+    launch = parse_launch("python3.12 -m sglang.launch_server --model /m --tp=8 --dp 2")
+    assert (launch.engine, launch.tp, launch.dp) == ("sglang", 8, 2)
+
+
+@pytest.mark.parametrize("command, message", [
+    ("trtllm-serve serve /m --tp_size 8", "unknown engine command"),
+    ("vllm serve {m} --tensor-parallel-size abc", "--tensor-parallel-size must be an integer"),
+    ("vllm serve {m} --tensor-parallel-size 3", "--tp=3 does not divide num_attention_heads"),
+    ("python -m sglang.launch_server --model-path {m} --moe-a2a-backend bogus",
+     "--moe-a2a-backend 'bogus' is not one of"),
+    ("vllm serve {m} --kv-cache-dtype fp9", "--kv-cache-dtype 'fp9'"),
+    ("vllm serve --port 8000", "names no model"),
+])
+def test_bad_serve_commands_are_one_line_exit_2(command, message, tmp_path):
+    argv = command.format(m=model("qwen3-30b-a3b-fp8")).split()
+    for sub in ("plan", "warmup"):
+        result = subprocess.run(
+            [sys.executable, "-m", "warmd", sub, "--target", "h200", "--", *argv],
+            capture_output=True, text=True, timeout=120,
+            env={**os.environ, "WARMD_STATE_DIR": str(tmp_path / "state"),
+                 "HOME": str(tmp_path)})
+        assert result.returncode == 2, result.stderr
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and message in lines[0], result.stderr
+        assert result.stdout == ""
+    assert not (tmp_path / "state").exists()  # nothing written
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--tp", "8", "--ep", "2"], "--ep must be 1 or 8 (--tp 8 x --dp 1), got 2"),
+    (["--tp", "2", "--dp", "2", "--ep", "2"], "--ep must be 1 or 4"),
+])
+def test_vllm_rejects_ep_other_than_tp_x_dp(args, message):
+    result = subprocess.run([sys.executable, "-m", "warmd", "plan", "--model",
+                             model("qwen3-30b-a3b-fp8"), "--target", "h200", *args],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [f"warmd: error: {result.stderr.strip()[14:]}"]
+    assert message in result.stderr
+
+
+def test_flags_and_command_conflict():
+    result = subprocess.run([sys.executable, "-m", "warmd", "plan", "--tp", "2", "--target",
+                             "h200", "--", "vllm", "serve", model("llama-3.1-8b-instruct")],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "--tp conflicts with the serve command" in result.stderr
+
+
+def test_bad_engine_variable_is_bad_input():
+    with pytest.raises(WarmdInputError, match="VLLM_USE_DEEP_GEMM must be 0 or 1"):
+        from_command("vllm serve {kimi_k2_instruct} -tp 8",
+                     engine_env=(("VLLM_USE_DEEP_GEMM", "maybe"),))
+
+
+def test_warmd_yaml_engine_command_and_env():
+    from warmd.config import parse_config
+
+    command = (f"vllm serve {model('qwen3-30b-a3b-fp8')} -tp 2 -dp 2 --enable-expert-parallel"
+               " --max-num-batched-tokens 2048")
+    config = parse_config({"models": [{"name": "q", "engine_command": command, "target": "h200",
+                                       "with": ["deep_gemm"],
+                                       "env": {"VLLM_FUSED_MOE_CHUNK_SIZE": 3000}}]})
+    request = config.models[0].plan_request()
+    assert (request.tp, request.dp, request.ep, request.max_tokens) == (2, 2, 4, 2048)
+    plan = make_plan(request)
+    assert {max(t.m) for t in grouped(plan)} == {aligned_grouped_m(3000, 8, 32)}
+    with pytest.raises(WarmdInputError, match="models\\[0\\].env: unknown engine variable"):
+        parse_config({"models": [{"engine_command": command, "env": {"NOPE": "1"}}]})
+    with pytest.raises(WarmdInputError, match="engine_command: unknown engine command"):
+        parse_config({"models": [{"engine_command": "tgi serve x"}]})
+
+
+def test_engine_variables_are_read_from_the_process_environment(monkeypatch):
+    from warmd.engines.environment import EngineEnv, process_engine_env
+
+    monkeypatch.setenv("VLLM_USE_DEEP_GEMM_E8M0", "False")
+    assert EngineEnv.of("vllm", process_engine_env(), None).get("VLLM_USE_DEEP_GEMM_E8M0") is False
+    monkeypatch.setenv("VLLM_USE_DEEP_GEMM_E8M0", "1")
+    assert EngineEnv.of("vllm", process_engine_env(), None).get("VLLM_USE_DEEP_GEMM_E8M0") is True
+    monkeypatch.setenv("VLLM_DISABLED_KERNELS", " A, ,B")
+    assert EngineEnv.of("vllm", process_engine_env(), None).get("VLLM_DISABLED_KERNELS") == (
+        "A", "B")

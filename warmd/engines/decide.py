@@ -1,0 +1,207 @@
+"""What the engine's launch decides before any kernel is selected: which kernels its
+environment and flags rule out, which M values its warmup and traffic reach, and how it
+splits experts. Every decision that departs from the default is kept as a note for the plan."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from warmd.engines.environment import EngineEnv
+from warmd.errors import WarmdInputError
+from warmd.mvalues import MSpec, parse_mspec
+
+VLLM_DG_WARMUP = "vllm/model_executor/warmup/deep_gemm_warmup.py"
+VLLM_MOE_CONFIG = "vllm/model_executor/layers/fused_moe/config.py"
+SGLANG_DG_COMPILE = "python/sglang/srt/layers/deep_gemm_wrapper/compile_utils.py"
+SGLANG_DG_CONFIG = "python/sglang/srt/layers/deep_gemm_wrapper/configurer.py"
+
+VLLM_DEFAULT_MAX_TOKENS = 8192
+
+_DEEP_GEMM_LINEAR = ("DeepGemmFp8BlockScaledMMKernel",)
+_VLLM_DEEP_GEMM_MOE = ("DeepGemmExperts", "TritonOrDeepGemmExperts")
+# --attention-backend / VLLM_ATTENTION_BACKEND names -> warmd's kernel and its attention kind.
+ATTENTION_BACKENDS = {
+    "FLASH_ATTN": ("FlashAttentionBackend", "mha"),
+    "FLASHINFER": ("FlashInferAttentionBackend", "mha"),
+    "TRITON_ATTN": ("TritonAttentionBackend", "mha"),
+    "FLASHMLA": ("FlashMLABackend", "mla"),
+    "FLASHINFER_MLA": ("FlashInferMLABackend", "mla"),
+    "CUTLASS_MLA": ("CutlassMLABackend", "mla"),
+    "TRITON_MLA": ("TritonMLABackend", "mla"),
+}
+# SGLang's --attention-backend spellings for the same kernels.
+SGLANG_ATTENTION_BACKENDS = {"fa3": "FLASH_ATTN", "flashinfer": "FLASHINFER",
+                             "triton": "TRITON_ATTN", "flashmla": "FLASHMLA",
+                             "cutlass_mla": "CUTLASS_MLA"}
+
+
+@dataclass
+class Decisions:
+    """The engine's launch-time decisions for one plan."""
+
+    mspec: MSpec
+    disabled: dict[str, str] = field(default_factory=dict)  # kernel name -> why
+    deep_gemm_e8m0: bool = True
+    moe_a2a_backend: str = "none"
+    notes: list[str] = field(default_factory=list)
+
+    def disable(self, names, reason: str) -> None:
+        for name in names:
+            self.disabled.setdefault(name, reason)
+
+
+def check_expert_parallel(engine: str, tp: int, dp: int, ep: int) -> None:
+    """vLLM has no EP size: --enable-expert-parallel spreads experts over all TP x DP ranks
+    (FusedMoEParallelConfig.make in vllm/model_executor/layers/fused_moe/config.py)."""
+    if engine == "vllm" and ep > 1 and ep != tp * dp:
+        raise WarmdInputError(
+            f"vLLM runs expert parallel over every TP x DP rank: --ep must be 1 or "
+            f"{tp * dp} (--tp {tp} x --dp {dp}), got {ep}")
+
+
+def moe_ranks(engine: str, tp: int, dp: int) -> int:
+    """How many ranks one MoE layer spans. vLLM flattens DP into the MoE's TP group (or its EP
+    group with expert parallel); SGLang's MoE stays inside the TP group."""
+    return tp * dp if engine == "vllm" else tp
+
+
+def _explain(env: EngineEnv, name: str, value, what: str, source: str) -> str:
+    how = f"{name}={env.raw(name)}" if env.is_set(name) else \
+        f"{name} defaults to {env.raw(name)} for this {env.engine} version"
+    return f"{how}: {what} ({source})"
+
+
+def decide(request, env: EngineEnv) -> Decisions:
+    """Apply the engine's environment and launch flags; raises on bad input."""
+    if request.engine == "sglang":
+        return _decide_sglang(request, env)
+    return _decide_vllm(request, env)
+
+
+def _user_mspec(request) -> MSpec | None:
+    if request.m_list:
+        max_tokens = VLLM_DEFAULT_MAX_TOKENS if request.max_tokens is None \
+            else request.max_tokens
+        return parse_mspec("relax", max_tokens, request.m_list)
+    return None
+
+
+def _decide_vllm(request, env: EngineEnv) -> Decisions:
+    warmup = env.get("VLLM_DEEP_GEMM_WARMUP")
+    mode = request.mode or ("full" if warmup == "full" else "relax")
+    max_tokens = VLLM_DEFAULT_MAX_TOKENS if request.max_tokens is None else request.max_tokens
+    chunk = env.get("VLLM_FUSED_MOE_CHUNK_SIZE")
+    moe_tokens = min(request.dp * max_tokens, chunk)
+    mspec = _user_mspec(request) or parse_mspec(mode, max_tokens)
+    mspec = MSpec(mspec.mode, mspec.max_tokens, mspec.explicit, moe_tokens)
+    out = Decisions(mspec, deep_gemm_e8m0=env.get("VLLM_USE_DEEP_GEMM_E8M0") is not False)
+    if request.mode is None and env.is_set("VLLM_DEEP_GEMM_WARMUP"):
+        extra = "; warmd still warms the relax set" if warmup == "skip" else ""
+        out.notes.append(_explain(env, "VLLM_DEEP_GEMM_WARMUP", warmup,
+                                  f"M mode {mode}{extra}", VLLM_DG_WARMUP))
+    if request.dp > 1 or moe_tokens < max_tokens * request.dp:
+        out.notes.append(
+            f"grouped GEMM tokens = min(DP {request.dp} x {max_tokens}, "
+            f"VLLM_FUSED_MOE_CHUNK_SIZE {chunk}) = {moe_tokens} ({VLLM_DG_WARMUP})")
+    if env.get("VLLM_USE_DEEP_GEMM") is False:
+        reason = _explain(env, "VLLM_USE_DEEP_GEMM", False, "no DeepGEMM kernels", "vllm/envs.py")
+        out.disable(_DEEP_GEMM_LINEAR + _VLLM_DEEP_GEMM_MOE, reason)
+        out.notes.append(reason)
+    if env.get("VLLM_MOE_USE_DEEP_GEMM") is False:
+        reason = _explain(env, "VLLM_MOE_USE_DEEP_GEMM", False, "no DeepGEMM MoE",
+                          VLLM_DG_WARMUP)
+        out.disable(_VLLM_DEEP_GEMM_MOE, reason)
+        out.notes.append(reason)
+    if env.get("VLLM_BLOCKSCALE_FP8_GEMM_FLASHINFER") is False:
+        reason = _explain(env, "VLLM_BLOCKSCALE_FP8_GEMM_FLASHINFER", False,
+                          "no FlashInfer FP8 block GEMM: M < 32 goes to DeepGEMM too",
+                          "vllm/model_executor/layers/quantization/utils/fp8_utils.py")
+        out.disable(("FlashInferFp8DeepGEMMDynamicBlockScaledKernel",), reason)
+        out.notes.append(reason)
+    if env.get("VLLM_USE_FLASHINFER_SAMPLER") is False:
+        reason = _explain(env, "VLLM_USE_FLASHINFER_SAMPLER", False, "PyTorch sampler",
+                          "vllm/v1/sample/ops/topk_topp_sampler.py")
+        out.disable(("FlashInferSampler",), reason)
+        out.notes.append(reason)
+    if not env.get("VLLM_USE_DEEP_GEMM_E8M0"):
+        out.notes.append(_explain(env, "VLLM_USE_DEEP_GEMM_E8M0", False,
+                                  "MoE below 128 rows runs Triton", "vllm/utils/deep_gemm.py"))
+    backend = request.attention_backend or env.get("VLLM_ATTENTION_BACKEND")
+    if backend:
+        how = (f"--attention-backend {backend}" if request.attention_backend
+               else f"VLLM_ATTENTION_BACKEND={backend}")
+        _force_attention(out, backend, how)
+    for name in env.get("VLLM_DISABLED_KERNELS"):
+        out.disable((name,), "disabled by VLLM_DISABLED_KERNELS")
+    return out
+
+
+def _force_attention(out: Decisions, backend: str, how: str) -> None:
+    if backend not in ATTENTION_BACKENDS:
+        raise WarmdInputError(f"unknown attention backend {backend!r} ({how}); known: "
+                              f"{', '.join(ATTENTION_BACKENDS)}")
+    chosen, kind = ATTENTION_BACKENDS[backend]
+    others = [name for name, k in ATTENTION_BACKENDS.values() if name != chosen and k == kind]
+    out.disable(others, f"{how} selects {chosen}")
+    out.notes.append(f"{how}: attention runs {chosen}")
+
+
+def sglang_m_max(chunked_prefill_size: int | None) -> int:
+    """SGLang's precompile range: every M up to 16384, 2 x --chunked-prefill-size above 8192,
+    65536 without chunked prefill, at most 131072 (update_deep_gemm_config)."""
+    if chunked_prefill_size is None:
+        return 16 * 1024
+    m_max = 16 * 1024
+    if chunked_prefill_size < 1:
+        m_max = 64 * 1024
+    elif chunked_prefill_size > 8192:
+        m_max = chunked_prefill_size * 2
+    return min(128 * 1024, m_max)
+
+
+def sglang_fast_max(chunked_prefill_size: int | None) -> int:
+    """The largest prefill batch of SGLang's fast warmup set (update_deep_gemm_config)."""
+    if chunked_prefill_size is not None and chunked_prefill_size >= 1:
+        return min(chunked_prefill_size, 32 * 1024)
+    return 16 * 1024
+
+
+def _decide_sglang(request, env: EngineEnv) -> Decisions:
+    cps = request.chunked_prefill_size
+    fast = bool(env.get("SGLANG_JIT_DEEPGEMM_FAST_WARMUP"))
+    mode = request.mode or ("fast" if fast else "full")
+    default_max = sglang_fast_max(cps) if mode == "fast" else sglang_m_max(cps)
+    max_tokens = default_max if request.max_tokens is None else request.max_tokens
+    mspec = _user_mspec(request) or parse_mspec(mode, max_tokens)
+    a2a = request.moe_a2a_backend or "none"
+    out = Decisions(mspec, moe_a2a_backend=a2a)
+    if request.mode is None and request.max_tokens is None:
+        what = (f"fast set up to {default_max}" if fast
+                else f"every M up to {default_max}")
+        cps_note = ("--chunked-prefill-size not given: taken as <= 8192"
+                    if cps is None else f"--chunked-prefill-size {cps}")
+        out.notes.append(f"SGLang DeepGEMM precompile: {what} ({cps_note}; "
+                         f"{SGLANG_DG_COMPILE})")
+        if env.is_set("SGLANG_JIT_DEEPGEMM_FAST_WARMUP"):
+            out.notes.append(_explain(env, "SGLANG_JIT_DEEPGEMM_FAST_WARMUP", fast,
+                                      f"M mode {mode}", SGLANG_DG_COMPILE))
+    if env.get("SGLANG_JIT_DEEPGEMM_PRECOMPILE") is False:
+        out.notes.append(_explain(env, "SGLANG_JIT_DEEPGEMM_PRECOMPILE", False,
+                                  "SGLang compiles these in traffic; warmd warms them now",
+                                  SGLANG_DG_COMPILE))
+    if env.get("SGLANG_ENABLE_JIT_DEEPGEMM") is False:
+        reason = _explain(env, "SGLANG_ENABLE_JIT_DEEPGEMM", False, "no DeepGEMM kernels",
+                          SGLANG_DG_CONFIG)
+        out.disable(_DEEP_GEMM_LINEAR + ("DeepEPDeepGemmExperts",), reason)
+        out.notes.append(reason)
+    if request.ep > 1 and a2a != "deepep":
+        out.notes.append(f"--ep {request.ep} without --moe-a2a-backend deepep: MoE runs "
+                         "Triton (python/sglang/srt/layers/moe/ep_moe/layer.py)")
+    if request.attention_backend:
+        name = SGLANG_ATTENTION_BACKENDS.get(request.attention_backend)
+        if name is None:
+            raise WarmdInputError(f"unknown SGLang attention backend "
+                                  f"{request.attention_backend!r}; known: "
+                                  f"{', '.join(SGLANG_ATTENTION_BACKENDS)}")
+        _force_attention(out, name, f"--attention-backend {request.attention_backend}")
+    return out
