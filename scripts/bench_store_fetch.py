@@ -30,9 +30,8 @@ import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from warmd.cache.deep_gemm import DeepGemmCacheAdapter
-from warmd.store import open_shared_cache
-from warmd.store.embedded import start_server
+from warmd.libraries.deep_gemm.cache import DeepGemmCacheAdapter
+from warmd.store import open_shared_cache, start_server
 
 
 def make_entries(root: Path, count: int, per_task: int, seed: int = 7) -> dict[str, list]:

@@ -137,7 +137,7 @@ def _brief(data) -> str:
 def describe_cache(bench: Bench, root: Path) -> None:
     """What 0.1.4.post1 really writes: file names across entries, one kernel.cu of each
     kind, what the parser makes of every entry, and DeepGEMM's staging dir."""
-    from warmd.cache.deep_gemm import DeepGemmCacheAdapter
+    from warmd.libraries.deep_gemm.cache import DeepGemmCacheAdapter
 
     adapter = DeepGemmCacheAdapter(root)
     entries = adapter.list_entries()
@@ -172,7 +172,7 @@ def describe_cache(bench: Bench, root: Path) -> None:
 
 def pack_samples(bench: Bench, root: Path) -> None:
     """The smallest dense and grouped entries, as a tarball for tests/data/deep_gemm."""
-    from warmd.cache.deep_gemm import DeepGemmCacheAdapter
+    from warmd.libraries.deep_gemm.cache import DeepGemmCacheAdapter
 
     adapter = DeepGemmCacheAdapter(root)
     by_kind: dict[str, list] = {}
@@ -202,7 +202,7 @@ def colon_path_check(bench: Bench, base: Path, need: float) -> None:
     '<fresh>:<base>' if it takes the value as one path (what 0.1.4.post1 does)."""
     front = bench.work / "ab-front"
     code = ("import json, time\n"
-            "from warmd.executors.deep_gemm import DeepGemmExecutor\n"
+            "from warmd.libraries.deep_gemm.executor import DeepGemmExecutor\n"
             "from warmd.plan import Task\n"
             "task = Task('ab', 'deep_gemm', 'fp8_gemm_nt', 5120, 2048, None, (64,))\n"
             "began = time.monotonic(); r = DeepGemmExecutor().run(task)\n"

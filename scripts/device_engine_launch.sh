@@ -6,7 +6,7 @@
 #
 # Through the device tool, kind nvidia-h200 (the plan is per rank: one GPU is enough),
 # carrying the wheels in .whl/ (sgl-deep-gemm, apache-tvm-ffi, redis; see device_deepgemm.sh):
-#     bash scripts/device_engine_launch.sh [MAX_NUM_BATCHED_TOKENS]
+#     [WORKERS=4] bash scripts/device_engine_launch.sh [MAX_NUM_BATCHED_TOKENS]
 # MODEL defaults to the bundled Qwen3-30B-A3B-FP8 config (shapes only: no weights needed).
 # Output: $OUT/device.log, $OUT/plan.json, $OUT/warmup.json, $OUT/sweep.json.
 set -uo pipefail
@@ -40,7 +40,8 @@ for t in plan["tasks"]:
               f"M {t['m'][0]}..{t['m'][-1]} ({len(t['m'])})")
 PY
 log "warmup"
-python3 -m warmd warmup --json --no-shared --library deep_gemm "${LIBS[@]}" -- "${SERVE[@]}" \
+python3 -m warmd warmup --json --no-shared --library deep_gemm --workers "${WORKERS:-4}" \
+    "${LIBS[@]}" -- "${SERVE[@]}" \
     > "$OUT/warmup.json" 2>> "$OUT/device.log" || { log "warmup failed"; exit 1; }
 log "independent sweep over the engine's whole M range"
 python3 scripts/deepgemm_sweep.py --json --engine-range "${LIBS[@]}" -- "${SERVE[@]}" \

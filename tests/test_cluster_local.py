@@ -83,6 +83,9 @@ def test_two_concurrent_starts_make_one_daemon(machine):
     assert status.returncode == 1
     assert status.stderr.strip() == NO_NODE
     assert "Controller: running" in status.stdout and f"Ray {address}" in status.stdout
+    waited = warmd(machine, "wait-ready", "--timeout", "60")  # a probe never passes on nothing
+    assert waited.returncode == 1
+    assert waited.stderr.strip() == NO_NODE.replace("warmd: ", "not ready: ", 1)
 
     stopped = warmd(machine, "stop")
     assert stopped.returncode == 0, stopped.stderr

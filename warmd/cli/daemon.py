@@ -271,7 +271,8 @@ def wait_ready(address, node_id, all_nodes, timeout, config_path, redis_url, nam
     """Block until nodes are warm: for readiness probes and scripts.
 
     Warm means READY, or DEGRADED (every kernel is compiled, but the shared cache was not
-    reachable). Exit code 0 when warm, 1 when a node FAILED or the time ran out.
+    reachable). Exit code 0 when warm, 1 when a node FAILED, the config selects no node or
+    the time ran out.
     """
     from warmd.cluster.state import WARM_STATES
     from warmd.errors import WarmdInputError
@@ -287,8 +288,10 @@ def wait_ready(address, node_id, all_nodes, timeout, config_path, redis_url, nam
         degraded = [n for n in nodes if n["state"] != "READY"]
         click.echo(f"ready: {len(nodes)} node(s) warm"
                    + (f" ({len(degraded)} DEGRADED)" if degraded else ""))
-    elif code == 0:
-        click.echo("ready: no nodes are selected by the configuration")
+    elif code == 0:  # nothing selected: a probe must not pass on a cluster warming nothing
+        no_node = (snap.get("controller") or {}).get("no_node") or "the config selects no node"
+        click.echo(f"not ready: {no_node}", err=True)
+        code = 1
     elif not snap["running"]:
         click.echo("not ready: warmd is not running", err=True)
     elif not nodes:
