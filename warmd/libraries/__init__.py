@@ -3,9 +3,10 @@
 A package's ``LIBRARY`` (a ``warmd.libraries.base.Library``) says everything warmd needs of
 it: name, probe, kernels, executor, cache adapter, worker environment, cache roots. Every
 list of libraries in warmd (CLI choices, config validation, the worker pool, the node's
-work, the cache commands, the probes) reads ``LIBRARIES``. Adding a library is its package
-plus one line below. Helper libraries that are only probed (cutlass_dsl, sgl_kernel, nvcc)
-are not registered: they have no cache to warm (see warmd/probes.py).
+work, the cache commands, the probes) reads ``LIBRARIES``. Adding a library is its package:
+every package here is registered, in name order. Helper libraries that are only probed
+(cutlass_dsl, sgl_kernel, nvcc) are not registered: they have no cache to warm (see
+warmd/probes.py).
 
 A package kept outside warmd registers the same way: ``register("package")`` in this
 process, and ``WARMD_LIBRARY_PACKAGES=package`` for every process warmd starts (its worker
@@ -16,16 +17,12 @@ from __future__ import annotations
 
 import importlib
 import logging
+import pkgutil
 import sys
 
 from warmd import settings
 from warmd.errors import WarmdInputError
 from warmd.libraries.base import CacheRoot, Library, resolve
-
-_PACKAGES = (
-    "deep_gemm",
-    "flashinfer",
-)
 
 LIBRARIES: dict[str, Library] = {}
 
@@ -74,7 +71,7 @@ def cache_roots() -> tuple[CacheRoot, ...]:
 
 
 def _register_all() -> None:
-    for package in _PACKAGES:
+    for package in sorted(m.name for m in pkgutil.iter_modules(__path__) if m.ispkg):
         register(f"{__name__}.{package}")
     for package in settings.get("WARMD_LIBRARY_PACKAGES"):
         try:
