@@ -1,85 +1,35 @@
-"""Shared pieces of the shared-cache tests: a real server per test, a small real adapter.
+"""Shared pieces of the shared-cache tests: a real server per test, a small real library.
 
-`DirAdapter` is a complete CacheAdapter for a test library whose entries are directories of
-real files (packed and installed by warmd.cache.artifacts, like the real adapters); its
-"compile" writes an entry of a realistic size and logs the compile to a file, so tests can
-count compiles across processes. The server is a real redis-server started on a free port.
+The test library (tests/testlib: `DirAdapter`, its cache adapter, whose entries are
+directories of real files) is registered with warmd like the real libraries, and `warm`
+warms a plan of its tasks through warmd's own `run_warmup` (fetch, single flight, compile
+in a worker process, publish): breaking that loop turns the store tests red. The server is a
+real redis-server started on a free port.
 """
 
 from __future__ import annotations
 
-import hashlib
+import contextlib
+import dataclasses
+import functools
 import json
-import os
 import sys
-import time
+from collections.abc import Iterator
 from pathlib import Path
 
-from warmd.cache.artifacts import install_atomically, pack_directory
-from warmd.cache.base import CacheAdapter, CacheEntry
+from testlib import LIBRARY_MODULE, NAME
+from testlib.cache import DEFAULT_SIZE, DirAdapter, compile_entry, entry_bytes
+
+from warmd import libraries, settings
+from warmd.plan import Plan, PlanRequest, Task
+from warmd.plan import make_plan as make_warmup_plan
 from warmd.store import ServerProcess, start_server
+from warmd.store.api import SharedCache
+from warmd.warmup import WarmupOptions, run_warmup
 
 SRC = str(Path(__file__).resolve().parent.parent)
-
-
-class DirAdapter(CacheAdapter):
-    library = "testlib"
-
-    def __init__(self, root: Path, version: str = "1.0") -> None:
-        self._root = Path(root)
-        self.version = version
-
-    @property
-    def root(self) -> Path:
-        return self._root
-
-    def list_entries(self) -> list[CacheEntry]:
-        if not self._root.is_dir():
-            return []
-        return [CacheEntry(self.library, p.name, p) for p in sorted(self._root.iterdir())
-                if p.is_dir() and not p.name.startswith(".") and (p / "done").exists()]
-
-    def pack(self, entry: CacheEntry) -> bytes:
-        return pack_directory(entry.path)
-
-    def install(self, name: str, artifact: bytes) -> CacheEntry:
-        self._root.mkdir(parents=True, exist_ok=True)
-        return CacheEntry(self.library, name,
-                          install_atomically(self._root, name, artifact).path)
-
-    def fingerprint_inputs(self) -> dict:
-        return {"version": self.version, "arch": "9.0a", "sms": 132}
-
-
-def entry_bytes(name: str, size: int) -> bytes:
-    """Incompressible, deterministic content for an entry (like a cubin)."""
-    out = bytearray()
-    seed = name.encode()
-    while len(out) < size:
-        seed = hashlib.sha256(seed).digest()
-        out += seed
-    return bytes(out[:size])
-
-
-def compile_entry(adapter: DirAdapter, name: str, size: int = 120_000,
-                  log: Path | None = None, seconds: float = 0.0) -> CacheEntry:
-    """The test library's 'compiler': writes the entry, then its completion marker; logs
-    'start NAME' and 'done NAME' lines (with its pid) so tests can count compiles."""
-    _log(log, "start", name)
-    if seconds:
-        time.sleep(seconds)
-    path = adapter.root / name
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "kernel.bin").write_bytes(entry_bytes(name, size))
-    (path / "done").write_text("ok")
-    _log(log, "done", name)
-    return CacheEntry(adapter.library, name, path)
-
-
-def _log(log: Path | None, what: str, name: str) -> None:
-    if log is not None:
-        with open(log, "a") as fh:
-            fh.write(f"{os.getpid()} {what} {name}\n")
+__all__ = ["SRC", "DirAdapter", "compile_entry", "compiles", "entry_bytes", "make_plan",
+           "run_worker", "start_test_server", "registered_testlib", "warm"]
 
 
 def compiles(log: Path, what: str = "done") -> list[str]:
@@ -89,30 +39,49 @@ def compiles(log: Path, what: str = "done") -> list[str]:
     return [line.split()[2] for line in log.read_text().splitlines() if line.split()[1] == what]
 
 
-def warm(cache, adapter: DirAdapter, plan: dict[str, list[str]], log: Path | None = None,
-         seconds: float = 0.0, timeout: float = 60.0, size: int = 120_000) -> dict:
-    """Warm a plan {task: [entry names]} the way warmup drives a SharedCache: fetch, else
-    single-flight compile and publish. Returns counts of what happened."""
-    counts = {"local_hits": 0, "remote_hits": 0, "compiled": 0}
-    present = {e.name for e in adapter.list_entries()}
-    for task in cache.shard_order(sorted(plan)):
-        names = plan[task]
-        if all(n in present for n in names):
-            counts["local_hits"] += len(names)
-            continue
-        if cache.fetch_task(adapter, task) is not None:
-            counts["remote_hits"] += len(names)
-            continue
-        with cache.single_flight(task, timeout) as mine:
-            if not mine and cache.fetch_task(adapter, task) is not None:
-                counts["remote_hits"] += len(names)
-                continue
-            start = time.monotonic()
-            entries = [compile_entry(adapter, n, size, log, seconds) for n in names]
-            counts["compiled"] += len(entries)
-            cache.publish_task(adapter, task, entries, time.monotonic() - start)
-    cache.record_outcomes(counts)
-    return counts
+@contextlib.contextmanager
+def registered_testlib() -> Iterator[None]:
+    """The test library registered here and in the worker processes warmup starts; only
+    for the block, so no other test sees a third library."""
+    with settings.scoped_env({"WARMD_LIBRARY_PACKAGES": LIBRARY_MODULE}):
+        libraries.register(LIBRARY_MODULE)
+        try:
+            yield
+        finally:
+            libraries.unregister(NAME)
+
+
+@functools.lru_cache(maxsize=1)
+def _any_plan() -> Plan:
+    """A real plan, whose tasks `warm` replaces with the test library's."""
+    return make_warmup_plan(PlanRequest(model="qwen3-30b-a3b-fp8", target="h200",
+                                        engine="sglang", without_libs=("sgl_kernel",)))
+
+
+def warmup_plan(plan: dict[str, list[str]], log: Path | None = None, seconds: float = 0.0,
+                size: int = DEFAULT_SIZE) -> Plan:
+    """A warmup plan of test library tasks: {task key: [entry names it compiles]}."""
+    tasks = tuple(Task(key, NAME, "write_entries", spec={
+        "entries": list(names), "size": size, "seconds": seconds,
+        "log": str(log) if log else None}) for key, names in sorted(plan.items()))
+    return dataclasses.replace(_any_plan(), tasks=tasks)
+
+
+def warm(cache: SharedCache, adapter: DirAdapter, plan: dict[str, list[str]],
+         log: Path | None = None, seconds: float = 0.0, timeout: float = 60.0,
+         size: int = DEFAULT_SIZE) -> dict:
+    """Warm a plan {task: [entry names]} into the adapter's root with warmd's run_warmup
+    and this shared cache (one worker; warmup makes its own adapter over that root, the
+    registry's, at version 1.0). Returns the kernels' counts; every task must succeed."""
+    assert adapter.version == "1.0", "run_warmup uses the registered adapter's version"
+    options = WarmupOptions(workers=1, gpu_ids=(), cache_roots={NAME: adapter.root},
+                            single_flight_timeout=timeout)
+    with registered_testlib():
+        report = run_warmup(warmup_plan(plan, log, seconds, size), options, shared=cache)
+    assert not report.failed, [r.result.error for r in report.failed]
+    assert len(report.reports) == len(plan)
+    kernels = report.counters.kernel_counts()
+    return {key: kernels[key] for key in ("local_hits", "remote_hits", "compiled")}
 
 
 def make_plan(tasks: int, per_task: int = 2, prefix: str = "k") -> dict[str, list[str]]:

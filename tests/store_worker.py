@@ -1,4 +1,5 @@
-"""A warmup process for the multi-process shared-cache tests (argv[1]: JSON arguments)."""
+"""A warmup process for the multi-process shared-cache tests (argv[1]: JSON arguments):
+warmd's run_warmup over the test library, sharing through a real store."""
 
 from __future__ import annotations
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import time
 import urllib.request
 
@@ -146,17 +147,35 @@ def test_warm_node_fails_a_missing_model_and_skips_gpu_only_work_on_builders(tmp
     assert summarize([result])["state"] == "FAILED" and seen == []
 
 
+def test_every_metric_is_in_the_docs_table():
+    pytest.importorskip("prometheus_client")
+    from pathlib import Path
+
+    from warmd.cluster.metrics import AgentMetrics
+
+    docs = (Path(__file__).resolve().parent.parent / "docs" / "daemon.md").read_text()
+    table = docs.split("## Metrics and logs", 1)[1].split("\n\n", 3)[2]
+    documented = set(re.findall(r"`(warmd_[a-z_]+)`", table))
+    names = {f"{m.name}_total" if m.type == "counter" else m.name
+             for m in AgentMetrics("n").registry.collect()}
+    assert documented == names
+
+
 def test_metrics_endpoint(tmp_path):
     pytest.importorskip("prometheus_client")
-    from warmd.cluster.metrics import AgentMetrics
+    from warmd.cluster.metrics import AgentMetrics, metric_name
+    from warmd.stats import F, select
 
     metrics = AgentMetrics("node-1")
     port = metrics.serve(0)
     busy = AgentMetrics("node-2")
     try:
         assert busy.serve(port) != port  # a taken port falls back to a free one
+        counters = {"local_hits": 1, "remote_hits": 1, "compiled": 1, "failed": 0,
+                    "compile_seconds": 6.0, "compile_seconds_saved": 2.5,
+                    "bytes_fetched": 2048, "tasks": 2}
         node = NodeState("node-1", state=st.READY, warm_seconds=7.5, compile_seconds=6.0,
-                         cache_bytes={"flashinfer": 4096},
+                         cache_bytes={"flashinfer": 4096}, counters=counters,
                          kernels={"total": 3, "local_hits": 1, "remote_hits": 1,
                                   "compiled": 1, "failed": 0})
         metrics.observe_warmup(node)
@@ -171,6 +190,13 @@ def test_metrics_endpoint(tmp_path):
     assert 'warmd_cache_bytes{library="flashinfer",node_id="node-1"} 4096.0' in text
     assert 'warmd_warmup_seconds_sum{node_id="node-1"} 7.5' in text
     assert 'warmd_compile_seconds_total{node_id="node-1"} 6.0' in text
+    # Every counter of a warmup (warmd.stats.COUNTERS, F.RUN) has its metric, units last.
+    assert 'warmd_compile_saved_seconds_total{node_id="node-1"} 2.5' in text
+    assert 'warmd_fetched_bytes_total{node_id="node-1"} 2048.0' in text
+    assert 'warmd_tasks_total{node_id="node-1"} 2.0' in text
+    for stat in select(F.RUN, without=F.KERNEL):
+        name, unit = metric_name(stat)
+        assert f"{name}{'_' + unit if unit else ''}_total{{" in text
 
 
 def test_logs_are_json_lines_with_the_node_id():

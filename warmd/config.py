@@ -22,7 +22,7 @@ import yaml
 from warmd import settings
 from warmd.errors import WarmdInputError
 from warmd.examples import EXAMPLES_DIR
-from warmd.plan import PlanRequest
+from warmd.plan import PlanRequest, jsonable
 
 DEFAULT_CONFIG = EXAMPLES_DIR / "warmd.yaml"
 DEFAULT_METRICS_PORT = 9464
@@ -147,7 +147,7 @@ class WarmdConfig:
         data = asdict(self)
         data["nodes"]["labels"] = dict(self.nodes.labels)
         data["cache"] = self.cache.to_json()
-        return _lists(data)
+        return jsonable(data)
 
     @classmethod
     def from_json(cls, data: dict) -> WarmdConfig:
@@ -398,14 +398,6 @@ def _unrename(data: dict) -> dict:
     out["models"] = [{next((k for k, v in _RENAMES.items() if v == key), key): value
                       for key, value in m.items()} for m in data.get("models", [])]
     return out
-
-
-def _lists(value):
-    if isinstance(value, dict):
-        return {k: _lists(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_lists(v) for v in value]
-    return value
 
 
 # --- loading with overrides --------------------------------------------------------------

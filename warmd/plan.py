@@ -31,7 +31,7 @@ class Task:
     def to_json(self) -> dict:
         return {"key": self.key, "library": self.library, "kernel": self.kernel,
                 "n": self.n, "k": self.k, "num_groups": self.num_groups, "m": list(self.m),
-                "module": self.module, "spec": _jsonable(self.spec), "layers": list(self.layers)}
+                "module": self.module, "spec": jsonable(self.spec), "layers": list(self.layers)}
 
     @classmethod
     def from_json(cls, data: dict) -> Task:
@@ -89,11 +89,12 @@ class Plan:
         }
 
 
-def _jsonable(value):
+def jsonable(value):
+    """value with every tuple, nested in dicts and lists too, as a list (as JSON reads back)."""
     if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
+        return {k: jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
+        return [jsonable(v) for v in value]
     return value
 
 
@@ -144,7 +145,7 @@ def _task_key(work: JitWork, env: Environment) -> str:
     # plans share a task key only when the same key means the same set of kernels.
     ident = {"library": work.library, "kernel": work.kernel, "n": work.n, "k": work.k,
              "num_groups": work.num_groups, "module": work.module, "m": list(work.m),
-             "spec": _jsonable(dict(work.spec)), "arch": env.target.arch, "sms": env.target.sms}
+             "spec": jsonable(dict(work.spec)), "arch": env.target.arch, "sms": env.target.sms}
     shape = work.module or "x".join(str(v) for v in (work.num_groups, work.n, work.k) if v)
     return f"{work.library}/{work.kernel}/{shape}/{_digest(ident)[:12]}"
 

@@ -125,6 +125,9 @@ KNOBS: tuple[Knob, ...] = (
     Knob("WARMD_METRICS_PORT", STRING, None,
          "port of each node agent's Prometheus endpoint (`0`: any free port; default 9464)"),
     Knob("WARMD_DISABLED_KERNELS", NAMES, (), "comma-separated kernel names never to select"),
+    Knob("WARMD_LIBRARY_PACKAGES", NAMES, (),
+         "more Python packages, each registering a JIT library kept outside warmd (a "
+         "`LIBRARY` like `warmd/libraries/<name>/`)"),
     # the engines' and libraries' own
     Knob("XDG_CACHE_HOME", PATH, lambda: _home() / ".cache", "user cache root (default "
                                                               "`~/.cache`)"),

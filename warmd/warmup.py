@@ -224,6 +224,8 @@ class _Run:
                                                                             for t in tasks}}
         # Entries installed from the shared cache during this run: remote hits, not local.
         self.remote: set[tuple[str, str]] = set()
+        # Tasks the prefetch found complete -> their entries: not fetched (nor counted) again.
+        self.prefetched: dict[str, list[str]] = {}
         self.lock = threading.Lock()
         self.reports: list[TaskReport] = []
         self.stop = threading.Event()
@@ -240,9 +242,11 @@ class _Run:
             if adapter is None or not keys:
                 continue
             try:
-                self._fetch(adapter, lambda a, keys=keys: self.shared.prefetch(a, keys))
+                found = self._fetch(adapter, lambda a, keys=keys: self.shared.prefetch(a, keys))
             except Exception as exc:  # per-task fetches below retry; the store counts faults
                 log.warning("shared cache prefetch for %s failed: %s", library, exc)
+                continue
+            self.prefetched.update({k: v for k, v in found.items() if v is not None})
         by_key = {t.key: t for t in tasks}
         try:
             order = self.shared.shard_order(list(by_key))
@@ -293,7 +297,9 @@ class _Run:
         shared = self.shared if adapter is not None else None
         if shared is None:
             return self._finish(TaskReport(task, worker.run(task)), adapter)
-        fetched = self._fetch(adapter, lambda a: shared.fetch_task(a, task.key))
+        fetched = self.prefetched.get(task.key)
+        if fetched is None:
+            fetched = self._fetch(adapter, lambda a: shared.fetch_task(a, task.key))
         if fetched is not None:
             return self._finish(TaskReport(task, worker.run(task), list(fetched)), adapter)
         with shared.single_flight(task.key, self.options.single_flight_timeout) as mine:

@@ -1,4 +1,12 @@
-"""Each agent's Prometheus endpoint: warmup seconds, kernels by outcome, cache bytes, state."""
+"""Each agent's Prometheus endpoint: warmup seconds, the last warmups' counters, cache bytes,
+state.
+
+The counters' metrics are derived from warmd.stats.COUNTERS (what a warmup counts, F.RUN):
+kernel outcomes (F.KERNEL) are one `warmd_kernels_total` by `outcome`, and every other counter
+is its own Prometheus counter, named after its id with its unit last, as Prometheus names
+units: F.TIME in `_seconds` (compile_seconds_saved: `warmd_compile_saved_seconds_total`),
+F.BYTES in `_bytes` (bytes_fetched: `warmd_fetched_bytes_total`).
+"""
 
 from __future__ import annotations
 
@@ -8,10 +16,19 @@ import errno
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from warmd.cluster.state import STATES, NodeState
-from warmd.stats import F, select
+from warmd.stats import F, Stat, select
 
 # Node counters -> the `outcome` label (the executors' own outcome names).
 OUTCOMES = {s.id: s.outcome for s in select(F.KERNEL)}
+_UNITS = {F.TIME: "seconds", F.BYTES: "bytes"}
+
+
+def metric_name(stat: Stat) -> tuple[str, str]:
+    """(name, unit) of the Prometheus counter of a warmup counter that is not a kernel
+    outcome; prometheus_client appends the unit, then `_total`."""
+    unit = next((u for flag, u in _UNITS.items() if stat.has(flag)), "")
+    words = [w for w in stat.id.split("_") if w != unit]
+    return "warmd_" + "_".join(words), unit
 
 
 class AgentMetrics:
@@ -29,11 +46,7 @@ class AgentMetrics:
             buckets=(1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600), registry=r)
         self.kernels = Counter("warmd_kernels", "Kernels handled by warmups, by outcome",
                                ["node_id", "outcome"], registry=r)
-        self.compile_seconds = Counter("warmd_compile_seconds",
-                                       "Seconds spent compiling kernels", ["node_id"], registry=r)
-        self.saved_seconds = Counter("warmd_compile_seconds_saved",
-                                     "Compile seconds avoided by cache hits", ["node_id"],
-                                     registry=r)
+        self.counters = {stat.id: _counter(stat, r) for stat in select(F.RUN, without=F.KERNEL)}
         self.cache_bytes = Gauge("warmd_cache_bytes", "Bytes in this node's kernel caches",
                                  ["node_id", "library"], registry=r)
         self.progress = Gauge("warmd_progress_tasks", "Tasks of the current warmup",
@@ -60,9 +73,9 @@ class AgentMetrics:
         nid = self._labels["node_id"]
         self.warmup_seconds.labels(nid).observe(node.warm_seconds)
         for counter, outcome in OUTCOMES.items():
-            self.kernels.labels(nid, outcome).inc(node.kernels.get(counter, 0))
-        self.compile_seconds.labels(nid).inc(node.compile_seconds)
-        self.saved_seconds.labels(nid).inc(node.saved_seconds)
+            self.kernels.labels(nid, outcome).inc(node.counters.get(counter, 0))
+        for counter, metric in self.counters.items():
+            metric.labels(nid).inc(node.counters.get(counter, 0))
         self.store_ok.labels(nid).set(1 if node.store == "ok" else 0)
         self.observe_state(node)
 
@@ -82,3 +95,9 @@ class AgentMetrics:
                 self._server.shutdown()
                 self._server.server_close()
             self._server = None
+
+
+def _counter(stat: Stat, registry: CollectorRegistry) -> Counter:
+    name, unit = metric_name(stat)
+    return Counter(name, f"{stat.description} (warmups)", ["node_id"], unit=unit,
+                   registry=registry)

@@ -1,0 +1,118 @@
+"""The package structure docs/architecture.md draws, held by reading every module's imports
+(module level and inside functions): no import cycle at module level, the CLI on top, the
+daemon above the warmup, the warmup above its stages, click only in the CLI."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent / "warmd"
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module_name(p): p for p in ROOT.rglob("*.py")}
+
+
+def _imported(name: str, node: ast.Import | ast.ImportFrom) -> list[str]:
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    base = node.module or ""
+    if node.level:
+        package = name.split(".")
+        if MODULES[name].name != "__init__.py":
+            package = package[:-1]
+        package = package[:len(package) - node.level + 1]
+        base = ".".join(package + ([node.module] if node.module else []))
+    return [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names]
+
+
+def _imports(name: str) -> tuple[set[str], set[str]]:
+    """(modules imported at module level, every module imported anywhere); warmd modules are
+    named as modules, others by their top-level package. TYPE_CHECKING imports are left out."""
+    eager: set[str] = set()
+    every: set[str] = set()
+
+    def visit(node: ast.AST, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                continue
+            if isinstance(child, (ast.Import, ast.ImportFrom)):
+                for target in _imported(name, child):
+                    while "." in target and target not in MODULES:
+                        target = target.rpartition(".")[0]
+                    if not target.startswith("warmd"):
+                        target = target.split(".")[0]
+                    if target != name:
+                        every.add(target)
+                        if not in_function:
+                            eager.add(target)
+            visit(child, in_function or isinstance(child, (ast.FunctionDef,
+                                                           ast.AsyncFunctionDef)))
+
+    visit(ast.parse(MODULES[name].read_text()), False)
+    return eager, every
+
+
+IMPORTS = {name: _imports(name) for name in MODULES}
+
+
+def _in(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def _importers(package: str, eager_only: bool = False) -> set[str]:
+    return {name for name, (eager, every) in IMPORTS.items() if not _in(name, package)
+            and any(_in(m, package) for m in (eager if eager_only else every))}
+
+
+def test_no_import_cycle_at_module_level():
+    graph = {name: {m for m in eager if m in MODULES} for name, (eager, _) in IMPORTS.items()}
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    cycles = []
+
+    def walk(name: str, path: list[str]) -> None:
+        state[name] = 1
+        for target in sorted(graph[name]):
+            if state.get(target) == 1:
+                cycles.append(path[path.index(target):] + [target])
+            elif target not in state:
+                walk(target, path + [target])
+        state[name] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            walk(name, [name])
+    assert cycles == []
+
+
+def test_the_cli_is_on_top_and_click_only_in_it():
+    assert _importers("warmd.cli") == {"warmd.__main__"}
+    assert {n for n, (_, every) in IMPORTS.items() if "click" in every
+            and not _in(n, "warmd.cli")} == set()
+    assert "click" not in IMPORTS["warmd.config"][1]  # pure data and validation
+
+
+def test_the_daemon_sits_above_the_warmup_and_the_warmup_above_its_stages():
+    assert {n for n in _importers("warmd.cluster") if not _in(n, "warmd.cli")} == set()
+    assert {n for n in _importers("warmd.warmup")
+            if not (_in(n, "warmd.cli") or _in(n, "warmd.cluster"))} == set()
+    stages = ("warmd.config", "warmd.plan", "warmd.engines", "warmd.kernels", "warmd.models",
+              "warmd.executors", "warmd.cache", "warmd.store", "warmd.libraries")
+    for stage in stages:
+        above = {m for m in imports_of(stage)
+                 if any(_in(m, p) for p in ("warmd.warmup", "warmd.cluster", "warmd.cli"))}
+        assert above == set(), stage
+
+
+def test_the_local_cache_knows_nothing_of_the_store_or_the_warmup():
+    assert {m for m in imports_of("warmd.cache")
+            if any(_in(m, p) for p in ("warmd.store", "warmd.executors", "warmd.plan"))} == set()
+
+
+def imports_of(package: str) -> set[str]:
+    return {m for name, (_, every) in IMPORTS.items() if _in(name, package) for m in every}

@@ -1,0 +1,44 @@
+"""testlib's executor: runs in warmup's worker process, compiling a task's entries into the
+root warmup gave it (WARMD_TESTLIB_DIR) unless they are already there."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from testlib import ROOT_ENV
+from testlib.cache import DEFAULT_SIZE, DirAdapter, compile_entry
+from warmd.executors.base import Executor, KernelOutcome, TaskResult
+from warmd.plan import Task
+
+
+class TestlibExecutor(Executor):
+    library = "testlib"
+
+    def __init__(self) -> None:
+        self._adapter = DirAdapter(Path(os.environ[ROOT_ENV]))
+
+    def cache(self) -> DirAdapter:
+        return self._adapter
+
+    def check(self) -> tuple[bool, str]:
+        return True, ""
+
+    def run(self, task: Task) -> TaskResult:
+        """spec: entries (names), size (bytes each), seconds (each compile takes), log (a
+        file every compile is logged to)."""
+        spec = task.spec
+        log = Path(spec["log"]) if spec.get("log") else None
+        began = time.monotonic()
+        present = {e.name for e in self._adapter.list_entries()}
+        kernels = []
+        for name in spec["entries"]:
+            if name in present:
+                kernels.append(KernelOutcome(name, "local_hit"))
+                continue
+            start = time.monotonic()
+            compile_entry(self._adapter, name, spec.get("size", DEFAULT_SIZE), log,
+                          spec.get("seconds", 0.0))
+            kernels.append(KernelOutcome(name, "compiled", time.monotonic() - start))
+        return TaskResult(task.key, task.library, True, time.monotonic() - began, kernels)

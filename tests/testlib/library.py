@@ -1,0 +1,35 @@
+"""testlib's registration (see testlib/__init__.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from testlib import NAME, ROOT_ENV
+from warmd.libraries.base import CacheRoot, Library
+from warmd.probes import LibraryProbe
+
+
+@dataclass(frozen=True)
+class _TestRoot(CacheRoot):
+    """Not a warmd knob: tests always give warmup this library's root."""
+
+    def default(self) -> Path:
+        return Path("/nonexistent/testlib-root")
+
+
+def probe() -> LibraryProbe:
+    return LibraryProbe(NAME, available=True, version="1.0", can_jit=True)
+
+
+LIBRARY = Library(
+    name=NAME,
+    display="Test library",
+    probe=probe,
+    kernels=(),
+    executor="testlib.executor:TestlibExecutor",
+    adapter="testlib.cache:make_adapter",
+    roots=(_TestRoot("testlib_dir", ROOT_ENV),),
+    entries=lambda root: root,
+    builds_without_gpu=True,
+)
