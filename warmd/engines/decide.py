@@ -7,6 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from warmd.engines.environment import EngineEnv
+from warmd.engines.launch import check_moe_backend
+from warmd.engines.moe_backends import MoeChoice, sglang_fp8_moe, vllm_fp8_moe
+from warmd.engines.versions import VersionRange
 from warmd.errors import WarmdInputError
 from warmd.mvalues import MSpec, parse_mspec
 
@@ -28,7 +31,11 @@ ATTENTION_BACKENDS = {
     "FLASHINFER_MLA": ("FlashInferMLABackend", "mla"),
     "CUTLASS_MLA": ("CutlassMLABackend", "mla"),
     "TRITON_MLA": ("TritonMLABackend", "mla"),
+    "FLASH_ATTN_MLA": ("FlashAttnMLABackend", "mla"),
 }
+# vLLM read VLLM_ATTENTION_BACKEND until 0.15.x (vllm/config/attention.py in 0.14.0); 0.16.0
+# has only --attention-backend.
+VLLM_ATTENTION_ENV_VERSIONS = VersionRange(None, (0, 16, 0))
 # SGLang's --attention-backend spellings for the same kernels.
 SGLANG_ATTENTION_BACKENDS = {"fa3": "FLASH_ATTN", "flashinfer": "FLASHINFER",
                              "triton": "TRITON_ATTN", "flashmla": "FLASHMLA",
@@ -73,6 +80,8 @@ def _explain(env: EngineEnv, name: str, value, what: str, source: str) -> str:
 
 def decide(request, env: EngineEnv) -> Decisions:
     """Apply the engine's environment and launch flags; raises on bad input."""
+    if request.moe_backend is not None:
+        check_moe_backend(request.engine, request.moe_backend)
     if request.engine == "sglang":
         return _decide_sglang(request, env)
     return _decide_vllm(request, env)
@@ -126,10 +135,17 @@ def _decide_vllm(request, env: EngineEnv) -> Decisions:
     if not env.get("VLLM_USE_DEEP_GEMM_E8M0"):
         out.notes.append(_explain(env, "VLLM_USE_DEEP_GEMM_E8M0", False,
                                   "MoE below 128 rows runs Triton", "vllm/utils/deep_gemm.py"))
-    backend = request.attention_backend or env.get("VLLM_ATTENTION_BACKEND")
+    backend = request.attention_backend
+    how = f"--attention-backend {backend}"
+    if not backend and env.is_set("VLLM_ATTENTION_BACKEND"):
+        if VLLM_ATTENTION_ENV_VERSIONS.contains(env.version):
+            backend = env.get("VLLM_ATTENTION_BACKEND")
+            how = f"VLLM_ATTENTION_BACKEND={backend}"
+        else:
+            out.notes.append(f"VLLM_ATTENTION_BACKEND={env.raw('VLLM_ATTENTION_BACKEND')} is "
+                             "not read by this vLLM (0.16.0 dropped it for "
+                             "--attention-backend; vllm/config/attention.py)")
     if backend:
-        how = (f"--attention-backend {backend}" if request.attention_backend
-               else f"VLLM_ATTENTION_BACKEND={backend}")
         _force_attention(out, backend, how)
     for name in env.get("VLLM_DISABLED_KERNELS"):
         out.disable((name,), "disabled by VLLM_DISABLED_KERNELS")
@@ -205,3 +221,33 @@ def _decide_sglang(request, env: EngineEnv) -> Decisions:
                                   f"{', '.join(SGLANG_ATTENTION_BACKENDS)}")
         _force_attention(out, name, f"--attention-backend {request.attention_backend}")
     return out
+
+
+def moe_preference(request, env: EngineEnv, capability: tuple[int, int],
+                   model) -> MoeChoice | None:
+    """The moe.fp8 preference the engine's launch decides for this model and GPU (vLLM's FP8
+    MoE oracle, SGLang's --moe-runner-backend); None when the model has no FP8 MoE layer or
+    the engine's default order holds."""
+    from warmd.kernels.preferences import family_of
+
+    moe = [layer for layer in model.layers if layer.op == "moe"
+           and family_of(layer.op, layer.quant) == "moe.fp8"]
+    if not moe:
+        return None
+    if request.engine == "sglang":
+        return sglang_fp8_moe(request.moe_backend)
+    block = any(layer.quant == "fp8_block" and layer.block == (128, 128) for layer in moe)
+    moe_tp = 1 if request.ep > 1 else request.tp * request.dp
+    return vllm_fp8_moe(env, capability, block, request.ep, moe_tp, request.moe_backend)
+
+
+def refuse_unfit_forced(selections, choice: MoeChoice | None) -> None:
+    """A backend the launch forces but that cannot run: the engine refuses to start (vLLM's
+    oracle raises ValueError), so the plan is bad input too."""
+    if choice is None or choice.forced_by is None:
+        return
+    for selection in selections:
+        if selection.family == "moe.fp8" and selection.kernel is None:
+            why = "; ".join(f"{r.kernel}: {r.reason}" for r in selection.rejected)
+            raise WarmdInputError(f"{choice.forced_by} cannot run {selection.layer.name} "
+                                  f"here, so the engine would not start ({why})")

@@ -93,6 +93,69 @@ class FlashInferCutlassMxfp8LinearKernel(Kernel):
                         spec=_spec(f"flashinfer.jit.gemm.core:gen_gemm_{sm}_module_cutlass_mxfp8"))]
 
 
+def _block_fp8_moe(layer: Layer) -> Check:
+    # warmd plans FlashInfer's fused MoE for 128x128 block FP8, the scheme both vLLM kernels
+    # take on the GPUs below (kFp8Static128BlockSym x kFp8Dynamic128Sym).
+    return fp8_block_128(layer)
+
+
+# FlashInfer's CUTLASS fused-MoE module per SM (flashinfer/jit/fused_moe.py; fused_moe/core.py
+# get_cutlass_fused_moe_module picks it from the device's compute capability).
+_CUTLASS_MOE_SM = {(9, 0): "90", (10, 0): "100", (10, 3): "103", (12, 0): "120", (12, 1): "120"}
+# FlashInfer builds the H20 (78 SMs) variant on an H20 (_should_enable_sm90_moe_prebuilt_d_
+# descriptor), so a plan for that target expects its name.
+_H20_SMS = 78
+
+
+class FlashInferExperts(Kernel):
+    """vLLM's FLASHINFER_CUTLASS FP8 MoE backend (fused_moe/experts/flashinfer_cutlass_moe.py):
+    FlashInfer's cutlass_fused_moe, one JIT module per SM for every expert shape. Block FP8 only
+    on sm90 (_supports_quant_scheme: is_device_capability(90))."""
+
+    name = "FlashInferExperts"
+    op = "moe"
+    library = "flashinfer"
+    capabilities = (9,)
+    schemes = ("fp8_block",)
+
+    @classmethod
+    def can_implement(cls, layer: Layer, env: Environment) -> Check:
+        return _block_fp8_moe(layer)
+
+    @classmethod
+    def jit_work(cls, layer: Layer, env: Environment, mspec: MSpec, m_range: MRange):
+        sm = _CUTLASS_MOE_SM.get(env.target.capability, "90")
+        module = f"fused_moe_{sm}"
+        if sm == "90" and env.target.sms == _H20_SMS:
+            module = "fused_moe_90_h20_prebuilt_d"
+        return [JitWork("flashinfer", "cutlass_fused_moe", module=module,
+                        spec=_spec(f"flashinfer.jit.fused_moe:gen_cutlass_fused_moe_sm{sm}_module"))]
+
+
+class TrtLlmFp8Experts(Kernel):
+    """vLLM's FLASHINFER_TRTLLM FP8 MoE backend (fused_moe/experts/trtllm_fp8_moe.py): the
+    TRT-LLM-gen fused MoE of FlashInfer, on the sm100 family only. Its module links kernels
+    FlashInfer fetches as cubins (flashinfer-cubin or a download) besides what nvcc builds."""
+
+    name = "TrtLlmFp8Experts"
+    op = "moe"
+    library = "flashinfer"
+    capabilities = (10,)
+    schemes = ("fp8_block",)
+
+    @classmethod
+    def can_implement(cls, layer: Layer, env: Environment) -> Check:
+        return _block_fp8_moe(layer)
+
+    @classmethod
+    def jit_work(cls, layer: Layer, env: Environment, mspec: MSpec, m_range: MRange):
+        rubin = env.target.capability == (10, 7)
+        module = "fused_moe_trtllm_sm107" if rubin else "fused_moe_trtllm_sm100"
+        return [JitWork("flashinfer", "trtllm_fused_moe", module=module,
+                        spec=_spec("flashinfer.jit.fused_moe:gen_trtllm_gen_fused_moe_sm100_module",
+                                   rubin))]
+
+
 class FlashInferAttentionBackend(AttentionKernel):
     name = "FlashInferAttentionBackend"
     library = "flashinfer"
@@ -181,6 +244,8 @@ KERNELS: tuple[type[Kernel], ...] = (
     FlashInferFp8DeepGEMMDynamicBlockScaledKernel,
     FlashInferFP8ScaledMMLinearKernel,
     FlashInferCutlassMxfp8LinearKernel,
+    FlashInferExperts,
+    TrtLlmFp8Experts,
     FlashInferAttentionBackend,
     FlashInferMLABackend,
     FlashInferActivation,
