@@ -232,31 +232,21 @@ print(json.dumps(out))
 """
 
 
-@pytest.mark.parametrize("target, arch", [("h200", "9.0a"), ("b200", "10.0a")])
-def test_fused_moe_module_names_resolve_through_flashinfer(target, arch, tmp_path):
-    """The planned CUTLASS fused-MoE module is the one FlashInfer's own generator names
-    (its spec only; a full build compiles ~250 CUTLASS sources)."""
+def test_fused_moe_module_name_resolves_through_flashinfer(tmp_path):
+    """The planned CUTLASS fused-MoE module is the one FlashInfer's own generator names (its
+    spec only: a full build compiles ~250 CUTLASS sources, too long for a test)."""
     pytest.importorskip("flashinfer", reason="FlashInfer names are checked where it is installed")
-    plan = from_command(QWEN + "-tp 2 -ep --moe-backend flashinfer_cutlass", target=target) \
-        if target == "h200" else None
-    if plan is None:  # FlashInferExperts takes block FP8 on sm90 only: name the sm100 module
-        from warmd.libraries.flashinfer.kernels import FlashInferExperts
-        from warmd.targets import PRESETS
-
-        env = from_command(QWEN + "-tp 2", target=target).env
-        layer = selection(from_command(QWEN + "-tp 2", target=target), "mlp.experts.w13").layer
-        assert PRESETS["b200"].capability == (10, 0)
-        work = FlashInferExperts.jit_work(layer, env, None, (1, None))
-        tasks = [(dict(w.spec)["generator"], list(dict(w.spec)["args"]), w.module)
-                 for w in work]
-    else:
-        tasks = [(t.spec["generator"], list(t.spec["args"]), t.module) for t in plan.tasks
-                 if t.kernel == "cutlass_fused_moe"]
-    assert tasks
+    plan = from_command(QWEN + "-tp 2 -ep")
+    tasks = [t for t in plan.tasks if t.kernel == "cutlass_fused_moe"]
+    assert [t.module for t in tasks] == ["fused_moe_90"]
     env = {**os.environ, "FLASHINFER_WORKSPACE_BASE": str(tmp_path),
-           "FLASHINFER_CUDA_ARCH_LIST": arch}
+           "FLASHINFER_CUDA_ARCH_LIST": "9.0a"}
     result = subprocess.run([sys.executable, "-c", _SPEC_NAMES],
-                            input=json.dumps([t[:2] for t in tasks]), capture_output=True,
-                            text=True, env=env, timeout=300)
+                            input=json.dumps([[t.spec["generator"], list(t.spec["args"])]
+                                              for t in tasks]),
+                            capture_output=True, text=True, env=env, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert json.loads(result.stdout.strip().splitlines()[-1]) == [t[2] for t in tasks]
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == ["fused_moe_90"]
+    # On an H20 FlashInfer builds its prebuilt-descriptor variant; the plan names that one.
+    h20 = from_command(QWEN + "-tp 2 -ep", target="h20")
+    assert "fused_moe_90_h20_prebuilt_d" in modules(h20)

@@ -93,59 +93,47 @@ class FlashInferCutlassMxfp8LinearKernel(Kernel):
                         spec=_spec(f"flashinfer.jit.gemm.core:gen_gemm_{sm}_module_cutlass_mxfp8"))]
 
 
-def _block_fp8_moe(layer: Layer) -> Check:
-    # warmd plans FlashInfer's fused MoE for 128x128 block FP8, the scheme both vLLM kernels
-    # take on the GPUs below (kFp8Static128BlockSym x kFp8Dynamic128Sym).
-    return fp8_block_128(layer)
-
-
-# FlashInfer's CUTLASS fused-MoE module per SM (flashinfer/jit/fused_moe.py; fused_moe/core.py
-# get_cutlass_fused_moe_module picks it from the device's compute capability).
-_CUTLASS_MOE_SM = {(9, 0): "90", (10, 0): "100", (10, 3): "103", (12, 0): "120", (12, 1): "120"}
-# FlashInfer builds the H20 (78 SMs) variant on an H20 (_should_enable_sm90_moe_prebuilt_d_
-# descriptor), so a plan for that target expects its name.
+# FlashInfer builds the H20 (78 SMs) variant of the sm90 fused-MoE module on an H20
+# (flashinfer/jit/fused_moe.py, _should_enable_sm90_moe_prebuilt_d_descriptor).
 _H20_SMS = 78
 
 
-class FlashInferExperts(Kernel):
-    """vLLM's FLASHINFER_CUTLASS FP8 MoE backend (fused_moe/experts/flashinfer_cutlass_moe.py):
-    FlashInfer's cutlass_fused_moe, one JIT module per SM for every expert shape. Block FP8 only
-    on sm90 (_supports_quant_scheme: is_device_capability(90))."""
+class FlashInferFusedMoE(Kernel):
+    """A vLLM FP8 MoE backend on FlashInfer's fused MoE. warmd plans it for 128x128 block FP8,
+    the scheme both vLLM kernels take on their GPUs (kFp8Static128BlockSym x
+    kFp8Dynamic128Sym); one module serves every expert shape."""
 
-    name = "FlashInferExperts"
     op = "moe"
     library = "flashinfer"
-    capabilities = (9,)
     schemes = ("fp8_block",)
 
     @classmethod
     def can_implement(cls, layer: Layer, env: Environment) -> Check:
-        return _block_fp8_moe(layer)
+        return fp8_block_128(layer)
+
+
+class FlashInferExperts(FlashInferFusedMoE):
+    """FLASHINFER_CUTLASS (fused_moe/experts/flashinfer_cutlass_moe.py): cutlass_fused_moe;
+    block FP8 on sm90 only (_supports_quant_scheme: is_device_capability(90))."""
+
+    name = "FlashInferExperts"
+    capabilities = (9,)
 
     @classmethod
     def jit_work(cls, layer: Layer, env: Environment, mspec: MSpec, m_range: MRange):
-        sm = _CUTLASS_MOE_SM.get(env.target.capability, "90")
-        module = f"fused_moe_{sm}"
-        if sm == "90" and env.target.sms == _H20_SMS:
-            module = "fused_moe_90_h20_prebuilt_d"
+        # fused_moe/core.py get_cutlass_fused_moe_module: sm90 builds fused_moe_90.
+        module = "fused_moe_90_h20_prebuilt_d" if env.target.sms == _H20_SMS else "fused_moe_90"
         return [JitWork("flashinfer", "cutlass_fused_moe", module=module,
-                        spec=_spec(f"flashinfer.jit.fused_moe:gen_cutlass_fused_moe_sm{sm}_module"))]
+                        spec=_spec("flashinfer.jit.fused_moe:gen_cutlass_fused_moe_sm90_module"))]
 
 
-class TrtLlmFp8Experts(Kernel):
-    """vLLM's FLASHINFER_TRTLLM FP8 MoE backend (fused_moe/experts/trtllm_fp8_moe.py): the
-    TRT-LLM-gen fused MoE of FlashInfer, on the sm100 family only. Its module links kernels
-    FlashInfer fetches as cubins (flashinfer-cubin or a download) besides what nvcc builds."""
+class TrtLlmFp8Experts(FlashInferFusedMoE):
+    """FLASHINFER_TRTLLM (fused_moe/experts/trtllm_fp8_moe.py): the TRT-LLM-gen fused MoE, sm100
+    family only. Its module also links kernels FlashInfer fetches as cubins (flashinfer-cubin or
+    a download), so building it needs those besides nvcc."""
 
     name = "TrtLlmFp8Experts"
-    op = "moe"
-    library = "flashinfer"
     capabilities = (10,)
-    schemes = ("fp8_block",)
-
-    @classmethod
-    def can_implement(cls, layer: Layer, env: Environment) -> Check:
-        return _block_fp8_moe(layer)
 
     @classmethod
     def jit_work(cls, layer: Layer, env: Environment, mspec: MSpec, m_range: MRange):
