@@ -70,8 +70,8 @@ def test_backend_flags_plan_what_the_equivalent_flags_plan(command, name, flags)
 
 
 def test_oracle_rows_cover_every_release_once():
-    for version in [(0, 9, 0), (0, 12, 0), (0, 13, 0), (0, 15, 1), (0, 16, 0), (0, 17, 0),
-                    (0, 23, 0), (0, 24, 0), (1, 0, 0), None]:
+    for version in [(0, 9, 0), (0, 11, 2), (0, 12, 0), (0, 13, 0), (0, 14, 1), (0, 15, 1),
+                    (0, 16, 0), (0, 17, 0), (0, 23, 0), (0, 24, 0), (1, 0, 0), None]:
         assert sum(row.versions.contains(version) for row in ORACLE_ROWS) == 1
     assert oracle_row((0, 16, 0)).hopper_block_rule is False
     assert oracle_row((0, 17, 0)).hopper_block_rule is True
@@ -113,12 +113,13 @@ def test_without_flashinfer_the_ep_oracle_falls_to_deepgemm_with_reasons():
 @pytest.mark.parametrize("version, command, kernel, note", [
     # 0.16.0: one priority list for every GPU, FlashInfer first; TRT-LLM needs sm100.
     ("0.16.0", QWEN + "-tp 2", "FlashInferExperts", None),
-    # 0.13.0 - 0.15.x: FlashInfer only on request; DeepGEMM unless the MoE's TP size >= 8.
+    # 0.12.0 - 0.15.x: FlashInfer only on request; DeepGEMM unless the MoE's TP size >= 8.
     ("0.14.0", QWEN + "-tp 2", "DeepGemmExperts", None),
     ("0.14.0", KIMI, "TritonExperts", "MoE TP size 8 >= 8"),
     ("0.14.0", QWEN + "-tp 8 -ep", "DeepGemmExperts", None),  # with EP the MoE's TP size is 1
-    # before 0.13.0: DeepGEMM for block FP8 whenever VLLM_USE_DEEP_GEMM is on.
+    # before 0.12.0: DeepGEMM for block FP8 whenever VLLM_USE_DEEP_GEMM is on.
     ("0.11.0", KIMI, "DeepGemmExperts", None),
+    ("0.12.0", KIMI, "TritonExperts", "MoE TP size 8 >= 8"),
 ])
 def test_older_oracles(version, command, kernel, note):
     plan = from_command(command, engine_version=version)
@@ -127,6 +128,21 @@ def test_older_oracles(version, command, kernel, note):
         assert any(note in n for n in plan.engine_notes), plan.engine_notes
     if kernel == "FlashInferExperts":
         assert "needs sm10x" in rejected(experts(plan))["TrtLlmFp8Experts"]
+
+
+def test_blackwell_before_0_14_falls_to_cutlass_block_grouped_gemm():
+    # quantization/fp8.py (0.12.0, 0.13.0): DeepGEMM, then CUTLASS block-scaled grouped GEMM
+    # on sm100 (compiled into vLLM: nothing to warm), then Triton.
+    with_dg = from_command(QWEN + "-tp 2", target="b200", engine_version="0.13.0")
+    assert experts(with_dg).kernel.name == "DeepGemmExperts"
+    plan = from_command(QWEN + "-tp 2", target="b200", engine_version="0.13.0",
+                        with_libs=("flashinfer", "nvcc"), without_libs=("deep_gemm",))
+    assert experts(plan).kernel.name == "CutlassBlockScaledGroupedGemmExperts"
+    assert "DeepGEMM unavailable" in rejected(experts(plan))["DeepGemmExperts"]
+    hopper = from_command(QWEN + "-tp 2", engine_version="0.13.0", without_libs=("deep_gemm",),
+                          with_libs=("flashinfer", "nvcc"))
+    assert experts(hopper).kernel.name == "TritonExperts"
+    assert "needs sm10x" in rejected(experts(hopper))["CutlassBlockScaledGroupedGemmExperts"]
 
 
 def test_blackwell_block_fp8_runs_flashinfer_trtllm():

@@ -6,25 +6,29 @@ loop in warmd.kernels.selection then checks capability, library and layer in tha
 every rejection's reason), whether the engine forces that list (it then refuses to start when
 no entry fits: so does warmd), and notes for the plan.
 
-vLLM releases, read from each release's source:
-- < 0.13.0 (read: 0.11.0), vllm/model_executor/layers/quantization/fp8.py (Fp8MoEMethod):
-  FlashInfer only with VLLM_USE_FLASHINFER_MOE_FP8=1 (VLLM_FLASHINFER_MOE_BACKEND throughput:
-  CUTLASS, latency: TRT-LLM), else DeepGEMM for block FP8 (VLLM_USE_DEEP_GEMM), else CUTLASS
-  block-scaled grouped GEMM on sm100, else Triton.
-- 0.13.0 - 0.15.x (read: 0.13.0 quantization/fp8.py get_fp8_moe_backend, 0.14.0
-  fused_moe/oracle/fp8.py select_fp8_moe_backend): FlashInfer still opt-in, on sm90/sm100 only
-  (latency off sm100 means CUTLASS); DeepGEMM off by default when the MoE's TP size >= 8
-  unless VLLM_MOE_USE_DEEP_GEMM is set; else Triton.
-- 0.16.x (read: 0.16.0 oracle/fp8.py): a priority list FLASHINFER_TRTLLM, FLASHINFER_CUTLASS,
-  DEEPGEMM, TRITON, each kernel's is_supported_config deciding; VLLM_USE_FLASHINFER_MOE_FP8
-  set explicitly removes (0) or forces (1) FlashInfer, VLLM_USE_DEEP_GEMM /
-  VLLM_MOE_USE_DEEP_GEMM set explicitly remove (0) or force (1) DeepGEMM.
-- >= 0.17.0 (read: 0.17.0, 0.18.0, 0.20.0, 0.23.0, 0.27.0, 0.34.0 oracle/fp8.py): the same list,
-  and on Hopper for 128x128 block FP8 Triton goes first without expert parallel and FlashInfer
-  CUTLASS first with it; --moe-backend forces one backend.
-- >= 0.24.0 (read: 0.24.0, 0.25.0, 0.27.0, 0.34.0; 0.23.0 still reads them):
-  VLLM_USE_FLASHINFER_MOE_FP8 and
+vLLM releases, read from each release's source distribution (0.15.x has none; it is taken
+to follow 0.14.0):
+- < 0.12.0 (read: 0.11.0), vllm/model_executor/layers/quantization/fp8.py (Fp8MoEMethod):
+  FlashInfer only with VLLM_USE_FLASHINFER_MOE_FP8=1 (VLLM_FLASHINFER_MOE_BACKEND throughput,
+  the default: CUTLASS; latency: TRT-LLM), else DeepGEMM for block FP8 (VLLM_USE_DEEP_GEMM),
+  else CUTLASS block-scaled grouped GEMM on sm100, else Triton.
+- 0.12.0 - 0.13.x (read: 0.12.0, 0.13.0), the same file, get_fp8_moe_backend: FlashInfer still
+  opt-in, on sm90/sm100 only (latency, now the default, means CUTLASS off sm100); DeepGEMM off
+  by default when the MoE's TP size is >= 8 unless VLLM_MOE_USE_DEEP_GEMM is set; CUTLASS
+  block-scaled grouped GEMM on sm100; Triton.
+- 0.14.0 - 0.15.x (read: 0.14.0), fused_moe/oracle/fp8.py select_fp8_moe_backend: the same
+  without the CUTLASS block-scaled grouped GEMM.
+- 0.16.x (read: 0.16.0): a priority list FLASHINFER_TRTLLM, FLASHINFER_CUTLASS, DEEPGEMM,
+  TRITON, each kernel's is_supported_config deciding; VLLM_USE_FLASHINFER_MOE_FP8 set
+  explicitly removes (0) or forces (1) FlashInfer, VLLM_USE_DEEP_GEMM / VLLM_MOE_USE_DEEP_GEMM
+  set explicitly remove (0) or force (1) DeepGEMM.
+- >= 0.17.0 (read: 0.17.0, 0.18.0, 0.19.0, 0.20.0, 0.23.0, 0.24.0, 0.25.0, 0.27.0, 0.34.0):
+  the same list, and on Hopper for 128x128 block FP8 Triton goes first without expert
+  parallel and FlashInfer CUTLASS first with it; --moe-backend forces one backend.
+- >= 0.24.0 (0.23.0 still reads them): VLLM_USE_FLASHINFER_MOE_FP8 and
   VLLM_FLASHINFER_MOE_BACKEND are no longer read (--moe-backend replaces them).
+Not modelled: LoRA (Triton), batched (DeepEP low-latency all2all) formats, Marlin/ROCm, and
+0.34.0's DeepGEMM opt-out for some model types on Blackwell (should_auto_disable_deep_gemm).
 """
 
 from __future__ import annotations
@@ -83,9 +87,11 @@ class OracleRow:
 
 
 ORACLE_ROWS: tuple[OracleRow, ...] = (
-    OracleRow(VersionRange(None, (0, 13, 0)), VLLM_LEGACY, "legacy",
+    OracleRow(VersionRange(None, (0, 12, 0)), VLLM_LEGACY, "legacy",
               ("DEEPGEMM", "CUTLASS_BLOCK_SCALED_GROUPED_GEMM", "TRITON")),
-    OracleRow(VersionRange((0, 13, 0), (0, 16, 0)), VLLM_ORACLE, "explicit",
+    OracleRow(VersionRange((0, 12, 0), (0, 14, 0)), VLLM_LEGACY, "explicit",
+              ("DEEPGEMM", "CUTLASS_BLOCK_SCALED_GROUPED_GEMM", "TRITON")),
+    OracleRow(VersionRange((0, 14, 0), (0, 16, 0)), VLLM_ORACLE, "explicit",
               ("DEEPGEMM", "TRITON")),
     OracleRow(VersionRange((0, 16, 0), (0, 17, 0)), VLLM_ORACLE, "priority",
               ("FLASHINFER_TRTLLM", "FLASHINFER_CUTLASS", "DEEPGEMM", "TRITON")),

@@ -74,8 +74,8 @@ class TritonExperts(Kernel):
 
 
 class CutlassBlockScaledGroupedGemmExperts(Kernel):
-    """vLLM before 0.13.0 on sm100: CUTLASS block-scaled grouped GEMM for block FP8 MoE
-    (quantization/fp8.py, allow_cutlass_block_scaled_grouped_gemm); compiled into vLLM."""
+    """vLLM before 0.14.0 on sm100: CUTLASS block-scaled grouped GEMM for block FP8 MoE
+    (quantization/fp8.py); compiled into vLLM."""
 
     name = "CutlassBlockScaledGroupedGemmExperts"
     op = "moe"
