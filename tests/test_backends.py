@@ -196,6 +196,27 @@ def test_vllm_attention_backend_variable_is_read_until_0_16():
     assert any("not read by this vLLM" in n for n in new.engine_notes)
 
 
+SGLANG_KIMI = "python -m sglang.launch_server --model-path {kimi_k2_instruct} --tp 8 "
+
+
+@pytest.mark.parametrize("flags, target, kernel", [
+    # get_default_attn_backend (arg_groups/model_override_base.py, 0.5.23): MLA runs fa3 on
+    # Hopper and flashinfer on sm100.
+    ("", "h200", "FlashAttnMLABackend"),
+    ("", "b200", "FlashInferMLABackend"),
+    ("--attention-backend flashinfer", "h200", "FlashInferMLABackend"),
+    ("--attention-backend triton", "h200", "TritonMLABackend"),
+    ("--attention-backend trtllm_mla", "h200", "FlashAttnMLABackend"),  # valid, not modelled
+])
+def test_sglang_attention_backend(flags, target, kernel):
+    plan = from_command(SGLANG_KIMI + flags, target=target)
+    assert selection(plan, "self_attn.attn").kernel.name == kernel
+    has_mla_module = any(m.startswith("batch_mla_attention") for m in modules(plan))
+    assert has_mla_module == (kernel == "FlashInferMLABackend")
+    if "trtllm_mla" in flags:
+        assert any("not modelled by warmd" in n for n in plan.engine_notes)
+
+
 def test_sglang_moe_runner_backend():
     deepep = ("python -m sglang.launch_server --model-path {qwen3_30b_a3b_fp8} --tp 4 "
               "--moe-a2a-backend deepep")
@@ -223,6 +244,8 @@ def test_forced_backend_that_cannot_run_is_refused():
     (["python", "-m", "sglang.launch_server", "--model-path", "{m}", "--moe-runner-backend",
       "bogus"], "--moe-runner-backend 'bogus' is not one of"),
     (["vllm", "serve", "{m}", "--attention-backend", "BOGUS"], "unknown attention backend"),
+    (["python", "-m", "sglang.launch_server", "--model-path", "{m}", "--attention-backend",
+      "fa9"], "unknown SGLang attention backend 'fa9'"),
     (["vllm", "serve", "{m}", "-tp", "2", "--moe-backend", "flashinfer_trtllm"],
      "cannot run mlp.experts"),
 ])

@@ -36,10 +36,20 @@ ATTENTION_BACKENDS = {
 # vLLM read VLLM_ATTENTION_BACKEND until 0.15.x (vllm/config/attention.py in 0.14.0); 0.16.0
 # has only --attention-backend.
 VLLM_ATTENTION_ENV_VERSIONS = VersionRange(None, (0, 16, 0))
-# SGLang's --attention-backend spellings for the same kernels.
-SGLANG_ATTENTION_BACKENDS = {"fa3": "FLASH_ATTN", "flashinfer": "FLASHINFER",
-                             "triton": "TRITON_ATTN", "flashmla": "FLASHMLA",
-                             "cutlass_mla": "CUTLASS_MLA"}
+# SGLang's --attention-backend spellings for the same kernels: one name serves MHA and MLA
+# models alike (python/sglang/srt/layers/attention/: fa3, flashinfer and triton each have an
+# MLA variant).
+SGLANG_ATTENTION_BACKENDS = {"fa3": ("FLASH_ATTN", "FLASH_ATTN_MLA"),
+                             "flashinfer": ("FLASHINFER", "FLASHINFER_MLA"),
+                             "triton": ("TRITON_ATTN", "TRITON_MLA"), "flashmla": ("FLASHMLA",),
+                             "cutlass_mla": ("CUTLASS_MLA",)}
+# The rest of SGLang's ATTENTION_BACKEND_CHOICES (server_args.py, 0.5.23): valid, not
+# modelled by warmd (the plan keeps its default order and says so).
+SGLANG_OTHER_ATTENTION_BACKENDS = (
+    "torch_native", "flex_attention", "dsa", "nsa", "dsv4", "compressed", "fa4", "trtllm_mla",
+    "cutedsl_mla", "tokenspeed_mla", "trtllm_mha", "dual_chunk_flash_attn", "hpc_ops",
+    "minicpm_flashattn", "minicpm_flashinfer", "aiter", "wave", "intel_amx", "ascend",
+    "intel_xpu")
 
 
 @dataclass
@@ -146,20 +156,23 @@ def _decide_vllm(request, env: EngineEnv) -> Decisions:
                              "not read by this vLLM (0.16.0 dropped it for "
                              "--attention-backend; vllm/config/attention.py)")
     if backend:
-        _force_attention(out, backend, how)
+        _force_attention(out, (backend,), how)
     for name in env.get("VLLM_DISABLED_KERNELS"):
         out.disable((name,), "disabled by VLLM_DISABLED_KERNELS")
     return out
 
 
-def _force_attention(out: Decisions, backend: str, how: str) -> None:
-    if backend not in ATTENTION_BACKENDS:
-        raise WarmdInputError(f"unknown attention backend {backend!r} ({how}); known: "
+def _force_attention(out: Decisions, backends: tuple[str, ...], how: str) -> None:
+    """Disable every other backend of the kinds (MHA, MLA) the named backends implement."""
+    unknown = [b for b in backends if b not in ATTENTION_BACKENDS]
+    if unknown:
+        raise WarmdInputError(f"unknown attention backend {unknown[0]!r} ({how}); known: "
                               f"{', '.join(ATTENTION_BACKENDS)}")
-    chosen, kind = ATTENTION_BACKENDS[backend]
-    others = [name for name, k in ATTENTION_BACKENDS.values() if name != chosen and k == kind]
-    out.disable(others, f"{how} selects {chosen}")
-    out.notes.append(f"{how}: attention runs {chosen}")
+    chosen = {ATTENTION_BACKENDS[b][1]: ATTENTION_BACKENDS[b][0] for b in backends}
+    for kind, kernel in chosen.items():
+        others = [name for name, k in ATTENTION_BACKENDS.values() if k == kind and name != kernel]
+        out.disable(others, f"{how} selects {kernel}")
+    out.notes.append(f"{how}: attention runs {' / '.join(chosen.values())}")
 
 
 def sglang_m_max(chunked_prefill_size: int | None) -> int:
@@ -213,13 +226,17 @@ def _decide_sglang(request, env: EngineEnv) -> Decisions:
     if request.ep > 1 and a2a != "deepep":
         out.notes.append(f"--ep {request.ep} without --moe-a2a-backend deepep: MoE runs "
                          "Triton (python/sglang/srt/layers/moe/ep_moe/layer.py)")
-    if request.attention_backend:
-        name = SGLANG_ATTENTION_BACKENDS.get(request.attention_backend)
-        if name is None:
-            raise WarmdInputError(f"unknown SGLang attention backend "
-                                  f"{request.attention_backend!r}; known: "
-                                  f"{', '.join(SGLANG_ATTENTION_BACKENDS)}")
-        _force_attention(out, name, f"--attention-backend {request.attention_backend}")
+    backend = request.attention_backend
+    if backend in SGLANG_OTHER_ATTENTION_BACKENDS:
+        out.notes.append(f"--attention-backend {backend}: not modelled by warmd; attention "
+                         "follows SGLang's default order")
+    elif backend:
+        names = SGLANG_ATTENTION_BACKENDS.get(backend)
+        if names is None:
+            known = (*SGLANG_ATTENTION_BACKENDS, *SGLANG_OTHER_ATTENTION_BACKENDS)
+            raise WarmdInputError(f"unknown SGLang attention backend {backend!r}; known: "
+                                  f"{', '.join(known)}")
+        _force_attention(out, names, f"--attention-backend {backend}")
     return out
 
 

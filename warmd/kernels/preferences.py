@@ -34,6 +34,9 @@ PREFERENCES: dict[str, dict[str, dict[str, list[str]]]] = {
             "linear.fp8": _FP8_LINEAR_HOPPER,
             "linear.mxfp8": _MXFP8_LINEAR,
             "linear.bf16": _BF16_LINEAR,
+            # vLLM's moe.fp8 order is decided per launch (warmd.engines.moe_backends, passed
+            # as Environment.preference_overrides by make_plan); this row, DeepGEMM first, is
+            # its order with VLLM_USE_DEEP_GEMM set explicitly, for plans made without one.
             "moe.fp8": ["TritonOrDeepGemmExperts", "DeepGemmExperts", "TritonExperts"],
             "moe.bf16": ["TritonExperts"],
             "attention.mha": ["FlashAttentionBackend", "FlashInferAttentionBackend",
@@ -77,7 +80,8 @@ PREFERENCES: dict[str, dict[str, dict[str, list[str]]]] = {
             "moe.bf16": ["TritonExperts"],
             "attention.mha": ["FlashAttentionBackend", "FlashInferAttentionBackend",
                               "TritonAttentionBackend"],
-            "attention.mla": ["FlashMLABackend", "FlashInferMLABackend", "TritonMLABackend"],
+            "attention.mla": ["FlashAttnMLABackend", "FlashMLABackend", "FlashInferMLABackend",
+                              "TritonMLABackend"],
             "activation": ["SglKernelActivation", "FlashInferActivation", "TorchActivation"],
             "sampling": _SAMPLING,
         },
