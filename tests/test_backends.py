@@ -217,6 +217,18 @@ def test_sglang_attention_backend(flags, target, kernel):
         assert any("not modelled by warmd" in n for n in plan.engine_notes)
 
 
+def test_sglang_auto_runner_on_blackwell_deepseek_is_flashinfer_trtllm():
+    plan = from_command(SGLANG_KIMI, target="b200")
+    assert experts(plan).kernel.name == "TrtLlmFp8Experts"
+    assert "fused_moe_trtllm_sm100" in modules(plan)
+    assert any("flashinfer_trtllm" in n for n in plan.engine_notes)
+    deepep = from_command(SGLANG_KIMI + "--moe-a2a-backend deepep", target="b200")
+    assert experts(deepep).kernel.name == "DeepEPDeepGemmExperts"
+    qwen = from_command("python -m sglang.launch_server --model-path {qwen3_30b_a3b_fp8} "
+                        "--tp 2", target="b200")
+    assert experts(qwen).kernel.name == "TritonExperts"  # not DeepSeek-family: auto stays
+
+
 def test_sglang_moe_runner_backend():
     deepep = ("python -m sglang.launch_server --model-path {qwen3_30b_a3b_fp8} --tp 4 "
               "--moe-a2a-backend deepep")

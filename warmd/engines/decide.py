@@ -245,14 +245,16 @@ def moe_preference(request, env: EngineEnv, capability: tuple[int, int],
     """The moe.fp8 preference the engine's launch decides for this model and GPU (vLLM's FP8
     MoE oracle, SGLang's --moe-runner-backend); None when the model has no FP8 MoE layer or
     the engine's default order holds."""
-    from warmd.kernels.preferences import family_of
+    from warmd.kernels.preferences import PREFERENCES, family_of, platform_of
 
     moe = [layer for layer in model.layers if layer.op == "moe"
            and family_of(layer.op, layer.quant) == "moe.fp8"]
     if not moe:
         return None
     if request.engine == "sglang":
-        return sglang_fp8_moe(request.moe_backend)
+        default = PREFERENCES["sglang"][platform_of(capability)]["moe.fp8"]
+        return sglang_fp8_moe(request.moe_backend, capability, model.model_type,
+                              request.moe_a2a_backend or "none", tuple(default))
     block = any(layer.quant == "fp8_block" and layer.block == (128, 128) for layer in moe)
     moe_tp = 1 if request.ep > 1 else request.tp * request.dp
     return vllm_fp8_moe(env, capability, block, request.ep, moe_tp, request.moe_backend)

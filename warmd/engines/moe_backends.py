@@ -203,10 +203,20 @@ def _vllm_priority(row: OracleRow, env: EngineEnv, capability: tuple[int, int], 
     return MoeChoice(_kernels(order), None, tuple(notes))
 
 
-def sglang_fp8_moe(runner: str | None) -> MoeChoice | None:
-    """SGLang's --moe-runner-backend: auto (None) keeps warmd's SGLang order (DeepEP MoE with
-    --moe-a2a-backend deepep, else Triton); a named runner is what the MoE runs."""
+SGLANG_OVERRIDES = "python/sglang/srt/arg_groups/overrides.py"
+
+
+def sglang_fp8_moe(runner: str | None, capability: tuple[int, int], model_type: str,
+                   a2a: str, default: tuple[str, ...]) -> MoeChoice | None:
+    """SGLang's --moe-runner-backend. auto on sm100 for a DeepSeek-V3-family FP8 model without
+    an all-to-all backend resolves to flashinfer_trtllm (SGLang 0.5.23, overrides.py);
+    otherwise auto (None) keeps warmd's SGLang order (DeepEP MoE with --moe-a2a-backend
+    deepep, else Triton). A named runner is what the MoE runs."""
     if runner is None or runner == "auto":
+        if capability[0] == 10 and model_type == "deepseek_v3" and a2a == "none":
+            return MoeChoice(("TrtLlmFp8Experts", *default), None, (
+                f"sm100, DeepSeek-V3 family, no --moe-a2a-backend: SGLang resolves "
+                f"--moe-runner-backend auto to flashinfer_trtllm ({SGLANG_OVERRIDES})",))
         return None
     if runner not in SGLANG_MOE_RUNNER_BACKENDS:
         raise WarmdInputError(f"--moe-runner-backend {runner!r} is not one of "
