@@ -33,6 +33,8 @@ ATTENTION_BACKENDS = {
     "TRITON_MLA": ("TritonMLABackend", "mla"),
     "FLASH_ATTN_MLA": ("FlashAttnMLABackend", "mla"),
 }
+# VLLM_MOE_USE_DEEP_GEMM exists from 0.12.0 (vllm/envs.py; 0.11.0 has none).
+VLLM_MOE_DEEP_GEMM_ENV = VersionRange((0, 12, 0), None)
 # vLLM read VLLM_ATTENTION_BACKEND until 0.15.x (vllm/config/attention.py in 0.14.0); 0.16.0
 # has only --attention-backend.
 VLLM_ATTENTION_ENV_VERSIONS = VersionRange(None, (0, 16, 0))
@@ -126,7 +128,7 @@ def _decide_vllm(request, env: EngineEnv) -> Decisions:
         reason = _explain(env, "VLLM_USE_DEEP_GEMM", False, "no DeepGEMM kernels", "vllm/envs.py")
         out.disable(_DEEP_GEMM_LINEAR + _VLLM_DEEP_GEMM_MOE, reason)
         out.notes.append(reason)
-    if env.get("VLLM_MOE_USE_DEEP_GEMM") is False:
+    if env.get("VLLM_MOE_USE_DEEP_GEMM") is False and VLLM_MOE_DEEP_GEMM_ENV.contains(env.version):
         reason = _explain(env, "VLLM_MOE_USE_DEEP_GEMM", False, "no DeepGEMM MoE",
                           VLLM_DG_WARMUP)
         out.disable(_VLLM_DEEP_GEMM_MOE, reason)
