@@ -301,3 +301,21 @@ def test_fused_moe_module_name_resolves_through_flashinfer(tmp_path):
     # On an H20 FlashInfer builds its prebuilt-descriptor variant; the plan names that one.
     h20 = from_command(QWEN + "-tp 2 -ep", target="h20")
     assert "fused_moe_90_h20_prebuilt_d" in modules(h20)
+
+
+def _plan_cli(*args: str) -> dict:
+    result = subprocess.run([sys.executable, "-m", "warmd", "plan", "--json", "--target", "h200",
+                             "--with", "flashinfer", "--with", "deep_gemm", "--with", "nvcc",
+                             *args], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_cli_moe_backend_flag_equals_the_serve_command():
+    qwen = model("qwen3-30b-a3b-fp8")
+    flags = _plan_cli("--model", qwen, "--tp", "2", "--moe-backend", "flashinfer_cutlass",
+                      "--engine-version", "0.20.0")
+    pasted = _plan_cli("--engine-version", "0.20.0", "--", "vllm", "serve", qwen, "-tp", "2",
+                       "--moe-backend", "flashinfer_cutlass")
+    assert flags == pasted
+    assert {t["module"] for t in flags["tasks"]} >= {"fused_moe_90"}
