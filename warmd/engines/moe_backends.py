@@ -41,7 +41,6 @@ from warmd.errors import WarmdInputError
 
 VLLM_ORACLE = "vllm/model_executor/layers/fused_moe/oracle/fp8.py"
 VLLM_LEGACY = "vllm/model_executor/layers/quantization/fp8.py"
-VLLM_FI_UTILS = "vllm/model_executor/layers/quantization/utils/flashinfer_utils.py"
 SGLANG_SERVER_ARGS = "python/sglang/srt/server_args.py"
 
 # vLLM's Fp8MoeBackend -> the warmd kernels that stand for it, in the order tried. DEEPGEMM is
@@ -58,10 +57,14 @@ VLLM_BACKEND_KERNELS: dict[str, tuple[str, ...]] = {
 VLLM_MOE_BACKEND_FLAG = {"triton": "TRITON", "deep_gemm": "DEEPGEMM",
                          "flashinfer_trtllm": "FLASHINFER_TRTLLM",
                          "flashinfer_cutlass": "FLASHINFER_CUTLASS"}
-# Accepted by vLLM's parser (vllm/config/kernel.py MoEBackend) but not modelled by warmd for
-# FP8: vLLM CUTLASS (refused for block FP8 checkpoints: allow_vllm_cutlass=False), Marlin, ROCm.
-VLLM_MOE_BACKEND_OTHER = ("auto", "cutlass", "marlin", "aiter", "batched_triton",
-                          "deep_gemm_mega_moe", "flashinfer_cutedsl", "humming", "emulation")
+# The rest of vLLM's --moe-backend values (vllm/config/kernel.py MoEBackend, 0.34.0): valid,
+# not modelled for FP8 MoE (vLLM CUTLASS is refused for block FP8 checkpoints,
+# allow_vllm_cutlass=False; the others are other formats or platforms).
+VLLM_MOE_BACKEND_OTHER = (
+    "auto", "batched_triton", "deep_gemm_mega_moe", "cutlass", "flashinfer_cutedsl",
+    "flashinfer_moe_ep_cutedsl", "flashinfer_b12x", "b12x", "flashinfer_moe_ep_mega_deep_gemm",
+    "marlin", "humming", "triton_unfused", "aiter", "aiter_mega_moe", "aiter_triton_mxfp4_bf16",
+    "aiter_triton_mxfp4_mxfp4", "flydsl", "hpc", "emulation", "rdna3")
 # SGLang's MOE_RUNNER_BACKEND_CHOICES (python/sglang/srt/server_args.py).
 SGLANG_MOE_RUNNER_BACKENDS = (
     "auto", "deep_gemm", "triton", "triton_kernel", "flashinfer_trtllm",
@@ -86,6 +89,7 @@ class OracleRow:
     flashinfer_env: bool = True  # VLLM_USE_FLASHINFER_MOE_FP8 is read
 
 
+_PRIORITY = ("FLASHINFER_TRTLLM", "FLASHINFER_CUTLASS", "DEEPGEMM", "TRITON")
 ORACLE_ROWS: tuple[OracleRow, ...] = (
     OracleRow(VersionRange(None, (0, 12, 0)), VLLM_LEGACY, "legacy",
               ("DEEPGEMM", "CUTLASS_BLOCK_SCALED_GROUPED_GEMM", "TRITON")),
@@ -93,13 +97,10 @@ ORACLE_ROWS: tuple[OracleRow, ...] = (
               ("DEEPGEMM", "CUTLASS_BLOCK_SCALED_GROUPED_GEMM", "TRITON")),
     OracleRow(VersionRange((0, 14, 0), (0, 16, 0)), VLLM_ORACLE, "explicit",
               ("DEEPGEMM", "TRITON")),
-    OracleRow(VersionRange((0, 16, 0), (0, 17, 0)), VLLM_ORACLE, "priority",
-              ("FLASHINFER_TRTLLM", "FLASHINFER_CUTLASS", "DEEPGEMM", "TRITON")),
-    OracleRow(VersionRange((0, 17, 0), (0, 24, 0)), VLLM_ORACLE, "priority",
-              ("FLASHINFER_TRTLLM", "FLASHINFER_CUTLASS", "DEEPGEMM", "TRITON"),
+    OracleRow(VersionRange((0, 16, 0), (0, 17, 0)), VLLM_ORACLE, "priority", _PRIORITY),
+    OracleRow(VersionRange((0, 17, 0), (0, 24, 0)), VLLM_ORACLE, "priority", _PRIORITY,
               hopper_block_rule=True, moe_backend_flag=True),
-    OracleRow(VersionRange((0, 24, 0), None), VLLM_ORACLE, "priority",
-              ("FLASHINFER_TRTLLM", "FLASHINFER_CUTLASS", "DEEPGEMM", "TRITON"),
+    OracleRow(VersionRange((0, 24, 0), None), VLLM_ORACLE, "priority", _PRIORITY,
               hopper_block_rule=True, moe_backend_flag=True, flashinfer_env=False),
 )
 
@@ -142,6 +143,12 @@ def vllm_fp8_moe(env: EngineEnv, capability: tuple[int, int], block: bool, ep: i
         return _vllm_flag(row, moe_backend, where)
     if row.style == "priority":
         return _vllm_priority(row, env, capability, block, ep, where)
+    return _vllm_opt_in(row, env, capability, moe_tp, where)
+
+
+def _vllm_opt_in(row: OracleRow, env: EngineEnv, capability: tuple[int, int], moe_tp: int,
+                 where: str) -> MoeChoice:
+    """Before 0.16.0: FlashInfer only on request, then DeepGEMM, (CUTLASS), Triton."""
     fi_on = env.get("VLLM_USE_FLASHINFER_MOE_FP8") is True
     if fi_on and (row.style == "legacy" or capability[0] in (9, 10)):
         backend = _flashinfer_backend(env, capability) if row.style == "explicit" else (
