@@ -80,8 +80,14 @@ def test_serve_command_plans_what_the_equivalent_flags_plan(command, name, flags
     assert pasted.tasks  # every case warms something
 
 
+# vLLM >= 0.17.0 runs block-FP8 MoE with expert parallel on FlashInfer CUTLASS by default
+# (fused_moe/oracle/fp8.py; tests/test_backends.py); DeepGEMM MoE, whose M sets these tests
+# check, is what it runs with VLLM_MOE_USE_DEEP_GEMM=1 set explicitly.
+DEEP_GEMM_MOE = (("VLLM_MOE_USE_DEEP_GEMM", "1"),)
+
+
 def test_kimi_k2_plans_as_deepseek_v3_with_dp_ep():
-    plan = from_command(CASES[0][0])
+    plan = from_command(CASES[0][0], engine_env=DEEP_GEMM_MOE)
     assert plan.model.model_type == "deepseek_v3"  # model_type kimi_k2, architecture DSv3
     w13 = selection(plan, "mlp.experts.w13").layer
     assert (w13.num_groups, w13.n, w13.k) == (384 // 16, 2 * 2048, 7168)  # EP = TP x DP
@@ -95,12 +101,13 @@ def test_kimi_k2_plans_as_deepseek_v3_with_dp_ep():
 
 def test_vllm_dp_multiplies_grouped_tokens_up_to_the_chunk_size():
     qwen = "vllm serve {qwen3_30b_a3b_fp8} -tp 2 -dp 2 -ep --max-num-batched-tokens 2048"
-    plan = from_command(qwen)
+    plan = from_command(qwen, engine_env=DEEP_GEMM_MOE)
     assert plan.model.ep == 4
     assert {max(t.m) for t in grouped(plan)} == {aligned_grouped_m(4096, 8, 32)}
     dense = [t for t in plan.tasks if t.kernel == "fp8_gemm_nt"]
     assert dense and max(max(t.m) for t in dense) == 2048  # dense GEMMs see one rank's tokens
-    capped = from_command(qwen, engine_env=(("VLLM_FUSED_MOE_CHUNK_SIZE", "3000"),))
+    capped = from_command(qwen, engine_env=(("VLLM_FUSED_MOE_CHUNK_SIZE", "3000"),
+                                            *DEEP_GEMM_MOE))
     assert {max(t.m) for t in grouped(capped)} == {aligned_grouped_m(3000, 8, 32)}
 
 
@@ -177,8 +184,11 @@ def test_sglang_plain_ep_runs_triton_moe():
      lambda p: selection(p, "self_attn.attn").kernel.name == "FlashInferMLABackend"),
 ])
 def test_engine_variables_change_choices_and_say_so(variable, value, check):
+    # vLLM 0.14.0: a release where each of these changes a choice for this TP-only Hopper
+    # launch (from 0.17.0 Triton MoE comes first under TP, so VLLM_MOE_USE_DEEP_GEMM=0 changes
+    # nothing there; 0.16.0 dropped VLLM_ATTENTION_BACKEND: tests/test_backends.py).
     command = "vllm serve {kimi_k2_instruct} -tp 8 --max-num-batched-tokens 1024"
-    plan = from_command(command, engine_env=((variable, value),))
+    plan = from_command(command, engine_env=((variable, value),), engine_version="0.14.0")
     assert check(plan)
     assert any(f"{variable}={value}" in note for note in plan.engine_notes), plan.engine_notes
     reasons = [r.reason for s in plan.selections for r in s.rejected]
@@ -283,7 +293,8 @@ def test_warmd_yaml_engine_command_and_env():
                " --max-num-batched-tokens 2048")
     config = parse_config({"models": [{"name": "q", "engine_command": command, "target": "h200",
                                        "with": ["deep_gemm"],
-                                       "env": {"VLLM_FUSED_MOE_CHUNK_SIZE": 3000}}]})
+                                       "env": {"VLLM_FUSED_MOE_CHUNK_SIZE": 3000,
+                                               "VLLM_MOE_USE_DEEP_GEMM": 1}}]})
     request = config.models[0].plan_request()
     assert (request.tp, request.dp, request.ep, request.max_tokens) == (2, 2, 4, 2048)
     plan = make_plan(request)

@@ -170,7 +170,8 @@ def test_planned_flashinfer_modules_match_flashinfer_spec_names(tmp_path):
         plan_json("--model", "llama-3.1-8b", "--target", "b200", "--quantization", "mxfp8",
                   "--with", "flashinfer", "--engine", "sglang"),
         plan_json("--model", "deepseek-v3", "--tp", "8", "--target", "h200", "--with",
-                  "flashinfer", "--with", "deep_gemm", "--disable-kernel", "FlashMLABackend"),
+                  "flashinfer", "--with", "deep_gemm", "--disable-kernel", "FlashMLABackend",
+                  "--disable-kernel", "FlashAttnMLABackend"),
         plan_json("--model", "llama-3.1-8b", "--target", "h200", "--with", "flashinfer",
                   "--disable-kernel", "FlashAttentionBackend"),
     ]
@@ -299,7 +300,8 @@ def test_plan_tables_fit_the_terminal_and_keep_keys_whole(width):
     from warmd.warmup import WarmupOptions
 
     args = ("--model", "deepseek-v3", "--tp", "8", "--target", "h200", "--with", "deep_gemm",
-            "--with", "flashinfer", "--disable-kernel", "FlashMLABackend")
+            "--with", "flashinfer", "--disable-kernel", "FlashMLABackend",
+            "--disable-kernel", "FlashAttnMLABackend")
     text = _plan_text(width, *args)
     lines = text.splitlines()
     assert max(len(line) for line in lines) <= width

@@ -222,12 +222,20 @@ class PlanRequest:
     engine_version: str | None = None
     attention_backend: str | None = None
     moe_a2a_backend: str | None = None
+    # vLLM's --moe-backend / SGLang's --moe-runner-backend (None: the engine's own choice).
+    moe_backend: str | None = None
     # The engine's environment variables; None: this process's environment.
     engine_env: tuple[tuple[str, str], ...] | None = None
 
 
 def make_plan(request: PlanRequest) -> Plan:
-    from warmd.engines.decide import check_expert_parallel, decide, moe_ranks
+    from warmd.engines.decide import (
+        check_expert_parallel,
+        decide,
+        moe_preference,
+        moe_ranks,
+        refuse_unfit_forced,
+    )
     from warmd.engines.environment import EngineEnv, process_engine_env
     from warmd.engines.hub import resolve_model
     from warmd.engines.versions import resolve_version
@@ -246,7 +254,8 @@ def make_plan(request: PlanRequest) -> Plan:
     version, version_note = resolve_version(request.engine, request.engine_version)
     values = dict(request.engine_env) if request.engine_env is not None \
         else process_engine_env()
-    decisions = decide(request, EngineEnv.of(request.engine, values, version))
+    engine_env = EngineEnv.of(request.engine, values, version)
+    decisions = decide(request, engine_env)
     check_kernel_names(frozenset(request.disabled_kernels))
     disabled = (frozenset(request.disabled_kernels) | disabled_kernels_from_env()
                 | frozenset(decisions.disabled))
@@ -255,8 +264,14 @@ def make_plan(request: PlanRequest) -> Plan:
                          moe_ranks(request.engine, request.tp, request.dp))
     libraries = probe_libraries(request.with_libs, request.without_libs)
     target = resolve_target(request.target, request.capability, request.sms)
+    moe = moe_preference(request, engine_env, target.capability, model)
     env = Environment(target, libraries, request.engine, disabled,
                       deep_gemm_e8m0=decisions.deep_gemm_e8m0,
                       moe_a2a_backend=decisions.moe_a2a_backend,
-                      disabled_reasons=tuple(sorted(decisions.disabled.items())))
-    return build_plan(model, env, decisions.mspec, (version_note, *decisions.notes))
+                      disabled_reasons=tuple(sorted(decisions.disabled.items())),
+                      engine_version=version,
+                      preference_overrides=(("moe.fp8", moe.kernels),) if moe else ())
+    plan = build_plan(model, env, decisions.mspec,
+                      (version_note, *decisions.notes, *(moe.notes if moe else ())))
+    refuse_unfit_forced(plan.selections, moe)
+    return plan

@@ -71,6 +71,9 @@ def _plan_options(func, model_required: bool, model_help: str):
                      help="The engine's --attention-backend (e.g. FLASHINFER, fa3)."),
         click.option("--moe-a2a-backend", metavar="NAME",
                      help="SGLang's --moe-a2a-backend (deepep runs DeepGEMM MoE)."),
+        click.option("--moe-backend", metavar="NAME",
+                     help="vLLM's --moe-backend / SGLang's --moe-runner-backend (e.g. "
+                          "flashinfer_cutlass, deep_gemm, triton)."),
         click.option("--m-list", metavar="M,M,...", help="Explicit M values instead of --mode."),
         click.option("--quantization", metavar="SCHEME",
                      help="Override the checkpoint's quantization (fp8_block, fp8_tensor, mxfp8, "
@@ -96,10 +99,12 @@ def _plan_options(func, model_required: bool, model_help: str):
 
 PLAN_FIELDS = ("model", "tp", "ep", "target", "capability", "sms", "with_libs", "without_libs",
                "engine", "mode", "max_tokens", "m_list", "quantization", "disabled_kernels", "dp",
-               "chunked_prefill_size", "engine_version", "attention_backend", "moe_a2a_backend")
+               "chunked_prefill_size", "engine_version", "attention_backend", "moe_a2a_backend",
+               "moe_backend")
 # What a serve command says itself; giving one of these too is a conflict.
 _COMMAND_FIELDS = ("model", "tp", "ep", "dp", "engine", "max_tokens", "quantization",
-                   "chunked_prefill_size", "attention_backend", "moe_a2a_backend")
+                   "chunked_prefill_size", "attention_backend", "moe_a2a_backend",
+                   "moe_backend")
 
 
 def _request(values: dict, command: tuple[str, ...], model_required: bool) -> PlanRequest:

@@ -7,6 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from warmd.engines.environment import EngineEnv
+from warmd.engines.launch import check_moe_backend
+from warmd.engines.moe_backends import MoeChoice, sglang_fp8_moe, vllm_fp8_moe
+from warmd.engines.versions import VersionRange
 from warmd.errors import WarmdInputError
 from warmd.mvalues import MSpec, parse_mspec
 
@@ -28,11 +31,27 @@ ATTENTION_BACKENDS = {
     "FLASHINFER_MLA": ("FlashInferMLABackend", "mla"),
     "CUTLASS_MLA": ("CutlassMLABackend", "mla"),
     "TRITON_MLA": ("TritonMLABackend", "mla"),
+    "FLASH_ATTN_MLA": ("FlashAttnMLABackend", "mla"),
 }
-# SGLang's --attention-backend spellings for the same kernels.
-SGLANG_ATTENTION_BACKENDS = {"fa3": "FLASH_ATTN", "flashinfer": "FLASHINFER",
-                             "triton": "TRITON_ATTN", "flashmla": "FLASHMLA",
-                             "cutlass_mla": "CUTLASS_MLA"}
+# VLLM_MOE_USE_DEEP_GEMM exists from 0.12.0 (vllm/envs.py; 0.11.0 has none).
+VLLM_MOE_DEEP_GEMM_ENV = VersionRange((0, 12, 0), None)
+# vLLM read VLLM_ATTENTION_BACKEND until 0.15.x (vllm/config/attention.py in 0.14.0); 0.16.0
+# has only --attention-backend.
+VLLM_ATTENTION_ENV_VERSIONS = VersionRange(None, (0, 16, 0))
+# SGLang's --attention-backend spellings for the same kernels: one name serves MHA and MLA
+# models alike (python/sglang/srt/layers/attention/: fa3, flashinfer and triton each have an
+# MLA variant).
+SGLANG_ATTENTION_BACKENDS = {"fa3": ("FLASH_ATTN", "FLASH_ATTN_MLA"),
+                             "flashinfer": ("FLASHINFER", "FLASHINFER_MLA"),
+                             "triton": ("TRITON_ATTN", "TRITON_MLA"), "flashmla": ("FLASHMLA",),
+                             "cutlass_mla": ("CUTLASS_MLA",)}
+# The rest of SGLang's ATTENTION_BACKEND_CHOICES (server_args.py, 0.5.23): valid, not
+# modelled by warmd (the plan keeps its default order and says so).
+SGLANG_OTHER_ATTENTION_BACKENDS = (
+    "torch_native", "flex_attention", "dsa", "nsa", "dsv4", "compressed", "fa4", "trtllm_mla",
+    "cutedsl_mla", "tokenspeed_mla", "trtllm_mha", "dual_chunk_flash_attn", "hpc_ops",
+    "minicpm_flashattn", "minicpm_flashinfer", "aiter", "wave", "intel_amx", "ascend",
+    "intel_xpu")
 
 
 @dataclass
@@ -73,6 +92,8 @@ def _explain(env: EngineEnv, name: str, value, what: str, source: str) -> str:
 
 def decide(request, env: EngineEnv) -> Decisions:
     """Apply the engine's environment and launch flags; raises on bad input."""
+    if request.moe_backend is not None:
+        check_moe_backend(request.engine, request.moe_backend)
     if request.engine == "sglang":
         return _decide_sglang(request, env)
     return _decide_vllm(request, env)
@@ -107,7 +128,7 @@ def _decide_vllm(request, env: EngineEnv) -> Decisions:
         reason = _explain(env, "VLLM_USE_DEEP_GEMM", False, "no DeepGEMM kernels", "vllm/envs.py")
         out.disable(_DEEP_GEMM_LINEAR + _VLLM_DEEP_GEMM_MOE, reason)
         out.notes.append(reason)
-    if env.get("VLLM_MOE_USE_DEEP_GEMM") is False:
+    if env.get("VLLM_MOE_USE_DEEP_GEMM") is False and VLLM_MOE_DEEP_GEMM_ENV.contains(env.version):
         reason = _explain(env, "VLLM_MOE_USE_DEEP_GEMM", False, "no DeepGEMM MoE",
                           VLLM_DG_WARMUP)
         out.disable(_VLLM_DEEP_GEMM_MOE, reason)
@@ -126,24 +147,34 @@ def _decide_vllm(request, env: EngineEnv) -> Decisions:
     if not env.get("VLLM_USE_DEEP_GEMM_E8M0"):
         out.notes.append(_explain(env, "VLLM_USE_DEEP_GEMM_E8M0", False,
                                   "MoE below 128 rows runs Triton", "vllm/utils/deep_gemm.py"))
-    backend = request.attention_backend or env.get("VLLM_ATTENTION_BACKEND")
+    backend = request.attention_backend
+    how = f"--attention-backend {backend}"
+    if not backend and env.is_set("VLLM_ATTENTION_BACKEND"):
+        if VLLM_ATTENTION_ENV_VERSIONS.contains(env.version):
+            backend = env.get("VLLM_ATTENTION_BACKEND")
+            how = f"VLLM_ATTENTION_BACKEND={backend}"
+        else:
+            out.notes.append(f"VLLM_ATTENTION_BACKEND={env.raw('VLLM_ATTENTION_BACKEND')} is "
+                             "not read by this vLLM (0.16.0 dropped it for "
+                             "--attention-backend; vllm/config/attention.py)")
     if backend:
-        how = (f"--attention-backend {backend}" if request.attention_backend
-               else f"VLLM_ATTENTION_BACKEND={backend}")
-        _force_attention(out, backend, how)
+        _force_attention(out, (backend,), how)
     for name in env.get("VLLM_DISABLED_KERNELS"):
         out.disable((name,), "disabled by VLLM_DISABLED_KERNELS")
     return out
 
 
-def _force_attention(out: Decisions, backend: str, how: str) -> None:
-    if backend not in ATTENTION_BACKENDS:
-        raise WarmdInputError(f"unknown attention backend {backend!r} ({how}); known: "
+def _force_attention(out: Decisions, backends: tuple[str, ...], how: str) -> None:
+    """Disable every other backend of the kinds (MHA, MLA) the named backends implement."""
+    unknown = [b for b in backends if b not in ATTENTION_BACKENDS]
+    if unknown:
+        raise WarmdInputError(f"unknown attention backend {unknown[0]!r} ({how}); known: "
                               f"{', '.join(ATTENTION_BACKENDS)}")
-    chosen, kind = ATTENTION_BACKENDS[backend]
-    others = [name for name, k in ATTENTION_BACKENDS.values() if name != chosen and k == kind]
-    out.disable(others, f"{how} selects {chosen}")
-    out.notes.append(f"{how}: attention runs {chosen}")
+    chosen = {ATTENTION_BACKENDS[b][1]: ATTENTION_BACKENDS[b][0] for b in backends}
+    for kind, kernel in chosen.items():
+        others = [name for name, k in ATTENTION_BACKENDS.values() if k == kind and name != kernel]
+        out.disable(others, f"{how} selects {kernel}")
+    out.notes.append(f"{how}: attention runs {' / '.join(chosen.values())}")
 
 
 def sglang_m_max(chunked_prefill_size: int | None) -> int:
@@ -197,11 +228,47 @@ def _decide_sglang(request, env: EngineEnv) -> Decisions:
     if request.ep > 1 and a2a != "deepep":
         out.notes.append(f"--ep {request.ep} without --moe-a2a-backend deepep: MoE runs "
                          "Triton (python/sglang/srt/layers/moe/ep_moe/layer.py)")
-    if request.attention_backend:
-        name = SGLANG_ATTENTION_BACKENDS.get(request.attention_backend)
-        if name is None:
-            raise WarmdInputError(f"unknown SGLang attention backend "
-                                  f"{request.attention_backend!r}; known: "
-                                  f"{', '.join(SGLANG_ATTENTION_BACKENDS)}")
-        _force_attention(out, name, f"--attention-backend {request.attention_backend}")
+    backend = request.attention_backend
+    if backend in SGLANG_OTHER_ATTENTION_BACKENDS:
+        out.notes.append(f"--attention-backend {backend}: not modelled by warmd; attention "
+                         "follows SGLang's default order")
+    elif backend:
+        names = SGLANG_ATTENTION_BACKENDS.get(backend)
+        if names is None:
+            known = (*SGLANG_ATTENTION_BACKENDS, *SGLANG_OTHER_ATTENTION_BACKENDS)
+            raise WarmdInputError(f"unknown SGLang attention backend {backend!r}; known: "
+                                  f"{', '.join(known)}")
+        _force_attention(out, names, f"--attention-backend {backend}")
     return out
+
+
+def moe_preference(request, env: EngineEnv, capability: tuple[int, int],
+                   model) -> MoeChoice | None:
+    """The moe.fp8 preference the engine's launch decides for this model and GPU (vLLM's FP8
+    MoE oracle, SGLang's --moe-runner-backend); None when the model has no FP8 MoE layer or
+    the engine's default order holds."""
+    from warmd.kernels.preferences import PREFERENCES, family_of, platform_of
+
+    moe = [layer for layer in model.layers if layer.op == "moe"
+           and family_of(layer.op, layer.quant) == "moe.fp8"]
+    if not moe:
+        return None
+    if request.engine == "sglang":
+        default = PREFERENCES["sglang"][platform_of(capability)]["moe.fp8"]
+        return sglang_fp8_moe(request.moe_backend, capability, model.model_type,
+                              request.moe_a2a_backend or "none", tuple(default))
+    block = any(layer.quant == "fp8_block" and layer.block == (128, 128) for layer in moe)
+    moe_tp = 1 if request.ep > 1 else request.tp * request.dp
+    return vllm_fp8_moe(env, capability, block, request.ep, moe_tp, request.moe_backend)
+
+
+def refuse_unfit_forced(selections, choice: MoeChoice | None) -> None:
+    """A backend the launch forces but that cannot run: the engine refuses to start (vLLM's
+    oracle raises ValueError), so the plan is bad input too."""
+    if choice is None or choice.forced_by is None:
+        return
+    for selection in selections:
+        if selection.family == "moe.fp8" and selection.kernel is None:
+            why = "; ".join(f"{r.kernel}: {r.reason}" for r in selection.rejected)
+            raise WarmdInputError(f"{choice.forced_by} cannot run {selection.layer.name} "
+                                  f"here, so the engine would not start ({why})")

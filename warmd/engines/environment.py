@@ -50,9 +50,17 @@ VARIABLES: tuple[EngineVariable, ...] = (
     _var("VLLM_USE_FLASHINFER_SAMPLER", "vllm", "bool", "", VLLM_ENVS),
     _var("VLLM_DEEP_GEMM_WARMUP", "vllm", "choice", "relax", VLLM_ENVS,
          ("skip", "full", "relax")),
+    # Read until 0.15.x (vllm/config/attention.py); 0.16.0 dropped it for --attention-backend.
     _var("VLLM_ATTENTION_BACKEND", "vllm", "choice", "", VLLM_ENVS, (
         "FLASH_ATTN", "FLASHINFER", "TRITON_ATTN", "FLASHMLA", "FLASHINFER_MLA",
-        "CUTLASS_MLA", "TRITON_MLA")),
+        "CUTLASS_MLA", "TRITON_MLA", "FLASH_ATTN_MLA")),
+    # Read by the FP8 MoE backend choice until 0.23.x (warmd/engines/moe_backends.py); the
+    # backend's default moved from throughput (0.11.0) to latency (0.12.0 and later).
+    _var("VLLM_USE_FLASHINFER_MOE_FP8", "vllm", "bool", "0", VLLM_ENVS),
+    _var("VLLM_FLASHINFER_MOE_BACKEND", "vllm", "choice", "latency", VLLM_ENVS,
+         ("throughput", "latency", "masked_gemm"), defaults=(
+             (VersionRange(None, (0, 12, 0)), "throughput"),
+             (VersionRange((0, 12, 0), None), "latency"))),
     _var("VLLM_FUSED_MOE_CHUNK_SIZE", "vllm", "int", str(16 * 1024), VLLM_ENVS),
     _var("VLLM_DISABLED_KERNELS", "vllm", "list", "", VLLM_ENVS),
     _var("SGLANG_ENABLE_JIT_DEEPGEMM", "sglang", "bool", "1", SGLANG_ENVS),

@@ -55,6 +55,7 @@ _VLLM_FLAGS = {
     "--quantization": ("quantization", _text), "-q": ("quantization", _text),
     "--kv-cache-dtype": ("kv_cache_dtype", _text),
     "--attention-backend": ("attention_backend", _text),
+    "--moe-backend": ("moe_backend", _text),
 }
 _SGLANG_FLAGS = {
     "--model-path": ("model", _text), "--model": ("model", _text),
@@ -69,6 +70,7 @@ _SGLANG_FLAGS = {
     "--quantization": ("quantization", _text),
     "--kv-cache-dtype": ("kv_cache_dtype", _text),
     "--attention-backend": ("attention_backend", _text),
+    "--moe-runner-backend": ("moe_backend", _text),
 }
 # SGLang's MOE_A2A_BACKEND_CHOICES (python/sglang/srt/server_args.py).
 SGLANG_A2A_BACKENDS = ("none", "deepep", "mooncake", "ascend_fuseep", "mori", "flashinfer",
@@ -94,6 +96,7 @@ class EngineLaunch:
     kv_cache_dtype: str | None = None
     attention_backend: str | None = None
     moe_a2a_backend: str | None = None
+    moe_backend: str | None = None
     ignored: tuple[str, ...] = field(default=())
 
 
@@ -156,6 +159,8 @@ def parse_launch(command: str | list[str] | tuple[str, ...]) -> EngineLaunch:
             if i >= len(args):
                 raise WarmdInputError(f"{name} in the engine command needs a value")
             value, i = args[i], i + 1
+        if key == "moe_backend" and engine == "vllm":
+            value = value.lower().replace("-", "_")
         values[key] = parse(name, value)
     launch = EngineLaunch(engine, **values, ignored=tuple(ignored))
     _check_choices(launch)
@@ -169,9 +174,28 @@ def _check_choices(launch: EngineLaunch) -> None:
     if launch.moe_a2a_backend is not None and launch.moe_a2a_backend not in SGLANG_A2A_BACKENDS:
         raise WarmdInputError(f"--moe-a2a-backend {launch.moe_a2a_backend!r} is not one of "
                               f"{', '.join(SGLANG_A2A_BACKENDS)}")
+    if launch.moe_backend is not None:
+        check_moe_backend(launch.engine, launch.moe_backend)
     if launch.kv_cache_dtype is not None and launch.kv_cache_dtype not in KV_CACHE_DTYPES:
         raise WarmdInputError(f"--kv-cache-dtype {launch.kv_cache_dtype!r} is not one of "
                               f"{', '.join(KV_CACHE_DTYPES)}")
+
+
+def check_moe_backend(engine: str, value: str) -> None:
+    """vLLM's --moe-backend (vllm/config/kernel.py MoEBackend; its parser lowercases and
+    turns dashes into underscores) or SGLang's --moe-runner-backend (server_args.py)."""
+    from warmd.engines.moe_backends import (
+        SGLANG_MOE_RUNNER_BACKENDS,
+        VLLM_MOE_BACKEND_FLAG,
+        VLLM_MOE_BACKEND_OTHER,
+    )
+
+    if engine == "sglang":
+        flag, known = "--moe-runner-backend", SGLANG_MOE_RUNNER_BACKENDS
+    else:
+        flag, known = "--moe-backend", (*VLLM_MOE_BACKEND_FLAG, *VLLM_MOE_BACKEND_OTHER)
+    if value not in known:
+        raise WarmdInputError(f"{flag} {value!r} is not one of {', '.join(known)}")
 
 
 def _expert_parallel(launch: EngineLaunch) -> int:
@@ -221,7 +245,7 @@ def launch_request(command: str | list[str] | tuple[str, ...], base=None):
                   chunked_prefill_size=launch.chunked_prefill_size,
                   quantization=_quantization(launch, model),
                   attention_backend=launch.attention_backend,
-                  moe_a2a_backend=launch.moe_a2a_backend)
+                  moe_a2a_backend=launch.moe_a2a_backend, moe_backend=launch.moe_backend)
     if base is None:
         return PlanRequest(**fields)
     return replace(base, **fields)

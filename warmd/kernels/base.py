@@ -34,6 +34,11 @@ class Environment:
     moe_a2a_backend: str = "none"
     # Why a kernel is disabled, where the engine's launch says so (kernel name, reason).
     disabled_reasons: tuple[tuple[str, str], ...] = ()
+    # The engine release whose preference rows apply (None: the newest).
+    engine_version: tuple[int, int, int] | None = None
+    # Preference lists the engine's launch decided (family, kernel names): vLLM's FP8 MoE
+    # oracle, a forced --moe-backend (warmd.engines.moe_backends).
+    preference_overrides: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     def library(self, name: str) -> LibraryProbe:
         return self.libraries.get(name) or LibraryProbe(name, False, reason=f"{name} not probed")

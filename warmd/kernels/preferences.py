@@ -6,6 +6,10 @@ supported on the target or cannot implement a layer is skipped with its reason.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from warmd.engines.versions import VersionRange
+
 _FP8_LINEAR_HOPPER = [
     "FlashInferFp8DeepGEMMDynamicBlockScaledKernel", "DeepGemmFp8BlockScaledMMKernel",
     "CutlassFp8BlockScaledMMKernel", "TritonFp8BlockScaledMMKernel",
@@ -30,11 +34,15 @@ PREFERENCES: dict[str, dict[str, dict[str, list[str]]]] = {
             "linear.fp8": _FP8_LINEAR_HOPPER,
             "linear.mxfp8": _MXFP8_LINEAR,
             "linear.bf16": _BF16_LINEAR,
+            # vLLM's moe.fp8 order is decided per launch (warmd.engines.moe_backends, passed
+            # as Environment.preference_overrides by make_plan); this row, DeepGEMM first, is
+            # its order with VLLM_USE_DEEP_GEMM set explicitly, for plans made without one.
             "moe.fp8": ["TritonOrDeepGemmExperts", "DeepGemmExperts", "TritonExperts"],
             "moe.bf16": ["TritonExperts"],
             "attention.mha": ["FlashAttentionBackend", "FlashInferAttentionBackend",
                               "TritonAttentionBackend"],
-            "attention.mla": ["FlashMLABackend", "FlashInferMLABackend", "TritonMLABackend"],
+            "attention.mla": ["FlashAttnMLABackend", "FlashMLABackend", "FlashInferMLABackend",
+                              "TritonMLABackend"],
             "activation": ["VllmCustomOpActivation"],
             "sampling": _SAMPLING,
         },
@@ -45,7 +53,7 @@ PREFERENCES: dict[str, dict[str, dict[str, list[str]]]] = {
             "moe.fp8": ["TritonOrDeepGemmExperts", "DeepGemmExperts", "TritonExperts"],
             "moe.bf16": ["TritonExperts"],
             "attention.mha": ["FlashInferAttentionBackend", "TritonAttentionBackend"],
-            "attention.mla": ["CutlassMLABackend", "FlashInferMLABackend", "FlashMLABackend",
+            "attention.mla": ["FlashInferMLABackend", "CutlassMLABackend", "FlashMLABackend",
                               "TritonMLABackend"],
             "activation": ["VllmCustomOpActivation"],
             "sampling": _SAMPLING,
@@ -72,7 +80,8 @@ PREFERENCES: dict[str, dict[str, dict[str, list[str]]]] = {
             "moe.bf16": ["TritonExperts"],
             "attention.mha": ["FlashAttentionBackend", "FlashInferAttentionBackend",
                               "TritonAttentionBackend"],
-            "attention.mla": ["FlashMLABackend", "FlashInferMLABackend", "TritonMLABackend"],
+            "attention.mla": ["FlashAttnMLABackend", "FlashMLABackend", "FlashInferMLABackend",
+                              "TritonMLABackend"],
             "activation": ["SglKernelActivation", "FlashInferActivation", "TorchActivation"],
             "sampling": _SAMPLING,
         },
@@ -102,6 +111,37 @@ PREFERENCES: dict[str, dict[str, dict[str, list[str]]]] = {
 }
 
 ENGINES = tuple(PREFERENCES)
+
+VLLM_ATTENTION_PRIORITIES = "vllm/platforms/cuda.py (_get_backend_priorities)"
+
+
+@dataclass(frozen=True)
+class VersionedPreference:
+    """A preference list that holds only for a range of engine releases; PREFERENCES holds the
+    newest. Each row cites the engine source it follows."""
+
+    engine: str
+    versions: VersionRange
+    platform: str
+    family: str
+    kernels: tuple[str, ...]
+    source: str
+
+
+VERSIONED: tuple[VersionedPreference, ...] = (
+    # Blackwell MLA: CUTLASS MLA first until 0.15.x (read: 0.14.0), FlashInfer MLA from
+    # 0.16.0 (read: 0.16.0, 0.20.0, 0.27.0, 0.34.0).
+    VersionedPreference("vllm", VersionRange(None, (0, 16, 0)), "blackwell", "attention.mla",
+                        ("CutlassMLABackend", "FlashInferMLABackend", "FlashMLABackend",
+                         "TritonMLABackend"), VLLM_ATTENTION_PRIORITIES),
+)
+
+
+def versioned_preference(engine: str, version, platform: str, family: str):
+    """The row for this engine release, or None when PREFERENCES (the newest) holds."""
+    return next((row for row in VERSIONED
+                 if (row.engine, row.platform, row.family) == (engine, platform, family)
+                 and row.versions.contains(version) and row.versions.hi is not None), None)
 
 
 def platform_of(capability: tuple[int, int]) -> str:

@@ -73,6 +73,16 @@ class TritonExperts(Kernel):
     min_capability = (8, 0)
 
 
+class CutlassBlockScaledGroupedGemmExperts(Kernel):
+    """vLLM before 0.14.0 on sm100: CUTLASS block-scaled grouped GEMM for block FP8 MoE
+    (quantization/fp8.py); compiled into vLLM."""
+
+    name = "CutlassBlockScaledGroupedGemmExperts"
+    op = "moe"
+    capabilities = (10,)
+    schemes = ("fp8_block",)
+
+
 # ----- Attention -----
 
 class AttentionKernel(Kernel):
@@ -102,6 +112,13 @@ class FlashMLABackend(AttentionKernel):
     name = "FlashMLABackend"
     kind = "mla"
     capabilities = (9, 10)
+
+
+class FlashAttnMLABackend(FlashMLABackend):
+    """vLLM's FLASH_ATTN_MLA: FlashAttention 3 MLA, Hopper only, compiled into vLLM."""
+
+    name = "FlashAttnMLABackend"
+    capabilities = (9,)
 
 
 class CutlassMLABackend(FlashMLABackend):
@@ -147,9 +164,11 @@ ENGINE_KERNELS: tuple[type[Kernel], ...] = (
     EmulatedMxfp8LinearKernel,
     UnquantizedLinearKernel,
     TritonExperts,
+    CutlassBlockScaledGroupedGemmExperts,
     FlashAttentionBackend,
     TritonAttentionBackend,
     FlashMLABackend,
+    FlashAttnMLABackend,
     CutlassMLABackend,
     TritonMLABackend,
     SglKernelActivation,

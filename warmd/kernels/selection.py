@@ -7,7 +7,12 @@ from dataclasses import dataclass
 from warmd import settings
 from warmd.errors import WarmdInputError
 from warmd.kernels.base import Environment, Kernel
-from warmd.kernels.preferences import PREFERENCES, family_of, platform_of
+from warmd.kernels.preferences import (
+    PREFERENCES,
+    family_of,
+    platform_of,
+    versioned_preference,
+)
 from warmd.kernels.registry import ENGINE_KERNELS
 from warmd.libraries import LIBRARIES
 from warmd.models import Layer
@@ -45,9 +50,21 @@ def check_kernel_names(names: frozenset[str] | set[str]) -> None:
                               f"known: {', '.join(sorted(ALL_KERNELS))}")
 
 
+def preference_names(env: Environment, family: str) -> list[str]:
+    """What the engine's launch decided for the family, else the row for the engine's
+    release, else the newest table."""
+    decided = dict(env.preference_overrides).get(family)
+    if decided is not None:
+        return list(decided)
+    platform = platform_of(env.target.capability)
+    row = versioned_preference(env.engine, env.engine_version, platform, family)
+    if row is not None:
+        return list(row.kernels)
+    return list(PREFERENCES[env.engine][platform].get(family, []))
+
+
 def preference_list(env: Environment, family: str) -> list[type[Kernel]]:
-    table = PREFERENCES[env.engine][platform_of(env.target.capability)]
-    return [ALL_KERNELS[name] for name in table.get(family, [])]
+    return [ALL_KERNELS[name] for name in preference_names(env, family)]
 
 
 def select_kernel(layer: Layer, env: Environment) -> Selection:

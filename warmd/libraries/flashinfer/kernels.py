@@ -93,6 +93,57 @@ class FlashInferCutlassMxfp8LinearKernel(Kernel):
                         spec=_spec(f"flashinfer.jit.gemm.core:gen_gemm_{sm}_module_cutlass_mxfp8"))]
 
 
+# FlashInfer builds the H20 (78 SMs) variant of the sm90 fused-MoE module on an H20
+# (flashinfer/jit/fused_moe.py, _should_enable_sm90_moe_prebuilt_d_descriptor).
+_H20_SMS = 78
+
+
+class FlashInferFusedMoE(Kernel):
+    """A vLLM FP8 MoE backend on FlashInfer's fused MoE. warmd plans it for 128x128 block FP8,
+    the scheme both vLLM kernels take on their GPUs (kFp8Static128BlockSym x
+    kFp8Dynamic128Sym); one module serves every expert shape."""
+
+    op = "moe"
+    library = "flashinfer"
+    schemes = ("fp8_block",)
+
+    @classmethod
+    def can_implement(cls, layer: Layer, env: Environment) -> Check:
+        return fp8_block_128(layer)
+
+
+class FlashInferExperts(FlashInferFusedMoE):
+    """FLASHINFER_CUTLASS (fused_moe/experts/flashinfer_cutlass_moe.py): cutlass_fused_moe;
+    block FP8 on sm90 only (_supports_quant_scheme: is_device_capability(90))."""
+
+    name = "FlashInferExperts"
+    capabilities = (9,)
+
+    @classmethod
+    def jit_work(cls, layer: Layer, env: Environment, mspec: MSpec, m_range: MRange):
+        # fused_moe/core.py get_cutlass_fused_moe_module: sm90 builds fused_moe_90.
+        module = "fused_moe_90_h20_prebuilt_d" if env.target.sms == _H20_SMS else "fused_moe_90"
+        return [JitWork("flashinfer", "cutlass_fused_moe", module=module,
+                        spec=_spec("flashinfer.jit.fused_moe:gen_cutlass_fused_moe_sm90_module"))]
+
+
+class TrtLlmFp8Experts(FlashInferFusedMoE):
+    """FLASHINFER_TRTLLM (fused_moe/experts/trtllm_fp8_moe.py): the TRT-LLM-gen fused MoE, sm100
+    family only. Its module also links kernels FlashInfer fetches as cubins (flashinfer-cubin or
+    a download), so building it needs those besides nvcc."""
+
+    name = "TrtLlmFp8Experts"
+    capabilities = (10,)
+
+    @classmethod
+    def jit_work(cls, layer: Layer, env: Environment, mspec: MSpec, m_range: MRange):
+        rubin = env.target.capability == (10, 7)
+        module = "fused_moe_trtllm_sm107" if rubin else "fused_moe_trtllm_sm100"
+        return [JitWork("flashinfer", "trtllm_fused_moe", module=module,
+                        spec=_spec("flashinfer.jit.fused_moe:gen_trtllm_gen_fused_moe_sm100_module",
+                                   rubin))]
+
+
 class FlashInferAttentionBackend(AttentionKernel):
     name = "FlashInferAttentionBackend"
     library = "flashinfer"
@@ -181,6 +232,8 @@ KERNELS: tuple[type[Kernel], ...] = (
     FlashInferFp8DeepGEMMDynamicBlockScaledKernel,
     FlashInferFP8ScaledMMLinearKernel,
     FlashInferCutlassMxfp8LinearKernel,
+    FlashInferExperts,
+    TrtLlmFp8Experts,
     FlashInferAttentionBackend,
     FlashInferMLABackend,
     FlashInferActivation,
