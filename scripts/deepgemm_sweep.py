@@ -28,7 +28,7 @@ import time
 import click
 
 from warmd.cli.options import plan_options
-from warmd.executors.deep_gemm import DeepGemmExecutor
+from warmd.libraries.deep_gemm.executor import DeepGemmExecutor
 from warmd.mvalues import GROUPED_BLOCK_M
 from warmd.plan import PlanRequest, Task, make_plan
 
