@@ -68,6 +68,7 @@ class WarmupOptions:
     single_flight_timeout: float = 3600.0
     verify_load: bool = False  # replay warm tasks through the library (loads every kernel)
     kernel_split: bool = True  # let libraries split cold tasks below the task
+    warm_only: bool = False  # finish only if no task needs a library; else run nothing
 
     def __post_init__(self) -> None:
         from warmd.libraries import LIBRARIES
@@ -115,6 +116,7 @@ class WarmupReport:
     store: dict | None = None  # store_health() of the shared cache; None without one
     workers: int = 0  # worker processes started
     stages: list[dict] = field(default_factory=list)  # what kernel stages did
+    not_warm: list[str] = field(default_factory=list)  # warm_only: tasks left to a library
 
     def hits_by_mode(self) -> dict[str, int]:
         """Hits counted from verified entries alone, and by running the library."""
@@ -141,6 +143,7 @@ class WarmupReport:
             "compile_seconds": round(c.compile_seconds, 3),
             "compile_seconds_saved": round(c.compile_seconds_saved, 3),
             "hits_by_mode": self.hits_by_mode(),
+            "not_warm": self.not_warm,
             "workers_started": self.workers,
             "kernel_stages": self.stages,
             "interrupted": self.interrupted,
@@ -509,7 +512,8 @@ class _Run:
             if k.outcome == "local_hit" and k.name in fetched:
                 k.outcome = "remote_hit"
         complete = {e.name: e for e in adapter.list_entries()} if result.ok else {}
-        for name in sorted((set(recorded) - seen) & set(complete)):
+        unseen = set() if report.mode == VERIFIED else set(recorded) - seen
+        for name in sorted(unseen & set(complete)):
             outcome = "remote_hit" if name in fetched else "local_hit"
             result.kernels.append(KernelOutcome(name, outcome))
         if stage is not None:
@@ -574,11 +578,16 @@ def run_warmup(plan: Plan, options: WarmupOptions, shared: SharedCache | None = 
     worker takes it, ``progress`` as it finishes (both from worker threads).
 
     Worker processes start only for tasks that need their library; a plan whose every task
-    is verified warm starts none (and looks for no GPU)."""
+    is verified warm starts none (and looks for no GPU). With ``warm_only`` a plan that has
+    such tasks runs nothing and lists them in ``not_warm`` (what the shared cache had is
+    installed by then)."""
     began = time.monotonic()
     tasks = options.select(plan.tasks)
     run = _Run(plan, options, shared, progress, tasks, started)
     cold = [t for t in tasks if not run.settled(t)]
+    if options.warm_only and cold:
+        return WarmupReport(plan.key, len(tasks), [], Counters(), time.monotonic() - began,
+                            shared=shared is not None, not_warm=[t.key for t in cold])
     workers: list[Worker] = []
     interrupted = False
     try:
@@ -630,13 +639,18 @@ def _start_cold_work(run: _Run, cold: list[Task]) -> list[Worker]:
     libraries = {t.library for t in run.tasks}
     extra = _start_stages(run, cold, jobs, ids) if options.kernel_split else {}
     per_build = str(max(1, jobs // count))
+    shared_env: list[dict[str, str]] = []  # worked out once, when the first worker starts
+    lock = threading.Lock()
 
     def env_for(index: int) -> Callable[[], dict[str, str]]:
         def make() -> dict[str, str]:
-            env = {**worker_env(run.plan, options, libraries), **extra}
-            if not settings.is_set("MAX_JOBS"):
-                env["MAX_JOBS"] = per_build  # ninja's own -j, sharing the cores
-            return _gpu_env(env, ids, index)
+            with lock:
+                if not shared_env:
+                    env = {**worker_env(run.plan, options, libraries), **extra}
+                    if not settings.is_set("MAX_JOBS"):
+                        env["MAX_JOBS"] = per_build  # ninja's own -j, sharing the cores
+                    shared_env.append(env)
+            return _gpu_env(shared_env[0], ids, index)
         return make
 
     return [Worker(env_for(i)) for i in range(count)]

@@ -51,6 +51,7 @@ from warmd.libraries.deep_gemm.nvcc_shim import (
 from warmd.plan import Task
 
 RECORDER = "warmd.libraries.deep_gemm.executor:DeepGemmRecorder"
+RECORDERS_PER_GPU = 4  # discovery processes per GPU: discovery is what compiles wait on
 POLL_SECONDS = 0.05
 
 log = logging.getLogger(__name__)
@@ -128,7 +129,8 @@ class DeepGemmKernelStage:
         pending: queue.Queue[Task] = queue.Queue()
         for task in self.tasks:
             pending.put(task)
-        count = max(1, min(len(self.gpu_ids) or 1, len(self.tasks)))
+        count = max(1, min(RECORDERS_PER_GPU * max(1, len(self.gpu_ids)), len(self.tasks),
+                           self.jobs))
         self.discovering = count
         for index in range(count):
             env = dict(recorder_env)
@@ -228,16 +230,19 @@ class DeepGemmKernelStage:
         for worker in self.recorders:
             worker.stop()
         compiles = read_compiles(self.run)
-        jobs = len(self.futures)
-        some = next(iter(self.futures), None)
+        try:
+            jobs = [job for p in (self.run / "jobs").iterdir() if (job := Job(p)).ready]
+        except OSError:
+            jobs = []
         args = None
         with contextlib.suppress(OSError, ValueError):
-            args = Job(self.run / "jobs" / some).args() if some else None
+            args = jobs[0].args() if jobs else None
         summary = {
             "library": "deep_gemm",
             "jobs": self.jobs,
             "seeded_entries": self.seeded,
-            "discovered_kernels": jobs,
+            "discovered_kernels": len(self.futures),  # handed to the pool
+            "kernel_jobs": len(jobs),  # distinct kernels asked for, by discovery or workers
             "discovery_seconds": round(self.discovered_at - self.began, 3)
             if self.discovered_at else None,
             "nvcc_runs": len(compiles),
