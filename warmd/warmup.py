@@ -318,6 +318,7 @@ class _Run:
         self.remote: set[tuple[str, str]] = set()
         # task key -> entry names the shared cache installed for it (None: a miss)
         self.fetched: dict[str, list[str] | None] = {}
+        self.prefetched: set[str] = set()  # libraries whose prefetch answered
         self.fingerprints: dict[str, str | None] = {}
         self.compiled: set[tuple[str, str]] = set()  # (library, entry) compiled in this run
         self.stages: dict[str, KernelStage] = {}  # library -> its kernel stage, if one runs
@@ -339,6 +340,7 @@ class _Run:
             try:
                 found = self._fetch(adapter, lambda a, keys=keys: self.shared.prefetch(a, keys))
                 self.fetched.update({k: v for k, v in found.items() if v is not None})
+                self.prefetched.add(library)
             except Exception as exc:  # per-task fetches below retry; the store counts faults
                 log.warning("shared cache prefetch for %s failed: %s", library, exc)
         by_key = {t.key: t for t in tasks}
@@ -431,6 +433,7 @@ class _Run:
                 task = self.pending.get_nowait()
             except queue.Empty:
                 return
+            self._notify(self.started, task)
             report = self.run_task(worker, task)
             with self.lock:
                 self.reports.append(report)
@@ -445,9 +448,9 @@ class _Run:
             except Exception:  # a display problem must not drop this worker's tasks
                 log.exception("progress callback failed")
 
-    def _ran(self, worker: Worker, task: Task) -> TaskResult:
+    @staticmethod
+    def _ran(worker: Worker, task: Task) -> TaskResult:
         """The task run through its library in a worker process."""
-        self._notify(self.started, task)
         return worker.run(task)
 
     def run_task(self, worker: Worker, task: Task) -> TaskReport:
@@ -461,7 +464,10 @@ class _Run:
                     ) -> TaskReport:
         warm = self.verified(task, adapter)
         if warm is not None:
-            return self._finish(warm, adapter)
+            warm = self._finish(warm, adapter)
+            if self._store_lacks(task) and adapter is not None:
+                self._publish(warm, adapter, sum(warm.recorded.values()))
+            return warm
         shared = self.shared if adapter is not None else None
         if shared is None:
             return self._finish(TaskReport(task, self._ran(worker, task)), adapter)
@@ -487,10 +493,18 @@ class _Run:
                 self._publish(report, adapter)
         return report
 
-    def _publish(self, report: TaskReport, adapter: CacheAdapter) -> None:
+    def _store_lacks(self, task: Task) -> bool:
+        """Whether the shared cache answered this run's prefetch without this task: a node
+        warm from its own disk then shares what it has."""
+        with self.lock:
+            return task.library in self.prefetched and task.key not in self.fetched
+
+    def _publish(self, report: TaskReport, adapter: CacheAdapter,
+                 seconds: float | None = None) -> None:
         names = {k.name for k in report.result.kernels if k.outcome != "failed"}
         entries = [e for e in adapter.list_entries() if e.name in names]
-        seconds = sum(k.seconds for k in report.result.kernels if k.outcome == "compiled")
+        if seconds is None:
+            seconds = sum(k.seconds for k in report.result.kernels if k.outcome == "compiled")
         assert self.shared is not None
         self.shared.publish_task(adapter, report.task.key, entries, seconds)
         report.published = bool(entries)

@@ -187,7 +187,8 @@ class DeepGemmKernelStage:
     def _compile(self, job: Job) -> str | None:
         if self.stopped.is_set():
             return "stopped"
-        return compile_job(self.run, job, self.nvcc, self._started)
+        # A job a worker is compiling right now is theirs: this slot takes the next one.
+        return compile_job(self.run, job, self.nvcc, self._started, wait=False)
 
     def _started(self, proc: subprocess.Popen) -> None:
         with self.lock:

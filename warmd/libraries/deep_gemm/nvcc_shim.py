@@ -118,21 +118,30 @@ def save_job(run: Path, template: list[str], source: bytes) -> Job:
 
 
 @contextlib.contextmanager
-def _locked(path: Path):
+def _locked(path: Path, wait: bool = True):
+    """Hold the lock file's flock; without wait, yield False at once when it is taken."""
     with open(path, "a+") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
         try:
-            yield
+            fcntl.flock(handle, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def compile_job(run: Path, job: Job, nvcc: str,
-                started: Callable[[subprocess.Popen], None] | None = None) -> str | None:
+                started: Callable[[subprocess.Popen], None] | None = None,
+                wait: bool = True) -> str | None:
     """Compile the job unless it is compiled (or failed) already; None when its cubin is
-    there, else nvcc's output. Holding the job's lock while compiling makes everyone else
-    who needs it wait for this compile instead of running their own."""
-    with _locked(job.path / "lock"):
+    there (or, without wait, someone else is compiling it), else nvcc's output. Holding the
+    job's lock while compiling makes everyone else who needs it wait for this compile
+    instead of running their own."""
+    with _locked(job.path / "lock", wait) as mine:
+        if not mine:
+            return None
         if job.cubin.is_file():
             return None
         failed = job.failure()
