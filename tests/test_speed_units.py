@@ -199,3 +199,21 @@ def test_warm_only_runs_nothing_when_a_task_needs_its_library(tmp_path, monkeypa
     assert len(report.not_warm) == 1 and "silu_and_mul" in report.not_warm[0]
     assert report.reports == [] and report.workers == 0
     assert not (tmp_path / "fi").exists() and not (tmp_path / "state" / "logs").exists()
+
+
+@pytest.mark.slow
+@needs_nvcc
+def test_compile_slots_bound_every_compile_on_the_node(tmp_path):
+    """--workers 1: the workers' own compiles and the pool's share one slot, so nvcc
+    never runs twice at once."""
+    from warmd.libraries.deep_gemm.nvcc_shim import make_slots
+
+    run = tmp_path / "run"
+    make_slots(run, 1)
+    shim = write_shim(run, BUILD, NVCC)
+    procs = [_deepgemm_call(shim, tmp_path, n, f"{n}.cubin") for n in (2, 3, 4)]
+    assert [p.wait() for p in procs] == [0, 0, 0]
+    spans = sorted((c["began"], c["began"] + c["seconds"]) for c in read_compiles(run))
+    assert len(spans) == 3
+    assert all(end <= start + 0.05
+               for (_s, end), (start, _e) in zip(spans, spans[1:], strict=False))

@@ -45,6 +45,7 @@ from warmd.libraries.deep_gemm.nvcc_shim import (
     RECORD,
     Job,
     compile_job,
+    make_slots,
     read_compiles,
     write_shim,
 )
@@ -122,6 +123,7 @@ class DeepGemmKernelStage:
 
     def _start(self) -> dict[str, str]:
         (self.run / "jobs").mkdir(parents=True)
+        make_slots(self.run, self.jobs)  # the pool's and the workers' compiles together
         record_root = self.run / "record"
         self.seeded = seed_entries(DeepGemmCacheAdapter(self.root), record_root)
         recorder_env = {**self.env, "DG_JIT_CACHE_DIR": str(record_root),

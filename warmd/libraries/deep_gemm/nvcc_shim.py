@@ -147,32 +147,64 @@ def compile_job(run: Path, job: Job, nvcc: str,
         failed = job.failure()
         if failed is not None:
             return failed
-        scratch = run / "cwd"  # an empty directory: no file there shadows a header
-        scratch.mkdir(exist_ok=True)
-        partial = job.path / f".kernel.{uuid.uuid4().hex[:8]}.cubin"
-        command = [nvcc, *(str(job.source) if a == SOURCE else str(partial) if a == OUTPUT
-                           else a for a in job.args())]
-        began = time.monotonic()
-        proc = subprocess.Popen(command, cwd=scratch, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True)
-        if started is not None:
-            started(proc)
-        output, _ = proc.communicate()
-        seconds = time.monotonic() - began
-        ok = proc.returncode == 0 and partial.is_file()
-        if ok:
-            os.replace(partial, job.cubin)
-        else:
-            with contextlib.suppress(OSError):
-                partial.unlink()
-            _write_atomically(job.path / "failed", (output or f"exit {proc.returncode}")
-                              .encode())
-        _log_compile(run, job, ok, seconds)
-        return None if ok else (output or f"nvcc exited {proc.returncode}")
+        with _slot(run):
+            return _compile(run, job, nvcc, started)
 
 
-def _log_compile(run: Path, job: Job, ok: bool, seconds: float) -> None:
+def _compile(run: Path, job: Job, nvcc: str,
+             started: Callable[[subprocess.Popen], None] | None) -> str | None:
+    """Run nvcc on the job (its lock and a compile slot held)."""
+    scratch = run / "cwd"  # an empty directory: no file there shadows a header
+    scratch.mkdir(exist_ok=True)
+    partial = job.path / f".kernel.{uuid.uuid4().hex[:8]}.cubin"
+    command = [nvcc, *(str(job.source) if a == SOURCE else str(partial) if a == OUTPUT
+                       else a for a in job.args())]
+    began, wall = time.monotonic(), time.time()
+    proc = subprocess.Popen(command, cwd=scratch, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    if started is not None:
+        started(proc)
+    output, _ = proc.communicate()
+    seconds = time.monotonic() - began
+    ok = proc.returncode == 0 and partial.is_file()
+    if ok:
+        os.replace(partial, job.cubin)
+    else:
+        with contextlib.suppress(OSError):
+            partial.unlink()
+        _write_atomically(job.path / "failed", (output or f"exit {proc.returncode}")
+                          .encode())
+    _log_compile(run, job, ok, seconds, wall)
+    return None if ok else (output or f"nvcc exited {proc.returncode}")
+
+
+@contextlib.contextmanager
+def _slot(run: Path):
+    """One of the run's compile slots (``<run>/slots/<i>``, as many as compiles may run at
+    once on the node), held while nvcc runs; no slots: no limit."""
+    slots = sorted((run / "slots").glob("*")) if (run / "slots").is_dir() else []
+    if not slots:
+        yield
+        return
+    while True:
+        for slot in slots:
+            with _locked(slot, wait=False) as mine:
+                if mine:
+                    yield
+                    return
+        time.sleep(0.05)
+
+
+def make_slots(run: Path, count: int) -> None:
+    """Allow count compiles at once in this run, whoever runs them."""
+    (run / "slots").mkdir(parents=True, exist_ok=True)
+    for index in range(max(1, count)):
+        (run / "slots" / str(index)).touch()
+
+
+def _log_compile(run: Path, job: Job, ok: bool, seconds: float, began: float) -> None:
     line = json.dumps({"key": job.key, "ok": ok, "seconds": round(seconds, 3),
+                       "began": round(began, 3),
                        "source_sha256": hashlib.sha256(job.source.read_bytes()).hexdigest(),
                        "pid": os.getpid()}) + "\n"
     fd = os.open(run / "compiles.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
