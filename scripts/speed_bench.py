@@ -244,7 +244,7 @@ def nvcc_floor(bench: Bench, cold: dict | None) -> dict | None:
 
     bench.log(f"RUN  floor: {len(sources)} GEMM kernel sources, {bench.cores} cores")
     try:
-        return _floor(bench, cold, sources, compile_one, scratch)
+        return _floor(bench, cold, sources, compile_one)
     except (OSError, subprocess.CalledProcessError) as exc:
         bench.results["steps"]["floor"] = {"error": f"{type(exc).__name__}: {exc}"}
         bench.save()
@@ -253,7 +253,7 @@ def nvcc_floor(bench: Bench, cold: dict | None) -> dict | None:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _floor(bench: Bench, cold: dict, sources: list[Path], compile_one, scratch: Path) -> dict:
+def _floor(bench: Bench, cold: dict, sources: list[Path], compile_one) -> dict:
     singles = [compile_one((i, sources[i * len(sources) // 3])) for i in range(3)]
     wave_sources = [(100 + i, sources[i % len(sources)]) for i in range(bench.cores)]
     began = time.monotonic()
