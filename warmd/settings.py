@@ -155,6 +155,8 @@ KNOBS: tuple[Knob, ...] = (
          "linker search path; a FlashInfer worker gets warmd's stub libcuda prepended"),
     Knob("CPATH", STRING, None,
          "header search path; a FlashInfer worker gets curand's headers prepended"),
+    Knob("MAX_JOBS", NUMBER, None, "compile jobs one ninja build runs at once (FlashInfer "
+         "reads it; default: warmd shares the node's cores among its workers)"),
     Knob("COLUMNS", STRING, None, "width tables render for (default: the terminal's, else 120)"),
     Knob("RAY_ADDRESS", STRING, None, "the Ray cluster warmd's daemon commands talk to"),
 )

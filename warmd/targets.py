@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import glob
+import sys
 from dataclasses import asdict, dataclass
 from functools import cache
 
@@ -212,6 +214,8 @@ def _nvml_sm_count(pynvml, handle) -> int:
 
 
 def _detect_with_torch() -> list[Target] | None:
+    if sys.platform.startswith("linux") and not glob.glob("/dev/nvidia[0-9]*"):
+        return None  # no GPU device node: CUDA can see none, so do not pay for torch
     try:
         import torch
     except ImportError:

@@ -111,18 +111,33 @@ def start(config_path, redis_url, namespace, address, metrics_port, wait, timeou
                    f"config {started.config_hash} from {config.source}; "
                    f"shared cache {started.redis or 'off'}")
     code = 0
+    waited = time.monotonic()
     if started.no_node:
         click.echo(f"warmd: {started.no_node}", err=True)
         code = 1
     elif wait:
-        snap, code = _wait_for_nodes(None, config, timeout, started.address)
+        snap, code = _wait_for_nodes(None, config, timeout, started.address, interval=0.25)
         if as_json:
             summary["status"] = status_json(snap)
+            summary["seconds"] = start_seconds(started.seconds, time.monotonic() - waited,
+                                               time.monotonic() - began, snap)
         else:
             click.echo(render_start_summary(snap, time.monotonic() - began, code))
     if as_json:
         click.echo(json.dumps(summary, indent=2))
     sys.exit(code)
+
+
+def start_seconds(started: dict, waited: float, total: float, snap: dict) -> dict:
+    """Where a `start` spent its time: starting or joining Ray, creating the controller,
+    waiting for the nodes, and each node's own warmup (its fetch, install and compile)."""
+    nodes = {n["node_id"]: {"warm": n.get("warm_seconds"), "state": n.get("state"),
+                            "remote_hits": (n.get("kernels") or {}).get("remote_hits"),
+                            "compiled": (n.get("kernels") or {}).get("compiled"),
+                            "bytes_fetched": (n.get("counters") or {}).get("bytes_fetched")}
+             for n in snap.get("nodes", [])}
+    return {**started, "wait_nodes": round(waited, 3), "total": round(total, 3),
+            "nodes": nodes}
 
 
 def _wait_for_nodes(node_id, config, timeout: float, address, interval: float = 1.0):

@@ -49,7 +49,13 @@ EXIT_TERMINATED = 143  # 128 + SIGTERM
 @click.option("--task-filter", metavar="REGEX",
               help="Only tasks whose key matches REGEX (keys as `warmd plan` lists them).")
 @click.option("--workers", type=click.IntRange(min=1), metavar="N",
-              help="Compile in N worker processes (default: one per GPU, else 1).")
+              help="Compile at most N kernels or modules at once (default: one per core, "
+                   "bounded by memory; nvcc is CPU-bound).")
+@click.option("--verify-load", is_flag=True,
+              help="Replay warm tasks through the library (loads every kernel) instead of "
+                   "counting verified entries without it.")
+@click.option("--per-task", is_flag=True, hidden=True,
+              help="Compile per task only (no kernel stage): the baseline of benchmarks.")
 @click.option("--redis", "redis_url", metavar="URL",
               help="Shared cache (redis://, rediss://, unix://; default: $WARMD_REDIS_URL, "
                    "else warmd's embedded server).")
@@ -57,7 +63,8 @@ EXIT_TERMINATED = 143  # 128 + SIGTERM
 @click.option("--json", "as_json", is_flag=True,
               help="Print the report as JSON on stdout (progress stays on stderr).")
 def warmup(request: PlanRequest, libraries: tuple[str, ...], task_filter: str | None,
-           workers: int | None, redis_url: str | None, no_shared: bool, as_json: bool) -> None:
+           workers: int | None, verify_load: bool, per_task: bool, redis_url: str | None,
+           no_shared: bool, as_json: bool) -> None:
     """Compile every JIT kernel the plan needs, before traffic arrives.
 
     Each task is fetched from the shared cache when the cluster has it, else compiled here
@@ -72,7 +79,8 @@ def warmup(request: PlanRequest, libraries: tuple[str, ...], task_filter: str | 
                                     no_shared=no_shared, workers=workers, as_json=as_json))
     require_model(request)
     plan = make_plan(request)
-    options = WarmupOptions(libraries=libraries, task_filter=task_filter, workers=workers)
+    options = WarmupOptions(libraries=libraries, task_filter=task_filter, workers=workers,
+                            verify_load=verify_load, kernel_split=not per_task)
     selected = options.select(plan.tasks)  # a bad regex is bad input: exit 2 before any work
     if not selected:
         _refuse_empty_selection(plan.tasks, options)

@@ -173,6 +173,19 @@ class NodeAgent:
 
     def _run_workers(self, config: WarmdConfig, url: str | None) -> list[dict]:
         builder = self.state.gpus <= 0
+        # A node whose plan the caches hold is warm without GPU workers: checked here, with
+        # the node's GPUs visible (Ray hides them from this num_gpus=0 actor).
+        visible = {} if builder else {
+            "CUDA_VISIBLE_DEVICES": ",".join(map(str, range(self.state.gpus)))}
+        try:
+            with settings.scoped_env(visible):
+                warm = warm_node(config, builder=builder, redis_url=url,
+                                 node_name=self.node_name, warm_only=True)
+        except Exception:  # only a shortcut: the workers below decide
+            self.log.exception("warm check failed")
+            warm = {"warm": False}
+        if warm["warm"]:
+            return [warm]
         shards = 1 if builder else self.state.gpus
         me = ray_api.current_actor()
         calls = [(config.public_json(), builder, i, shards, url, self.node_name, me)

@@ -22,7 +22,7 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from warmd import settings
@@ -270,6 +270,7 @@ class Started:
     embedded_redis: bool
     warnings: list
     no_node: str | None = None  # why the config selects no node of the cluster
+    seconds: dict = field(default_factory=dict)  # "ray" (start/connect), "controller"
 
 
 def start(config: WarmdConfig, address: str | None) -> Started:
@@ -290,9 +291,11 @@ def _start(config: WarmdConfig, address: str | None) -> Started:
                               "with `ray start --head`, or leave out --address")
     url, embedded = effective_redis_url(config)  # before starting anything else
     started_local = resolved is None
+    began = time.monotonic()
     if started_local:
         resolved = start_local_head()
     ray_init(resolved)
+    ray_seconds = time.monotonic() - began
     nodes = ray_api.list_nodes()
     warnings = _start_warnings(config, url, embedded, nodes)
     info = {"ray_address": resolved, "embedded_redis": embedded, "started": time.time()}
@@ -304,8 +307,10 @@ def _start(config: WarmdConfig, address: str | None) -> Started:
     else:
         config_hash = _call(controller.apply.remote(config.to_json(), url, info),
                             "update")["config_hash"]
+    seconds = {"ray": round(ray_seconds, 3),
+               "controller": round(time.monotonic() - began - ray_seconds, 3)}
     return Started(resolved, started_local, created, config_hash, redact_url(url), embedded,
-                   warnings, selection_problem(nodes, config))
+                   warnings, selection_problem(nodes, config), seconds)
 
 
 def _call(ref, what: str, timeout: float = 120.0):

@@ -1,10 +1,11 @@
 """The controller: one detached, named actor (namespace "warmd") on the head node.
 
-Every few seconds it reconciles: each alive node that the config selects gets exactly one
-agent, pinned to that node (hard node affinity) and named after it; agents that died are
-replaced (the new one resumes from the node's and the cluster's cache); nodes that left are
-forgotten, their records removed. It also pushes config changes to the agents and keeps the
-latest record of every node for `warmd status`.
+It reconciles every few seconds, and at once when a node joins or leaves the cluster (it
+looks at Ray's node list every NODE_POLL_SECONDS): each alive node that the config selects
+gets exactly one agent, pinned to that node (hard node affinity) and named after it; agents
+that died are replaced (the new one resumes from the node's and the cluster's cache); nodes
+that left are forgotten, their records removed. It also pushes config changes to the agents
+and keeps the latest record of every node for `warmd status`.
 """
 
 from __future__ import annotations
@@ -13,13 +14,22 @@ import threading
 import time
 
 from warmd.cluster import ray_api
-from warmd.cluster.decisions import Forget, Reconfigure, Record, Replace, Spawn, reconcile
+from warmd.cluster.decisions import (
+    Forget,
+    Reconfigure,
+    Record,
+    Replace,
+    Spawn,
+    nodes_changed,
+    reconcile,
+)
 from warmd.cluster.logs import node_logger
 from warmd.cluster.nodes import RayNode, selection_problem, wanted_nodes
 from warmd.cluster.state import NodeState, node_records
 from warmd.config import WarmdConfig, redact_url
 
 HEALTH_TIMEOUT = 3.0
+NODE_POLL_SECONDS = 0.25  # how soon a node that joined gets its agent
 
 
 class Controller:
@@ -35,6 +45,7 @@ class Controller:
         self.agents: dict[str, ray_api.AgentHandle] = {}
         self.records: dict[str, dict] = {}
         self.nodes: dict[str, RayNode] = {}
+        self.alive: set[str] = set()  # alive node ids at the last round
         self.counters = {"reconciles": 0, "agents_started": 0, "agents_replaced": 0,
                          "nodes_removed": 0, "errors": 0}
         self.last_error = ""
@@ -109,8 +120,22 @@ class Controller:
                 self.counters["errors"] += 1
                 self.last_error = f"{type(exc).__name__}: {exc}"[:300]
                 self.log.exception("reconcile failed")
-            self._wake.wait(timeout=self.config.agent.reconcile_seconds)
-            self._wake.clear()
+            self._until_next_round(self.config.agent.reconcile_seconds)
+
+    def _until_next_round(self, period: float) -> None:
+        """Wait out the period, unless woken, or a node joins or leaves meanwhile."""
+        deadline = time.monotonic() + period
+        while not self._stop.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0 or self._wake.wait(timeout=min(NODE_POLL_SECONDS, left)):
+                break
+            try:
+                alive = {n.node_id for n in ray_api.list_nodes() if n.alive}
+            except Exception:  # Ray busy for a moment: the period still ends the wait
+                continue
+            if nodes_changed(self.alive, alive):
+                break
+        self._wake.clear()
 
     def reconcile(self) -> None:
         """One round: look at the cluster and the agents, decide (decisions.reconcile), act."""
@@ -118,6 +143,7 @@ class Controller:
             config, url, config_hash = self.config, self.redis_url, self.config_hash
             agents, records = dict(self.agents), dict(self.records)
         nodes = ray_api.list_nodes()
+        self.alive = {n.node_id for n in nodes if n.alive}
         wanted = wanted_nodes(nodes, config)
         self.no_node = selection_problem(nodes, config) or ""
         health = ray_api.poll_health(agents, HEALTH_TIMEOUT)

@@ -9,7 +9,7 @@ clock. Both are applied through warmd.cluster.ray_api, the one place that calls 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from warmd.cluster.nodes import RayNode
@@ -86,6 +86,12 @@ def reconcile(wanted: Mapping[str, RayNode], agents: Mapping[str, Health],
                 actions.append(Reconfigure(node_id))
     actions += [Spawn(wanted[n]) for n in sorted(wanted) if n not in agents]
     return actions
+
+
+def nodes_changed(known: Iterable[str], alive: Iterable[str]) -> bool:
+    """Whether the alive nodes differ from those of the last round (one joined or left):
+    then the controller reconciles now instead of at the end of its period."""
+    return set(known) != set(alive)
 
 
 class RetryBackoff:

@@ -70,26 +70,31 @@ def _plan(model: ModelConfig, builder_target: str | None):
 
 def warm_node(config: WarmdConfig, *, builder: bool = False, shard: int = 0, shards: int = 1,
               redis_url: str | None = None, node_name: str | None = None,
-              progress: ProgressFn | None = None, workers: int | None = 1) -> dict:
+              progress: ProgressFn | None = None, workers: int | None = 1,
+              warm_only: bool = False) -> dict:
     """Warm this worker's share (tasks shard, shard+shards, ...) of every configured model.
 
     Never raises for a model, a task or the store: each model's result says what happened.
     Returns {"models": [...], "store": {"ok", "reason", "url"}, "cache_bytes": {...},
-    "seconds": float}.
+    "seconds": float, "warm": bool}. With warm_only, a model whose plan has a task that
+    needs its library (not installed and verified from the caches) runs nothing, and
+    "warm" is False: the caller then runs the real warmup (in GPU workers).
     """
     started = time.monotonic()
     with settings.scoped_env(node_env(config, node_name)):
-        results, planned = _plan_all(config, builder, shard, shards, progress, workers)
+        results, planned = _plan_all(config, builder, shard, shards, progress, workers,
+                                     warm_only)
         store = {"ok": True, "reason": "", "url": None}
+        warm = True
         for model, plan, options, result in planned:
-            _warm_model(model, plan, options, result, redis_url, store, progress)
+            warm &= _warm_model(model, plan, options, result, redis_url, store, progress)
         sizes = cache_bytes()
     return {"models": [r.to_json() for r in results], "store": store, "cache_bytes": sizes,
-            "seconds": round(time.monotonic() - started, 3)}
+            "seconds": round(time.monotonic() - started, 3), "warm": warm}
 
 
 def _plan_all(config: WarmdConfig, builder: bool, shard: int, shards: int,
-              progress: ProgressFn | None, workers: int | None):
+              progress: ProgressFn | None, workers: int | None, warm_only: bool = False):
     """Plan every model first, so that progress knows the whole amount of work."""
     from warmd.warmup import WarmupOptions
 
@@ -102,7 +107,7 @@ def _plan_all(config: WarmdConfig, builder: bool, shard: int, shards: int,
         result = ModelResult(model.name)
         results.append(result)
         options = WarmupOptions(libraries=libraries, task_filter=model.task_filter,
-                                workers=workers)
+                                workers=workers, warm_only=warm_only)
         try:
             plan = _plan(model, target)
             mine = tuple(options.select(plan.tasks)[shard::shards])
@@ -131,7 +136,8 @@ def _open_shared(redis_url: str | None, plan, store: dict):
 
 
 def _warm_model(model: ModelConfig, plan, options, result: ModelResult, redis_url: str | None,
-                store: dict, progress: ProgressFn | None) -> None:
+                store: dict, progress: ProgressFn | None) -> bool:
+    """Run the model's warmup into result; False when warm_only left tasks unrun."""
     from warmd.warmup import run_warmup
 
     shared = _open_shared(redis_url, plan, store)
@@ -147,6 +153,8 @@ def _warm_model(model: ModelConfig, plan, options, result: ModelResult, redis_ur
             _note_store(shared, store)
             with contextlib.suppress(Exception):
                 shared.close()
+    if report.not_warm:
+        return False
     result.counters = report.counters.to_json()
     result.tasks_failed = len(report.failed)
     result.failures = [{"task": r.task.key, "error": (r.result.error or "")[:300]}
@@ -156,6 +164,7 @@ def _warm_model(model: ModelConfig, plan, options, result: ModelResult, redis_ur
         result.ok = False
         result.reason = (f"model {model.name}: {len(report.failed)} of {len(report.reports)} "
                          f"tasks failed; first: {first.task.key}: {first.result.error}")[:600]
+    return True
 
 
 def _note_store(shared, store: dict) -> None:

@@ -15,6 +15,7 @@ import json
 import multiprocessing
 import os
 import signal
+from collections.abc import Callable
 from dataclasses import asdict
 from multiprocessing.connection import Connection
 
@@ -24,14 +25,15 @@ from warmd.plan import Task
 STOP_GRACE_SECONDS = 3.0
 
 
-def load_executor(library: str) -> Executor | str:
-    """The library's executor, checked; or the reason it cannot run here."""
+def load_executor(library: str, target: str | None = None) -> Executor | str:
+    """The library's executor (or the "module:Class" target given instead), checked; or
+    the reason it cannot run here."""
     from warmd.libraries import LIBRARIES
 
     registered = LIBRARIES.get(library)
     if registered is None:
         return f"no executor for library {library!r}"
-    target = registered.executor
+    target = target or registered.executor
     module_name, _, cls_name = target.partition(":")
     try:
         module = importlib.import_module(module_name)
@@ -60,10 +62,13 @@ def result_from_json(data: dict) -> TaskResult:
                       float(data["seconds"]), kernels, data.get("error"))
 
 
-def run_task(executors: dict[str, Executor | str], task: Task) -> TaskResult:
-    """Run one task with the library's (cached) executor; never raises."""
+def run_task(executors: dict[str, Executor | str], task: Task,
+             targets: dict[str, str] | None = None) -> TaskResult:
+    """Run one task with the library's (cached) executor, or the one ``targets`` names for
+    its library; never raises."""
     if task.library not in executors:
-        executors[task.library] = load_executor(task.library)
+        executors[task.library] = load_executor(task.library,
+                                                (targets or {}).get(task.library))
     executor = executors[task.library]
     if isinstance(executor, str):
         return failed_result(task, executor)
@@ -95,7 +100,7 @@ def _log_output_to_file() -> None:
         os.close(fd)
 
 
-def _worker_main(conn: Connection, env: dict[str, str]) -> None:
+def _worker_main(conn: Connection, env: dict[str, str], targets: dict[str, str]) -> None:
     os.setpgrp()
     _set_parent_death_signal()
     os.environ.update(env)
@@ -109,23 +114,44 @@ def _worker_main(conn: Connection, env: dict[str, str]) -> None:
         if not raw:
             return
         task = Task.from_json(json.loads(raw))
-        result = run_task(executors, task)
+        result = run_task(executors, task, targets)
         conn.send_bytes(json.dumps(asdict(result)).encode())
 
 
 class Worker:
-    """One worker process; restarted when it dies, its task then failing with the reason."""
+    """One worker process; restarted when it dies, its task then failing with the reason.
 
-    def __init__(self, env: dict[str, str]) -> None:
-        self.env = dict(env)
+    The process starts on the first task, not before: a run whose tasks all finish without
+    a library (verified hits) starts none. ``env`` may be a function giving the environment
+    then (working it out can mean probing GPUs and compilers). ``executors`` maps a library
+    to another "module:Class" executor for it (a discovery pass, say)."""
+
+    def __init__(self, env: dict[str, str] | Callable[[], dict[str, str]],
+                 executors: dict[str, str] | None = None) -> None:
+        self._env = env if callable(env) else dict(env)
+        self.executors = dict(executors or {})
         self._ctx = multiprocessing.get_context("spawn")
         self._proc = None
         self._conn: Connection | None = None
+        self._starts = 0
         self.stopped = False
+
+    @property
+    def env(self) -> dict[str, str]:
+        if callable(self._env):
+            self._env = dict(self._env())
+        return self._env
+
+    @property
+    def started(self) -> bool:
+        """Whether a process was ever started for this worker."""
+        return self._starts > 0
 
     def _start(self) -> None:
         parent, child = self._ctx.Pipe()
-        self._proc = self._ctx.Process(target=_worker_main, args=(child, self.env), daemon=True)
+        self._starts += 1
+        self._proc = self._ctx.Process(target=_worker_main,
+                                       args=(child, self.env, self.executors), daemon=True)
         self._proc.start()
         child.close()
         self._conn = parent

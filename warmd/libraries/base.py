@@ -46,6 +46,9 @@ class Library:
     # "module:function" (target arch, root) -> extra variables its worker processes need
     worker_env: str | None = None
     builds_without_gpu: bool = False  # a GPU-less builder node warms it
+    # "module:Class" of a warmd.executors.base.KernelStage that compiles cold tasks below
+    # the task (each distinct kernel once, on every core); None: per task only
+    kernel_stage: str | None = None
     aliases: tuple[str, ...] = ()  # other spellings accepted by --with/--without
 
     @property

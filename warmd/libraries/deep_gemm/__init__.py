@@ -25,6 +25,7 @@ LIBRARY = Library(
     kernels=KERNELS,
     executor="warmd.libraries.deep_gemm.executor:DeepGemmExecutor",
     adapter="warmd.libraries.deep_gemm.cache:make_adapter",
+    kernel_stage="warmd.libraries.deep_gemm.compiler:DeepGemmKernelStage",
     roots=(CacheRoot("deep_gemm_dir", "DG_JIT_CACHE_DIR"),
            CacheRoot("vllm_cache_root", "VLLM_CACHE_ROOT")),
     entries=lambda root: root / "cache",

@@ -185,12 +185,14 @@ class Accounting:
 
 class DeepGemmExecutor(Executor):
     library = LIBRARY
+    keep_going = False  # True: a failing GEMM call does not end the task's other calls
 
     def __init__(self, cache_dir=None, device: int | None = None) -> None:
         self._adapter = DeepGemmCacheAdapter(cache_dir)
         self._device = device
         self._checked: tuple[bool, str] | None = None
         self.calls = 0  # GEMM calls made by this executor (benchmarks report it)
+        self.call_errors: list[str] = []  # with keep_going: what the failing calls raised
 
     def cache(self) -> DeepGemmCacheAdapter:
         return self._adapter
@@ -238,6 +240,9 @@ class DeepGemmExecutor(Executor):
             self._run_gemms(spec, books)
         except Exception as exc:  # OOM, DeepGEMM assertion, nvcc failure: reported
             return _failed(task, started, _describe(exc), books.result())
+        if self.call_errors:
+            return _failed(task, started, f"{len(self.call_errors)} of {len(spec.m)} GEMM "
+                           f"calls failed, first: {self.call_errors[0]}", books.result())
         return TaskResult(task.key, LIBRARY, True, round(time.monotonic() - started, 3),
                           books.result())
 
@@ -252,6 +257,7 @@ class DeepGemmExecutor(Executor):
             inputs = _make_inputs(torch, spec, device)
             call = _caller(spec, inputs)
             books.start()
+            self.call_errors = []
             with tempfile.TemporaryFile() as buffer:
                 capture = StdoutCapture(buffer)
                 for m in spec.m:
@@ -259,6 +265,10 @@ class DeepGemmExecutor(Executor):
                     capture.start()
                     try:
                         call(m)
+                    except Exception as exc:
+                        if not self.keep_going:
+                            raise
+                        self.call_errors.append(f"M={m}: {_describe(exc)}")
                     finally:
                         printed = capture.stop()
                     self.calls += 1
@@ -268,6 +278,15 @@ class DeepGemmExecutor(Executor):
             del inputs
             with contextlib.suppress(Exception):
                 torch.cuda.empty_cache()
+
+
+class DeepGemmRecorder(DeepGemmExecutor):
+    """The discovery pass of the kernel stage (compiler.py): runs a task's GEMMs with
+    DeepGEMM's compiler recording instead of compiling, so its kernels run placeholders and
+    its results mean nothing; a failing call does not stop the calls after it (each may
+    ask for another kernel)."""
+
+    keep_going = True
 
 
 def _environment_problems() -> list[str]:

@@ -1,0 +1,219 @@
+"""Speed (issue 12) parts that run here: the default worker count, and DeepGEMM's kernel
+stage without a GPU: the nvcc shim DeepGEMM is given as its compiler (real nvcc, real
+sm_90a cubins, called exactly as DeepGEMM calls it) and the stage's plumbing."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+
+from warmd import settings
+from warmd.libraries.deep_gemm.nvcc_shim import (
+    BUILD,
+    RECORD,
+    Job,
+    compile_job,
+    parse_compile,
+    read_compiles,
+    write_shim,
+)
+from warmd.plan import Task
+from warmd.warmup import default_workers
+
+GIB = 1 << 30
+NVCC = str(settings.cuda_home() / "bin" / "nvcc")
+needs_nvcc = pytest.mark.skipif(not Path(NVCC).is_file(), reason="no nvcc here")
+KERNEL = "template <int N> __global__ void k(float* x) { x[threadIdx.x] *= N; }\n" \
+         "static void* p = (void*)&k<{n}>;\n"
+FLAGS = ["-std=c++17", "--gpu-architecture=sm_90a", "-O3"]
+
+
+def test_default_workers_one_per_core_bounded_by_memory_at_least_one_per_gpu():
+    assert default_workers(1, cpus=16, memory_bytes=128 * GIB) == 16  # the H200 node
+    assert default_workers(0, cpus=2, memory_bytes=23 * GIB) == 2  # this machine
+    assert default_workers(0, cpus=16, memory_bytes=8 * GIB) == 4  # 2 GiB per compile
+    assert default_workers(8, cpus=4, memory_bytes=512 * GIB) == 8
+    assert default_workers(0, cpus=1, memory_bytes=1 * GIB) == 1
+
+
+def test_parse_compile_takes_deepgemm_commands_and_leaves_the_rest_to_nvcc():
+    args = ["/c/tmp/u1/kernel.cu", "-cubin", "-o", "/c/tmp/u2", "-std=c++20", "-I/x/include"]
+    source, output, template = parse_compile(args)
+    assert (source, output) == ("/c/tmp/u1/kernel.cu", "/c/tmp/u2")
+    assert template == ["{source}", "-cubin", "-o", "{output}", "-std=c++20", "-I/x/include"]
+    assert parse_compile(["--version"]) is None
+    assert parse_compile(["/k.cu", "-ptx", "-o", "/k.ptx"]) is None  # DG_JIT_DUMP_PTX
+
+
+def _deepgemm_call(shim: Path, tmp: Path, n: int, out_name: str) -> subprocess.Popen:
+    """The shim called the way DeepGEMM calls its compiler: through a shell, from a
+    scratch directory, on a kernel.cu in a build directory of its own."""
+    build = tmp / f"build-{out_name}"
+    build.mkdir()
+    (build / "kernel.cu").write_text(KERNEL.replace("{n}", str(n)))
+    scratch = tmp / "scratch"
+    scratch.mkdir(exist_ok=True)
+    command = f"cd {scratch} && {shim} {build / 'kernel.cu'} -cubin -o {tmp / out_name} " \
+              + " ".join(FLAGS)
+    return subprocess.Popen(command, shell=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+@needs_nvcc
+def test_shim_answers_version_exactly_as_nvcc(tmp_path):
+    shim = write_shim(tmp_path, BUILD, NVCC)
+    ours = subprocess.run(f"{shim} --version", shell=True, capture_output=True, text=True)
+    real = subprocess.run([NVCC, "--version"], capture_output=True, text=True)
+    assert ours.returncode == 0 and ours.stdout == real.stdout  # DeepGEMM's signature
+
+
+@pytest.mark.slow
+@needs_nvcc
+def test_record_mode_saves_the_request_and_answers_with_a_placeholder(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    shim = write_shim(run, RECORD, NVCC)
+    for name in ("a.cubin", "b.cubin"):  # the same kernel asked twice: one job
+        proc = _deepgemm_call(shim, tmp_path, 3, name)
+        assert proc.wait() == 0, proc.stdout.read()
+    jobs = [Job(p) for p in (run / "jobs").iterdir()]
+    assert len(jobs) == 1 and jobs[0].ready and not jobs[0].cubin.exists()
+    assert jobs[0].source.read_text() == KERNEL.replace("{n}", "3")
+    assert jobs[0].args() == ["{source}", "-cubin", "-o", "{output}", *FLAGS]
+    placeholder = (run / "placeholder-sm_90a.cubin").read_bytes()
+    assert placeholder[:4] == b"\x7fELF"
+    assert (tmp_path / "a.cubin").read_bytes() == placeholder
+    assert read_compiles(run) == []  # nothing compiled for real
+
+
+@pytest.mark.slow
+@needs_nvcc
+def test_build_mode_compiles_each_kernel_once_whoever_asks(tmp_path):
+    """Three DeepGEMM processes and the parent's pool want the same kernel at once, a
+    fourth process another one: two nvcc runs, and everyone gets the real cubin."""
+    run = tmp_path / "run"
+    run.mkdir()
+    shim = write_shim(run, BUILD, NVCC)
+    procs = [_deepgemm_call(shim, tmp_path, 3, f"same-{i}.cubin") for i in range(3)]
+    other = _deepgemm_call(shim, tmp_path, 5, "other.cubin")
+    pool_results = []
+    jobs_dir = run / "jobs"
+
+    def pool() -> None:  # the parent compiles the job as soon as it is written
+        while not (jobs_dir.is_dir() and any(Job(p).ready for p in jobs_dir.iterdir())):
+            pass
+        job = next(Job(p) for p in jobs_dir.iterdir() if Job(p).ready)
+        pool_results.append(compile_job(run, job, NVCC))
+
+    thread = threading.Thread(target=pool)
+    thread.start()
+    assert [p.wait() for p in [*procs, other]] == [0, 0, 0, 0]
+    thread.join()
+    compiles = read_compiles(run)
+    assert len(compiles) == 2 and all(c["ok"] for c in compiles)
+    assert pool_results == [None]
+    cubins = {(tmp_path / f"same-{i}.cubin").read_bytes() for i in range(3)}
+    assert len(cubins) == 1
+    same = cubins.pop()
+    assert same[:4] == b"\x7fELF" and same != (tmp_path / "other.cubin").read_bytes()
+    by_source = {c["source_sha256"] for c in compiles}
+    assert hashlib.sha256(KERNEL.replace("{n}", "3").encode()).hexdigest() in by_source
+
+
+@pytest.mark.slow
+@needs_nvcc
+def test_a_failing_kernel_fails_once_with_nvcc_output(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    shim = write_shim(run, BUILD, NVCC)
+    build = tmp_path / "b"
+    build.mkdir()
+    (build / "kernel.cu").write_text("this is not CUDA\n")
+    command = f"cd {tmp_path} && {shim} {build / 'kernel.cu'} -cubin -o {tmp_path / 'x'} " \
+              + " ".join(FLAGS)
+    first = subprocess.run(command, shell=True, capture_output=True, text=True)
+    second = subprocess.run(command, shell=True, capture_output=True, text=True)
+    assert first.returncode == second.returncode == 1
+    assert "error" in first.stdout and first.stdout == second.stdout
+    assert [c["ok"] for c in read_compiles(run)] == [False]  # not retried
+    assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.slow
+@needs_nvcc
+def test_stage_without_a_gpu_degrades_to_the_workers_and_cleans_up(tmp_path):
+    """Here the discovery pass cannot run DeepGEMM (no GPU): it says why, discovers
+    nothing, and the workers' shim still compiles what they ask for, once; the stage
+    knows each entry's nvcc time by its source and removes its scratch."""
+    from warmd.libraries.deep_gemm.compiler import DeepGemmKernelStage
+
+    root = tmp_path / "dg"
+    task = Task(key="deep_gemm/fp8_gemm_nt/128x256/t", library="deep_gemm",
+                kernel="fp8_gemm_nt", n=256, k=128, m=(1, 64))
+    stage = DeepGemmKernelStage(root, [task], jobs=2, gpu_ids=[],
+                                env={"WARMD_STATE_DIR": str(tmp_path / "state")})
+    env = stage.start()
+    shim = Path(env["DG_JIT_NVCC_COMPILER"])
+    assert shim.is_file() and shim.parent == stage.run
+    proc = _deepgemm_call(shim, tmp_path, 7, "k.cubin")
+    assert proc.wait() == 0, proc.stdout.read()
+    entry = root / "cache" / "kernel.test.0123456789abcdef"  # as DeepGEMM would rename it
+    entry.mkdir(parents=True)
+    (entry / "kernel.cu").write_text(KERNEL.replace("{n}", "7"))
+    seconds = stage.compile_seconds(entry.name)
+    summary = stage.finish()
+    assert seconds is not None and seconds > 0
+    assert summary["kernel_jobs"] == 1  # the worker's request, claimed there
+    assert summary["nvcc_runs"] == summary["distinct_sources"] == 1
+    assert summary["discovery_errors"] and "deep_gemm" in summary["discovery_errors"][0]
+    assert summary["nvcc_args"] == ["{source}", "-cubin", "-o", "{output}", *FLAGS]
+    assert not stage.run.exists()
+    assert json.dumps(summary)  # goes into the report as is
+
+
+def test_controller_reconciles_early_only_when_the_alive_nodes_change():
+    from warmd.cluster.decisions import nodes_changed
+
+    assert not nodes_changed({"a", "b"}, ["b", "a"])
+    assert nodes_changed({"a", "b"}, ["a", "b", "c"])  # a node joined
+    assert nodes_changed({"a", "b"}, ["a"])  # one left
+
+
+def test_warm_only_runs_nothing_when_a_task_needs_its_library(tmp_path, monkeypatch):
+    """The agent's check: a plan with a task not in any cache starts no worker and
+    compiles nothing; it says which tasks are left for the GPU workers."""
+    from warmd.plan import PlanRequest, make_plan
+    from warmd.warmup import WarmupOptions, run_warmup
+
+    monkeypatch.setenv("WARMD_STATE_DIR", str(tmp_path / "state"))
+    plan = make_plan(PlanRequest(model="qwen3-30b-a3b-fp8", target="h200", engine="sglang",
+                                 with_libs=("flashinfer",), without_libs=("sgl_kernel",)))
+    options = WarmupOptions(libraries=("flashinfer",), task_filter="silu_and_mul",
+                            cache_roots={"flashinfer": tmp_path / "fi"}, warm_only=True)
+    report = run_warmup(plan, options)
+    assert len(report.not_warm) == 1 and "silu_and_mul" in report.not_warm[0]
+    assert report.reports == [] and report.workers == 0
+    assert not (tmp_path / "fi").exists() and not (tmp_path / "state" / "logs").exists()
+
+
+@pytest.mark.slow
+@needs_nvcc
+def test_compile_slots_bound_every_compile_on_the_node(tmp_path):
+    """--workers 1: the workers' own compiles and the pool's share one slot, so nvcc
+    never runs twice at once."""
+    from warmd.libraries.deep_gemm.nvcc_shim import make_slots
+
+    run = tmp_path / "run"
+    make_slots(run, 1)
+    shim = write_shim(run, BUILD, NVCC)
+    procs = [_deepgemm_call(shim, tmp_path, n, f"{n}.cubin") for n in (2, 3, 4)]
+    assert [p.wait() for p in procs] == [0, 0, 0]
+    spans = sorted((c["began"], c["began"] + c["seconds"]) for c in read_compiles(run))
+    assert len(spans) == 3
+    assert all(end <= start + 0.05
+               for (_s, end), (start, _e) in zip(spans, spans[1:], strict=False))

@@ -1,0 +1,267 @@
+"""DeepGEMM's kernel stage: each distinct kernel a plan needs, compiled once on the node,
+on every core, before and while the workers run the tasks.
+
+A task is one GEMM shape and its M values; DeepGEMM's heuristics pick a kernel config per
+call, and many calls (and shapes: dense kernels are shape-agnostic) share one kernel.
+Running tasks in parallel therefore compiles at most one kernel per task at a time, and
+the same kernel in several tasks at once. The stage instead:
+
+1. runs the cold tasks' GEMMs once in a *discovery* pass: real DeepGEMM on the GPU, with
+   a throw-away cache root seeded with this node's entries and ``nvcc_shim`` in record
+   mode as its compiler, so every kernel DeepGEMM asks for is saved as a job (its exact
+   source and nvcc arguments) and answered with a placeholder in milliseconds;
+2. compiles the jobs as they appear, ``jobs`` at once, with the real nvcc (each job once:
+   ``compile_job`` claims it);
+3. meanwhile the warmup's workers run every task as usual, into the real cache root, with
+   the shim in build mode as DeepGEMM's compiler: a kernel whose job is compiled (or
+   being compiled) is handed over (or waited for), one the discovery missed is claimed and
+   compiled there. DeepGEMM itself names and writes every entry, so the keys are the ones
+   a plain DeepGEMM computes, and the workers' accounting stays what DeepGEMM did.
+
+This module imports neither torch nor deep_gemm: the discovery runs in worker processes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import queue
+import shutil
+import signal
+import subprocess
+import threading
+import time
+import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+from warmd import settings
+from warmd.executors.pool import Worker
+from warmd.libraries.deep_gemm.cache import DeepGemmCacheAdapter
+from warmd.libraries.deep_gemm.nvcc_shim import (
+    BUILD,
+    RECORD,
+    Job,
+    compile_job,
+    make_slots,
+    read_compiles,
+    write_shim,
+)
+from warmd.plan import Task
+
+RECORDER = "warmd.libraries.deep_gemm.executor:DeepGemmRecorder"
+RECORDERS_PER_GPU = 4  # discovery processes per GPU: discovery is what compiles wait on
+POLL_SECONDS = 0.05
+
+log = logging.getLogger(__name__)
+
+
+def real_nvcc() -> str:
+    """The compiler DeepGEMM would run: DG_JIT_NVCC_COMPILER, else CUDA_HOME's nvcc."""
+    chosen = settings.get("DG_JIT_NVCC_COMPILER")
+    return str(chosen) if chosen else str(settings.cuda_home() / "bin" / "nvcc")
+
+
+def seed_entries(source: DeepGemmCacheAdapter, target: Path) -> int:
+    """Hard-link (else copy) every complete entry of source into target's cache/, so the
+    discovery pass asks only for kernels this node lacks."""
+    count = 0
+    for entry in source.list_entries():
+        dest = target / "cache" / entry.name
+        dest.mkdir(parents=True, exist_ok=True)
+        for file in entry.path.iterdir():
+            try:
+                os.link(file, dest / file.name)
+            except OSError:
+                shutil.copy2(file, dest / file.name)
+        count += 1
+    return count
+
+
+class DeepGemmKernelStage:
+    """See the module docstring; a warmd.executors.base.KernelStage."""
+
+    def __init__(self, root: Path, tasks: list[Task], jobs: int, gpu_ids: list[str],
+                 env: dict[str, str]) -> None:
+        self.root = Path(root)
+        self.tasks = list(tasks)
+        self.jobs = max(1, jobs)
+        self.gpu_ids = list(gpu_ids)
+        self.env = dict(env)
+        self.nvcc = real_nvcc()
+        # DeepGEMM's own scratch directory: same filesystem, never read as entries.
+        self.run = self.root / "tmp" / f"warmd-{uuid.uuid4().hex[:12]}"
+        self.pool = ThreadPoolExecutor(self.jobs, thread_name_prefix="dg-nvcc")
+        self.futures: dict[str, Future] = {}
+        self.procs: set[subprocess.Popen] = set()
+        self.recorders: list[Worker] = []
+        self.record_errors: list[str] = []
+        self.seeded = 0
+        self.began = self.discovered_at = 0.0
+        self.stopped = threading.Event()
+        self.discovery_done = threading.Event()
+        self.lock = threading.Lock()
+        self.threads: list[threading.Thread] = []
+        self.discovering = 0  # discovery threads still running
+
+    # -- starting --
+
+    def start(self) -> dict[str, str]:
+        if settings.deep_gemm_key_env().get("DG_JIT_USE_NVRTC"):
+            raise RuntimeError("DeepGEMM compiles in-process with NVRTC (DG_JIT_USE_NVRTC)")
+        if not Path(self.nvcc).is_file():
+            raise RuntimeError(f"nvcc not found at {self.nvcc}")
+        self.began = time.monotonic()
+        try:
+            return self._start()
+        except BaseException:
+            self.stop()
+            shutil.rmtree(self.run, ignore_errors=True)
+            raise
+
+    def _start(self) -> dict[str, str]:
+        (self.run / "jobs").mkdir(parents=True)
+        make_slots(self.run, self.jobs)  # the pool's and the workers' compiles together
+        record_root = self.run / "record"
+        self.seeded = seed_entries(DeepGemmCacheAdapter(self.root), record_root)
+        recorder_env = {**self.env, "DG_JIT_CACHE_DIR": str(record_root),
+                        "DG_JIT_NVCC_COMPILER": str(write_shim(self.run, RECORD, self.nvcc))}
+        pending: queue.Queue[Task] = queue.Queue()
+        for task in self.tasks:
+            pending.put(task)
+        count = max(1, min(RECORDERS_PER_GPU * max(1, len(self.gpu_ids)), len(self.tasks),
+                           self.jobs))
+        self.discovering = count
+        for index in range(count):
+            env = dict(recorder_env)
+            if self.gpu_ids:
+                env["CUDA_VISIBLE_DEVICES"] = self.gpu_ids[index % len(self.gpu_ids)]
+            worker = Worker(env, executors={"deep_gemm": RECORDER})
+            self.recorders.append(worker)
+            self._thread(self._discover, worker, pending)
+        self._thread(self._watch)
+        return {"DG_JIT_NVCC_COMPILER": str(write_shim(self.run, BUILD, self.nvcc))}
+
+    def _thread(self, target, *args) -> None:
+        thread = threading.Thread(target=target, args=args, daemon=True)
+        thread.start()
+        self.threads.append(thread)
+
+    def _discover(self, worker: Worker, pending: queue.Queue[Task]) -> None:
+        while not self.stopped.is_set():
+            try:
+                task = pending.get_nowait()
+            except queue.Empty:
+                break
+            result = worker.run(task)
+            if not result.ok:  # what it missed, the workers compile when they get there
+                with self.lock:
+                    self.record_errors.append(f"{task.key}: {result.error}")
+        worker.stop()
+        with self.lock:
+            self.discovering -= 1
+            if self.discovering == 0:
+                self.discovered_at = time.monotonic()
+                self.discovery_done.set()
+
+    def _watch(self) -> None:
+        """Hand each recorded job to the compile pool as soon as it is written."""
+        while not self.stopped.is_set():
+            last = self.discovery_done.is_set()
+            self._submit_new()
+            if last:
+                return
+            time.sleep(POLL_SECONDS)
+
+    def _submit_new(self) -> None:
+        try:
+            with os.scandir(self.run / "jobs") as it:
+                found = [Job(Path(e.path)) for e in it if e.is_dir()]
+        except OSError:
+            return
+        for job in found:
+            if job.key in self.futures or not job.ready:
+                continue
+            self.futures[job.key] = self.pool.submit(self._compile, job)
+
+    def _compile(self, job: Job) -> str | None:
+        if self.stopped.is_set():
+            return "stopped"
+        # A job a worker is compiling right now is theirs: this slot takes the next one.
+        return compile_job(self.run, job, self.nvcc, self._started, wait=False)
+
+    def _started(self, proc: subprocess.Popen) -> None:
+        with self.lock:
+            self.procs.add(proc)
+            stopping = self.stopped.is_set()
+        if stopping:
+            _terminate(proc)
+
+    # -- during and after the run --
+
+    def compile_seconds(self, entry: str) -> float | None:
+        """nvcc's time for an entry of the real cache this run compiled (by its source)."""
+        try:
+            source = (self.root / "cache" / entry / "kernel.cu").read_bytes()
+        except OSError:
+            return None
+        return self._compile_times().get(hashlib.sha256(source).hexdigest())
+
+    def _compile_times(self) -> dict[str, float]:
+        compiles = [c for c in read_compiles(self.run) if c.get("ok")]
+        return {c["source_sha256"]: float(c["seconds"]) for c in compiles}
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.discovery_done.set()
+        for worker in self.recorders:
+            worker.stop(kill=True)
+        with self.lock:
+            procs = list(self.procs)
+        for proc in procs:
+            _terminate(proc)
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+    def finish(self) -> dict:
+        """Wait for the discovery and the compiles, remove the run's scratch, and say what
+        happened."""
+        for thread in self.threads:
+            thread.join()
+        self.pool.shutdown(wait=True, cancel_futures=self.stopped.is_set())
+        for worker in self.recorders:
+            worker.stop()
+        compiles = read_compiles(self.run)
+        try:
+            jobs = [job for p in (self.run / "jobs").iterdir() if (job := Job(p)).ready]
+        except OSError:
+            jobs = []
+        args = None
+        with contextlib.suppress(OSError, ValueError):
+            args = jobs[0].args() if jobs else None
+        summary = {
+            "library": "deep_gemm",
+            "jobs": self.jobs,
+            "seeded_entries": self.seeded,
+            "discovered_kernels": len(self.futures),  # handed to the pool
+            "kernel_jobs": len(jobs),  # distinct kernels asked for, by discovery or workers
+            "discovery_seconds": round(self.discovered_at - self.began, 3)
+            if self.discovered_at else None,
+            "nvcc_runs": len(compiles),
+            "nvcc_failed": sum(not c["ok"] for c in compiles),
+            "distinct_sources": len({c["source_sha256"] for c in compiles}),
+            "nvcc_seconds": round(sum(c["seconds"] for c in compiles), 3),
+            "wall_seconds": round(time.monotonic() - self.began, 3),
+            "discovery_errors": self.record_errors[:5],
+            "nvcc": self.nvcc,
+            "nvcc_args": args,  # DeepGEMM's arguments ({source}/{output}: the paths)
+            "workers_started": sum(w.started for w in self.recorders),
+        }
+        shutil.rmtree(self.run, ignore_errors=True)
+        return summary
+
+
+def _terminate(proc: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError, OSError):
+        proc.send_signal(signal.SIGTERM)

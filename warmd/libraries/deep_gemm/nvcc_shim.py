@@ -1,0 +1,277 @@
+"""The compiler DeepGEMM runs during a warmup (its ``DG_JIT_NVCC_COMPILER``), so that each
+distinct kernel is compiled once per node, by whoever claims it first.
+
+DeepGEMM (sgl-deep-gemm 0.1.4.post1) names a kernel's cache entry
+``kernel.<name>.<md5 of name$$signature$$flags$$code>`` and runs
+
+    cd <scratch> && <compiler> <tmp>/<uuid>/kernel.cu -cubin -o <cubin> <flags>
+
+then renames the build directory to that entry. The signature comes from ``<compiler>
+--version`` (``NVCC<major>.<minor>``), and the flags never name the compiler, so a shim that
+answers ``--version`` with the real nvcc's words leaves every key unchanged: the entries
+are named and laid out by DeepGEMM itself, exactly as without the shim.
+
+Each compile request is a *job*, ``<run>/jobs/<key>/`` (key: sha256 of the arguments, with
+the source and output paths as placeholders, and of the source), holding ``kernel.cu`` and
+``args.json``. Two modes:
+
+- ``record``: save the job and answer with a placeholder cubin (one empty kernel, built
+  once per arch), so that a discovery pass sees every kernel a plan's GEMMs ask for without
+  compiling any; it runs with a throw-away cache root.
+- ``build``: claim the job (an flock: one compile per job on the node), compile it with
+  the real nvcc unless done already, and hand DeepGEMM the cubin.
+
+warmd's parent compiles recorded jobs with ``compile_job`` meanwhile, as many at once as
+it has cores. Every real nvcc run appends a line to ``<run>/compiles.log``.
+
+Run by path (``python3 nvcc_shim.py MODE RUN NVCC ARGS...``), it imports nothing of
+warmd: DeepGEMM starts it once per kernel.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+RECORD, BUILD = "record", "build"
+SOURCE, OUTPUT = "{source}", "{output}"
+PLACEHOLDER_SOURCE = 'extern "C" __global__ void warmd_discovery_placeholder() {}\n'
+
+
+class Job:
+    """One compile request: a kernel source and the nvcc arguments DeepGEMM gave it."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    @property
+    def key(self) -> str:
+        return self.path.name
+
+    @property
+    def source(self) -> Path:
+        return self.path / "kernel.cu"
+
+    @property
+    def cubin(self) -> Path:
+        return self.path / "kernel.cubin"
+
+    @property
+    def ready(self) -> bool:
+        """Whether the request is fully written (args.json goes in last)."""
+        return (self.path / "args.json").is_file()
+
+    def args(self) -> list[str]:
+        return json.loads((self.path / "args.json").read_text())
+
+    def failure(self) -> str | None:
+        """nvcc's output when it failed on this job (then it is not tried again)."""
+        with contextlib.suppress(OSError):
+            return (self.path / "failed").read_text()
+        return None
+
+
+def parse_compile(args: list[str]) -> tuple[str, str, list[str]] | None:
+    """(source, output, argument template) of a ``<src>.cu -cubin -o <out> <flags>``
+    call; None for anything else (``--version``, PTX dumps...), which goes to nvcc as is."""
+    if "-cubin" not in args or "-o" not in args or "-ptx" in args:
+        return None
+    out_at = args.index("-o") + 1
+    sources = [i for i, a in enumerate(args) if a.endswith(".cu") and i != out_at]
+    if out_at >= len(args) or len(sources) != 1:
+        return None
+    template = list(args)
+    template[sources[0]], template[out_at] = SOURCE, OUTPUT
+    return args[sources[0]], args[out_at], template
+
+
+def job_key(template: list[str], source: bytes) -> str:
+    digest = hashlib.sha256(json.dumps(template).encode() + b"\0" + source)
+    return digest.hexdigest()[:32]
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def save_job(run: Path, template: list[str], source: bytes) -> Job:
+    """The job for this request, written once (concurrent savers write the same bytes)."""
+    job = Job(run / "jobs" / job_key(template, source))
+    if job.ready:
+        return job
+    job.path.mkdir(parents=True, exist_ok=True)
+    _write_atomically(job.source, source)
+    _write_atomically(job.path / "args.json", json.dumps(template).encode())
+    return job
+
+
+@contextlib.contextmanager
+def _locked(path: Path, wait: bool = True):
+    """Hold the lock file's flock; without wait, yield False at once when it is taken."""
+    with open(path, "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def compile_job(run: Path, job: Job, nvcc: str,
+                started: Callable[[subprocess.Popen], None] | None = None,
+                wait: bool = True) -> str | None:
+    """Compile the job unless it is compiled (or failed) already; None when its cubin is
+    there (or, without wait, someone else is compiling it), else nvcc's output. Holding the
+    job's lock while compiling makes everyone else who needs it wait for this compile
+    instead of running their own."""
+    with _locked(job.path / "lock", wait) as mine:
+        if not mine:
+            return None
+        if job.cubin.is_file():
+            return None
+        failed = job.failure()
+        if failed is not None:
+            return failed
+        with _slot(run):
+            return _compile(run, job, nvcc, started)
+
+
+def _compile(run: Path, job: Job, nvcc: str,
+             started: Callable[[subprocess.Popen], None] | None) -> str | None:
+    """Run nvcc on the job (its lock and a compile slot held)."""
+    scratch = run / "cwd"  # an empty directory: no file there shadows a header
+    scratch.mkdir(exist_ok=True)
+    partial = job.path / f".kernel.{uuid.uuid4().hex[:8]}.cubin"
+    command = [nvcc, *(str(job.source) if a == SOURCE else str(partial) if a == OUTPUT
+                       else a for a in job.args())]
+    began, wall = time.monotonic(), time.time()
+    proc = subprocess.Popen(command, cwd=scratch, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    if started is not None:
+        started(proc)
+    output, _ = proc.communicate()
+    seconds = time.monotonic() - began
+    ok = proc.returncode == 0 and partial.is_file()
+    if ok:
+        os.replace(partial, job.cubin)
+    else:
+        with contextlib.suppress(OSError):
+            partial.unlink()
+        _write_atomically(job.path / "failed", (output or f"exit {proc.returncode}")
+                          .encode())
+    _log_compile(run, job, ok, seconds, wall)
+    return None if ok else (output or f"nvcc exited {proc.returncode}")
+
+
+@contextlib.contextmanager
+def _slot(run: Path):
+    """One of the run's compile slots (``<run>/slots/<i>``, as many as compiles may run at
+    once on the node), held while nvcc runs; no slots: no limit."""
+    slots = sorted((run / "slots").glob("*")) if (run / "slots").is_dir() else []
+    if not slots:
+        yield
+        return
+    while True:
+        for slot in slots:
+            with _locked(slot, wait=False) as mine:
+                if mine:
+                    yield
+                    return
+        time.sleep(0.05)
+
+
+def make_slots(run: Path, count: int) -> None:
+    """Allow count compiles at once in this run, whoever runs them."""
+    (run / "slots").mkdir(parents=True, exist_ok=True)
+    for index in range(max(1, count)):
+        (run / "slots" / str(index)).touch()
+
+
+def _log_compile(run: Path, job: Job, ok: bool, seconds: float, began: float) -> None:
+    line = json.dumps({"key": job.key, "ok": ok, "seconds": round(seconds, 3),
+                       "began": round(began, 3),
+                       "source_sha256": hashlib.sha256(job.source.read_bytes()).hexdigest(),
+                       "pid": os.getpid()}) + "\n"
+    fd = os.open(run / "compiles.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode())  # one write of a short line: atomic with O_APPEND
+    finally:
+        os.close(fd)
+
+
+def read_compiles(run: Path) -> list[dict]:
+    """Every real nvcc run of this warmup (the shim's and the parent's)."""
+    try:
+        lines = (run / "compiles.log").read_text().splitlines()
+    except OSError:
+        return []
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+def _arch_flag(template: list[str]) -> str:
+    flags = [a for a in template if a.startswith("--gpu-architecture=")]
+    return flags[-1] if flags else "--gpu-architecture=sm_90a"
+
+
+def placeholder_cubin(run: Path, nvcc: str, template: list[str]) -> Path:
+    """A cubin holding one empty kernel for the job's arch, built once per run."""
+    arch = _arch_flag(template)
+    cubin = run / f"placeholder-{arch.rsplit('=', 1)[-1]}.cubin"
+    with _locked(run / "placeholder.lock"):
+        if not cubin.is_file():
+            source = run / "placeholder.cu"
+            source.write_text(PLACEHOLDER_SOURCE)
+            partial = cubin.with_name(f".{cubin.name}.partial")
+            subprocess.run([nvcc, str(source), "-cubin", "-o", str(partial), arch],
+                           cwd=run, check=True, capture_output=True, text=True)
+            os.replace(partial, cubin)
+    return cubin
+
+
+def main(argv: list[str]) -> int:
+    mode, run, nvcc, args = argv[0], Path(argv[1]), argv[2], argv[3:]
+    parsed = parse_compile(args)
+    if parsed is None:
+        os.execv(nvcc, [nvcc, *args])
+    source, output, template = parsed
+    job = save_job(run, template, Path(source).read_bytes())
+    if mode == RECORD:
+        shutil.copyfile(placeholder_cubin(run, nvcc, template), output)
+        return 0
+    failure = compile_job(run, job, nvcc)
+    if failure is not None:
+        sys.stdout.write(failure)  # DeepGEMM prints it with "NVCC compilation failed"
+        return 1
+    shutil.copyfile(job.cubin, output)
+    return 0
+
+
+def write_shim(run: Path, mode: str, nvcc: str) -> Path:
+    """An executable DeepGEMM can be given as DG_JIT_NVCC_COMPILER for this run and mode."""
+    import shlex
+
+    script = run / f"nvcc-{mode}"
+    words = [sys.executable, "-I", str(Path(__file__).resolve()), mode, str(run), nvcc]
+    script.write_text("#!/bin/sh\nexec " + " ".join(shlex.quote(w) for w in words)
+                      + ' "$@"\n')
+    script.chmod(0o755)
+    return script
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
