@@ -79,6 +79,7 @@ COUNTERS: tuple[Stat, ...] = (
     Stat("store_errors", "Store errors", F.STORE | F.ERROR | F.TROUBLE | F.DOWN | F.SHOWN),
     Stat("store_skipped", "Skipped (breaker open)", F.STORE | F.TROUBLE | F.DOWN | F.SHOWN),
     Stat("install_failed", "Installs failed here", F.STORE | F.ERROR),
+    Stat("fetch_failed", "Fetches failed (unexpected error)", F.STORE | F.ERROR | F.SHOWN),
     Stat("tasks_hit", "Tasks found complete", F.STORE),
     Stat("tasks_missed", "Tasks not found", F.STORE),
     Stat("leases_acquired", "Leases acquired", F.STORE),

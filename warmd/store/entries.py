@@ -58,6 +58,11 @@ class Entries:
         except OSError as exc:  # listing the local cache failed
             log.warning("shared cache: cannot list %s cache: %s", adapter.library, exc)
             return result
+        except Exception as exc:  # a bug or an unforeseen value: a miss, never a failed task
+            self.count("fetch_failed", fp=fp.digest)
+            log.warning("shared cache: fetching %s failed (%s: %s); compiling locally",
+                        adapter.library, type(exc).__name__, exc)
+            return result
         self.count("local_hits", len(named & present), fp.digest)
         for task in tasks:
             found = records.get(task)
@@ -93,7 +98,7 @@ class Entries:
         replies = self._get_and_touch([layout.task_key(fp, task) for task in tasks])
         out = {}
         for task, reply in zip(tasks, replies, strict=True):
-            raw = self.s.transport.checked(reply, "fetch")
+            raw = self._string(reply)
             if raw is None:
                 continue
             try:
@@ -114,13 +119,20 @@ class Entries:
                                       touch_index)
         out = {}
         for name, reply in zip(names, replies, strict=True):
-            raw = self.s.transport.checked(reply, "fetch")
+            raw = self._string(reply)
             if raw is None:
                 continue
             man = self._accept_manifest(fp, name, raw)
             if man is not None:
                 out[name] = (man, raw)
         return out
+
+    def _string(self, reply) -> bytes | None:
+        """A GET reply; a key of another Redis type (WRONGTYPE) reads as layout.WRONG_TYPE,
+        which no decoder accepts; other errors raise StoreFailed."""
+        if isinstance(reply, Exception) and classify(reply) == "error":
+            return layout.WRONG_TYPE
+        return self.s.transport.checked(reply, "fetch")
 
     def _accept_manifest(self, fp: Fingerprint, name: str, raw: bytes) -> Manifest | None:
         try:
