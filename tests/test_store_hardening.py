@@ -127,6 +127,8 @@ def test_malformed_signature_is_refused_not_raised(sig, server, rclient, caches,
     counts, counters, built = node_warms(caches, server.url, tmp_path / "b", key=KEY)
     assert counts["compiled"] == 2 and sorted(built) == sorted(NAMES)
     assert counters.get("signature_rejected", 0) >= 1 and "fetch_failed" not in counters
+    counts, _counters, built = node_warms(caches, server.url, tmp_path / "c", key=KEY)
+    assert counts["remote_hits"] == 2 and built == []
 
 
 def test_admin_commands_report_and_remove_poisoned_keys(server, rclient, caches, tmp_path):
@@ -179,3 +181,84 @@ def test_signed_records_survive_the_decoder(server, rclient, caches, tmp_path):
     raw = rclient.get(layout.manifest_key(fp, NAMES[0]))
     assert layout.accept_manifest(raw, key=KEY, max_size=1 << 30, fp=fp, name=NAMES[0])
     assert sign(json.loads(raw), KEY) == json.loads(raw)
+
+
+# ----------------------------------------------------------------------------- class 2, 3
+
+def test_a_node_with_the_wrong_key_never_overwrites_valid_records(server, rclient, caches,
+                                                                  tmp_path):
+    _writer, fp = published(caches, server.url, tmp_path, key=KEY)
+    record = rclient.get(layout.task_key(fp, TASK))
+    manifests = {n: rclient.get(layout.manifest_key(fp, n)) for n in NAMES}
+    counts, counters, built = node_warms(caches, server.url, tmp_path / "b", key=b"wrong")
+    assert counts["compiled"] == 2 and sorted(built) == sorted(NAMES)
+    assert counters["signature_rejected"] >= 1 and "quarantined" not in counters
+    assert counters["publish_blocked"] == 3  # two manifests and the task record
+    assert rclient.get(layout.task_key(fp, TASK)) == record
+    assert {n: rclient.get(layout.manifest_key(fp, n)) for n in NAMES} == manifests
+    counts, _counters, built = node_warms(caches, server.url, tmp_path / "c", key=KEY)
+    assert counts["remote_hits"] == 2 and built == []  # A, B, A: the third hits
+
+
+def test_planted_unsigned_manifest_is_quarantined_and_replaced(server, rclient, caches,
+                                                               tmp_path):
+    _writer, fp = published(caches, server.url, tmp_path, key=KEY)
+    key = layout.manifest_key(fp, NAMES[0])
+    data = json.loads(rclient.get(key))
+    del data["sig"]
+    rclient.set(key, layout.json_bytes(data), px=50_000)
+    # a node with another key refuses it, leaves it, and does not renew its TTL
+    node_warms(caches, server.url, tmp_path / "w", key=b"wrong")
+    assert 0 < rclient.pttl(key) <= 50_000
+    assert json.loads(rclient.get(key)) == data
+    counts, counters, built = node_warms(caches, server.url, tmp_path / "b", key=KEY)
+    assert counts["compiled"] == 2 and sorted(built) == sorted(NAMES)
+    assert counters["signature_rejected"] == 1 and counters["quarantined"] == 1
+    assert json.loads(rclient.get(layout.quarantine_key(fp, NAMES[0])))["manifest"] == data
+    assert "sig" in json.loads(rclient.get(key))  # republished, signed
+    counts, _counters, built = node_warms(caches, server.url, tmp_path / "c", key=KEY)
+    assert counts["remote_hits"] == 2 and built == []
+
+
+def test_publish_replaces_a_refused_manifest_it_finds(server, rclient, caches, tmp_path):
+    writer = caches(server.url, signing_key=KEY, node="first")
+    adapter = DirAdapter(tmp_path / "a")
+    fp = writer.fingerprint(adapter).digest
+    planted = layout.json_bytes({"library": "testlib", "name": NAMES[0], "fingerprint": fp,
+                                 "digest": "0" * 64, "size": 1, "producer": "mallory"})
+    rclient.set(layout.manifest_key(fp, NAMES[0]), planted)
+    assert warm(writer, adapter, PLAN)["compiled"] == 2
+    assert writer.counters["replaced"] == 1
+    assert json.loads(rclient.get(layout.quarantine_key(fp, NAMES[0])))["manifest"][
+        "producer"] == "mallory"
+    counts, _counters, built = node_warms(caches, server.url, tmp_path / "c", key=KEY)
+    assert counts["remote_hits"] == 2 and built == []
+
+
+@pytest.mark.parametrize("signed", [False, True], ids=["unsigned", "signed"])
+def test_keys_of_the_wrong_redis_type_are_counted_and_replaced(signed, server, rclient,
+                                                               caches, tmp_path):
+    key = KEY if signed else None
+    _writer, fp = published(caches, server.url, tmp_path, key=key)
+    man_key, rec_key = layout.manifest_key(fp, NAMES[0]), layout.task_key(fp, TASK)
+    rclient.delete(man_key, rec_key)
+    rclient.rpush(man_key, b"a", b"b")
+    rclient.hset(rec_key, "entries", "x")
+    counts, counters, built = node_warms(caches, server.url, tmp_path / "b", key=key)
+    assert counts["compiled"] == 2 and sorted(built) == sorted(NAMES)
+    assert counters["corrupt_rejected"] >= 1 and "fetch_failed" not in counters
+    assert rclient.type(man_key) == b"string" and rclient.type(rec_key) == b"string"
+    counts, _counters, built = node_warms(caches, server.url, tmp_path / "c", key=key)
+    assert counts["remote_hits"] == 2 and built == []
+
+
+def test_refused_reads_renew_no_ttl(server, rclient, caches, tmp_path):
+    _writer, fp = published(caches, server.url, tmp_path, key=KEY)
+    keys = [layout.task_key(fp, TASK), *(layout.manifest_key(fp, n) for n in NAMES)]
+    for key in keys:
+        rclient.pexpire(key, 40_000)
+    caches(server.url, signing_key=b"wrong").fetch_task(DirAdapter(tmp_path / "w"), TASK)
+    assert all(0 < rclient.pttl(k) <= 40_000 for k in keys)
+    reader = caches(server.url, signing_key=KEY)
+    assert reader.fetch_task(DirAdapter(tmp_path / "r"), TASK) == NAMES
+    assert all(rclient.pttl(k) > 40_000 for k in keys)  # a verified read renews them

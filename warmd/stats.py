@@ -89,6 +89,10 @@ COUNTERS: tuple[Stat, ...] = (
     Stat("lease_takeovers", "Leases taken over", F.STORE | F.SHOWN),
     Stat("lease_timeouts", "Waits timed out", F.STORE | F.ERROR | F.SHOWN),
     Stat("lease_lost", "Leases lost while compiling", F.STORE | F.ERROR),
+    # Hardening (issue 13): what happened to entries this node refused.
+    Stat("replaced", "Refused entries replaced by a verified publish", F.STORE | F.SHOWN),
+    Stat("publish_blocked", "Publish blocked (a refused entry this key may not replace)",
+         F.STORE | F.ERROR | F.SHOWN),
 )
 BY_ID = {s.id: s for s in COUNTERS}
 BY_OUTCOME = {s.outcome: s for s in COUNTERS if s.outcome}

@@ -4,6 +4,7 @@ node cannot use left alone."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 import zlib
@@ -22,7 +23,6 @@ from warmd.store.signing import check as check_signature
 
 log = logging.getLogger("warmd.store")
 
-QUARANTINE_TTL_MS = 7 * 86400 * 1000
 BLOB_BATCH_BYTES = 64 << 20  # bound on blob bytes held in memory during a prefetch
 INSTALL_THREADS = 8
 
@@ -51,7 +51,7 @@ class Entries:
             records = self._read_records(fp.digest, tasks)
             present = {e.name for e in adapter.list_entries()}
             named = {n for rec, _raw in records.values() for n in rec.entries}
-            manifests = self._read_manifests(fp, sorted(named - present))
+            manifests = self._read_manifests(fp, sorted(named - present), list(records))
             installed = self._fetch_and_install(adapter, fp.digest, manifests)
         except StoreFailed:
             return result
@@ -80,22 +80,34 @@ class Entries:
 
     # -- task records and manifests --------------------------------------------------------
 
-    def _get_and_touch(self, keys: list[str], extra=None) -> list:
-        """GET and PEXPIRE (the TTL refresh of a use) each key in one round trip; the GET
-        replies, errors left in place for the caller."""
+    def _get(self, keys: list[str]) -> list:
+        """GET each key in one round trip: the replies, errors left in place. Nothing is
+        touched here: only what verifies has its TTL renewed (touch)."""
         def run(client):
             pipe = client.pipeline(transaction=False)
             for key in keys:
                 pipe.get(key)
+            return pipe.execute(raise_on_error=False)
+
+        return self.op(run, "fetch") if keys else []
+
+    def touch(self, keys: list[str], extra=None) -> None:
+        """PEXPIRE (the TTL refresh of a use) of keys that verified, plus extra(pipe); best
+        effort (a read-only user may not)."""
+        def run(client):
+            pipe = client.pipeline(transaction=False)
+            for key in keys:
                 pipe.pexpire(key, self.s.ttl_ms)
             if extra is not None:
                 extra(pipe)
             return pipe.execute(raise_on_error=False)
 
-        return (self.op(run, "fetch") if keys else [])[:2 * len(keys):2]
+        if keys or extra is not None:
+            with contextlib.suppress(StoreFailed):
+                self.op(run, "touch")
 
     def _read_records(self, fp: str, tasks: list[str]) -> dict[str, tuple[TaskRecord, bytes]]:
-        replies = self._get_and_touch([layout.task_key(fp, task) for task in tasks])
+        replies = self._get([layout.task_key(fp, task) for task in tasks])
         out = {}
         for task, reply in zip(tasks, replies, strict=True):
             raw = self._string(reply)
@@ -105,18 +117,15 @@ class Entries:
                 out[task] = (layout.accept_record(raw, key=self.s.signing_key, fp=fp,
                                                   task=task), raw)
             except BadRecord as exc:
+                self.s.stale[task] = raw  # not a publication: the lease is still taken
                 self.reject(exc.counter, fp, f"task record {task}", str(exc))
         return out
 
-    def _read_manifests(self, fp: Fingerprint, names: list[str]) -> dict[str, tuple]:
-        """name -> (Manifest, raw) for every acceptable manifest; the others are counted."""
-        def touch_index(pipe) -> None:
-            pipe.zadd(layout.index_key(fp.digest), dict.fromkeys(names, time.time()), xx=True)
-            pipe.zadd(layout.FPS_KEY, {fp.digest: time.time()})
-            pipe.pexpire(layout.fp_meta_key(fp.digest), self.s.ttl_ms)
-
-        replies = self._get_and_touch([layout.manifest_key(fp.digest, n) for n in names],
-                                      touch_index)
+    def _read_manifests(self, fp: Fingerprint, names: list[str], records: list[str]
+                        ) -> dict[str, tuple]:
+        """name -> (Manifest, raw) for every acceptable manifest; the others are counted.
+        The accepted ones, and the task records named in `records`, are then touched."""
+        replies = self._get([layout.manifest_key(fp.digest, n) for n in names])
         out = {}
         for name, reply in zip(names, replies, strict=True):
             raw = self._string(reply)
@@ -125,6 +134,17 @@ class Entries:
             man = self._accept_manifest(fp, name, raw)
             if man is not None:
                 out[name] = (man, raw)
+
+        def touch_index(pipe) -> None:
+            if out:
+                pipe.zadd(layout.index_key(fp.digest), dict.fromkeys(out, time.time()),
+                          xx=True)
+            pipe.zadd(layout.FPS_KEY, {fp.digest: time.time()})
+            pipe.pexpire(layout.fp_meta_key(fp.digest), self.s.ttl_ms)
+
+        self.touch([layout.task_key(fp.digest, t) for t in records]
+                   + [layout.manifest_key(fp.digest, n) for n in out],
+                   touch_index if records or out else None)
         return out
 
     def _string(self, reply) -> bytes | None:
@@ -141,15 +161,24 @@ class Entries:
                                           name=name, library=fp.library)
         except layout.RefusedHere as exc:
             self.refused_here(fp.digest, name, str(exc))
-        except layout.SignatureRefused as exc:
-            # Not quarantined: a node with a wrong key must not wipe valid entries.
-            self.reject(exc.counter, fp.digest, f"entry {name}", str(exc))
         except BadRecord as exc:
-            if self._signed_ok(raw):
-                self.quarantine(fp.digest, name, raw, str(exc))
-            else:  # unsigned garbage under a signing key proves nothing about the entry
-                self.reject("signature_rejected", fp.digest, f"entry {name}", str(exc))
+            self.refuse_entry(fp.digest, name, raw, exc)
         return None
+
+    def refuse_entry(self, fp: str, name: str, raw: bytes, problem: BadRecord,
+                     counter: str | None = None) -> None:
+        """A manifest refused for what it is (undecodable, another Redis type, unsigned or
+        badly signed): quarantined, so a correct publish replaces it, when this node holds
+        the cluster's key; only counted when it does not (its own key may be the wrong
+        one, and valid entries must survive it)."""
+        counter = counter or problem.counter
+        if counter == "corrupt_rejected" and not self._signed_ok(raw):
+            counter = "signature_rejected"  # unsigned garbage under a signing key
+        if self.s.holds_cluster_key():
+            self.quarantine(fp, name, raw, str(problem), counter=counter)
+        else:
+            self.reject(counter, fp, f"entry {name}", f"{problem}; left in place (this "
+                        "node's signing key is not the cluster's)")
 
     def _signed_ok(self, raw: bytes) -> bool:
         """True without a signing key, or when raw is a JSON object validly signed."""
@@ -258,19 +287,14 @@ class Entries:
         fingerprint) may share them, a republication overwrites them, and `prune` removes
         them once nothing references them. `digest` is accepted for callers' symmetry."""
         self.reject(counter, fp, f"entry {name}", f"{why}; quarantining it")
-        try:
-            note = layout.load_record(raw)
-        except BadRecord:
-            note = {"raw": repr(raw[:200])}
-        value = layout.json_bytes({"manifest": note, "reason": why, "node": self.s.node,
-                                   "at": time.time()})
+        value = layout.quarantine_note(raw, why, self.s.node)
 
         def run(client):
             return self.s.transport.script(
                 "quarantine", client,
                 keys=[layout.manifest_key(fp, name), layout.quarantine_key(fp, name),
                       layout.index_key(fp)],
-                args=[raw, value, QUARANTINE_TTL_MS, name])
+                args=[raw, value, layout.QUARANTINE_TTL_MS, name])
 
         try:
             if self.op(run, "quarantine"):

@@ -12,6 +12,7 @@ Keys that must live together in Redis Cluster share a hash tag: every chunk of o
     warmd:v1:quar:{<fp>}:<name>       a quarantined manifest with the reason
     warmd:v1:fp:{<fp>}                the fingerprint's inputs (JSON), for humans
     warmd:v1:fps                      ZSET fingerprint -> last use
+    warmd:v1:keyproof                 HMAC of a constant under the cluster's signing key
     warmd:v1:stats:node:<node>        HASH of counters per node
     warmd:v1:stats:fp:{<fp>}          HASH of counters per fingerprint
     warmd:v1:stats:nodes              SET of node names
@@ -36,6 +37,8 @@ PREFIX = "warmd:v1:"
 CHUNK_SIZE = 1 << 20
 FPS_KEY = f"{PREFIX}fps"
 NODES_KEY = f"{PREFIX}stats:nodes"
+KEY_PROOF_KEY = f"{PREFIX}keyproof"
+QUARANTINE_TTL_MS = 7 * 86400 * 1000
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+=-]{0,254}$")
 # Bounds of the one decoder every stored record goes through (checked before json.loads).
@@ -350,6 +353,16 @@ def accept_record(raw: bytes, *, key: bytes | None, fp: str, task: str) -> TaskR
     if rec.fingerprint != fp or rec.task != task:
         raise BadRecord("record names another task or fingerprint")
     return rec
+
+
+def quarantine_note(raw: bytes, why: str, node: str) -> bytes:
+    """What a quarantine key holds: the refused manifest (or a prefix of its bytes), why,
+    who moved it aside and when."""
+    try:
+        note = load_record(raw)
+    except BadRecord:
+        note = {"raw": repr(raw[:200])}
+    return json_bytes({"manifest": note, "reason": why, "node": node, "at": time.time()})
 
 
 def check_blob(man: Manifest, chunks: list[bytes | None]) -> bytes:

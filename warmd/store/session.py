@@ -8,8 +8,11 @@ import threading
 from dataclasses import dataclass, field
 
 from warmd.cache.base import CacheAdapter
+from warmd.store import layout
 from warmd.store.api import StoreFailed
+from warmd.store.connection import classify
 from warmd.store.fingerprint import Fingerprint, compute_fingerprint
+from warmd.store.signing import key_proof
 from warmd.store.stats import StoreStats
 from warmd.store.transport import RedisTransport
 from warmd.targets import Target
@@ -31,6 +34,7 @@ class Session:
     read_only: bool = False  # learnt from the first write the store's ACL refuses
     stale: dict[str, bytes] = field(default_factory=dict)  # task -> record that did not install
     task_fp: dict[str, str] = field(default_factory=dict)  # task -> fingerprint digest
+    cluster_key: bool | None = None  # whether signing_key is the cluster's (None: not known)
     _fingerprints: dict[int, tuple[CacheAdapter, Fingerprint]] = field(default_factory=dict)
     _warned: set[str] = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -58,3 +62,37 @@ class Session:
         self.warn_once("read_only", "shared cache %s refuses this user's writes (%s): "
                        "reading only, nothing will be published", self.transport.display_url,
                        failed.kind)
+
+    def holds_cluster_key(self) -> bool:
+        """Whether this node may move aside or overwrite records it refuses: without a
+        signing key, always (a record it refuses is undecodable for everyone); with one,
+        only when the store's key proof was written with this key (the first keyed node
+        writes it). A node with another key then never touches what it cannot verify."""
+        if not self.signing_key:
+            return True
+        if self.cluster_key is None:
+            try:
+                self.cluster_key = self._claim_key_proof()
+            except StoreFailed:
+                return False
+            if not self.cluster_key:
+                log.warning("shared cache %s: this node's signing key is not the cluster's "
+                            "(%s was written with another key); entries it refuses are left "
+                            "in place", self.transport.display_url, layout.KEY_PROOF_KEY)
+        return self.cluster_key
+
+    def _claim_key_proof(self) -> bool:
+        mine = key_proof(self.signing_key)
+
+        def run(client):
+            pipe = client.pipeline(transaction=False)
+            pipe.set(layout.KEY_PROOF_KEY, mine, nx=True)
+            pipe.get(layout.KEY_PROOF_KEY)
+            return pipe.execute(raise_on_error=False)
+
+        _written, found = self.transport.op(run, "key proof")
+        if isinstance(found, Exception):
+            if classify(found) != "error":
+                raise self.transport.failure(found, "key proof")
+            return False  # another Redis type: nobody's proof
+        return found == mine

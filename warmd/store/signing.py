@@ -42,3 +42,10 @@ def check(record: dict, key: bytes | None) -> str | None:
     if not hmac.compare_digest(sig, expected):
         return "bad signature (signed with another key, or altered)"
     return None
+
+
+def key_proof(key: bytes) -> bytes:
+    """What the store's key-proof record holds for key: who wrote it first set the cluster's
+    key, and a node whose own proof differs knows its key is not the cluster's (the proof
+    reveals nothing of the key)."""
+    return hmac.new(key, b"warmd:v1:keyproof", hashlib.sha256).hexdigest().encode()
