@@ -594,7 +594,7 @@ def _import_entry(cache: RedisSharedCache, tar: tarfile.TarFile, fp: str, name: 
                             "match its inputs")
         if man.digest not in blobs:
             raise BadRecord("entry without its blob in the archive")
-        blob = layout.check_blob(man, [tar.extractfile(blobs[man.digest]).read()])
+        blob = layout.verify_blob(man, tar.extractfile(blobs[man.digest]).read())
         problem = _unsafe(blob)
         if problem is not None:
             raise problem

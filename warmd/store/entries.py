@@ -212,34 +212,43 @@ class Entries:
         return installed
 
     def read_blobs(self, manifests: list[Manifest]) -> dict[str, bytes | BadRecord]:
-        """digest -> the verified blob, or the BadRecord saying why it is not usable."""
+        """digest -> the verified blob, or the BadRecord saying why it is not usable. Each
+        chunk is read with GETRANGE up to one byte past its declared length, so what comes
+        back is bounded by the manifests' sizes whatever the store holds; only the chunks
+        of verified blobs have their TTL renewed."""
         unique = list({man.digest: man for man in manifests}.values())
 
         def run(client):
             pipe = client.pipeline(transaction=False)
             for man in unique:
-                for i in range(man.chunks):
-                    key = layout.blob_key(man.digest, i)
-                    pipe.get(key)
-                    pipe.pexpire(key, self.s.ttl_ms)
+                for i, length in enumerate(layout.chunk_lengths(man)):
+                    pipe.getrange(layout.blob_key(man.digest, i), 0, length)
             return pipe.execute(raise_on_error=False)
 
-        replies = iter(self.op(run, "fetch") if unique else [])
+        replies = self.op(run, "fetch") if unique else []
         out: dict[str, bytes | BadRecord] = {}
+        verified: list[str] = []
+        at = 0
         for man in unique:
-            chunks, wrong = [], None
-            for i in range(man.chunks):
-                reply = next(replies)
-                next(replies)  # the PEXPIRE: refused for a read-only user, which is fine
-                if isinstance(reply, Exception) and classify(reply) == "error":
-                    wrong = BadRecord(f"chunk {i} is unreadable: {reply}")  # e.g. WRONGTYPE
-                    reply = None
-                chunks.append(self.s.transport.checked(reply, "fetch"))
-            try:
-                out[man.digest] = wrong or layout.check_blob(man, chunks)
-            except BadRecord as exc:
-                out[man.digest] = exc
+            count = man.chunks
+            chunks, replies[at:at + count] = replies[at:at + count], [None] * count
+            at += count
+            out[man.digest] = self._verified_blob(man, chunks)
+            if not isinstance(out[man.digest], BadRecord):
+                verified += [layout.blob_key(man.digest, i) for i in range(count)]
+        self.touch(verified)
         return out
+
+    def _verified_blob(self, man: Manifest, chunks: list) -> bytes | BadRecord:
+        for i, reply in enumerate(chunks):
+            if isinstance(reply, Exception):
+                if classify(reply) != "error":
+                    raise self.s.transport.failure(reply, "fetch")
+                return BadRecord(f"chunk {i} is unreadable: {reply}")  # e.g. WRONGTYPE
+        try:
+            return layout.check_blob(man, chunks)
+        except BadRecord as exc:
+            return exc
 
     def _install(self, adapter: CacheAdapter, fp: str, man: Manifest, raw: bytes,
                  blob: bytes) -> bool:

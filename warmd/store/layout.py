@@ -365,14 +365,34 @@ def quarantine_note(raw: bytes, why: str, node: str) -> bytes:
     return json_bytes({"manifest": note, "reason": why, "node": node, "at": time.time()})
 
 
+def chunk_lengths(man: Manifest) -> list[int]:
+    """The length every chunk of man's blob must have."""
+    full, last = divmod(man.size, man.chunk_size)
+    if not last and full:
+        return [man.chunk_size] * full
+    return [man.chunk_size] * full + [last]
+
+
 def check_blob(man: Manifest, chunks: list[bytes | None]) -> bytes:
-    """Join a blob's chunks and verify them against the manifest; raises BadRecord."""
-    for i, chunk in enumerate(chunks):
-        if chunk is None:
+    """Join a blob's chunks and verify them against the manifest; raises BadRecord. Each
+    chunk's length is checked before anything is joined."""
+    lengths = chunk_lengths(man)
+    if len(chunks) != len(lengths):
+        raise BadRecord(f"{len(chunks)} chunks where the manifest has {len(lengths)}")
+    for i, (chunk, length) in enumerate(zip(chunks, lengths, strict=True)):
+        if not chunk and length:
             raise BadRecord(f"missing chunk {i} of {len(chunks)}")
-    blob = b"".join(chunks)  # type: ignore[arg-type]
+        if len(chunk) < length:
+            raise BadRecord(f"truncated blob: chunk {i} is {len(chunk)} of {length} bytes")
+        if len(chunk) > length:
+            raise BadRecord(f"oversized chunk {i}: over the manifest's {length} bytes")
+    return verify_blob(man, b"".join(chunks))  # type: ignore[arg-type]
+
+
+def verify_blob(man: Manifest, blob: bytes) -> bytes:
+    """blob if it is the one man describes (length, SHA-256); raises BadRecord."""
     if len(blob) != man.size:
-        raise BadRecord(f"truncated blob: {len(blob)} of {man.size} bytes")
+        raise BadRecord(f"truncated or oversized blob: {len(blob)} of {man.size} bytes")
     if sha256(blob) != man.digest:
         raise BadRecord("blob digest mismatch")
     return blob
