@@ -97,7 +97,7 @@ class WarmupReport:
     seconds: float
     interrupted: bool = False
     shared: bool = False
-    store: dict | None = None  # store_health() of the shared cache; None without one
+    store: dict | None = None  # store_health() and counters of the shared cache, or None
 
     @property
     def failed(self) -> list[TaskReport]:
@@ -396,7 +396,8 @@ def run_warmup(plan: Plan, options: WarmupOptions, shared: SharedCache | None = 
     reports = sorted(run.reports, key=lambda r: r.task.key)
     return WarmupReport(plan.key, len(tasks), reports, counters, time.monotonic() - began,
                         interrupted, shared is not None,
-                        store_health(shared) if shared is not None else None)
+                        {**store_health(shared), "counters": shared.counters}
+                        if shared is not None else None)
 
 
 def store_health(shared: SharedCache) -> dict:

@@ -156,6 +156,7 @@ def listing(cache: RedisSharedCache, selected: Iterable[str] = ()) -> list[dict]
 # --------------------------------------------------------------------------- stats
 
 def read_stats(cache: RedisSharedCache) -> dict:
+    cache.stats.flush()  # counters spooled while the store was away count now
     members = cache.transport.op(lambda c: c.smembers(layout.NODES_KEY), "stats")
     nodes = sorted(_text(n) for n in members)
     fps = fingerprints(cache)

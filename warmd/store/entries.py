@@ -63,20 +63,29 @@ class Entries:
             log.warning("shared cache: fetching %s failed (%s: %s); compiling locally",
                         adapter.library, type(exc).__name__, exc)
             return result
-        self.count("local_hits", len(named & present), fp.digest)
+        self._count_hits("local_hits", fp.digest, named & present)
         for task in tasks:
             found = records.get(task)
             if found is None:
-                self.count("tasks_missed", fp=fp.digest)
+                self._count_task(fp.digest, task, "tasks_missed")
                 continue
             rec, raw = found
             if all(n in present or n in installed for n in rec.entries):
                 result[task] = list(rec.entries)
-                self.count("tasks_hit", fp=fp.digest)
+                self._count_task(fp.digest, task, "tasks_hit")
             else:
                 self.s.stale[task] = raw
-                self.count("tasks_missed", fp=fp.digest)
+                self._count_task(fp.digest, task, "tasks_missed")
         return result
+
+    def _count_hits(self, counter: str, fp: str, names: Iterable[str]) -> None:
+        """Count entries as hits, each once per process (warmup fetches a task again after
+        the plan's prefetch installed it: that is not a second hit)."""
+        self.count(counter, len(self.s.first_hits(fp, names)), fp)
+
+    def _count_task(self, fp: str, task: str, outcome: str) -> None:
+        if self.s.first_task_outcome(fp, task, outcome):
+            self.count(outcome, fp=fp)
 
     # -- task records and manifests --------------------------------------------------------
 
@@ -203,8 +212,10 @@ class Entries:
             elif blob is not None and self._install(adapter, fp, man, raw, blob):
                 installed.add(man.name)
 
+        wanted = [(man, raw) for man, raw in manifests.values()
+                  if (fp, man.name, man.digest) not in self.s.refused_here]
         with ThreadPoolExecutor(INSTALL_THREADS, thread_name_prefix="warmd-install") as pool:
-            for batch in layout.size_batches(list(manifests.values()), BLOB_BATCH_BYTES):
+            for batch in layout.size_batches(wanted, BLOB_BATCH_BYTES):
                 blobs = self.read_blobs([man for man, _raw in batch])
                 jobs = [pool.submit(one, man, raw, blobs.get(man.digest)) for man, raw in batch]
                 for job in jobs:
@@ -255,12 +266,12 @@ class Entries:
         limit = min(self.s.max_artifact_bytes, settings.max_artifact_bytes())
         if unpacks_over(blob, limit):
             self.refused_here(fp, man.name, f"unpacks to more than this node's {limit}-byte "
-                              "limit")
+                              "limit", man.digest)
             return False
         try:
             adapter.install(man.name, blob)
         except IncompatibleHere as exc:
-            self.refused_here(fp, man.name, str(exc))
+            self.refused_here(fp, man.name, str(exc), man.digest)
             return False
         except UnsafeArtifact as exc:
             self.quarantine(fp, man.name, raw, f"unsafe artifact: {exc}", man.digest,
@@ -271,7 +282,7 @@ class Entries:
             log.warning("shared cache: installing %s into %s failed: %s", man.name,
                         adapter.root, exc)
             return False
-        self.count("remote_hits", fp=fp)
+        self._count_hits("remote_hits", fp, [man.name])
         self.count("bytes_fetched", len(blob), fp)
         self.count("compile_seconds_saved", man.compile_seconds, fp)
         return True
@@ -283,9 +294,12 @@ class Entries:
         self.s.stats.count_refusal(counter, fp)
         log.warning("shared cache: refused %s (fingerprint %s): %s", what, fp, why)
 
-    def refused_here(self, fp: str, name: str, why: str) -> None:
+    def refused_here(self, fp: str, name: str, why: str, digest: str | None = None) -> None:
         """A miss this node cannot use (its own limits, an incompatible build): counted,
-        never quarantined, so nodes that can use the entry keep it."""
+        never quarantined, so nodes that can use the entry keep it. Given the blob's
+        digest, remembered: this process does not fetch and check that blob again."""
+        if digest is not None:
+            self.s.refused_here[(fp, name, digest)] = why
         self.count("refused_here", fp=fp)
         log.warning("shared cache: not using entry %s here (fingerprint %s): %s", name, fp, why)
 

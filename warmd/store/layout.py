@@ -13,6 +13,7 @@ Keys that must live together in Redis Cluster share a hash tag: every chunk of o
     warmd:v1:fp:{<fp>}                the fingerprint's inputs (JSON), for humans
     warmd:v1:fps                      ZSET fingerprint -> last use
     warmd:v1:keyproof                 HMAC of a constant under the cluster's signing key
+    warmd:v1:store-id                 random id of this store (where unflushed stats spool)
     warmd:v1:stats:node:<node>        HASH of counters per node
     warmd:v1:stats:fp:{<fp>}          HASH of counters per fingerprint
     warmd:v1:stats:nodes              SET of node names
@@ -38,6 +39,7 @@ CHUNK_SIZE = 1 << 20
 FPS_KEY = f"{PREFIX}fps"
 NODES_KEY = f"{PREFIX}stats:nodes"
 KEY_PROOF_KEY = f"{PREFIX}keyproof"
+STORE_ID_KEY = f"{PREFIX}store-id"
 QUARANTINE_TTL_MS = 7 * 86400 * 1000
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+=-]{0,254}$")

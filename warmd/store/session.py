@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from warmd.cache.base import CacheAdapter
@@ -35,6 +36,12 @@ class Session:
     stale: dict[str, bytes] = field(default_factory=dict)  # task -> record that did not install
     task_fp: dict[str, str] = field(default_factory=dict)  # task -> fingerprint digest
     cluster_key: bool | None = None  # whether signing_key is the cluster's (None: not known)
+    # What this process counted already, so a fetch repeated per task counts nothing twice:
+    # (fp, entry) counted as a hit, (fp, task) -> the task outcome counted.
+    hits_counted: set[tuple[str, str]] = field(default_factory=set)
+    tasks_counted: dict[tuple[str, str], str] = field(default_factory=dict)
+    # (fp, entry, digest) -> why this node cannot use it: never fetched again by this process
+    refused_here: dict[tuple[str, str, str], str] = field(default_factory=dict)
     _fingerprints: dict[int, tuple[CacheAdapter, Fingerprint]] = field(default_factory=dict)
     _warned: set[str] = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -49,6 +56,24 @@ class Session:
             self.stats.library_fingerprint(adapter.library, fp.digest)
             return fp
         return found[1]
+
+    def first_hits(self, fp: str, names: Iterable[str]) -> list[str]:
+        """The names not counted as hits by this process before (now they are)."""
+        with self._lock:
+            new = [n for n in names if (fp, n) not in self.hits_counted]
+            self.hits_counted.update((fp, n) for n in new)
+        return new
+
+    def first_task_outcome(self, fp: str, task: str, outcome: str) -> bool:
+        """Whether to count a task's outcome (tasks_hit / tasks_missed): once per task and
+        outcome, and no miss after a hit (a hit after a miss, when another node published
+        meanwhile, does count)."""
+        with self._lock:
+            before = self.tasks_counted.get((fp, task))
+            if before in (outcome, "tasks_hit"):
+                return False
+            self.tasks_counted[(fp, task)] = outcome
+        return True
 
     def warn_once(self, key: str, message: str, *args) -> None:
         with self._lock:
