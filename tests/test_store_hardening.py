@@ -33,7 +33,8 @@ NAMES = PLAN[TASK]
 def cli(*args: str, code: int = 0):
     result = CliRunner().invoke(main, list(args))
     assert result.exit_code == code, result.output
-    assert "Traceback" not in result.output and result.exception is None or code, result.output
+    assert "Traceback" not in result.output
+    assert code or result.exception is None, result.exception
     return result
 
 
@@ -131,12 +132,20 @@ def test_malformed_signature_is_refused_not_raised(sig, server, rclient, caches,
     assert counts["remote_hits"] == 2 and built == []
 
 
-def test_admin_commands_report_and_remove_poisoned_keys(server, rclient, caches, tmp_path):
-    _writer, fp = published(caches, server.url, tmp_path)
-    poison_manifest(rclient, fp, NAMES[0], MANIFEST_POISONS["size-overflow"])
+def plant_admin_poison(rclient, fp: str, poison: str, wrong_type) -> str:
+    """Poison the first entry's manifest, and turn the second's into a key of another Redis
+    type with wrong_type(key); returns the second manifest's key."""
+    poison_manifest(rclient, fp, NAMES[0], MANIFEST_POISONS[poison])
     second = layout.manifest_key(fp, NAMES[1])
     rclient.delete(second)
-    rclient.rpush(second, b"not a string")  # a manifest key of another Redis type
+    wrong_type(second)
+    return second
+
+
+def test_admin_commands_report_and_remove_poisoned_keys(server, rclient, caches, tmp_path):
+    _writer, fp = published(caches, server.url, tmp_path)
+    second = plant_admin_poison(rclient, fp, "size-overflow",
+                                lambda key: rclient.rpush(key, b"not a string"))
     rclient.set(layout.task_key(fp, TASK), DEEP)
     url = server.url
     listed = json.loads(cli("cache", "ls", "--json", "--redis", url).output)
@@ -159,10 +168,8 @@ def test_admin_commands_report_and_remove_poisoned_keys(server, rclient, caches,
 
 def test_prune_removes_undecodable_manifests(server, rclient, caches, tmp_path):
     _writer, fp = published(caches, server.url, tmp_path)
-    poison_manifest(rclient, fp, NAMES[0], MANIFEST_POISONS["deep-nesting"])
-    second = layout.manifest_key(fp, NAMES[1])
-    rclient.delete(second)
-    rclient.hset(second, "x", "y")
+    second = plant_admin_poison(rclient, fp, "deep-nesting",
+                                lambda key: rclient.hset(key, "x", "y"))
     report = json.loads(cli("cache", "prune", "--json", "--redis", server.url).output)
     assert report["malformed_removed"] == 2
     assert not rclient.exists(layout.manifest_key(fp, NAMES[0])) and not rclient.exists(second)

@@ -213,7 +213,7 @@ class Entries:
                 installed.add(man.name)
 
         wanted = [(man, raw) for man, raw in manifests.values()
-                  if (fp, man.name, man.digest) not in self.s.refused_here]
+                  if (fp, man.name, man.digest) not in self.s.refused_entries]
         with ThreadPoolExecutor(INSTALL_THREADS, thread_name_prefix="warmd-install") as pool:
             for batch in layout.size_batches(wanted, BLOB_BATCH_BYTES):
                 blobs = self.read_blobs([man for man, _raw in batch])
@@ -299,7 +299,7 @@ class Entries:
         never quarantined, so nodes that can use the entry keep it. Given the blob's
         digest, remembered: this process does not fetch and check that blob again."""
         if digest is not None:
-            self.s.refused_here[(fp, name, digest)] = why
+            self.s.refused_entries[(fp, name, digest)] = why
         self.count("refused_here", fp=fp)
         log.warning("shared cache: not using entry %s here (fingerprint %s): %s", name, fp, why)
 

@@ -41,7 +41,7 @@ class Session:
     hits_counted: set[tuple[str, str]] = field(default_factory=set)
     tasks_counted: dict[tuple[str, str], str] = field(default_factory=dict)
     # (fp, entry, digest) -> why this node cannot use it: never fetched again by this process
-    refused_here: dict[tuple[str, str, str], str] = field(default_factory=dict)
+    refused_entries: dict[tuple[str, str, str], str] = field(default_factory=dict)
     _fingerprints: dict[int, tuple[CacheAdapter, Fingerprint]] = field(default_factory=dict)
     _warned: set[str] = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock)
