@@ -72,3 +72,8 @@ def test_oversized_chunks_are_refused_without_being_read(where, server, rclient,
     print(f"peak RSS grew {grown / 2**20:.1f} MiB fetching 2 x {BIG >> 20} MiB chunks")
     assert grown < MARGIN, f"peak RSS grew {grown / 2**20:.1f} MiB"
     assert not (tmp_path / "b").exists() or DirAdapter(tmp_path / "b").list_entries() == []
+    # the next publish rewrites the chunks: every later node installs the entries
+    assert warm(caches(server.url, node="healer"), DirAdapter(tmp_path / "c"), plan,
+                size=3 << 20)["compiled"] == 2
+    assert caches(server.url, node="late").fetch_task(DirAdapter(tmp_path / "d"), task) == names
+    assert rclient.strlen(layout.blob_key(man.digest, index)) <= 1 << 20
