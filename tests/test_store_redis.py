@@ -62,9 +62,15 @@ def test_publish_then_fetch_installs_verified_entries(server, rclient, caches, t
     assert counters["remote_hits"] == 2 and counters["tasks_hit"] == 1
     assert counters["bytes_fetched"] > 2_500_000 and counters["compile_seconds_saved"] == 2.0
     assert reader.fetch_task(b, "testlib/unknown") is None
-    # Already installed: a local hit, nothing fetched again.
+    # Already installed by this process: nothing fetched again, and (issue 13) not counted
+    # again either: one installed entry is one remote hit, not also a local hit.
     assert reader.fetch_task(b, "testlib/t1") == ["kernel.x.0001", big]
-    assert reader.counters["local_hits"] == 2 and reader.counters["remote_hits"] == 2
+    assert "local_hits" not in reader.counters and reader.counters["remote_hits"] == 2
+    assert reader.counters["tasks_hit"] == 1
+    # Present before this process looked: a local hit.
+    other = caches(server.url)
+    assert other.fetch_task(b, "testlib/t1") == ["kernel.x.0001", big]
+    assert other.counters["local_hits"] == 2 and "remote_hits" not in other.counters
 
 
 def test_prefetch_a_plan_and_ttl_refresh(server, rclient, caches, tmp_path):

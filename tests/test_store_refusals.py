@@ -133,16 +133,23 @@ def test_incompatible_entry_is_refused_here_only(server, rclient, caches, tmp_pa
     assert rclient.exists(layout.manifest_key(fp, "kernel.x.0001"))
 
 
-def test_unsigned_garbage_under_a_key_is_not_quarantined(server, rclient, caches, tmp_path):
+def test_unsigned_garbage_under_a_key_is_quarantined_only_by_the_clusters_key(
+        server, rclient, caches, tmp_path):
+    # Issue 13 made the old behaviour (never quarantined) wrong: a planted unsigned manifest
+    # blocked sharing for good. A node with another key still leaves it alone.
     a = DirAdapter(tmp_path / "a")
     writer = caches(server.url, signing_key=b"k")
     writer.publish_task(a, "t", [compile_entry(a, "kernel.x.0001", 10_000)], 1.0)
     fp = writer.fingerprint(a).digest
     rclient.set(layout.manifest_key(fp, "kernel.x.0001"), b"not json")
+    other = caches(server.url, signing_key=b"other")
+    assert other.fetch_task(DirAdapter(tmp_path / "c"), "t") is None
+    assert other.counters["signature_rejected"] == 1 and "quarantined" not in other.counters
+    assert rclient.get(layout.manifest_key(fp, "kernel.x.0001")) == b"not json"
     reader = caches(server.url, signing_key=b"k")
     assert reader.fetch_task(DirAdapter(tmp_path / "b"), "t") is None
-    assert reader.counters["signature_rejected"] == 1 and "quarantined" not in reader.counters
-    assert rclient.get(layout.manifest_key(fp, "kernel.x.0001")) == b"not json"
+    assert reader.counters["signature_rejected"] == 1 and reader.counters["quarantined"] == 1
+    assert not rclient.exists(layout.manifest_key(fp, "kernel.x.0001"))
 
 
 def test_wrong_type_chunk_is_a_bad_entry_not_a_failed_fetch(server, rclient, caches, tmp_path):

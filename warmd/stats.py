@@ -79,6 +79,7 @@ COUNTERS: tuple[Stat, ...] = (
     Stat("store_errors", "Store errors", F.STORE | F.ERROR | F.TROUBLE | F.DOWN | F.SHOWN),
     Stat("store_skipped", "Skipped (breaker open)", F.STORE | F.TROUBLE | F.DOWN | F.SHOWN),
     Stat("install_failed", "Installs failed here", F.STORE | F.ERROR),
+    Stat("fetch_failed", "Fetches failed (unexpected error)", F.STORE | F.ERROR | F.SHOWN),
     Stat("tasks_hit", "Tasks found complete", F.STORE),
     Stat("tasks_missed", "Tasks not found", F.STORE),
     Stat("leases_acquired", "Leases acquired", F.STORE),
@@ -88,6 +89,10 @@ COUNTERS: tuple[Stat, ...] = (
     Stat("lease_takeovers", "Leases taken over", F.STORE | F.SHOWN),
     Stat("lease_timeouts", "Waits timed out", F.STORE | F.ERROR | F.SHOWN),
     Stat("lease_lost", "Leases lost while compiling", F.STORE | F.ERROR),
+    # Hardening (issue 13): what happened to entries this node refused.
+    Stat("replaced", "Refused entries replaced by a verified publish", F.STORE | F.SHOWN),
+    Stat("publish_blocked", "Publish blocked (a refused entry this key may not replace)",
+         F.STORE | F.ERROR | F.SHOWN),
 )
 BY_ID = {s.id: s for s in COUNTERS}
 BY_OUTCOME = {s.outcome: s for s in COUNTERS if s.outcome}

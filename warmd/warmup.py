@@ -113,7 +113,7 @@ class WarmupReport:
     seconds: float
     interrupted: bool = False
     shared: bool = False
-    store: dict | None = None  # store_health() of the shared cache; None without one
+    store: dict | None = None  # store_health() and counters of the shared cache, or None
     workers: int = 0  # worker processes started
     stages: list[dict] = field(default_factory=list)  # what kernel stages did
     not_warm: list[str] = field(default_factory=list)  # warm_only: tasks left to a library
@@ -633,7 +633,8 @@ def run_warmup(plan: Plan, options: WarmupOptions, shared: SharedCache | None = 
     reports = sorted(run.reports, key=lambda r: r.task.key)
     return WarmupReport(plan.key, len(tasks), reports, counters, time.monotonic() - began,
                         interrupted, shared is not None,
-                        store_health(shared) if shared is not None else None,
+                        {**store_health(shared), "counters": shared.counters}
+                        if shared is not None else None,
                         sum(w.started for w in workers) + sum(
                             s.get("workers_started", 0) for s in stages), stages)
 

@@ -42,7 +42,11 @@ from warmd.cache.base import UnsafeArtifact
 from warmd.processes import pid_alive
 
 STAGING_DIR = ".warmd-staging"
-MAX_MEMBERS = 100_000
+# The largest real FlashInfer module (0.7.4, sm_90a) is fused_moe_90: 248 CUDA sources, so
+# an artifact of one object per source, its generated sources and a few build files and
+# directories, about 520 members (measured from FlashInfer's own JIT specs: see
+# docs/redis.md, "Limits"). A crafted archive of 100,000 members took 159 s to install.
+MAX_MEMBERS = 4096
 # A staging directory whose owner we cannot check (other host) is stale after this long.
 STALE_STAGING_SECONDS = 3600.0
 _CHUNK = 1 << 20
@@ -66,6 +70,9 @@ def pack_members(members: list[tuple[str, Path | None]]) -> bytes:
         for i in range(1, len(parts)):
             entries.setdefault("/".join(parts[:i]), None)
         entries[name] = source
+    if len(entries) > MAX_MEMBERS:  # every node would refuse it: never published
+        raise UnsafeArtifact(f"refusing to pack {len(entries)} members (the limit is "
+                             f"{MAX_MEMBERS})")
     raw = io.BytesIO()
     with tarfile.open(fileobj=raw, mode="w", format=tarfile.GNU_FORMAT) as tar:
         for name in sorted(entries):

@@ -14,7 +14,10 @@ class WarmdGroup(click.Group):
     """Turns bad input into one line on stderr and exit code 2, never a traceback."""
 
     def invoke(self, ctx: click.Context):
+        from warmd.store.credentials import protect_environment
+
         try:
+            protect_environment()  # before any child starts: no secret in its environment
             return super().invoke(ctx)
         except WarmdInputError as exc:
             click.echo(f"warmd: error: {exc}", err=True)

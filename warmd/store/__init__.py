@@ -19,6 +19,7 @@ from warmd import settings
 from warmd.errors import WarmdInputError
 from warmd.store.api import NodeRecords, SharedCache, StoreFailed
 from warmd.store.connection import StoreURL, parse_store_url, redact
+from warmd.store.credentials import protect_environment
 from warmd.store.embedded import (
     EmbeddedServerError,
     ServerProcess,
@@ -45,6 +46,7 @@ def resolve_store_url(url: str | None = None) -> tuple[StoreURL | None, object]:
     """(store URL, embedded server or None): an explicit URL, else WARMD_REDIS_URL, else the
     embedded server (started if needed). 'off' gives (None, None). Raises WarmdInputError for
     a malformed URL and EmbeddedServerError when no embedded server can run."""
+    protect_environment()
     url = url or settings.redis_url()
     if settings.store_is_off(url):
         return None, None
@@ -87,4 +89,5 @@ def open_node_records(url: str | None, namespace: str, ttl: float = 120.0,
                       decode=dict) -> NodeRecords:
     """The daemon's node records of one namespace at url (None or 'off': none kept);
     `decode` turns each stored record (a dict) back into the caller's type."""
+    protect_environment()
     return RedisNodeRecords(None if settings.store_is_off(url) else url, namespace, ttl, decode)

@@ -7,7 +7,6 @@ errors surface as StoreFailed: an operator asked.
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
 import re
@@ -22,6 +21,8 @@ from warmd.cache.artifacts import check_artifact
 from warmd.cache.base import UnsafeArtifact
 from warmd.stats import F, hit_rate, ids
 from warmd.store import layout
+from warmd.store.api import StoreFailed
+from warmd.store.connection import classify
 from warmd.store.entries import unpacks_over
 from warmd.store.fingerprint import Fingerprint, digest_of
 from warmd.store.layout import BadRecord, Manifest
@@ -29,7 +30,6 @@ from warmd.store.redis_store import RedisSharedCache
 
 EXPORT_FORMAT = "warmd-cache-export"
 ORPHAN_GRACE_MS = 10 * 60 * 1000  # chunks younger than this may belong to a publish in flight
-MAX_RECORD_BYTES = 1 << 20
 # Listing and pruning read every manifest whatever this node's own size limit: an entry too
 # large to install here is still an entry (and its chunks are still referenced).
 ANY_SIZE = 1 << 62
@@ -68,23 +68,24 @@ def fingerprint_meta(cache: RedisSharedCache, fps: list[str]) -> dict[str, dict]
         for fp in fps:
             pipe.get(layout.fp_meta_key(fp))
             pipe.zcard(layout.index_key(fp))
-        return pipe.execute()
+        return pipe.execute(raise_on_error=False)
 
     replies = cache.transport.op(run, "ls") if fps else []
     out = {}
     for i, fp in enumerate(fps):
         raw, count = replies[2 * i], replies[2 * i + 1]
-        out[fp] = {"fingerprint": fp, **_meta_fields(raw), "entries": int(count)}
+        out[fp] = {"fingerprint": fp, **_meta_fields(raw),
+                   "entries": 0 if isinstance(count, Exception) else int(count)}
     return out
 
 
-def _meta_fields(raw: bytes | None) -> dict:
+def _meta_fields(raw: bytes | Exception | None) -> dict:
     """library and inputs from a stored fingerprint record; one that is not a JSON object
     with a dict of inputs (written by something else, or damaged) is marked malformed."""
     if raw is None:
         return {"library": "?", "inputs": {}}
     try:
-        meta = layout.load_record(raw)
+        meta = layout.load_record(_string_reply(raw))
     except BadRecord:
         meta = None
     if meta is None or not isinstance(meta.get("inputs", {}), dict):
@@ -93,7 +94,9 @@ def _meta_fields(raw: bytes | None) -> dict:
 
 
 def entries(cache: RedisSharedCache, fp: str) -> list[dict]:
-    """Every entry indexed under fp with its manifest (None when it expired or was evicted)."""
+    """Every entry indexed under fp with its manifest (None when it expired or was evicted,
+    or cannot be decoded). A manifest key holding another Redis type reads as b"" (what
+    quarantine expects for it): malformed, like any undecodable value."""
     members = cache.transport.op(
         lambda c: c.zrange(layout.index_key(fp), 0, -1, withscores=True), "ls")
 
@@ -101,17 +104,31 @@ def entries(cache: RedisSharedCache, fp: str) -> list[dict]:
         pipe = client.pipeline(transaction=False)
         for name, _score in members:
             pipe.get(layout.manifest_key(fp, _text(name)))
-        return pipe.execute()
+        return pipe.execute(raise_on_error=False)
 
     raws = cache.transport.op(run, "ls") if members else []
     out = []
-    for (name, score), raw in zip(members, raws, strict=True):
-        item = {"name": _text(name), "last_used": score, "raw": raw, "manifest": None}
+    for (name, score), reply in zip(members, raws, strict=True):
+        raw = _string_reply(reply)
+        item = {"name": _text(name), "last_used": score, "raw": raw, "manifest": None,
+                "problem": None}
         if raw is not None:
-            with contextlib.suppress(BadRecord):
+            try:
                 item["manifest"] = Manifest.decode(raw, ANY_SIZE)
+            except BadRecord as exc:
+                item["problem"] = exc
         out.append(item)
     return out
+
+
+def _string_reply(reply):
+    """A GET reply as bytes (None: no key); a key of another type (WRONGTYPE) as b"".
+    Other errors (the store went away) raise as StoreFailed."""
+    if isinstance(reply, Exception):
+        if classify(reply) != "error":
+            raise StoreFailed(classify(reply), str(reply))
+        return layout.WRONG_TYPE
+    return reply
 
 
 def entry_json(item: dict) -> dict:
@@ -139,6 +156,7 @@ def listing(cache: RedisSharedCache, selected: Iterable[str] = ()) -> list[dict]
 # --------------------------------------------------------------------------- stats
 
 def read_stats(cache: RedisSharedCache) -> dict:
+    cache.stats.flush()  # counters spooled while the store was away count now
     members = cache.transport.op(lambda c: c.smembers(layout.NODES_KEY), "stats")
     nodes = sorted(_text(n) for n in members)
     fps = fingerprints(cache)
@@ -246,6 +264,7 @@ class PruneReport:
     entries_removed: int = 0
     bytes_removed: int = 0
     stale_index: int = 0
+    malformed_removed: int = 0  # undecodable manifests (or keys of another type)
     task_records_removed: int = 0
     fingerprints_removed: int = 0
     orphan_blobs_removed: int = 0
@@ -282,6 +301,10 @@ def prune(cache: RedisSharedCache, *, older_than: float | None = None,
             if item["raw"] is None:
                 report.stale_index += 1
                 removed.append((item["name"], None))
+            elif item["manifest"] is None and not isinstance(item["problem"],
+                                                             layout.RefusedHere):
+                report.malformed_removed += 1  # garbage for every node: never kept
+                removed.append((item["name"], item["raw"]))
             elif in_scope and (doomed_fp or (cutoff is not None
                                              and item["last_used"] < cutoff)):
                 report.entries_removed += 1
@@ -319,11 +342,12 @@ def _prune_tasks(cache: RedisSharedCache, fp: str, removed: set[str], everything
     keys = cache.transport.op(lambda c: list(c.scan_iter(match=pattern, count=500)), "prune")
     if not keys:
         return 0
-    raws = cache.transport.op(lambda c: _get_many(c, keys), "prune")
+    raws = cache.transport.op(lambda c: _get_many(c, keys, strict=False), "prune")
     doomed = []
-    for key, raw in zip(keys, raws, strict=True):
+    for key, reply in zip(keys, raws, strict=True):
+        raw = _string_reply(reply)
         try:
-            names = set(layout.TaskRecord.decode(raw).entries) if raw else set()
+            names = set(layout.TaskRecord.decode(raw).entries) if raw is not None else set()
         except BadRecord:
             names = removed  # malformed: remove it too
         if everything or names & removed:
@@ -501,7 +525,7 @@ def _scan_archive(tar: tarfile.TarFile, max_blob: int) -> dict[str, list]:
                                 "warmd-export.json, fp/, man/, task/ and blob/ files)")
         if not member.isreg():
             raise UnsafeArchive(f"member {member.name!r} is not a regular file")
-        limit = max_blob if kind == "blob" else MAX_RECORD_BYTES
+        limit = max_blob if kind == "blob" else layout.MAX_RECORD_BYTES
         if member.size > limit:
             raise UnsafeArchive(f"member {member.name!r} is {member.size} bytes, over the "
                                 f"{limit}-byte limit")
@@ -571,7 +595,7 @@ def _import_entry(cache: RedisSharedCache, tar: tarfile.TarFile, fp: str, name: 
                             "match its inputs")
         if man.digest not in blobs:
             raise BadRecord("entry without its blob in the archive")
-        blob = layout.check_blob(man, [tar.extractfile(blobs[man.digest]).read()])
+        blob = layout.verify_blob(man, tar.extractfile(blobs[man.digest]).read())
         problem = _unsafe(blob)
         if problem is not None:
             raise problem

@@ -3,7 +3,6 @@ and the classification of store errors into what warmd does about them."""
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
 
@@ -12,13 +11,18 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from warmd.errors import WarmdInputError
+from warmd.store.credentials import (
+    SECRET_QUERY,
+    split_userinfo,
+    unencoded_userinfo,
+    with_password_file,
+)
 
 CONNECT_TIMEOUT = 0.15  # seconds: a store that does not answer this fast is treated as down
 SOCKET_TIMEOUT = 2.0
 
 _CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 _SCHEMES = ("redis", "rediss", "unix", *_CLUSTER_SCHEMES)
-_SECRET_QUERY = re.compile(r"(password|passwd|token|ssl_password)=([^&]*)", re.IGNORECASE)
 _TRUE = ("1", "true", "yes", "on")
 
 
@@ -32,32 +36,20 @@ class StoreURL:
         return redact(self.url) + (" (cluster)" if self.cluster else "")
 
 
-def _split_userinfo(url: str) -> tuple[str, str, str]:
-    """(scheme://, userinfo, rest). The userinfo runs to the LAST '@' after '://', not to
-    the first '/', '?' or '#' as urlsplit has it: a password may hold those characters."""
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        scheme, rest = "", url
-    userinfo, at, after = rest.rpartition("@")
-    if not at:
-        return scheme + sep, "", rest
-    return scheme + sep, userinfo, after
-
-
 def redact(url: str) -> str:
     """The URL without its password (a user name before ':' stays: it is not a secret;
     userinfo without ':' may be a password and is masked whole)."""
-    head, userinfo, rest = _split_userinfo(url)
+    head, userinfo, rest = split_userinfo(url)
     if userinfo:
         user, colon, _password = userinfo.partition(":")
         head += f"{user}:***@" if colon else "***@"
-    return head + _SECRET_QUERY.sub(lambda m: f"{m.group(1)}=***", rest)
+    return head + SECRET_QUERY.sub(lambda m: f"{m.group(1)}=***", rest)
 
 
 def _secrets(url: str) -> list[str]:
-    _head, userinfo, rest = _split_userinfo(url)
+    _head, userinfo, rest = split_userinfo(url)
     found = [userinfo.partition(":")[2] or userinfo] if userinfo else []
-    found += [m.group(2) for m in _SECRET_QUERY.finditer(rest)]
+    found += [m.group(2) for m in SECRET_QUERY.finditer(rest)]
     return [s for secret in found if secret for s in {secret, unquote(secret)} if s]
 
 
@@ -83,10 +75,10 @@ def parse_store_url(url: str) -> StoreURL:
     if parts.scheme not in _SCHEMES:
         raise WarmdInputError(f"invalid Redis URL {redact(url)!r}: the scheme must be one of "
                               f"{', '.join(s + '://' for s in _SCHEMES)}")
-    if parts.scheme != "unix" and "@" not in parts.netloc and "@" in url.partition("://")[2]:
-        # urlsplit ended the host part at a '/', '?' or '#' of a password: never guess
-        raise WarmdInputError(f"invalid Redis URL {redact(url)!r}: '@' after the host"
-                              f"{_hint(url)}")
+    if unencoded_userinfo(url):
+        # urlsplit, redis-py and redact() would not agree on where the host is: never guess
+        raise WarmdInputError(f"invalid Redis URL {redact(url)!r}: an unencoded '@', '/', "
+                              f"'?' or '#' in the user name or password{_hint(url)}")
     if parts.scheme != "unix" and not parts.hostname:
         raise WarmdInputError(f"invalid Redis URL {redact(url)!r}: no host{_hint(url)}")
     try:
@@ -94,7 +86,7 @@ def parse_store_url(url: str) -> StoreURL:
     except ValueError:
         raise WarmdInputError(f"invalid Redis URL {redact(url)!r}: bad port{_hint(url)}"
                               ) from None
-    query = parse_qsl(parts.query, keep_blank_values=True)
+    query = with_password_file(parts.netloc, parse_qsl(parts.query, keep_blank_values=True))
     cluster = parts.scheme in _CLUSTER_SCHEMES
     kept = []
     for key, value in query:
@@ -119,7 +111,8 @@ def parse_store_url(url: str) -> StoreURL:
 
 def _hint(url: str) -> str:
     if "@" in url:
-        return " (percent-encode '/', '?', '#' and '@' in a password)"
+        return (" (percent-encode '@', '/', '?' and '#' in a user name or password: %40, %2F, "
+                "%3F, %23)")
     return ""
 
 

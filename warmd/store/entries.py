@@ -4,6 +4,7 @@ node cannot use left alone."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 import zlib
@@ -22,7 +23,6 @@ from warmd.store.signing import check as check_signature
 
 log = logging.getLogger("warmd.store")
 
-QUARANTINE_TTL_MS = 7 * 86400 * 1000
 BLOB_BATCH_BYTES = 64 << 20  # bound on blob bytes held in memory during a prefetch
 INSTALL_THREADS = 8
 
@@ -51,76 +51,117 @@ class Entries:
             records = self._read_records(fp.digest, tasks)
             present = {e.name for e in adapter.list_entries()}
             named = {n for rec, _raw in records.values() for n in rec.entries}
-            manifests = self._read_manifests(fp, sorted(named - present))
+            manifests = self._read_manifests(fp, sorted(named - present), list(records))
             installed = self._fetch_and_install(adapter, fp.digest, manifests)
         except StoreFailed:
             return result
         except OSError as exc:  # listing the local cache failed
             log.warning("shared cache: cannot list %s cache: %s", adapter.library, exc)
             return result
-        self.count("local_hits", len(named & present), fp.digest)
+        except Exception as exc:  # a bug or an unforeseen value: a miss, never a failed task
+            self.count("fetch_failed", fp=fp.digest)
+            log.warning("shared cache: fetching %s failed (%s: %s); compiling locally",
+                        adapter.library, type(exc).__name__, exc)
+            return result
+        self._count_hits("local_hits", fp.digest, named & present)
         for task in tasks:
             found = records.get(task)
             if found is None:
-                self.count("tasks_missed", fp=fp.digest)
+                self._count_task(fp.digest, task, "tasks_missed")
                 continue
             rec, raw = found
             if all(n in present or n in installed for n in rec.entries):
                 result[task] = list(rec.entries)
-                self.count("tasks_hit", fp=fp.digest)
+                self._count_task(fp.digest, task, "tasks_hit")
             else:
                 self.s.stale[task] = raw
-                self.count("tasks_missed", fp=fp.digest)
+                self._count_task(fp.digest, task, "tasks_missed")
         return result
+
+    def _count_hits(self, counter: str, fp: str, names: Iterable[str]) -> None:
+        """Count entries as hits, each once per process (warmup fetches a task again after
+        the plan's prefetch installed it: that is not a second hit)."""
+        self.count(counter, len(self.s.first_hits(fp, names)), fp)
+
+    def _count_task(self, fp: str, task: str, outcome: str) -> None:
+        if self.s.first_task_outcome(fp, task, outcome):
+            self.count(outcome, fp=fp)
 
     # -- task records and manifests --------------------------------------------------------
 
-    def _get_and_touch(self, keys: list[str], extra=None) -> list:
-        """GET and PEXPIRE (the TTL refresh of a use) each key in one round trip; the GET
-        replies, errors left in place for the caller."""
+    def _get(self, keys: list[str]) -> list:
+        """GET each key in one round trip: the replies, errors left in place. Nothing is
+        touched here: only what verifies has its TTL renewed (touch)."""
         def run(client):
             pipe = client.pipeline(transaction=False)
             for key in keys:
                 pipe.get(key)
+            return pipe.execute(raise_on_error=False)
+
+        return self.op(run, "fetch") if keys else []
+
+    def touch(self, keys: list[str], extra=None) -> None:
+        """PEXPIRE (the TTL refresh of a use) of keys that verified, plus extra(pipe); best
+        effort (a read-only user may not)."""
+        def run(client):
+            pipe = client.pipeline(transaction=False)
+            for key in keys:
                 pipe.pexpire(key, self.s.ttl_ms)
             if extra is not None:
                 extra(pipe)
             return pipe.execute(raise_on_error=False)
 
-        return (self.op(run, "fetch") if keys else [])[:2 * len(keys):2]
+        if keys or extra is not None:
+            with contextlib.suppress(StoreFailed):
+                self.op(run, "touch")
 
     def _read_records(self, fp: str, tasks: list[str]) -> dict[str, tuple[TaskRecord, bytes]]:
-        replies = self._get_and_touch([layout.task_key(fp, task) for task in tasks])
+        replies = self._get([layout.task_key(fp, task) for task in tasks])
         out = {}
         for task, reply in zip(tasks, replies, strict=True):
-            raw = self.s.transport.checked(reply, "fetch")
+            raw = self._string(reply)
             if raw is None:
                 continue
             try:
                 out[task] = (layout.accept_record(raw, key=self.s.signing_key, fp=fp,
                                                   task=task), raw)
             except BadRecord as exc:
+                self.s.stale[task] = raw  # not a publication: the lease is still taken
                 self.reject(exc.counter, fp, f"task record {task}", str(exc))
         return out
 
-    def _read_manifests(self, fp: Fingerprint, names: list[str]) -> dict[str, tuple]:
-        """name -> (Manifest, raw) for every acceptable manifest; the others are counted."""
-        def touch_index(pipe) -> None:
-            pipe.zadd(layout.index_key(fp.digest), dict.fromkeys(names, time.time()), xx=True)
-            pipe.zadd(layout.FPS_KEY, {fp.digest: time.time()})
-            pipe.pexpire(layout.fp_meta_key(fp.digest), self.s.ttl_ms)
-
-        replies = self._get_and_touch([layout.manifest_key(fp.digest, n) for n in names],
-                                      touch_index)
+    def _read_manifests(self, fp: Fingerprint, names: list[str], records: list[str]
+                        ) -> dict[str, tuple]:
+        """name -> (Manifest, raw) for every acceptable manifest; the others are counted.
+        The accepted ones, and the task records named in `records`, are then touched."""
+        replies = self._get([layout.manifest_key(fp.digest, n) for n in names])
         out = {}
         for name, reply in zip(names, replies, strict=True):
-            raw = self.s.transport.checked(reply, "fetch")
+            raw = self._string(reply)
             if raw is None:
                 continue
             man = self._accept_manifest(fp, name, raw)
             if man is not None:
                 out[name] = (man, raw)
+
+        def touch_index(pipe) -> None:
+            if out:
+                pipe.zadd(layout.index_key(fp.digest), dict.fromkeys(out, time.time()),
+                          xx=True)
+            pipe.zadd(layout.FPS_KEY, {fp.digest: time.time()})
+            pipe.pexpire(layout.fp_meta_key(fp.digest), self.s.ttl_ms)
+
+        self.touch([layout.task_key(fp.digest, t) for t in records]
+                   + [layout.manifest_key(fp.digest, n) for n in out],
+                   touch_index if records or out else None)
         return out
+
+    def _string(self, reply) -> bytes | None:
+        """A GET reply; a key of another Redis type (WRONGTYPE) reads as layout.WRONG_TYPE,
+        which no decoder accepts; other errors raise StoreFailed."""
+        if isinstance(reply, Exception) and classify(reply) == "error":
+            return layout.WRONG_TYPE
+        return self.s.transport.checked(reply, "fetch")
 
     def _accept_manifest(self, fp: Fingerprint, name: str, raw: bytes) -> Manifest | None:
         try:
@@ -129,15 +170,24 @@ class Entries:
                                           name=name, library=fp.library)
         except layout.RefusedHere as exc:
             self.refused_here(fp.digest, name, str(exc))
-        except layout.SignatureRefused as exc:
-            # Not quarantined: a node with a wrong key must not wipe valid entries.
-            self.reject(exc.counter, fp.digest, f"entry {name}", str(exc))
         except BadRecord as exc:
-            if self._signed_ok(raw):
-                self.quarantine(fp.digest, name, raw, str(exc))
-            else:  # unsigned garbage under a signing key proves nothing about the entry
-                self.reject("signature_rejected", fp.digest, f"entry {name}", str(exc))
+            self.refuse_entry(fp.digest, name, raw, exc)
         return None
+
+    def refuse_entry(self, fp: str, name: str, raw: bytes, problem: BadRecord,
+                     counter: str | None = None) -> None:
+        """A manifest refused for what it is (undecodable, another Redis type, unsigned or
+        badly signed): quarantined, so a correct publish replaces it, when this node holds
+        the cluster's key; only counted when it does not (its own key may be the wrong
+        one, and valid entries must survive it)."""
+        counter = counter or problem.counter
+        if counter == "corrupt_rejected" and not self._signed_ok(raw):
+            counter = "signature_rejected"  # unsigned garbage under a signing key
+        if self.s.holds_cluster_key():
+            self.quarantine(fp, name, raw, str(problem), counter=counter)
+        else:
+            self.reject(counter, fp, f"entry {name}", f"{problem}; left in place (this "
+                        "node's signing key is not the cluster's)")
 
     def _signed_ok(self, raw: bytes) -> bool:
         """True without a signing key, or when raw is a JSON object validly signed."""
@@ -162,8 +212,10 @@ class Entries:
             elif blob is not None and self._install(adapter, fp, man, raw, blob):
                 installed.add(man.name)
 
+        wanted = [(man, raw) for man, raw in manifests.values()
+                  if (fp, man.name, man.digest) not in self.s.refused_entries]
         with ThreadPoolExecutor(INSTALL_THREADS, thread_name_prefix="warmd-install") as pool:
-            for batch in layout.size_batches(list(manifests.values()), BLOB_BATCH_BYTES):
+            for batch in layout.size_batches(wanted, BLOB_BATCH_BYTES):
                 blobs = self.read_blobs([man for man, _raw in batch])
                 jobs = [pool.submit(one, man, raw, blobs.get(man.digest)) for man, raw in batch]
                 for job in jobs:
@@ -171,46 +223,55 @@ class Entries:
         return installed
 
     def read_blobs(self, manifests: list[Manifest]) -> dict[str, bytes | BadRecord]:
-        """digest -> the verified blob, or the BadRecord saying why it is not usable."""
+        """digest -> the verified blob, or the BadRecord saying why it is not usable. Each
+        chunk is read with GETRANGE up to one byte past its declared length, so what comes
+        back is bounded by the manifests' sizes whatever the store holds; only the chunks
+        of verified blobs have their TTL renewed."""
         unique = list({man.digest: man for man in manifests}.values())
 
         def run(client):
             pipe = client.pipeline(transaction=False)
             for man in unique:
-                for i in range(man.chunks):
-                    key = layout.blob_key(man.digest, i)
-                    pipe.get(key)
-                    pipe.pexpire(key, self.s.ttl_ms)
+                for i, length in enumerate(layout.chunk_lengths(man)):
+                    pipe.getrange(layout.blob_key(man.digest, i), 0, length)
             return pipe.execute(raise_on_error=False)
 
-        replies = iter(self.op(run, "fetch") if unique else [])
+        replies = self.op(run, "fetch") if unique else []
         out: dict[str, bytes | BadRecord] = {}
+        verified: list[str] = []
+        at = 0
         for man in unique:
-            chunks, wrong = [], None
-            for i in range(man.chunks):
-                reply = next(replies)
-                next(replies)  # the PEXPIRE: refused for a read-only user, which is fine
-                if isinstance(reply, Exception) and classify(reply) == "error":
-                    wrong = BadRecord(f"chunk {i} is unreadable: {reply}")  # e.g. WRONGTYPE
-                    reply = None
-                chunks.append(self.s.transport.checked(reply, "fetch"))
-            try:
-                out[man.digest] = wrong or layout.check_blob(man, chunks)
-            except BadRecord as exc:
-                out[man.digest] = exc
+            count = man.chunks
+            chunks, replies[at:at + count] = replies[at:at + count], [None] * count
+            at += count
+            out[man.digest] = self._verified_blob(man, chunks)
+            if not isinstance(out[man.digest], BadRecord):
+                verified += [layout.blob_key(man.digest, i) for i in range(count)]
+        self.touch(verified)
         return out
+
+    def _verified_blob(self, man: Manifest, chunks: list) -> bytes | BadRecord:
+        for i, reply in enumerate(chunks):
+            if isinstance(reply, Exception):
+                if classify(reply) != "error":
+                    raise self.s.transport.failure(reply, "fetch")
+                return BadRecord(f"chunk {i} is unreadable: {reply}")  # e.g. WRONGTYPE
+        try:
+            return layout.check_blob(man, chunks)
+        except BadRecord as exc:
+            return exc
 
     def _install(self, adapter: CacheAdapter, fp: str, man: Manifest, raw: bytes,
                  blob: bytes) -> bool:
         limit = min(self.s.max_artifact_bytes, settings.max_artifact_bytes())
         if unpacks_over(blob, limit):
             self.refused_here(fp, man.name, f"unpacks to more than this node's {limit}-byte "
-                              "limit")
+                              "limit", man.digest)
             return False
         try:
             adapter.install(man.name, blob)
         except IncompatibleHere as exc:
-            self.refused_here(fp, man.name, str(exc))
+            self.refused_here(fp, man.name, str(exc), man.digest)
             return False
         except UnsafeArtifact as exc:
             self.quarantine(fp, man.name, raw, f"unsafe artifact: {exc}", man.digest,
@@ -221,7 +282,7 @@ class Entries:
             log.warning("shared cache: installing %s into %s failed: %s", man.name,
                         adapter.root, exc)
             return False
-        self.count("remote_hits", fp=fp)
+        self._count_hits("remote_hits", fp, [man.name])
         self.count("bytes_fetched", len(blob), fp)
         self.count("compile_seconds_saved", man.compile_seconds, fp)
         return True
@@ -233,9 +294,12 @@ class Entries:
         self.s.stats.count_refusal(counter, fp)
         log.warning("shared cache: refused %s (fingerprint %s): %s", what, fp, why)
 
-    def refused_here(self, fp: str, name: str, why: str) -> None:
+    def refused_here(self, fp: str, name: str, why: str, digest: str | None = None) -> None:
         """A miss this node cannot use (its own limits, an incompatible build): counted,
-        never quarantined, so nodes that can use the entry keep it."""
+        never quarantined, so nodes that can use the entry keep it. Given the blob's
+        digest, remembered: this process does not fetch and check that blob again."""
+        if digest is not None:
+            self.s.refused_entries[(fp, name, digest)] = why
         self.count("refused_here", fp=fp)
         log.warning("shared cache: not using entry %s here (fingerprint %s): %s", name, fp, why)
 
@@ -246,19 +310,14 @@ class Entries:
         fingerprint) may share them, a republication overwrites them, and `prune` removes
         them once nothing references them. `digest` is accepted for callers' symmetry."""
         self.reject(counter, fp, f"entry {name}", f"{why}; quarantining it")
-        try:
-            note = layout.load_record(raw)
-        except BadRecord:
-            note = {"raw": repr(raw[:200])}
-        value = layout.json_bytes({"manifest": note, "reason": why, "node": self.s.node,
-                                   "at": time.time()})
+        value = layout.quarantine_note(raw, why, self.s.node)
 
         def run(client):
             return self.s.transport.script(
                 "quarantine", client,
                 keys=[layout.manifest_key(fp, name), layout.quarantine_key(fp, name),
                       layout.index_key(fp)],
-                args=[raw, value, QUARANTINE_TTL_MS, name])
+                args=[raw, value, layout.QUARANTINE_TTL_MS, name])
 
         try:
             if self.op(run, "quarantine"):

@@ -12,6 +12,8 @@ Keys that must live together in Redis Cluster share a hash tag: every chunk of o
     warmd:v1:quar:{<fp>}:<name>       a quarantined manifest with the reason
     warmd:v1:fp:{<fp>}                the fingerprint's inputs (JSON), for humans
     warmd:v1:fps                      ZSET fingerprint -> last use
+    warmd:v1:keyproof                 HMAC of a constant under the cluster's signing key
+    warmd:v1:store-id                 random id of this store (where unflushed stats spool)
     warmd:v1:stats:node:<node>        HASH of counters per node
     warmd:v1:stats:fp:{<fp>}          HASH of counters per fingerprint
     warmd:v1:stats:nodes              SET of node names
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 import time
 from collections.abc import Iterator
@@ -35,8 +38,20 @@ PREFIX = "warmd:v1:"
 CHUNK_SIZE = 1 << 20
 FPS_KEY = f"{PREFIX}fps"
 NODES_KEY = f"{PREFIX}stats:nodes"
+KEY_PROOF_KEY = f"{PREFIX}keyproof"
+STORE_ID_KEY = f"{PREFIX}store-id"
+QUARANTINE_TTL_MS = 7 * 86400 * 1000
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+=-]{0,254}$")
+# Bounds of the one decoder every stored record goes through (checked before json.loads).
+MAX_RECORD_BYTES = 1 << 20
+MAX_DEPTH = 32  # manifests and task records are 2 deep; fingerprint inputs a few more
+MAX_TEXT = 4096  # characters of any one string field of a manifest or task record
+MAX_TASK_ENTRIES = 10_000
+WRONG_TYPE = b""  # how a key holding a list, hash... reads: undecodable, quarantinable
+MAX_BLOB_BYTES = 1 << 40  # a size beyond any node's limit is corrupt, not "too large here"
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 
 
 def blob_key(digest: str, index: int) -> str:
@@ -177,24 +192,19 @@ class Manifest:
     @classmethod
     def decode(cls, raw: bytes | str, max_size: int) -> Manifest:
         """Parse and check a stored manifest; raises BadRecord on anything off."""
-        data = load_record(raw)
-        try:
-            man = cls(str(data["library"]), data["name"], str(data["fingerprint"]),
-                      str(data["digest"]), int(data["size"]), str(data.get("producer", "")),
-                      float(data.get("compile_seconds", 0.0)), float(data.get("created", 0.0)),
-                      int(data.get("chunk_size", CHUNK_SIZE)), int(data.get("v", 1)),
-                      data.get("sig"))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise BadRecord(f"malformed manifest: {exc}") from None
+        f = Fields(load_record(raw), "manifest")
+        man = cls(f.text("library"), f.text("name"), f.text("fingerprint"), f.text("digest"),
+                  f.integer("size", 0, MAX_BLOB_BYTES), f.text("producer", ""),
+                  f.number("compile_seconds", 0.0), f.number("created", 0.0),
+                  f.integer("chunk_size", 64 << 10, 64 << 20, CHUNK_SIZE),
+                  f.integer("v", 0, 1 << 31, 1), f.signature())
         if man.v != 1:
             raise RefusedHere(f"unknown manifest version {man.v}")
-        if not is_entry_name(man.name) or not _HEX64.match(man.digest) or man.size < 0:
-            raise BadRecord("malformed manifest: name, digest or size")
+        if not is_entry_name(man.name) or not _HEX64.match(man.digest):
+            raise BadRecord("malformed manifest: name or digest")
         if man.size > max_size:
             raise RefusedHere(f"manifest size {man.size} is over this node's {max_size}-byte "
                               "limit")
-        if not (64 << 10) <= man.chunk_size <= (64 << 20):
-            raise BadRecord(f"manifest chunk size {man.chunk_size} out of range")
         return man
 
 
@@ -221,30 +231,106 @@ class TaskRecord:
 
     @classmethod
     def decode(cls, raw: bytes | str) -> TaskRecord:
-        data = load_record(raw)
-        try:
-            entries = data["entries"]
-            if not isinstance(entries, list) or not all(is_entry_name(e) for e in entries):
-                raise ValueError("entries must be a list of entry names")
-            rec = cls(str(data["fingerprint"]), str(data["task"]), tuple(entries),
-                      str(data.get("producer", "")), float(data.get("compile_seconds", 0.0)),
-                      float(data.get("created", 0.0)), int(data.get("v", 1)), data.get("sig"))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise BadRecord(f"malformed task record: {exc}") from None
+        f = Fields(load_record(raw), "task record")
+        entries = f.value("entries", list)
+        if len(entries) > MAX_TASK_ENTRIES or not all(is_entry_name(e) for e in entries):
+            raise BadRecord("malformed task record: entries must be a list of at most "
+                            f"{MAX_TASK_ENTRIES} entry names")
+        rec = cls(f.text("fingerprint"), f.text("task"), tuple(entries), f.text("producer", ""),
+                  f.number("compile_seconds", 0.0), f.number("created", 0.0),
+                  f.integer("v", 0, 1 << 31, 1), f.signature())
         if rec.v != 1:
             raise BadRecord(f"unknown task record version {rec.v}")
         return rec
 
 
-def load_record(raw: bytes | str) -> dict:
-    """A JSON object from stored bytes; raises BadRecord otherwise."""
+class Fields:
+    """Strictly typed reads of a decoded record's fields: a field of the wrong type, out of
+    range or not finite is a BadRecord naming it (never an OverflowError or TypeError)."""
+
+    _MISSING = object()
+
+    def __init__(self, data: dict, what: str) -> None:
+        self.data, self.what = data, what
+
+    def value(self, name: str, kind: type | tuple[type, ...], default=_MISSING):
+        value = self.data.get(name, default)
+        if value is self._MISSING:
+            raise BadRecord(f"malformed {self.what}: no {name!r}")
+        if isinstance(value, bool) or not isinstance(value, kind):
+            raise BadRecord(f"malformed {self.what}: {name!r} is not {_kind_name(kind)}")
+        return value
+
+    def text(self, name: str, default=_MISSING) -> str:
+        value = self.value(name, str, default)
+        if len(value) > MAX_TEXT:
+            raise BadRecord(f"malformed {self.what}: {name!r} is longer than {MAX_TEXT}")
+        return value
+
+    def integer(self, name: str, low: int, high: int, default=_MISSING) -> int:
+        value = self.value(name, int, default)
+        if not low <= value <= high:
+            raise BadRecord(f"malformed {self.what}: {name!r} out of range [{low}, {high}]")
+        return value
+
+    def number(self, name: str, default=_MISSING) -> float:
+        try:
+            value = float(self.value(name, (int, float), default))
+        except OverflowError:
+            value = math.inf
+        if not math.isfinite(value):
+            raise BadRecord(f"malformed {self.what}: {name!r} is not a finite number")
+        return value
+
+    def signature(self) -> str | None:
+        """The "sig" field: absent, or a string (its format is checked with the key)."""
+        value = self.data.get("sig")
+        if value is None:
+            return None
+        if not isinstance(value, str) or len(value) > 128:
+            raise BadRecord(f"malformed {self.what}: 'sig' is not a signature")
+        return value
+
+
+def _kind_name(kind: type | tuple[type, ...]) -> str:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    names = {"str": "a string", "int": "an integer", "float": "a number", "list": "a list"}
+    return " or ".join(names.get(k.__name__, k.__name__) for k in kinds)
+
+
+def load_record(raw: bytes | str | None, max_bytes: int = MAX_RECORD_BYTES) -> dict:
+    """A JSON object from stored bytes, within bounds checked before parsing (size, nesting
+    depth); no NaN or Infinity. Raises BadRecord for anything else, never another error."""
+    if isinstance(raw, str):
+        raw = raw.encode("utf-8", "surrogatepass")
+    if not isinstance(raw, bytes):
+        raise BadRecord("record is not a string value")
+    if len(raw) > max_bytes:
+        raise BadRecord(f"record is {len(raw)} bytes, over the {max_bytes}-byte limit")
+    if nests_too_deep(raw):
+        raise BadRecord(f"record nests deeper than {MAX_DEPTH}")
     try:
-        data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
+        data = json.loads(raw, parse_constant=_no_constant)
+    except (ValueError, UnicodeDecodeError, RecursionError, OverflowError):
         raise BadRecord("record is not JSON") from None
     if not isinstance(data, dict):
         raise BadRecord("record is not a JSON object")
     return data
+
+
+def nests_too_deep(raw: bytes) -> bool:
+    """Whether JSON text nests its arrays and objects deeper than MAX_DEPTH (or unbalanced):
+    strings dropped, then innermost pairs peeled MAX_DEPTH times, all at C speed."""
+    brackets = _STRING.sub(b"", raw).translate(None, _NOT_BRACKETS)
+    for _ in range(MAX_DEPTH):
+        if not brackets:
+            return False
+        brackets = brackets.replace(b"[]", b"").replace(b"{}", b"")
+    return bool(brackets)
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a number")
 
 
 def accept_manifest(raw: bytes, *, key: bytes | None, max_size: int, fp: str, name: str,
@@ -271,14 +357,44 @@ def accept_record(raw: bytes, *, key: bytes | None, fp: str, task: str) -> TaskR
     return rec
 
 
+def quarantine_note(raw: bytes, why: str, node: str) -> bytes:
+    """What a quarantine key holds: the refused manifest (or a prefix of its bytes), why,
+    who moved it aside and when."""
+    try:
+        note = load_record(raw)
+    except BadRecord:
+        note = {"raw": repr(raw[:200])}
+    return json_bytes({"manifest": note, "reason": why, "node": node, "at": time.time()})
+
+
+def chunk_lengths(man: Manifest) -> list[int]:
+    """The length every chunk of man's blob must have."""
+    full, last = divmod(man.size, man.chunk_size)
+    if not last and full:
+        return [man.chunk_size] * full
+    return [man.chunk_size] * full + [last]
+
+
 def check_blob(man: Manifest, chunks: list[bytes | None]) -> bytes:
-    """Join a blob's chunks and verify them against the manifest; raises BadRecord."""
-    for i, chunk in enumerate(chunks):
-        if chunk is None:
+    """Join a blob's chunks and verify them against the manifest; raises BadRecord. Each
+    chunk's length is checked before anything is joined."""
+    lengths = chunk_lengths(man)
+    if len(chunks) != len(lengths):
+        raise BadRecord(f"{len(chunks)} chunks where the manifest has {len(lengths)}")
+    for i, (chunk, length) in enumerate(zip(chunks, lengths, strict=True)):
+        if not chunk and length:
             raise BadRecord(f"missing chunk {i} of {len(chunks)}")
-    blob = b"".join(chunks)  # type: ignore[arg-type]
+        if len(chunk) < length:
+            raise BadRecord(f"truncated blob: chunk {i} is {len(chunk)} of {length} bytes")
+        if len(chunk) > length:
+            raise BadRecord(f"oversized chunk {i}: over the manifest's {length} bytes")
+    return verify_blob(man, b"".join(chunks))  # type: ignore[arg-type]
+
+
+def verify_blob(man: Manifest, blob: bytes) -> bytes:
+    """blob if it is the one man describes (length, SHA-256); raises BadRecord."""
     if len(blob) != man.size:
-        raise BadRecord(f"truncated blob: {len(blob)} of {man.size} bytes")
+        raise BadRecord(f"truncated or oversized blob: {len(blob)} of {man.size} bytes")
     if sha256(blob) != man.digest:
         raise BadRecord("blob digest mismatch")
     return blob

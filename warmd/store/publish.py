@@ -9,8 +9,9 @@ import time
 from warmd.cache.base import CacheAdapter, CacheEntry
 from warmd.store import layout
 from warmd.store.api import StoreFailed
+from warmd.store.connection import classify
 from warmd.store.fingerprint import Fingerprint
-from warmd.store.layout import Manifest, TaskRecord
+from warmd.store.layout import BadRecord, Manifest, TaskRecord
 from warmd.store.session import Session
 from warmd.store.signing import sign
 
@@ -34,6 +35,7 @@ class Publisher:
         if self.s.transport.disabled_reason or self.s.read_only:
             self.count("publish_skipped", fp=fp.digest)
             return
+        self.s.holds_cluster_key()  # the first keyed publisher sets the cluster's key
         packed = self._pack(adapter, fp, entries, compile_seconds)
         if packed is None:
             return
@@ -77,16 +79,19 @@ class Publisher:
 
     def write_entries(self, fp: Fingerprint, packed: list[tuple[Manifest, bytes]]
                       ) -> list[tuple[Manifest, bytes]]:
-        """Blobs first (a manifest is never visible before its chunks), then manifests;
-        entries another node already published are left alone. Returns the new ones."""
-        def exists(client):
-            pipe = client.pipeline(transaction=False)
-            for man, _blob in packed:
-                pipe.exists(layout.manifest_key(fp.digest, man.name))
-            return pipe.execute()
-
-        there = self.op(exists, "publish")
-        new = [p for p, found in zip(packed, there, strict=True) if not found]
+        """Blobs first (a manifest is never visible before its chunks), then manifests.
+        An entry another node published that verifies here is left alone; one this node
+        refuses (undecodable, another Redis type, unsigned or badly signed) is quarantined
+        and replaced when this node holds the cluster's key, else left alone. Returns the
+        entries written."""
+        found = self._existing([layout.manifest_key(fp.digest, m.name) for m, _ in packed])
+        new, replaced = [], {}
+        for (man, blob), raw in zip(packed, found, strict=True):
+            if raw is None:
+                new.append((man, blob))
+            elif self._replaceable(fp.digest, man.name, raw, "entry"):
+                new.append((man, blob))
+                replaced[man.name] = raw
         ttl_ms = self.s.ttl_ms
 
         def chunks(client):
@@ -97,10 +102,15 @@ class Publisher:
             return pipe.execute()
 
         def manifests(client):
+            for man, _blob in new:  # scripts run alone: Redis Cluster refuses them pipelined
+                if man.name in replaced:
+                    self._replace(client, layout.manifest_key(fp.digest, man.name),
+                                  replaced[man.name], man.encode())
             pipe = client.pipeline(transaction=False)
             for man, _blob in new:
-                pipe.set(layout.manifest_key(fp.digest, man.name), man.encode(), nx=True,
-                         px=ttl_ms)
+                if man.name not in replaced:
+                    pipe.set(layout.manifest_key(fp.digest, man.name), man.encode(), nx=True,
+                             px=ttl_ms)
             pipe.zadd(layout.index_key(fp.digest), {m.name: time.time() for m, _ in packed})
             pipe.set(layout.fp_meta_key(fp.digest), layout.json_bytes(fp.to_json()), px=ttl_ms)
             pipe.zadd(layout.FPS_KEY, {fp.digest: time.time()})
@@ -109,11 +119,79 @@ class Publisher:
         if new:
             self.op(chunks, "publish")
         self.op(manifests, "publish")
+        for name, raw in replaced.items():
+            self._note_replaced(fp.digest, name, raw)
         return new
 
-    def _write_record(self, fp: Fingerprint, task: str, rec_raw: bytes) -> None:
+    def _existing(self, keys: list[str]) -> list[bytes | None]:
+        """The values at keys (None: absent; layout.WRONG_TYPE: another Redis type)."""
         def run(client):
-            client.set(layout.task_key(fp.digest, task), rec_raw, px=self.s.ttl_ms)
+            pipe = client.pipeline(transaction=False)
+            for key in keys:
+                pipe.get(key)
+            return pipe.execute(raise_on_error=False)
+
+        replies = self.op(run, "publish") if keys else []
+        out = []
+        for reply in replies:
+            if isinstance(reply, Exception) and classify(reply) == "error":
+                out.append(layout.WRONG_TYPE)
+            else:
+                out.append(self.s.transport.checked(reply, "publish"))
+        return out
+
+    def _replaceable(self, fp: str, name: str, raw: bytes, what: str,
+                     task: str | None = None) -> bool:
+        """Whether a stored manifest (or, given task, task record) may be overwritten: it
+        verifies here (a record being republished), or it is refused here and this node
+        holds the cluster's key. One this node may not touch is counted."""
+        try:
+            if task is None:
+                layout.accept_manifest(raw, key=self.s.signing_key, max_size=1 << 62, fp=fp,
+                                       name=name)
+                return False  # a valid entry: published once, never overwritten
+            layout.accept_record(raw, key=self.s.signing_key, fp=fp, task=task)
+            return True
+        except layout.RefusedHere:
+            return False  # e.g. a newer format: not ours to judge
+        except BadRecord as exc:
+            if self.s.holds_cluster_key():
+                return True
+            self.count("publish_blocked", fp=fp)
+            log.warning("shared cache: not replacing %s %s (fingerprint %s), refused here "
+                        "(%s): this node's signing key is not the cluster's", what, name, fp,
+                        exc)
+            return False
+
+    def _replace(self, client, key: str, old: bytes | None, new: bytes) -> None:
+        """Compare-and-set key from old (None: absent) to new."""
+        self.s.transport.script("replace", client, keys=[key],
+                                args=[old or b"", new, self.s.ttl_ms, "1" if old is None
+                                      else "0"])
+
+    def _note_replaced(self, fp: str, name: str, raw: bytes) -> None:
+        """Keep what a replacement overwrote under the quarantine key, for operators."""
+        note = layout.quarantine_note(raw, "refused here; replaced by a verified publish",
+                                      self.s.node)
+
+        def run(client):
+            client.set(layout.quarantine_key(fp, name), note, px=layout.QUARANTINE_TTL_MS)
+
+        try:
+            self.op(run, "quarantine")
+        except StoreFailed:
+            return
+        self.count("replaced", fp=fp)
+
+    def _write_record(self, fp: Fingerprint, task: str, rec_raw: bytes) -> None:
+        """Write the task's record unless a record this node may not replace is there;
+        announce the publication either way (waiters then look again)."""
+        (old,) = self._existing([layout.task_key(fp.digest, task)])
+        writable = old is None or self._replaceable(fp.digest, task, old, "task record", task)
+
+        def run(client):
+            if writable:
+                self._replace(client, layout.task_key(fp.digest, task), old, rec_raw)
             client.publish(layout.channel(fp.digest, task), b"published")
 
         self.op(run, "publish")

@@ -123,8 +123,13 @@ class RedisSharedCache(SharedCache):
         return self.transport.last_error
 
     def ping(self) -> bool:
+        def run(client):
+            answered = client.ping()
+            self.stats.learn_store_id(client)  # where counters it cannot flush will wait
+            return answered
+
         try:
-            return bool(self.transport.op(lambda c: c.ping(), "connect"))
+            return bool(self.transport.op(run, "connect"))
         except StoreFailed:
             return False
 
@@ -133,7 +138,8 @@ class RedisSharedCache(SharedCache):
         return not self.transport.breaker.is_open
 
     def close(self) -> None:
-        self.stats.flush()
+        if not self.stats.flush():
+            self.stats.spool()  # kept locally for the next process that reaches the store
         self.transport.close()
 
     # -- Redis backend only ------------------------------------------------------------------

@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from warmd.cache.base import CacheAdapter
+from warmd.store import layout
 from warmd.store.api import StoreFailed
+from warmd.store.connection import classify
 from warmd.store.fingerprint import Fingerprint, compute_fingerprint
+from warmd.store.signing import key_proof
 from warmd.store.stats import StoreStats
 from warmd.store.transport import RedisTransport
 from warmd.targets import Target
@@ -31,6 +35,13 @@ class Session:
     read_only: bool = False  # learnt from the first write the store's ACL refuses
     stale: dict[str, bytes] = field(default_factory=dict)  # task -> record that did not install
     task_fp: dict[str, str] = field(default_factory=dict)  # task -> fingerprint digest
+    cluster_key: bool | None = None  # whether signing_key is the cluster's (None: not known)
+    # What this process counted already, so a fetch repeated per task counts nothing twice:
+    # (fp, entry) counted as a hit, (fp, task) -> the task outcome counted.
+    hits_counted: set[tuple[str, str]] = field(default_factory=set)
+    tasks_counted: dict[tuple[str, str], str] = field(default_factory=dict)
+    # (fp, entry, digest) -> why this node cannot use it: never fetched again by this process
+    refused_entries: dict[tuple[str, str, str], str] = field(default_factory=dict)
     _fingerprints: dict[int, tuple[CacheAdapter, Fingerprint]] = field(default_factory=dict)
     _warned: set[str] = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -46,6 +57,24 @@ class Session:
             return fp
         return found[1]
 
+    def first_hits(self, fp: str, names: Iterable[str]) -> list[str]:
+        """The names not counted as hits by this process before (now they are)."""
+        with self._lock:
+            new = [n for n in names if (fp, n) not in self.hits_counted]
+            self.hits_counted.update((fp, n) for n in new)
+        return new
+
+    def first_task_outcome(self, fp: str, task: str, outcome: str) -> bool:
+        """Whether to count a task's outcome (tasks_hit / tasks_missed): once per task and
+        outcome, and no miss after a hit (a hit after a miss, when another node published
+        meanwhile, does count)."""
+        with self._lock:
+            before = self.tasks_counted.get((fp, task))
+            if before in (outcome, "tasks_hit"):
+                return False
+            self.tasks_counted[(fp, task)] = outcome
+        return True
+
     def warn_once(self, key: str, message: str, *args) -> None:
         with self._lock:
             if key in self._warned:
@@ -58,3 +87,37 @@ class Session:
         self.warn_once("read_only", "shared cache %s refuses this user's writes (%s): "
                        "reading only, nothing will be published", self.transport.display_url,
                        failed.kind)
+
+    def holds_cluster_key(self) -> bool:
+        """Whether this node may move aside or overwrite records it refuses: without a
+        signing key, always (a record it refuses is undecodable for everyone); with one,
+        only when the store's key proof was written with this key (the first keyed node
+        writes it). A node with another key then never touches what it cannot verify."""
+        if not self.signing_key:
+            return True
+        if self.cluster_key is None:
+            try:
+                self.cluster_key = self._claim_key_proof()
+            except StoreFailed:
+                return False
+            if not self.cluster_key:
+                log.warning("shared cache %s: this node's signing key is not the cluster's "
+                            "(%s was written with another key); entries it refuses are left "
+                            "in place", self.transport.display_url, layout.KEY_PROOF_KEY)
+        return self.cluster_key
+
+    def _claim_key_proof(self) -> bool:
+        mine = key_proof(self.signing_key)
+
+        def run(client):
+            pipe = client.pipeline(transaction=False)
+            pipe.set(layout.KEY_PROOF_KEY, mine, nx=True)
+            pipe.get(layout.KEY_PROOF_KEY)
+            return pipe.execute(raise_on_error=False)
+
+        _written, found = self.transport.op(run, "key proof")
+        if isinstance(found, Exception):
+            if classify(found) != "error":
+                raise self.transport.failure(found, "key proof")
+            return False  # another Redis type: nobody's proof
+        return found == mine

@@ -9,8 +9,10 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import re
 
 SIG_FIELD = "sig"
+_SIG_FORMAT = re.compile(r"[0-9a-f]{64}")  # what sign() writes: lowercase hex SHA-256
 
 
 def canonical(record: dict) -> bytes:
@@ -34,7 +36,16 @@ def check(record: dict, key: bytes | None) -> str | None:
     sig = record.get(SIG_FIELD)
     if not isinstance(sig, str) or not sig:
         return "unsigned record while a signing key is configured"
+    if not _SIG_FORMAT.fullmatch(sig):
+        return "malformed signature (not 64 lowercase hex digits)"
     expected = hmac.new(key, canonical(record), hashlib.sha256).hexdigest()
     if not hmac.compare_digest(sig, expected):
         return "bad signature (signed with another key, or altered)"
     return None
+
+
+def key_proof(key: bytes) -> bytes:
+    """What the store's key-proof record holds for key: who wrote it first set the cluster's
+    key, and a node whose own proof differs knows its key is not the cluster's (the proof
+    reveals nothing of the key)."""
+    return hmac.new(key, b"warmd:v1:keyproof", hashlib.sha256).hexdigest().encode()

@@ -1,11 +1,24 @@
 """The store's counters: this process's totals (`counters`), and the per-node and
-per-fingerprint stats kept in Redis (HINCRBYFLOAT), flushed in batches."""
+per-fingerprint stats kept in Redis (HINCRBYFLOAT), flushed in batches.
+
+Counters that cannot be flushed (the store down, paused, full or read-only) are not lost:
+at close they are spooled under <state dir>/store-stats/<store id>/ (the store id is a
+random value the store keeps at warmd:v1:store-id, learnt on first contact), and the next
+process that flushes to the same store adds them (`warmd cache stats` flushes first)."""
 
 from __future__ import annotations
 
+import contextlib
+import json
+import logging
+import os
+import re
 import threading
 import time
+import uuid
+from pathlib import Path
 
+from warmd import settings
 from warmd.stats import BY_ID, F, ids
 from warmd.store import layout
 from warmd.store.api import StoreFailed
@@ -17,6 +30,13 @@ FLUSH_INTERVAL = 10.0
 WARMUP_OWNED = frozenset(ids(F.RUN, without=F.STORE))
 # Counters only the store can know: what warmup reports under these names is ignored.
 STORE_OWNED = frozenset(ids(F.STORE))
+# Failures after which pending counters are kept (the store may take them later); a user the
+# ACL refuses ("denied") never will.
+_KEEP_ON = ("down", "open", "auth", "oom", "readonly")
+MAX_SPOOL_FILES = 1000  # per store: beyond this, the oldest are merged away by the next flush
+_STORE_ID = re.compile(r"^[0-9a-f]{32}$")
+
+log = logging.getLogger("warmd.store")
 
 
 class StoreStats:
@@ -29,6 +49,7 @@ class StoreStats:
         self._pending_fp: dict[str, dict[str, float]] = {}
         self._library_fp: dict[str, str] = {}
         self._last_flush = time.monotonic()
+        self.store_id: str | None = None  # learnt on first contact (learn_store_id)
 
     @property
     def counters(self) -> dict[str, float]:
@@ -81,33 +102,97 @@ class StoreStats:
             self.flush()
 
     def flush(self) -> bool:
-        """Push pending counters to Redis; kept for later when the store is unreachable."""
+        """Push pending counters (and counters spooled by earlier processes) to Redis; kept
+        for later when the store cannot take them."""
         with self._lock:
             node, fps = self._pending_node, self._pending_fp
             self._pending_node, self._pending_fp = {}, {}
         self._last_flush = time.monotonic()
-        if not node and not fps:
+        spooled = self._claim_spool()
+        if not node and not fps and not spooled:
             return True
+        batches = [(self.node, node, fps), *((b["node"], b["counts"], b["fps"])
+                                             for _path, b in spooled)]
 
         def run(client):
+            self.learn_store_id(client, create=True)
             pipe = client.pipeline(transaction=False)
-            key = layout.node_stats_key(self.node)
-            for name, value in node.items():
-                pipe.hincrbyfloat(key, name, value)
-            pipe.hset(key, "last_seen", time.time())
-            pipe.sadd(layout.NODES_KEY, self.node)
-            for fp, bucket in fps.items():
-                for name, value in bucket.items():
-                    pipe.hincrbyfloat(layout.fp_stats_key(fp), name, value)
+            for name_of_node, counts, fp_counts in batches:
+                _queue(pipe, name_of_node, counts, fp_counts)
             return pipe.execute()
 
         try:
             self.transport.op(run, "stats")
-            return True
         except StoreFailed as failed:
-            if failed.kind in ("down", "open", "auth"):
+            self._unclaim_spool(spooled)
+            if failed.kind in _KEEP_ON:
                 self._restore_pending(node, fps)
             return False
+        for path, _batch in spooled:
+            with contextlib.suppress(OSError):
+                path.unlink()
+        return True
+
+    def learn_store_id(self, client, create: bool = False) -> None:
+        """Read (with create, set first on a new store: flushing writes anyway) the store's
+        id: where this process's unflushable counters are spooled, and which spooled
+        counters it may flush."""
+        if self.store_id is not None:
+            return
+        pipe = client.pipeline(transaction=False)
+        if create:
+            pipe.set(layout.STORE_ID_KEY, uuid.uuid4().hex, nx=True)
+        pipe.get(layout.STORE_ID_KEY)
+        found = pipe.execute(raise_on_error=False)[-1]
+        if isinstance(found, bytes) and _STORE_ID.match(found.decode("latin-1")):
+            self.store_id = found.decode()
+
+    def spool(self) -> None:
+        """Write what is still pending (the store could not take it) to the local spool,
+        for the next process that reaches the same store; called at close."""
+        with self._lock:
+            node, fps = self._pending_node, self._pending_fp
+            self._pending_node, self._pending_fp = {}, {}
+        directory = self._spool_dir()
+        if directory is None or not (node or fps):
+            return
+        body = json.dumps({"node": self.node, "counts": node, "fps": fps}).encode()
+        name = f"{os.getpid()}-{uuid.uuid4().hex[:12]}.json"
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            tmp = directory / f".{name}"
+            tmp.write_bytes(body)
+            tmp.replace(directory / name)
+        except OSError as exc:
+            log.warning("shared cache: cannot keep unflushed counters in %s: %s", directory,
+                        exc)
+
+    def _spool_dir(self) -> Path | None:
+        if self.store_id is None:
+            return None
+        return settings.state_dir() / "store-stats" / self.store_id
+
+    def _claim_spool(self) -> list[tuple[Path, dict]]:
+        """Spooled counter files of this store, each renamed to be this process's alone."""
+        directory = self._spool_dir()
+        if directory is None or not directory.is_dir():
+            return []
+        claimed = []
+        for path in sorted(directory.glob("*.json"))[:MAX_SPOOL_FILES]:
+            mine = path.with_name(f".claimed-{os.getpid()}-{path.name}")
+            try:
+                path.rename(mine)
+                batch = json.loads(mine.read_text())
+                claimed.append((mine, _spooled_batch(batch)))
+            except (OSError, ValueError, TypeError):
+                with contextlib.suppress(OSError):
+                    mine.unlink()  # unreadable: nothing to give back
+        return claimed
+
+    def _unclaim_spool(self, claimed: list[tuple[Path, dict]]) -> None:
+        for path, _batch in claimed:
+            with contextlib.suppress(OSError):
+                path.rename(path.with_name(path.name.split("-", 2)[2]))
 
     def _restore_pending(self, node: dict, fps: dict) -> None:
         with self._lock:
@@ -117,6 +202,29 @@ class StoreStats:
                 mine = self._pending_fp.setdefault(fp, {})
                 for name, value in bucket.items():
                     _add(mine, name, value)
+
+
+def _queue(pipe, node: str, counts: dict[str, float], fps: dict[str, dict[str, float]]
+           ) -> None:
+    key = layout.node_stats_key(node)
+    for name, value in counts.items():
+        pipe.hincrbyfloat(key, name, value)
+    pipe.hset(key, "last_seen", time.time())
+    pipe.sadd(layout.NODES_KEY, node)
+    for fp, bucket in fps.items():
+        for name, value in bucket.items():
+            pipe.hincrbyfloat(layout.fp_stats_key(fp), name, value)
+
+
+def _spooled_batch(data: dict) -> dict:
+    """A spooled file's counters, checked: names from the table, finite numbers."""
+    def numbers(bucket) -> dict[str, float]:
+        return {k: float(v) for k, v in bucket.items()
+                if k in BY_ID and isinstance(v, (int, float)) and abs(v) < 1e15}
+
+    fps = data["fps"]
+    return {"node": str(data["node"]), "counts": numbers(data["counts"]),
+            "fps": {str(fp): numbers(b) for fp, b in fps.items()}}
 
 
 def _add(bucket: dict[str, float], name: str, value: float) -> None:

@@ -19,7 +19,8 @@ SCRIPTS = {
     # A task record other than the stale one means published; else take the lease or say who
     # holds it.
     "claim": """
-local rec = redis.call('GET', KEYS[1])
+local rec = false
+if redis.call('TYPE', KEYS[1])['ok'] == 'string' then rec = redis.call('GET', KEYS[1]) end
 if rec and rec ~= ARGV[3] then return {2, ''} end
 if redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then return {1, ''} end
 return {0, redis.call('GET', KEYS[2]) or ''}
@@ -32,12 +33,30 @@ return 0
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
 """,
-    # Move a manifest aside only if it is still the one found bad.
+    # Move a manifest aside only if it is still the one found bad ('' for a key of another
+    # Redis type, which GET cannot read).
     "quarantine": """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+local kind = redis.call('TYPE', KEYS[1])['ok']
+if kind == 'none' then return 0 end
+if kind == 'string' then
+  if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+elseif ARGV[1] ~= '' then return 0 end
 redis.call('DEL', KEYS[1])
 redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
 redis.call('ZREM', KEYS[3], ARGV[4])
+return 1
+""",
+    # Compare and set: write ARGV[2] only if the key still holds ARGV[1] (ARGV[4] == '1':
+    # only if it is absent; ARGV[1] == '': a key of another Redis type).
+    "replace": """
+local kind = redis.call('TYPE', KEYS[1])['ok']
+if ARGV[4] == '1' then
+  if kind ~= 'none' then return 0 end
+elseif kind == 'string' then
+  if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+elseif kind == 'none' or ARGV[1] ~= '' then return 0 end
+redis.call('DEL', KEYS[1])
+redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
 return 1
 """,
 }

@@ -1,0 +1,156 @@
+"""Issue 13, class 6: faults are counted where operators look. Counters a store could not
+take (paused, full) are kept locally and reach `warmd cache stats` once it is back; one
+installed entry is one hit; a node-local refusal is remembered; archives are limited to a
+member count that fits real modules."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import tarfile
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from store_support import DirAdapter, compiles, make_plan, start_test_server, warm
+
+from warmd.cache.artifacts import MAX_MEMBERS, check_artifact, pack_members
+from warmd.cache.base import CacheEntry, IncompatibleHere, UnsafeArtifact
+from warmd.cli import main
+from warmd.store import layout
+
+PLAN = make_plan(2, per_task=2)
+
+
+@pytest.fixture
+def state(tmp_path, monkeypatch) -> Path:
+    monkeypatch.setenv("WARMD_STATE_DIR", str(tmp_path / "state"))
+    return tmp_path / "state"
+
+
+def _spooled(state: Path) -> list[Path]:
+    return sorted((state / "store-stats").glob("*/*.json"))
+
+
+def _node_totals(url: str, node: str) -> dict:
+    result = CliRunner().invoke(main, ["cache", "stats", "--json", "--redis", url])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.output)["nodes"].get(node, {})
+
+
+def test_counters_of_a_paused_store_reach_cache_stats_when_it_returns(tmp_path, caches, state):
+    srv = start_test_server(tmp_path)
+    try:
+        cache = caches(srv.url, node="paused", socket_timeout=0.3)
+        warm(cache, DirAdapter(tmp_path / "a"), PLAN)  # publishes and flushes: store known
+        os.kill(srv.pid, signal.SIGSTOP)
+        try:
+            assert cache.fetch_task(DirAdapter(tmp_path / "b"), next(iter(PLAN))) is None
+            cache.record_outcomes({"compiled": 3})
+            cache.close()
+        finally:
+            os.kill(srv.pid, signal.SIGCONT)
+        assert cache.counters["store_errors"] == 1
+        assert len(_spooled(state)) == 1  # kept locally, not dropped
+        totals = _node_totals(srv.url, "paused")
+        assert totals["store_errors"] == 1 and totals["compiled"] == 4 + 3
+        assert _spooled(state) == []  # flushed once, never twice
+        assert _node_totals(srv.url, "paused")["store_errors"] == 1
+    finally:
+        srv.stop()
+
+
+def test_counters_of_a_full_store_are_kept_until_it_has_room(tmp_path, caches, state):
+    srv = start_test_server(tmp_path)
+    client = srv.client()
+    try:
+        first = caches(srv.url, node="full")
+        warm(first, DirAdapter(tmp_path / "a"), {"testlib/other": ["kernel.other.0001"]})
+        client.config_set("maxmemory-policy", "noeviction")
+        client.config_set("maxmemory", "1")
+        cache = caches(srv.url, node="full")
+        counts = warm(cache, DirAdapter(tmp_path / "b"), PLAN)
+        assert counts["compiled"] == 4 and cache.counters["publish_failed"] == 2
+        cache.close()
+        assert len(_spooled(state)) == 1
+        client.config_set("maxmemory", "0")
+        totals = _node_totals(srv.url, "full")
+        assert totals["publish_failed"] == 2 and totals["compiled"] == 1 + 4
+    finally:
+        client.close()
+        srv.stop()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    srv = start_test_server(tmp_path_factory.mktemp("redis"))
+    yield srv
+    srv.stop()
+
+
+def test_an_installed_entry_is_one_hit(server, rclient, caches, tmp_path):
+    writer = caches(server.url, node="w")
+    warm(writer, DirAdapter(tmp_path / "a"), PLAN)
+    fp = writer.fingerprint(DirAdapter(tmp_path / "a")).digest
+    reader = caches(server.url, node="r")
+    adapter = DirAdapter(tmp_path / "b")
+    reader.prefetch(adapter, list(PLAN))  # what warmup does first, then task by task:
+    for task in PLAN:
+        assert reader.fetch_task(adapter, task) == PLAN[task]
+    assert reader.counters["remote_hits"] == 4 and reader.counters["tasks_hit"] == 2
+    assert "local_hits" not in reader.counters
+    reader.close()
+    stats = {k.decode(): float(v) for k, v in rclient.hgetall(layout.fp_stats_key(fp)).items()}
+    assert stats["remote_hits"] == 4 and stats["tasks_hit"] == 2
+    assert "local_hits" not in stats  # the writer had nothing present when it looked
+
+
+class CountingIncompatibleAdapter(DirAdapter):
+    """The test library on a node that cannot use its entries; counts install attempts."""
+
+    installs = 0
+
+    def install(self, name: str, artifact: bytes) -> CacheEntry:
+        type(self).installs += 1
+        raise IncompatibleHere("built against files missing here")
+
+
+def test_a_node_local_refusal_is_remembered_for_the_process(server, rclient, caches, tmp_path):
+    writer = caches(server.url, node="w")
+    warm(writer, DirAdapter(tmp_path / "a"), PLAN)
+    reader = caches(server.url, node="r")
+    adapter = CountingIncompatibleAdapter(tmp_path / "b")
+    log = tmp_path / "compiles.log"
+    counts = warm(reader, adapter, PLAN, log=log)
+    assert counts["compiled"] == 4 and len(compiles(log)) == 4
+    assert CountingIncompatibleAdapter.installs == 4  # once per entry, not once per look
+    assert reader.counters["refused_here"] == 4 and "quarantined" not in reader.counters
+    task = next(iter(PLAN))
+    fresh = CountingIncompatibleAdapter(tmp_path / "c")
+    assert reader.fetch_task(fresh, task) is None
+    assert CountingIncompatibleAdapter.installs == 4  # not fetched nor tried again
+    assert rclient.exists(layout.manifest_key(writer.fingerprint(adapter).digest, PLAN[task][0]))
+
+
+def _tar_of(count: int) -> bytes:
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w:gz") as tar:
+        for i in range(count):
+            info = tarfile.TarInfo(f"module/f{i}.o")
+            info.size = 1
+            tar.addfile(info, io.BytesIO(b"x"))
+    return raw.getvalue()
+
+
+def test_member_limit_fits_real_modules_and_refuses_floods(tmp_path):
+    # fused_moe_90, FlashInfer's largest sm_90a module: 248 sources -> about 520 members
+    assert MAX_MEMBERS >= 4 * 520
+    assert len(check_artifact(_tar_of(600))) == 600
+    with pytest.raises(UnsafeArtifact, match="members"):
+        check_artifact(_tar_of(MAX_MEMBERS + 1))
+    source = tmp_path / "f"
+    source.write_bytes(b"x")
+    with pytest.raises(UnsafeArtifact, match="refusing to pack"):
+        pack_members([(f"module/f{i}.o", source) for i in range(MAX_MEMBERS + 1)])

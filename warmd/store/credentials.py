@@ -1,0 +1,129 @@
+"""Secrets out of the environment warmd's children inherit.
+
+A store URL's password (WARMD_REDIS_URL=redis://user:pw@host/0, or ?password=...) is
+moved, before any child starts, into a file only the user can read (<state dir>/secrets,
+0700; the file 0600, named by a digest of its content so runs reuse it), and the variable is
+rewritten to point at it: WARMD_REDIS_URL=redis://user@host/0?password_file=PATH. Workers,
+ninja and nvcc (and a Ray worker started from this process) then carry no secret in
+/proc/<pid>/environ, while any of them that opens the store still can. A signing key is
+given as a file (WARMD_SIGNING_KEY_FILE); WARMD_SIGNING_KEY, which children would inherit,
+draws a warning.
+
+No Redis import here: the CLI calls protect_environment() before it knows a store is used.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+from pathlib import Path
+from urllib.parse import parse_qsl, unquote, urlencode
+
+from warmd import settings
+from warmd.errors import WarmdInputError
+
+log = logging.getLogger("warmd.store")
+
+PASSWORD_FILE = "password_file"  # the store URL's query parameter naming a password file
+SECRET_QUERY = re.compile(r"(password|passwd|token|ssl_password)=([^&]*)", re.IGNORECASE)
+_USERINFO_DELIMITERS = "@/?#"
+
+
+def split_userinfo(url: str) -> tuple[str, str, str]:
+    """(scheme://, userinfo, rest). The userinfo runs to the LAST '@' after '://', not to
+    the first '/', '?' or '#' as urlsplit has it: a password may hold those characters."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        scheme, rest = "", url
+    userinfo, at, after = rest.rpartition("@")
+    if not at:
+        return scheme + sep, "", rest
+    return scheme + sep, userinfo, after
+
+
+def unencoded_userinfo(url: str) -> bool:
+    """Whether the user name or password holds a raw '@', '/', '?' or '#': then redis-py,
+    urlsplit and warmd's redaction could each see a different host (refused)."""
+    _head, userinfo, _rest = split_userinfo(url)
+    return any(c in userinfo for c in _USERINFO_DELIMITERS)
+
+
+def protect_environment() -> None:
+    """Move the password of WARMD_REDIS_URL into a 0600 file (see the module's docstring);
+    a no-op when there is none. Bad input is left for the URL's
+    parser to refuse; a state directory that cannot be written leaves the variables as
+    they are (with a warning)."""
+    try:
+        _protect_environment()
+    except OSError as exc:
+        log.warning("cannot move secrets out of the environment (%s); child processes "
+                    "will inherit them", exc)
+
+
+def _protect_environment() -> None:
+    url = settings.redis_url()
+    if url and not settings.store_is_off(url) and not unencoded_userinfo(url):
+        safe = url_without_secrets(url)
+        if safe != url:
+            os.environ["WARMD_REDIS_URL"] = safe
+    if settings.is_set("WARMD_SIGNING_KEY") and not settings.signing_key_file():
+        # Not moved: that would set a second variable (WARMD_SIGNING_KEY_FILE) that outlives
+        # whoever set the first in this process; the file is the way to give a key.
+        log.warning("WARMD_SIGNING_KEY is inherited by child processes; give the key as a "
+                    "file (WARMD_SIGNING_KEY_FILE) instead")
+
+
+def url_without_secrets(url: str) -> str:
+    """url with its password (userinfo or query) replaced by a password_file parameter."""
+    head, userinfo, rest = split_userinfo(url)
+    user, colon, password = userinfo.partition(":")
+    password = unquote(password) if colon else ""
+    base, qmark, query = rest.partition("?")
+    query, hash_, fragment = query.partition("#")
+    kept = []
+    for name, value in parse_qsl(query, keep_blank_values=True):
+        if name.lower() == "password" and not password:
+            password = value
+        else:
+            kept.append((name, value))
+    if not password:
+        return url
+    kept.append((PASSWORD_FILE, str(secret_file("redis-password", password))))
+    return f"{head}{user + '@' if user else ''}{base}?{urlencode(kept)}{hash_}{fragment}"
+
+
+def with_password_file(netloc: str, query: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """query with a password_file parameter resolved into a password parameter (what
+    redis-py reads for every scheme, unix:// included). Raises WarmdInputError for an
+    unreadable file or a URL that also carries a password."""
+    files = [value for name, value in query if name == PASSWORD_FILE]
+    if not files:
+        return query
+    rest = [(name, value) for name, value in query if name != PASSWORD_FILE]
+    if len(files) > 1 or ":" in netloc.rpartition("@")[0] or any(
+            name.lower() == "password" for name, _ in rest):
+        raise WarmdInputError("invalid Redis URL: password_file with another password")
+    try:
+        password = Path(files[0]).read_text().rstrip("\n")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise WarmdInputError(f"cannot read the Redis password_file {files[0]}: "
+                              f"{getattr(exc, 'strerror', None) or exc}") from None
+    return [*rest, ("password", password)]
+
+
+def secret_file(kind: str, secret: str) -> Path:
+    """A 0600 file holding secret under <state dir>/secrets (0700), written once."""
+    directory = settings.state_dir() / "secrets"
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(directory, 0o700)
+    path = directory / f"{kind}-{hashlib.sha256(secret.encode()).hexdigest()[:16]}"
+    if path.exists() and path.read_text() == secret:
+        return path
+    tmp = directory / f".{path.name}.{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(secret)
+    os.replace(tmp, path)
+    return path
