@@ -92,18 +92,26 @@ probe = subprocess.run([sys.executable, "-c",
                         "from warmd.store import open_shared_cache; "
                         "print(open_shared_cache(node='child').ping())"],
                        capture_output=True, text=True)
+from warmd import settings
 print(json.dumps({"parent_ok": parent_ok, "envs": envs, "child": probe.stdout.strip(),
+                  "key": (settings.signing_key() or b"").decode(),
                   "child_err": probe.stderr[-2000:], "url": os.environ["WARMD_REDIS_URL"]}))
 """
 
 
-def test_children_inherit_no_secret_and_can_still_reach_the_store(server, tmp_path):
+@pytest.mark.parametrize("key_as", ["file", "variable"])
+def test_children_inherit_no_secret_and_can_still_reach_the_store(server, tmp_path, key_as):
     url = f"redis://default:{ENCODED}@127.0.0.1:{server.port}/0"
     key_file = tmp_path / "signing.key"
     key_file.write_text(SIGNING_KEY)
-    env = {**os.environ, "WARMD_REDIS_URL": url, "WARMD_SIGNING_KEY_FILE": str(key_file),
-           "WARMD_STATE_DIR": str(tmp_path / "state"), "PYTHONPATH": SRC}
+    env = {**os.environ, "WARMD_REDIS_URL": url, "WARMD_STATE_DIR": str(tmp_path / "state"),
+           "PYTHONPATH": SRC}
     env.pop("WARMD_SIGNING_KEY", None)
+    env.pop("WARMD_SIGNING_KEY_FILE", None)
+    if key_as == "file":
+        env["WARMD_SIGNING_KEY_FILE"] = str(key_file)
+    else:
+        env["WARMD_SIGNING_KEY"] = SIGNING_KEY
     done = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True,
                           env=env, cwd=tmp_path, timeout=120)
     assert done.returncode == 0, done.stderr
@@ -118,7 +126,9 @@ def test_children_inherit_no_secret_and_can_still_reach_the_store(server, tmp_pa
     assert stat.S_IMODE(secrets.stat().st_mode) == 0o700
     for path in secrets.iterdir():
         assert stat.S_IMODE(path.stat().st_mode) == 0o600
-    assert [p.read_text() for p in secrets.iterdir()] == [PASSWORD]
+    moved = [PASSWORD] if key_as == "file" else [PASSWORD, SIGNING_KEY]
+    assert sorted(p.read_text() for p in secrets.iterdir()) == sorted(moved)
+    assert out["key"] == SIGNING_KEY  # the process still signs with the key it was given
 
 
 def test_url_without_secrets_moves_query_passwords_too(tmp_path, monkeypatch):

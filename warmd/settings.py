@@ -108,7 +108,8 @@ KNOBS: tuple[Knob, ...] = (
     Knob("WARMD_SIGNING_KEY_FILE", PATH, None,
          "file holding the HMAC key for manifests; when set, unsigned entries are refused"),
     Knob("WARMD_SIGNING_KEY", STRING, None, "the HMAC key itself (the file wins when both "
-                                            "are set)"),
+                                            "are set); moved into a 0600 file before any "
+                                            "child starts"),
     Knob("WARMD_MAX_ARTIFACT_BYTES", NUMBER, 256 * 1024 * 1024,
          "largest artifact packed, fetched or unpacked (default 256 MiB)"),
     Knob("WARMD_CACHE_TTL_DAYS", NUMBER, 30.0,
@@ -296,6 +297,10 @@ def namespace_override() -> str | None:
     return get("WARMD_NAMESPACE")
 
 
+# WARMD_SIGNING_KEY=<this><path>: the key was moved into that 0600 file (warmd.store.credentials)
+SECRET_FILE_PREFIX = "warmd-secret-file:"
+
+
 def signing_key_file() -> str | None:
     path = get("WARMD_SIGNING_KEY_FILE")
     return str(path) if path else None
@@ -307,6 +312,8 @@ def signing_key() -> bytes | None:
     if path:
         return Path(path).read_bytes().strip()
     value = get("WARMD_SIGNING_KEY")
+    if value and value.startswith(SECRET_FILE_PREFIX):  # moved out of the environment
+        return Path(value[len(SECRET_FILE_PREFIX):]).read_bytes().strip()
     return value.encode() if value else None
 
 

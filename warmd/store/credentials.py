@@ -5,9 +5,9 @@ moved, before any child starts, into a file only the user can read (<state dir>/
 0700; the file 0600, named by a digest of its content so runs reuse it), and the variable is
 rewritten to point at it: WARMD_REDIS_URL=redis://user@host/0?password_file=PATH. Workers,
 ninja and nvcc (and a Ray worker started from this process) then carry no secret in
-/proc/<pid>/environ, while any of them that opens the store still can. A signing key is
-given as a file (WARMD_SIGNING_KEY_FILE); WARMD_SIGNING_KEY, which children would inherit,
-draws a warning.
+/proc/<pid>/environ, while any of them that opens the store still can. A signing key
+given as WARMD_SIGNING_KEY is moved the same way: the variable becomes
+"warmd-secret-file:<path>" (settings.SECRET_FILE_PREFIX), which settings.signing_key() reads.
 
 No Redis import here: the CLI calls protect_environment() before it knows a store is used.
 """
@@ -51,7 +51,8 @@ def unencoded_userinfo(url: str) -> bool:
 
 
 def protect_environment() -> None:
-    """Move the password of WARMD_REDIS_URL into a 0600 file (see the module's docstring);
+    """Move the password of WARMD_REDIS_URL and the key in WARMD_SIGNING_KEY into 0600 files
+    (see the module's docstring);
     a no-op when there is none. Bad input is left for the URL's
     parser to refuse; a state directory that cannot be written leaves the variables as
     they are (with a warning)."""
@@ -68,11 +69,12 @@ def _protect_environment() -> None:
         safe = url_without_secrets(url)
         if safe != url:
             os.environ["WARMD_REDIS_URL"] = safe
-    if settings.is_set("WARMD_SIGNING_KEY") and not settings.signing_key_file():
-        # Not moved: that would set a second variable (WARMD_SIGNING_KEY_FILE) that outlives
-        # whoever set the first in this process; the file is the way to give a key.
-        log.warning("WARMD_SIGNING_KEY is inherited by child processes; give the key as a "
-                    "file (WARMD_SIGNING_KEY_FILE) instead")
+    key = settings.get("WARMD_SIGNING_KEY")
+    if key and not key.startswith(settings.SECRET_FILE_PREFIX):
+        # Rewritten in place (not moved to WARMD_SIGNING_KEY_FILE), so whoever set the variable
+        # in this process also restores it.
+        path = secret_file("signing-key", key)
+        os.environ["WARMD_SIGNING_KEY"] = settings.SECRET_FILE_PREFIX + str(path)
 
 
 def url_without_secrets(url: str) -> str:
