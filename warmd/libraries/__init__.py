@@ -17,6 +17,7 @@ from warmd.libraries.base import CacheRoot, Library, resolve
 _PACKAGES = (
     "deep_gemm",
     "flashinfer",
+    "flashinfer_autotune",
 )
 
 LIBRARIES: dict[str, Library] = {}
