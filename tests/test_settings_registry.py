@@ -115,7 +115,8 @@ def test_one_cuda_home(monkeypatch, tmp_path):
 # ----- the library registry -----
 
 def test_registry_names_every_library_once_with_its_parts():
-    assert tuple(LIBRARIES) == ("deep_gemm", "flashinfer", "flashinfer_autotune")
+    assert tuple(LIBRARIES) == ("deep_gemm", "flashinfer", "flashinfer_autotune",
+                              "triton")
     for name, library in LIBRARIES.items():
         assert library.name == name and display_name(name) == library.display
         assert all(k.library in (name, None) for k in library.kernels)
@@ -133,10 +134,11 @@ def test_registry_names_every_library_once_with_its_parts():
 
 def test_config_cache_keys_are_the_registered_roots():
     keys = {root.config_key for root in cache_roots()}
-    assert keys == {"deep_gemm_dir", "vllm_cache_root", "flashinfer_workspace"}
+    assert keys == {"deep_gemm_dir", "vllm_cache_root", "flashinfer_workspace",
+                    "triton_cache_dir"}
     config = parse_config({"models": [{"path": "/m"}], "cache": {"flashinfer_workspace": "/f"}})
     assert config.to_json()["cache"] == {"deep_gemm_dir": None, "vllm_cache_root": None,
-                                         "flashinfer_workspace": "/f"}
+                                         "flashinfer_workspace": "/f", "triton_cache_dir": None}
     with pytest.raises(WarmdInputError, match="unknown key 'triton_dir'"):
         parse_config({"models": [{"path": "/m"}], "cache": {"triton_dir": "/t"}})
 

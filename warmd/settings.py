@@ -153,6 +153,9 @@ KNOBS: tuple[Knob, ...] = (
     Knob("VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR", PATH, None,
          "vLLM's FlashInfer autotune results (default "
          "`$VLLM_CACHE_ROOT/flashinfer_autotune_cache/<version>/<arch>`): captured and shared"),
+    Knob("TRITON_HOME", PATH, _home, "Triton's home (default `~`)"),
+    Knob("TRITON_CACHE_DIR", PATH, lambda: get("TRITON_HOME") / ".triton" / "cache",
+         "Triton's kernel cache (default `$TRITON_HOME/.triton/cache`): captured and shared"),
     Knob("CUDA_VISIBLE_DEVICES", STRING, None, "GPUs warmd may use, one per worker (set "
          "and empty: none)", empty_is_unset=False),
     Knob("LIBRARY_PATH", STRING, None,
@@ -228,6 +231,10 @@ def flashinfer_workspace_base() -> Path:
 
 def flashinfer_autotune_dir() -> Path:
     return get("FLASHINFER_AUTOTUNE_CACHE_DIR")
+
+
+def triton_cache_dir() -> Path:
+    return get("TRITON_CACHE_DIR")
 
 
 def flashinfer_arch_list() -> str | None:

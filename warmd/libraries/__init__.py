@@ -18,6 +18,7 @@ _PACKAGES = (
     "deep_gemm",
     "flashinfer",
     "flashinfer_autotune",
+    "triton",
 )
 
 LIBRARIES: dict[str, Library] = {}
