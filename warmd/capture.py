@@ -105,12 +105,16 @@ def scope_of(plan, roots: dict[str, Path]) -> CaptureScope:
 
 
 def adapters_for(scope: CaptureScope) -> dict[str, CacheAdapter]:
-    """Every registered library's cache adapter at the scope's roots (those installed)."""
+    """Every registered library's cache adapter at the scope's roots, for the libraries
+    installed here (nothing else can compile into a cache, or use an installed entry)."""
     from warmd.libraries import LIBRARIES, resolve
+    from warmd.probes import probe_library
 
     arch = scope.target_object().arch
     found = {}
     for name, library in LIBRARIES.items():
+        if not probe_library(name).available:
+            continue
         root = scope.roots.get(name) or str(library.root.default())
         try:
             adapter = resolve(library.adapter)(Path(root), arch)
@@ -119,6 +123,27 @@ def adapters_for(scope: CaptureScope) -> dict[str, CacheAdapter]:
         if adapter is not None:
             found[name] = adapter
     return found
+
+
+def missed_by(library: str) -> str:
+    """Which planner rule would have missed a learned entry of this library."""
+    from warmd.libraries import LIBRARIES
+
+    registered = LIBRARIES.get(library)
+    if registered is None:
+        return f"{library}: not a library this warmd knows"
+    if not registered.plans_tasks:
+        return (f"no planner rule: {registered.display} entries are compiled by the engine "
+                "at run time (captured only)")
+    return (f"{registered.display} rules: no task of the plan produced it (the planner did "
+            "not select this kernel, shape or module)")
+
+
+def learned_rows(indexes: list[dict]) -> list[dict]:
+    """One row per learned entry of store.admin.learned_indexes, with the rule that missed it."""
+    return [{"plan": i["plan"], "library": i["library"], "entry": name,
+             "fingerprint": i["fingerprint"], "missed_by": missed_by(i["library"])}
+            for i in indexes for name in i["entries"]]
 
 
 def planned_entries(adapter: CacheAdapter) -> set[str]:
@@ -201,8 +226,10 @@ class Capture:
                  open_shared: Callable[[Target], SharedCache | None],
                  on_runtime_jit: JitCallback | None = None,
                  on_count: CountCallback | None = None, inotify: bool = True,
-                 poll_seconds: float = POLL_SECONDS) -> None:
+                 poll_seconds: float = POLL_SECONDS, env: dict[str, str] | None = None
+                 ) -> None:
         self.node = node
+        self.env = env or {}  # the node's warm environment (namespace, key file)
         self.on_runtime_jit = on_runtime_jit
         self.on_count = on_count
         self.inotify = inotify
@@ -252,9 +279,12 @@ class Capture:
     # ----- lifecycle -----
 
     def start(self) -> None:
-        """Scan (publishing what no task and no learned record names), then watch."""
-        for watched in self._watched:
-            self._catch_up(watched)
+        """Scan (publishing what no task and no learned record names), then watch. The
+        scan runs in the node's warm environment, where each cache's fingerprint is taken
+        (namespace salt, signing key), so the capture publishes where the warmup reads."""
+        with settings.scoped_env(self.env):
+            for watched in self._watched:
+                self._catch_up(watched)
         if self.inotify:
             self._observer = _start_observer(
                 [d for w in self._watched for d in w.adapter.watch_dirs()], self._dirty.set)
@@ -293,10 +323,10 @@ class Capture:
     def _catch_up(self, watched: _Watched) -> None:
         present = {e.name: e for e in _complete(watched.adapter)}
         watched.known = set(present)
-        if watched.shared is None or not present:
+        if watched.shared is None:
             return
         shared_already: set[str] = set()
-        for plan in watched.plans:
+        for plan in watched.plans:  # also fixes the cache's fingerprint, in self.env
             shared_already.update(watched.shared.learned(watched.adapter, plan))
         unplanned = set(present) - planned_entries(watched.adapter) - shared_already
         self._publish(watched, [present[n] for n in sorted(unplanned)])

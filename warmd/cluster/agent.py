@@ -20,7 +20,7 @@ from warmd.cluster.decisions import RetryBackoff
 from warmd.cluster.logs import node_logger
 from warmd.cluster.metrics import AgentMetrics
 from warmd.cluster.state import FAILED, WARM_STATES, WARMING, NodeState, node_records
-from warmd.cluster.work import summarize, warm_node
+from warmd.cluster.work import node_env, summarize, warm_node
 from warmd.config import WarmdConfig
 
 RETRY_FIRST, RETRY_MAX = 30.0, 600.0  # seconds before a FAILED node warms again, doubling
@@ -200,17 +200,20 @@ class NodeAgent:
     def _start_capture(self, scopes: list[dict], url: str | None) -> None:
         from warmd.capture import Capture, CaptureScope
 
+        env = node_env(self.config, self.node_name)
+
         def open_shared(target):
             from warmd.store import open_shared_cache
 
             if settings.store_is_off(url):
                 return None
-            return open_shared_cache(url, target=target, node=self.node_name)
+            with settings.scoped_env(env):  # the signing key the warmup used
+                return open_shared_cache(url, target=target, node=self.node_name)
 
         try:
             capture = Capture(self.node_name, [CaptureScope.from_json(s) for s in scopes],
                               open_shared, on_runtime_jit=self._runtime_jit,
-                              on_count=self._capture_count)
+                              on_count=self._capture_count, env=env)
             capture.start()
         except Exception:  # the node is warm either way; say why nothing is watched
             self.log.exception("capture did not start")
