@@ -27,6 +27,7 @@ pytest.importorskip("flashinfer")
 from ray.cluster_utils import Cluster  # noqa: E402
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noqa: E402
 
+from tests.cluster_support import until  # noqa: E402
 from tests.triton_support import snapshot  # noqa: E402
 from warmd.cluster import RAY_NAMESPACE  # noqa: E402
 from warmd.examples import EXAMPLES_DIR  # noqa: E402
@@ -101,16 +102,6 @@ def node(snap: dict, node_id: str) -> dict:
     return next(n for n in snap["nodes"] if n["node_id"] == node_id)
 
 
-def wait_for(check, timeout: float, interval: float = 0.25):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError("condition not met in time")
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     base = tmp_path_factory.mktemp("capture")
@@ -149,8 +140,8 @@ def test_runtime_jit_is_counted_shared_and_never_compiled_again(cluster):
 
     compiled = ray.get(on(a).remote(), timeout=600)  # the engine compiles in traffic
     finished = time.monotonic()
-    snap = wait_for(lambda: (s := status(base, c.address)[1]) and
-                    sum(node(s, a)["runtime_jit"].values()) >= 2 and s, timeout=30)
+    snap = until(lambda: (s := status(base, c.address)[1]) and
+                    sum(node(s, a)["runtime_jit"].values()) >= 2 and s, timeout=30, interval=0.25)
     seen_after = time.monotonic() - finished
     record = node(snap, a)
     assert record["runtime_jit"] == {"triton": 1, "flashinfer": 1}, record
@@ -162,15 +153,15 @@ def test_runtime_jit_is_counted_shared_and_never_compiled_again(cluster):
     assert "runtime JIT: 2 (last: " in shown.stdout
     failing = cli(base, "status", "--address", c.address, "--fail-on-runtime-jit")
     assert failing.returncode == 1 and "2 kernel(s) compiled after READY" in failing.stderr
-    metrics = wait_for(lambda: (t := _metrics(record["metrics_url"])) and
+    metrics = until(lambda: (t := _metrics(record["metrics_url"])) and
                        "warmd_captured_total" in t and t, timeout=10)
     assert 'warmd_runtime_jit_total{library="triton"' in metrics.replace(
         f'node_id="{a}",', "")
     print(f"engine compiles {compiled}; runtime JIT = 2 in status {seen_after:.2f}s after "
           "they finished")
 
-    wait_for(lambda: sum(node(status(base, c.address)[1], a)["capture"].get(
-        "captured", {}).values()) >= 2, timeout=30)
+    until(lambda: sum(node(status(base, c.address)[1], a)["capture"].get(
+        "captured", {}).values()) >= 2, timeout=30, interval=0.25)
     later = add_node(c, base, "c").node_id
     done = cli(base, "wait-ready", "--address", c.address, "--node-id", later[:12],
                "--timeout", "300")
