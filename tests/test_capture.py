@@ -99,6 +99,8 @@ def test_watcher_sees_a_compile_within_seconds_and_partial_entries_never(server,
     a.start()
     try:
         assert a.mode == "inotify"
+        assert not root.exists()  # the engine's directory: watched once it appears
+        root.mkdir(parents=True)
         partial = root / ("C" * 52)
         partial.mkdir(parents=True)
         (partial / "add_kernel.cubin").write_bytes(b"half")  # no group file yet

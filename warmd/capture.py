@@ -286,7 +286,7 @@ class Capture:
             for watched in self._watched:
                 self._catch_up(watched)
         if self.inotify:
-            self._observer = _start_observer(
+            self._observer = _start_watcher(
                 [d for w in self._watched for d in w.adapter.watch_dirs()], self._dirty.set)
         self._thread = threading.Thread(target=self._loop, name="warmd-capture", daemon=True)
         self._thread.start()
@@ -298,7 +298,6 @@ class Capture:
         if self._observer is not None:
             with contextlib.suppress(Exception):
                 self._observer.stop()
-                self._observer.join(timeout=5)
         if self._thread is not None:
             self._thread.join(timeout=10)
         for shared in {id(w.shared): w.shared for w in self._watched if w.shared}.values():
@@ -306,11 +305,21 @@ class Capture:
                 shared.close()
 
     def _loop(self) -> None:
-        interval = RESCAN_SECONDS if self._observer is not None else self.poll_seconds
+        rescan = time.monotonic()
         while not self._stop.is_set():
-            if self._dirty.wait(timeout=interval):
+            watcher = self._observer
+            # a directory not there yet is looked for at the polling pace
+            interval = RESCAN_SECONDS if watcher is not None and not watcher.pending \
+                else self.poll_seconds
+            woke = self._dirty.wait(timeout=interval)
+            if woke:
                 self._stop.wait(SETTLE_SECONDS)
             self._dirty.clear()
+            adopted = watcher is not None and bool(watcher.pending) and watcher.adopt()
+            if not (woke or adopted or watcher is None
+                    or time.monotonic() - rescan >= RESCAN_SECONDS):
+                continue  # nothing happened: no scan until an event or the rescan time
+            rescan = time.monotonic()
             if self._stop.is_set():
                 return
             try:
@@ -384,29 +393,45 @@ def _refusal(adapter: CacheAdapter, entry: CacheEntry) -> str | None:
         return f"{type(exc).__name__}: {exc}"
 
 
-def _start_observer(dirs: list[Path], wake: Callable[[], None]):
-    """An inotify observer waking the capture on any change under dirs; None (polling)
-    when watchdog is missing or cannot watch here."""
-    try:
+class _Watcher:
+    """inotify over the cache directories (watchdog), waking the capture on any change.
+    Directories that do not exist yet are not created (they are the engine's): ``adopt``
+    starts watching each once it appears."""
+
+    def __init__(self, dirs: list[Path], wake: Callable[[], None]) -> None:
         from watchdog.events import FileSystemEventHandler
         from watchdog.observers import Observer
-    except ImportError:
-        return None
 
-    class _Wake(FileSystemEventHandler):
-        def on_any_event(self, event) -> None:
-            wake()
+        class _Wake(FileSystemEventHandler):
+            def on_any_event(self, event) -> None:
+                wake()
 
-    observer = Observer()
+        self.handler = _Wake()
+        self.pending = [Path(d) for d in dict.fromkeys(dirs)]
+        self.observer = Observer()
+        self.observer.start()
+
+    def adopt(self) -> bool:
+        """Watch the pending directories that exist now; True when one was added."""
+        added = False
+        for directory in [d for d in self.pending if d.is_dir()]:
+            self.observer.schedule(self.handler, str(directory), recursive=True)
+            self.pending.remove(directory)
+            added = True
+        return added
+
+    def stop(self) -> None:
+        self.observer.stop()
+        self.observer.join(timeout=5)
+
+
+def _start_watcher(dirs: list[Path], wake: Callable[[], None]) -> _Watcher | None:
+    """The inotify watcher; None (polling) when watchdog is missing or cannot watch here."""
     try:
-        for directory in dict.fromkeys(dirs):
-            Path(directory).mkdir(parents=True, exist_ok=True)
-            observer.schedule(_Wake(), str(directory), recursive=True)
-        observer.start()
-    except Exception as exc:  # inotify limits, a read-only root: polling still works
+        watcher = _Watcher(dirs, wake)
+        watcher.adopt()
+    except Exception as exc:  # no watchdog, inotify limits: polling still works
         log.warning("capture: inotify unavailable (%s); polling every %.0fs", exc,
                     POLL_SECONDS)
-        with contextlib.suppress(Exception):
-            observer.stop()
         return None
-    return observer
+    return watcher
