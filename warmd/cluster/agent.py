@@ -15,6 +15,7 @@ import threading
 import time
 
 from warmd import settings
+from warmd.capture import MAX_EVENTS
 from warmd.cluster import ray_api
 from warmd.cluster.decisions import RetryBackoff
 from warmd.cluster.logs import node_logger
@@ -24,7 +25,6 @@ from warmd.cluster.work import node_env, summarize, warm_node
 from warmd.config import WarmdConfig
 
 RETRY_FIRST, RETRY_MAX = 30.0, 600.0  # seconds before a FAILED node warms again, doubling
-MAX_EVENTS = 50  # runtime JIT events a node record keeps (its counts keep counting)
 
 
 def warm_shard(config_json: dict, builder: bool, shard: int, shards: int,
@@ -243,7 +243,7 @@ class NodeAgent:
         self.metrics.count_capture(counter, library, amount)
         self._publish()
 
-    def _note_capture(self, capture=None) -> None:
+    def _note_capture(self) -> None:
         with self._lock:
             self.state.capture["mode"] = self.capture.mode if self.capture else "stopped"
         self._publish()
