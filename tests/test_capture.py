@@ -161,3 +161,26 @@ def test_a_restarted_watcher_loses_nothing_and_deleted_entries_count_again(serve
         assert a.counts["runtime_jit"] == {"triton": 1}
     finally:
         a.stop()
+
+
+def test_learned_entries_are_signed_when_signing_is_on(server, tmp_path):
+    root = tmp_path / "a" / "triton"
+    a = Capture("node-a", [scope(tmp_path / "a")], lambda target: open_shared_cache(
+        server.url, target=target, node="node-a", signing_key=b"cluster-key"), inotify=False)
+    a.start()
+    try:
+        compile_add(root)
+        (event,) = a.scan()
+    finally:
+        a.stop()
+    record = server.client().get(next(iter(server.client().scan_iter(
+        match=f"*task:*{learned_task(PLAN, event.entry)}"))))
+    assert b'"sig"' in record
+    for key, installed in ((b"cluster-key", [event.entry]), (b"another-key", [])):
+        dest = TritonCacheAdapter(tmp_path / key.decode() / "triton", arch="9.0a")
+        with open_shared_cache(server.url, target=preset("h200"), node="node-b",
+                               signing_key=key) as shared:
+            assert install_learned(shared, dest, PLAN) == installed
+            refused = shared.counters.get("signature_rejected", 0)
+        assert [e.name for e in dest.list_entries()] == installed
+        assert refused == (0 if installed else 1)
