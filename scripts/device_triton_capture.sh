@@ -7,11 +7,12 @@
 # torch; warmd's adapter needs only the standard library):  bash scripts/device_triton_capture.sh
 # Steps, each a fresh process:
 #   cold      launch 5 kernels into the empty cache A (compiles)
-#   capture   pack every complete entry of A with warmd's adapter; A is then moved away, so
+#   capture   pack every complete entry of A with warmd's adapter (kernels and Triton's
+#             host modules: launchers, cuda_utils); A is then moved away, so
 #             its absolute paths do not exist (as on another node)
 #   install   warmd installs the artifacts into the empty cache B
-#   warm-b    launch the same kernels with cache B: must compile nothing (no new kernel dir,
-#             no file written), timed
+#   warm-b    launch the same kernels with cache B: must build nothing (no new kernel or
+#             host-module dir, no file written), timed
 #   copy-c    control: a plain `cp -r` of A as cache C, launched: Triton recompiles
 #   cold-d    control: a second cold process on an empty cache D (cold time without the
 #             first process's one-off costs)
@@ -121,9 +122,13 @@ result = {"steps": {s: load(f"{s}.json") for s in ("cold", "warm-b", "copy-c", "
           "warm_b": diff("b.before", "b.after"), "copy_c": diff("c.before", "c.after")}
 result["no_compile_on_b"] = not result["warm_b"]["new_kernel_dirs"] and not any(
     "__grp__" in f or f.endswith(".cubin") for f in result["warm_b"]["files_written"])
+# host modules (launchers, cuda_utils) are captured too: nothing at all is built on B
+result["nothing_built_on_b"] = result["no_compile_on_b"] and not result["warm_b"][
+    "new_other_dirs"] and not result["warm_b"]["files_written"]
 json.dump(result, open(out, "w"), indent=1)
 print(json.dumps({"summary": {k: result["steps"][k].get("total_s") for k in result["steps"]},
                   "no_compile_on_b": result["no_compile_on_b"],
+                  "nothing_built_on_b": result["nothing_built_on_b"],
                   "warm_b_new_other_dirs": list(result["warm_b"]["new_other_dirs"].values()),
                   "copy_c_recompiled": bool(result["copy_c"]["files_written"])}))
 PY

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -89,3 +90,30 @@ def test_packing_is_root_independent_and_installs_refuse_unsafe_entries(tmp_path
     assert a.list_entries() == [ea]  # Triton follows the link: complete, but never shipped
     with pytest.raises(UnsafeArtifact, match="not a regular file"):
         a.pack(ea)
+
+
+def test_host_modules_are_entries_valid_at_another_root(tmp_path, monkeypatch):
+    """Triton's C-compiled host modules (launchers, cuda_utils): built by Triton's own
+    build path (here a tiny C source), packed, installed elsewhere, found there."""
+    from triton.runtime.build import compile_so_from_src
+
+    source = "int warmd_probe(void) { return 1; }"
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "a"))
+    built = Path(compile_so_from_src(source, "cuda_utils"))
+    adapter = TritonCacheAdapter(tmp_path / "a")
+    (entry,) = adapter.list_entries()
+    assert built.parent == entry.path and built.name.startswith("cuda_utils.")
+    (entry.path / "tmp.pid_1_x").mkdir()  # Triton's staging beside it: not part of it
+    dest = TritonCacheAdapter(tmp_path / "b")
+    dest.install(entry.name, adapter.pack(entry))
+    shutil.rmtree(tmp_path / "a")
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "b"))
+    before = snapshot(tmp_path / "b")
+    assert Path(compile_so_from_src(source, "cuda_utils")) == tmp_path / "b" / entry.name / \
+        built.name  # found, not built
+    assert snapshot(tmp_path / "b") == before
+    module = tmp_path / "b" / entry.name / built.name
+    two = pack_members([(module.name, module), ("other.cpython-x.so", module)])
+    with pytest.raises(UnsafeArtifact, match="no group file"):
+        dest.install("B" * 52, two)  # not one module: not an entry of either kind
+    assert [e.name for e in dest.list_entries()] == [entry.name]

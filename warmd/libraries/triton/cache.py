@@ -11,7 +11,17 @@ lists exists. So an entry is complete when it holds at least one group file and 
 file its groups list lies in the entry itself as a regular file. Directories without a
 group file (launcher modules, autotune results, a compile in progress) are never entries.
 
-The key does not depend on the cache root, but the group file holds absolute paths
+Triton keeps a second kind of entry in the same root: the host-side modules it builds with
+the C compiler on a process's first launches (``__triton_launcher<EXT_SUFFIX>`` per kernel
+signature, ``cuda_utils<EXT_SUFFIX>`` once), one ``.so`` in a hash directory of its own, no
+group file; Triton loads it when the file exists (``runtime/build.py``; measured on the H200:
+4 such directories, about 0.5 s of a warm process's first launch, when only kernels were
+installed). Its key hashes the C source, the compiler's include and library directories
+and the platform; the file name carries the Python ABI. Such an entry is complete when it
+holds exactly that one regular file (Triton writes it in a ``tmp.pid_*`` subdirectory and
+renames it in place); it holds no path, so it is valid at any root.
+
+The kernels' key does not depend on the cache root, but the group file holds absolute paths
 (measured, triton 3.9: an entry copied to another root is a miss there once the original
 path is gone, and Triton recompiles it; while the original exists the copy reads the
 original's files). So ``pack`` writes the group with bare file names and ``install``
@@ -25,7 +35,9 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import re
+import sysconfig
 import tempfile
 from pathlib import Path
 
@@ -37,6 +49,8 @@ from warmd.probes import dist_version
 LIBRARY = "triton"
 ENTRY_RE = re.compile(r"^[A-Z2-7]{52}$")  # base32 of a sha256, unpadded
 GROUP_RE = re.compile(r"^__grp__.+\.json$")
+MODULE_RE = re.compile(r"^[A-Za-z_]\w*\.[\w.-]+\.so$")  # cuda_utils.cpython-312-x86_64-linux-gnu.so
+TMP_PREFIX = "tmp.pid_"  # Triton's staging subdirectories (never part of an entry)
 MAX_GROUP_BYTES = 1 << 20
 
 
@@ -96,9 +110,23 @@ def _check_safe(path: Path, groups: dict[str, dict[str, str]]) -> None:
                 raise UnsafeArtifact(f"{group} lists {name}: not a regular file in {path}")
 
 
+def host_module(path: Path) -> str | None:
+    """The file name of a host-module entry (one .so, no group file); None otherwise."""
+    try:
+        names = [n for n in os.listdir(path) if not n.startswith(TMP_PREFIX)]
+    except OSError:
+        return None
+    if len(names) == 1 and MODULE_RE.match(names[0]):
+        return names[0]
+    return None
+
+
 def entry_state(path: Path) -> str:
     """'complete' (Triton takes it as cached), 'incomplete' (Triton would compile it) or
     'unsafe' (complete, but not something warmd ships: links, odd names)."""
+    if path.is_dir() and not path.is_symlink() and (module := host_module(path)):
+        return "unsafe" if (path / module).is_symlink() or not (path / module).is_file() \
+            else "complete"
     try:
         groups = read_groups(path)
         _check_present(path, groups)
@@ -142,7 +170,12 @@ class TritonCacheAdapter(CacheAdapter):
 
     def pack(self, entry: CacheEntry) -> bytes:
         """The listed files and the group files, with bare names in the groups (the
-        archive is the same whichever root it was packed from)."""
+        archive is the same whichever root it was packed from); or the host module."""
+        module = host_module(entry.path)
+        if module is not None:
+            if entry_state(entry.path) != "complete":
+                raise UnsafeArtifact(f"{entry.path / module} is not a regular file")
+            return pack_members([(module, entry.path / module)])
         groups = read_groups(entry.path)
         _check_present(entry.path, groups)
         _check_safe(entry.path, groups)
@@ -175,12 +208,22 @@ class TritonCacheAdapter(CacheAdapter):
         kernel; entries are per Triton version and GPU arch. Triton uses the ptxas it ships,
         so the CUDA toolkit is not its input (the common fingerprint still names it)."""
         return {"library": LIBRARY, "version": dist_version(("triton",)), "arch": self.arch,
-                "backend": "cuda"}
+                "backend": "cuda",
+                # host modules: the Python ABI and the platform their key and name carry
+                "host": f"{sysconfig.get_config_var('EXT_SUFFIX')}:{platform.machine()}"}
 
 
 def _relocate(staged: Path, dest: Path) -> None:
-    """Check the staged entry holds exactly its groups' files, then record dest's paths."""
-    groups = read_groups(staged)
+    """Check the staged entry holds exactly its groups' files, then record dest's paths
+    (a host module: exactly its one regular file)."""
+    if host_module(staged) is not None:
+        if entry_state(staged) != "complete":
+            raise UnsafeArtifact(f"artifact for {dest.name} is not one regular module file")
+        return
+    try:
+        groups = read_groups(staged)
+    except IncompleteEntry as exc:  # from the store: neither kind of entry
+        raise UnsafeArtifact(f"artifact for {dest.name} is not a Triton entry: {exc}") from None
     _check_safe(staged, groups)
     listed = {name for children in groups.values() for name in children}
     extra = set(os.listdir(staged)) - listed - set(groups)
