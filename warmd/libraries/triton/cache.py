@@ -15,8 +15,8 @@ Triton keeps a second kind of entry in the same root: the host-side modules it b
 the C compiler on a process's first launches (``__triton_launcher<EXT_SUFFIX>`` per kernel
 signature, ``cuda_utils<EXT_SUFFIX>`` once), one ``.so`` in a hash directory of its own, no
 group file; Triton loads it when the file exists (``runtime/build.py``; measured on the H200:
-4 such directories, about 0.5 s of a warm process's first launch, when only kernels were
-installed). Its key hashes the C source, the compiler's include and library directories
+4 such directories built by a warm process whose kernels were all installed, 0.25 s per
+launcher). Its key hashes the C source, the compiler's include and library directories
 and the platform; the file name carries the Python ABI. Such an entry is complete when it
 holds exactly that one regular file (Triton writes it in a ``tmp.pid_*`` subdirectory and
 renames it in place); it holds no path, so it is valid at any root.
