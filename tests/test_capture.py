@@ -184,3 +184,22 @@ def test_learned_entries_are_signed_when_signing_is_on(server, tmp_path):
             refused = shared.counters.get("signature_rejected", 0)
         assert [e.name for e in dest.list_entries()] == installed
         assert refused == (0 if installed else 1)
+
+
+def test_entries_the_store_did_not_take_are_published_later_and_counted_once(tmp_path):
+    from warmd.store import free_port
+
+    root = tmp_path / "a" / "triton"
+    down = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens: publishing fails
+    a = Capture("node-a", [scope(tmp_path / "a")], lambda target: open_shared_cache(
+        down, target=target, node="node-a"), inotify=False)
+    a.start()
+    try:
+        compile_add(root)
+        (event,) = a.scan()
+        (triton,) = [w for w in a._watched if w.library == "triton"]
+        assert a.total("captured") == 0 and triton.retry == {event.entry}
+        assert a.scan() == []  # tried again, not counted again
+        assert a.counts["runtime_jit"] == {"triton": 1}
+    finally:
+        a.stop()

@@ -211,6 +211,7 @@ class _Watched:
     shared: SharedCache | None
     plans: list[str]
     known: set[str] = field(default_factory=set)
+    retry: set[str] = field(default_factory=set)  # not published yet (vanished, store down)
 
 
 JitCallback = Callable[[RuntimeJit], None]
@@ -330,7 +331,7 @@ class Capture:
     # ----- scanning -----
 
     def _catch_up(self, watched: _Watched) -> None:
-        present = {e.name: e for e in _complete(watched.adapter)}
+        present = {e.name: e for e in _complete(watched.adapter) or []}
         watched.known = set(present)
         if watched.shared is None:
             return
@@ -341,12 +342,20 @@ class Capture:
         self._publish(watched, [present[n] for n in sorted(unplanned)])
 
     def scan(self) -> list[RuntimeJit]:
-        """Look at every cache once: new complete entries are runtime JIT, published."""
+        """Look at every cache once: new complete entries are runtime JIT, published (and
+        those not published yet are tried again, not counted again)."""
         found = []
         for watched in self._watched:
-            current = {e.name: e for e in _complete(watched.adapter)}
+            listed = _complete(watched.adapter)
+            if listed is None:  # unreadable now: judge nothing (a later scan will)
+                continue
+            current = {e.name: e for e in listed}
             new = sorted(set(current) - watched.known)
             watched.known = set(current)  # deleted entries are forgotten
+            again = sorted((watched.retry & set(current)) - set(new))
+            watched.retry &= set(current)
+            if again:
+                self._publish(watched, [current[n] for n in again])
             if not new:
                 continue
             now = time.time()
@@ -366,7 +375,13 @@ class Capture:
     def _publish(self, watched: _Watched, entries: list[CacheEntry]) -> None:
         good = []
         for entry in entries:
-            why = _refusal(watched.adapter, entry)
+            try:
+                why = verify_for_publishing(watched.adapter, entry)
+            except (OSError, ValueError) as exc:  # vanished or being rewritten: try again
+                watched.retry.add(entry.name)
+                log.info("capture: %s %s changed while packing (%s); trying again later",
+                         watched.library, entry.name, exc)
+                continue
             if why is None:
                 good.append(entry)
                 continue
@@ -375,22 +390,18 @@ class Capture:
         if watched.shared is None or not good:
             return
         taken = publish_learned(watched.shared, watched.adapter, watched.plans, good)
+        watched.retry |= {e.name for e in good} - set(taken)  # the store did not take them
+        watched.retry -= set(taken)
         self._count("captured", watched.library, len(taken))
 
 
-def _complete(adapter: CacheAdapter) -> list[CacheEntry]:
+def _complete(adapter: CacheAdapter) -> list[CacheEntry] | None:
+    """The complete entries; None when the cache cannot be read now."""
     try:
         return adapter.list_entries()
     except OSError as exc:  # the cache directory is being removed or is unreadable
         log.warning("capture: cannot list %s: %s", adapter.root, exc)
-        return []
-
-
-def _refusal(adapter: CacheAdapter, entry: CacheEntry) -> str | None:
-    try:
-        return verify_for_publishing(adapter, entry)
-    except (OSError, ValueError) as exc:  # vanished or rewritten while packing
-        return f"{type(exc).__name__}: {exc}"
+        return None
 
 
 class _Watcher:
