@@ -32,10 +32,7 @@ def test_status_shows_runtime_jit_per_node_and_in_total():
             "nodes": [r.to_json() for r in records()], "controller": {"node_id": "c" * 56},
             "store_size": None}
     text = render_status(snap, 200)
-    head = next(line for line in text.splitlines() if "RUNTIME JIT" in line)
-    column = head.index("RUNTIME JIT")
-    rows = [line for line in text.splitlines() if line.startswith(" gpu-")]
-    assert [row[column:].split()[0] for row in rows] == ["2", "0"]
+    # a note under the table for each node that had any (the table keeps its width)
     assert f"gpu-1 aaaaaaaa READY: runtime JIT: 2 (last: triton {'A' * 52} at " in text
     assert "gpu-2 bbbbbbbb READY: runtime JIT" not in text
     assert any(line.startswith("Runtime JIT (compiled after READY)") and line.endswith(" 2")

@@ -481,7 +481,7 @@ def _node_table(nodes: list[dict], width: int, no_node: str | None = None) -> li
     if not nodes:
         return out
     head = ("NODE", "RAY ID", "IP", "GPUS", "STATE", "PROGRESS", "KERNELS", "HIT RATE",
-            "RUNTIME JIT", "LAST WARM")
+            "LAST WARM")
     rows = []
     for n in nodes:
         progress = (f"{n.get('progress_done', 0)}/{n['progress_total']}"
@@ -491,9 +491,8 @@ def _node_table(nodes: list[dict], width: int, no_node: str | None = None) -> li
         rate = f"{100 * n.get('hit_rate', 0):.1f}%" if total else "-"
         last = (f"{_when(n.get('warmed_at'))} ({n.get('warm_seconds', 0):.1f}s)"
                 if n.get("warmed_at") else "-")
-        jit = runtime_jit_total([n])
         rows.append((n.get("name") or "-", n["node_id"][:8], n.get("ip") or "-", _gpus(n),
-                     n["state"], progress, str(total), rate, str(jit), last))
+                     n["state"], progress, str(total), rate, last))
     out += table_lines(head, rows, width, fixed=frozenset({1, 4}))  # ray id, state
     now = time.time()
     for n in nodes:
