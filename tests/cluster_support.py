@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -34,3 +35,14 @@ def warmd(env: dict, *args: str, timeout: float = 400) -> subprocess.CompletedPr
 def warmd_popen(env: dict, *args: str, **kwargs) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "warmd", *args], env=env, text=True,
                             **kwargs)
+
+
+def until(check, timeout: float = 120, interval: float = 0.5):
+    """check()'s first true value, polling; AssertionError when none comes in time."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError("condition not met in time")

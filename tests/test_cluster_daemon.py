@@ -28,6 +28,7 @@ import pytest
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 
+from tests.cluster_support import until  # noqa: E402
 from warmd.cluster import CONTROLLER_NAME, RAY_NAMESPACE, agent_name  # noqa: E402
 from warmd.cluster.state import node_records  # noqa: E402
 from warmd.examples import EXAMPLES_DIR  # noqa: E402
@@ -138,16 +139,6 @@ class World:
         node_id = self.node_id(name)
         self.cluster.remove_node(self.nodes.pop(name))
         until(lambda: self.record(node_id) is None, timeout=90)
-
-
-def until(check, timeout: float = 120, interval: float = 0.5):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError("condition not met in time")
 
 
 @pytest.fixture(scope="module")

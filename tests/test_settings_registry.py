@@ -115,12 +115,16 @@ def test_one_cuda_home(monkeypatch, tmp_path):
 # ----- the library registry -----
 
 def test_registry_names_every_library_once_with_its_parts():
-    assert tuple(LIBRARIES) == ("deep_gemm", "flashinfer")
+    assert tuple(LIBRARIES) == ("deep_gemm", "flashinfer", "flashinfer_autotune",
+                              "triton")
     for name, library in LIBRARIES.items():
         assert library.name == name and display_name(name) == library.display
-        assert library.kernels and all(k.library in (name, None) for k in library.kernels)
+        assert all(k.library in (name, None) for k in library.kernels)
         assert all(ALL_KERNELS[k.name] is k for k in library.kernels)
-        assert callable(resolve(library.executor)) and callable(resolve(library.adapter))
+        assert callable(resolve(library.adapter))
+        # a library warmd plans for has kernels and an executor; a captured-only one neither
+        assert bool(library.kernels) == library.plans_tasks
+        assert library.executor is None or callable(resolve(library.executor))
         assert library.worker_env is None or callable(resolve(library.worker_env))
         assert all(root.env in {k.env for k in settings.KNOBS} for root in library.roots)
         assert probe_names()[:len(LIBRARIES)] == tuple(LIBRARIES)
@@ -130,10 +134,11 @@ def test_registry_names_every_library_once_with_its_parts():
 
 def test_config_cache_keys_are_the_registered_roots():
     keys = {root.config_key for root in cache_roots()}
-    assert keys == {"deep_gemm_dir", "vllm_cache_root", "flashinfer_workspace"}
+    assert keys == {"deep_gemm_dir", "vllm_cache_root", "flashinfer_workspace",
+                    "triton_cache_dir"}
     config = parse_config({"models": [{"path": "/m"}], "cache": {"flashinfer_workspace": "/f"}})
     assert config.to_json()["cache"] == {"deep_gemm_dir": None, "vllm_cache_root": None,
-                                         "flashinfer_workspace": "/f"}
+                                         "flashinfer_workspace": "/f", "triton_cache_dir": None}
     with pytest.raises(WarmdInputError, match="unknown key 'triton_dir'"):
         parse_config({"models": [{"path": "/m"}], "cache": {"triton_dir": "/t"}})
 

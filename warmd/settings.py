@@ -150,6 +150,16 @@ KNOBS: tuple[Knob, ...] = (
          "arch FlashInfer builds for (default: the plan's target)"),
     *(_engine(env, _TOOLCHAIN.get(env, "FlashInfer build knob (in the FlashInfer "
                                        "fingerprint)")) for env in FLASHINFER_COMMAND_ENV),
+    Knob("FLASHINFER_AUTOTUNE_CACHE_DIR", PATH,
+         lambda: flashinfer_workspace_base() / ".cache" / "flashinfer" / "autotune",
+         "FlashInfer's managed autotune store (default "
+         "`$FLASHINFER_WORKSPACE_BASE/.cache/flashinfer/autotune`): captured and shared"),
+    Knob("VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR", PATH, None,
+         "vLLM's FlashInfer autotune results (default "
+         "`$VLLM_CACHE_ROOT/flashinfer_autotune_cache/<version>/<arch>`): captured and shared"),
+    Knob("TRITON_HOME", PATH, _home, "Triton's home (default `~`)"),
+    Knob("TRITON_CACHE_DIR", PATH, lambda: get("TRITON_HOME") / ".triton" / "cache",
+         "Triton's kernel cache (default `$TRITON_HOME/.triton/cache`): captured and shared"),
     Knob("CUDA_VISIBLE_DEVICES", STRING, None, "GPUs warmd may use, one per worker (set "
          "and empty: none)", empty_is_unset=False),
     Knob("LIBRARY_PATH", STRING, None,
@@ -223,6 +233,14 @@ def deep_gemm_key_env() -> dict[str, str]:
 def flashinfer_workspace_base() -> Path:
     """FlashInfer caches under $FLASHINFER_WORKSPACE_BASE/.cache/flashinfer (default: ~)."""
     return get("FLASHINFER_WORKSPACE_BASE")
+
+
+def flashinfer_autotune_dir() -> Path:
+    return get("FLASHINFER_AUTOTUNE_CACHE_DIR")
+
+
+def triton_cache_dir() -> Path:
+    return get("TRITON_CACHE_DIR")
 
 
 def flashinfer_arch_list() -> str | None:

@@ -28,6 +28,7 @@ class F(enum.Flag):
     SHOWN = enum.auto()  # a store counter `warmd cache stats` lists under the summary
     NODE_COLUMN = enum.auto()  # a column of `warmd cache stats`' per-node table
     FP_COLUMN = enum.auto()  # a column of its per-fingerprint table
+    CAPTURE = enum.auto()  # a node agent's capture counts it, per library (warmd.capture)
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,10 @@ COUNTERS: tuple[Stat, ...] = (
     Stat("replaced", "Refused entries replaced by a verified publish", F.STORE | F.SHOWN),
     Stat("publish_blocked", "Publish blocked (a refused entry this key may not replace)",
          F.STORE | F.ERROR | F.SHOWN),
+    # What a node's capture counts after READY (node records, Prometheus `warmd_<id>_total`).
+    Stat("runtime_jit", "Runtime JIT (compiled after READY)", F.CAPTURE | F.ERROR),
+    Stat("captured", "Entries captured and shared", F.CAPTURE),
+    Stat("capture_refused", "Captured entries refused (unsafe)", F.CAPTURE | F.ERROR),
 )
 BY_ID = {s.id: s for s in COUNTERS}
 BY_OUTCOME = {s.outcome: s for s in COUNTERS if s.outcome}

@@ -37,6 +37,10 @@ class CacheAdapter(ABC):
     def list_entries(self) -> list[CacheEntry]:
         """Complete entries only: never one a build is still writing."""
 
+    def watch_dirs(self) -> tuple[Path, ...]:
+        """The directories where new entries appear (what capture watches)."""
+        return (self.root,)
+
     @abstractmethod
     def pack(self, entry: CacheEntry) -> bytes:
         """A deterministic, portable archive of one entry."""

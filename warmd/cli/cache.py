@@ -220,13 +220,24 @@ def _fp_table(fps: dict) -> Table:
 @cache.command(name="ls")
 @click.option("--fingerprint", "fingerprint_", metavar="FP",
               help="List this fingerprint's entries instead of the fingerprints.")
+@click.option("--learned", is_flag=True,
+              help="List learned entries: what nodes compiled after READY that no plan named, "
+                   "per plan, with the planner rule that missed each.")
+@click.option("--plan", "plan_key", metavar="KEY", help="With --learned: only this plan.")
 @store_option
 @json_option
-def ls_cmd(fingerprint_, redis_url, as_json) -> None:
-    """List fingerprints (entries, bytes, last use), or the entries of one fingerprint."""
+def ls_cmd(fingerprint_, learned, plan_key, redis_url, as_json) -> None:
+    """List fingerprints (entries, bytes, last use), the entries of one fingerprint, or the
+    learned entries (--learned)."""
     from warmd.store import admin
 
+    if plan_key and not learned:
+        raise click.UsageError("--plan goes with --learned")
     store = _open(redis_url)
+    if learned:
+        show_learned(_run(store, admin.learned_indexes, plan_key), as_json,
+                     f"Learned entries in {store.display_url}")
+        return
     if fingerprint_:
         items = [admin.entry_json(i) for i in _run(store, admin.entries, fingerprint_)]
         if as_json:
@@ -254,6 +265,20 @@ def ls_cmd(fingerprint_, redis_url, as_json) -> None:
                       str(inputs.get("sms", "-")), str(inputs.get("namespace", "-")),
                       str(r["entries"]), format_bytes(r["bytes"]), _ago(r["last_used"])])
     make_console().print(fitted_table(f"Fingerprints in {store.display_url}", columns, cells))
+
+
+def show_learned(indexes: list[dict], as_json: bool, title: str) -> None:
+    """Learned entries (store.admin.learned_indexes) as a table, or JSON rows."""
+    from warmd.capture import learned_rows
+
+    rows = learned_rows(indexes)
+    if as_json:
+        _echo_json(rows)
+        return
+    columns = [Col("plan", "id"), Col("library"), Col("entry", "id"),
+               Col("missed by", "text")]
+    make_console().print(fitted_table(f"{title} ({len(rows)})", columns, [
+        [r["plan"], r["library"], r["entry"], r["missed_by"]] for r in rows]))
 
 
 # ----------------------------------------------------------------------------- verify

@@ -200,17 +200,23 @@ def stop(address, keep_services, as_json):
 @click.option("--watch", "-w", is_flag=True, help="Refresh until interrupted (Ctrl-C).")
 @click.option("--interval", type=_Seconds(MIN_WATCH_INTERVAL), default=2.0, show_default=True,
               metavar="S", help=f"Refresh interval with --watch (at least {MIN_WATCH_INTERVAL}s).")
-def status(address, config_path, redis_url, namespace, as_json, watch, interval):
+@click.option("--fail-on-runtime-jit", is_flag=True,
+              help="Exit 1 when any node compiled a kernel after READY (canaries, CI).")
+def status(address, config_path, redis_url, namespace, as_json, watch, interval,
+           fail_on_runtime_jit):
     """Per-node warmup state and cluster-wide cache totals.
 
     Asks the controller over Ray; without a reachable cluster it reads the node records
     that the agents keep in Redis. Exit code 0 when every selected node is READY, 1 when
-    one is not, when the config selects no node, or when warmd is not running. --watch
-    ends on Ctrl-C (exit 130) or SIGTERM (exit 143).
+    one is not, when the config selects no node, or when warmd is not running (and, with
+    --fail-on-runtime-jit, when a node compiled a kernel after READY: a warm miss, which
+    `runtime JIT` shows per node). --watch ends on Ctrl-C (exit 130) or SIGTERM (exit 143).
     """
     config = _load(config_path, redis_url, namespace)
     if not watch:
-        sys.exit(_show_status(address, config, as_json, watch=False))
+        code = _show_status(address, config, as_json, watch=False,
+                            fail_on_runtime_jit=fail_on_runtime_jit)
+        sys.exit(code)
     with _stop_on_signals() as rearm:
         while True:
             _show_status(address, config, as_json, watch=True)
@@ -218,7 +224,8 @@ def status(address, config_path, redis_url, namespace, as_json, watch, interval)
             time.sleep(interval)
 
 
-def _show_status(address, config, as_json: bool, watch: bool) -> int:
+def _show_status(address, config, as_json: bool, watch: bool,
+                 fail_on_runtime_jit: bool = False) -> int:
     """Print one status; returns its exit code."""
     from warmd.cluster import client
 
@@ -234,6 +241,16 @@ def _show_status(address, config, as_json: bool, watch: bool) -> int:
         click.echo(render_status(snap))
     if no_node and not watch:
         click.echo(f"warmd: {no_node}", err=True)
+    jit = runtime_jit_total(snap["nodes"])
+    if fail_on_runtime_jit and jit and not watch:
+        click.echo(f"warmd: {jit} kernel(s) compiled after READY (runtime JIT)", err=True)
+    return status_code(snap, no_node, fail_on_runtime_jit)
+
+
+def status_code(snap: dict, no_node: str | None, fail_on_runtime_jit: bool) -> int:
+    """0 when every selected node is READY (and, when asked, none compiled after READY)."""
+    if fail_on_runtime_jit and runtime_jit_total(snap["nodes"]):
+        return 1
     return 0 if _ready(snap) and not no_node else 1
 
 
@@ -330,15 +347,27 @@ def totals(nodes: list[dict]):
     return total
 
 
+def runtime_jit_total(nodes: list[dict]) -> int:
+    return sum(int(v) for n in nodes for v in (n.get("runtime_jit") or {}).values())
+
+
+def runtime_jit_events(nodes: list[dict]) -> list[dict]:
+    """Every node's recorded runtime JIT events (library, entry, node, at), oldest first."""
+    return sorted((e for n in nodes for e in n.get("runtime_jit_events") or []),
+                  key=lambda e: e.get("at") or 0)
+
+
 def status_json(snap: dict) -> dict:
     counters = totals(snap["nodes"])
     summary = counters.to_json()
     summary["kernels"] = counters.kernels
     summary["hit_rate"] = round(counters.hit_rate, 4)
+    summary["runtime_jit"] = runtime_jit_total(snap["nodes"])
     summary["store_size"] = snap.get("store_size")
     return {"running": snap["running"], "source": snap["source"],
             "ray_address": snap.get("ray_address"), "ready": _ready(snap),
-            "controller": snap.get("controller"), "nodes": snap["nodes"], "totals": summary}
+            "controller": snap.get("controller"), "nodes": snap["nodes"], "totals": summary,
+            "runtime_jit": runtime_jit_events(snap["nodes"])}
 
 
 def _when(ts: float | None) -> str:
@@ -379,15 +408,36 @@ def render_status(snap: dict, width: int | None = None) -> str:
     lines += ["", *_node_table(snap["nodes"], width, ctl.get("no_node")), ""]
     counters = totals(snap["nodes"])
     lines.append(counters.render_text("Cluster totals"))
+    lines.append(_runtime_jit_line(snap["nodes"]))
     lines.append(_store_size_line(snap.get("store_size")))
     return "\n".join(lines)
 
 
+_LABEL_WIDTH = len("Corrupt entries rejected") + 2
+
+
+def _runtime_jit_line(nodes: list[dict]) -> str:
+    from warmd.stats import BY_ID
+
+    return f"{BY_ID['runtime_jit'].description:<{_LABEL_WIDTH}}" \
+        f"{runtime_jit_total(nodes):>12}"
+
+
+def _runtime_jit_note(node: dict) -> str | None:
+    """'runtime JIT: 2 (last: triton ABC... at 12:00:01)' for a node that had any."""
+    count = runtime_jit_total([node])
+    if not count:
+        return None
+    events = node.get("runtime_jit_events") or []
+    last = (f" (last: {events[-1]['library']} {events[-1]['entry']} at "
+            f"{_when(events[-1].get('at'))})" if events else "")
+    return f"runtime JIT: {count}{last}"
+
+
 def _store_size_line(size: dict | None) -> str:
-    label_width = len("Corrupt entries rejected") + 2
     value = (f"{format_bytes(int(size.get('used_memory') or 0))}, {size.get('keys', 0)} keys"
              if size else "unknown")
-    return f"{'Store size':<{label_width}}{value:>12}"
+    return f"{'Store size':<{_LABEL_WIDTH}}{value:>12}"
 
 
 def render_stopped(snap: dict) -> str:
@@ -470,6 +520,9 @@ def _node_table(nodes: list[dict], width: int, no_node: str | None = None) -> li
         beat = n.get("heartbeat") or 0
         if beat and now - beat > 60:
             notes.append(f"no heartbeat for {now - beat:.0f}s")
+        jit = _runtime_jit_note(n)
+        if jit:
+            notes.append(jit)
         out += [clip(f"  {_label(n)} {n['state']}: {note}", width) for note in notes]
     return out
 

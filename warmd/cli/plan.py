@@ -16,7 +16,13 @@ from warmd.plan import Plan, PlanRequest, absent_libraries_that_matter, make_pla
 @click.command()
 @plan_options
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
-def plan(request: PlanRequest, as_json: bool) -> None:
+@click.option("--learned", is_flag=True,
+              help="Also list the plan's learned entries: kernels nodes compiled after READY "
+                   "that no task names (read from the shared cache; installed with the plan).")
+@click.option("--redis", "redis_url", metavar="URL",
+              help="With --learned: the shared cache (default: WARMD_REDIS_URL, else the "
+                   "embedded server).")
+def plan(request: PlanRequest, as_json: bool, learned: bool, redis_url: str | None) -> None:
     """Show the kernel each layer will dispatch to and the JIT tasks a warmup would run.
 
     Every rejected kernel is listed with its reason. Plans from any machine, no GPU needed:
@@ -29,10 +35,28 @@ def plan(request: PlanRequest, as_json: bool) -> None:
     """
     result = make_plan(request)
     note_absent_libraries(result)
+    indexes = _learned(result.key, redis_url) if learned else None
     if as_json:
-        click.echo(json.dumps(result.to_json(), indent=2))
-    else:
-        render_plan(result, make_console())
+        data = result.to_json()
+        if indexes is not None:
+            from warmd.capture import learned_rows
+
+            data["learned"] = learned_rows(indexes)
+        click.echo(json.dumps(data, indent=2))
+        return
+    render_plan(result, make_console())
+    if indexes is not None:
+        from warmd.cli.cache import show_learned
+
+        show_learned(indexes, False, "Learned (not planned; installed with the plan)")
+
+
+def _learned(plan_key: str, redis_url: str | None) -> list[dict]:
+    """The plan's learned indexes in the shared cache (exit 1 when it cannot be read)."""
+    from warmd.cli.cache import _open, _run
+    from warmd.store import admin
+
+    return _run(_open(redis_url), admin.learned_indexes, plan_key)
 
 
 def note_absent_libraries(result: Plan) -> None:

@@ -15,12 +15,13 @@ import threading
 import time
 
 from warmd import settings
+from warmd.capture import MAX_EVENTS
 from warmd.cluster import ray_api
 from warmd.cluster.decisions import RetryBackoff
 from warmd.cluster.logs import node_logger
 from warmd.cluster.metrics import AgentMetrics
-from warmd.cluster.state import FAILED, WARMING, NodeState, node_records
-from warmd.cluster.work import summarize, warm_node
+from warmd.cluster.state import FAILED, WARM_STATES, WARMING, NodeState, node_records
+from warmd.cluster.work import node_env, summarize, warm_node
 from warmd.config import WarmdConfig
 
 RETRY_FIRST, RETRY_MAX = 30.0, 600.0  # seconds before a FAILED node warms again, doubling
@@ -69,6 +70,7 @@ class NodeAgent:
         self._stop = threading.Event()
         self._progress: dict[tuple[int, str], tuple[int, int]] = {}
         self.retry = RetryBackoff(RETRY_FIRST, RETRY_MAX)
+        self.capture = None  # warmd.capture.Capture while the node is warm
         self._publish()
         self._thread = threading.Thread(target=self._loop, name="warmd-agent", daemon=True)
         self._thread.start()
@@ -110,6 +112,7 @@ class NodeAgent:
         self._stop.set()
         self._wake.set()
         self._thread.join(timeout=5)
+        self._stop_capture()
         self.metrics.close()
         self.store.close()
         self.log.info("agent stopped")
@@ -143,6 +146,7 @@ class NodeAgent:
             self.retry.succeeded()
 
     def _warm(self) -> None:
+        self._stop_capture()  # what the warmup compiles and installs is not runtime JIT
         with self._lock:
             config, url, target = self.config, self.redis_url, self.target_hash
             self._progress.clear()
@@ -165,8 +169,11 @@ class NodeAgent:
             s.warmed_at = time.time()
             s.store = next((r["store"]["reason"] for r in results
                             if not r.get("store", {}).get("ok", True)), "ok")
+            s.capture = {**s.capture, "learned": summary["learned"]}
             self._schedule_retry()
         self.metrics.observe_warmup(self.state)
+        if self.state.state in WARM_STATES:
+            self._start_capture(summary["capture"], url)
         self.log.info("warmup finished", extra={
             "state": self.state.state, "reason": self.state.reason,
             "kernels": self.state.kernels, "seconds": self.state.warm_seconds})
@@ -200,6 +207,59 @@ class NodeAgent:
                                       config.agent.heartbeat_seconds, tick)
         return [outcome if not isinstance(outcome, Exception) else _worker_failed(i, outcome)
                 for i, outcome in enumerate(outcomes)]
+
+    # --- capture: entries compiled after READY (warmd.capture) ----------------------------
+
+    def _start_capture(self, scopes: list[dict], url: str | None) -> None:
+        from warmd.capture import Capture, CaptureScope
+
+        env = node_env(self.config, self.node_name)
+
+        def open_shared(target):
+            from warmd.store import open_shared_cache
+
+            if settings.store_is_off(url):
+                return None
+            with settings.scoped_env(env):  # the signing key the warmup used
+                return open_shared_cache(url, target=target, node=self.node_name)
+
+        try:
+            capture = Capture(self.node_name, [CaptureScope.from_json(s) for s in scopes],
+                              open_shared, on_runtime_jit=self._runtime_jit,
+                              on_count=self._capture_count, env=env)
+            capture.start()
+        except Exception:  # the node is warm either way; say why nothing is watched
+            self.log.exception("capture did not start")
+            return
+        self.capture = capture
+        self._note_capture()
+
+    def _stop_capture(self) -> None:
+        capture, self.capture = self.capture, None
+        if capture is not None:
+            capture.stop()
+            self._note_capture()
+
+    def _runtime_jit(self, event) -> None:
+        with self._lock:
+            self.state.runtime_jit_events = [*self.state.runtime_jit_events,
+                                             event.to_json()][-MAX_EVENTS:]
+
+    def _capture_count(self, counter: str, library: str, amount: int) -> None:
+        """A capture counter grew: into the record (published now, not at the next
+        heartbeat: a canary asks within seconds) and Prometheus."""
+        with self._lock:
+            s = self.state
+            counts = s.runtime_jit if counter == "runtime_jit" else \
+                s.capture.setdefault(counter, {})
+            counts[library] = counts.get(library, 0) + amount
+        self.metrics.count_capture(counter, library, amount)
+        self._publish()
+
+    def _note_capture(self) -> None:
+        with self._lock:
+            self.state.capture["mode"] = self.capture.mode if self.capture else "stopped"
+        self._publish()
 
     def _finish_failed(self, reason: str) -> None:
         with self._lock:

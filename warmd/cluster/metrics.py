@@ -56,6 +56,10 @@ class AgentMetrics:
                               registry=r)
         self.heartbeat = Gauge("warmd_agent_heartbeat_timestamp_seconds",
                                "Unix time of the agent's last heartbeat", ["node_id"], registry=r)
+        # the capture's counters (stats.COUNTERS with F.CAPTURE): warmd_runtime_jit_total...
+        self.capture = {stat.id: Counter(f"warmd_{stat.id}", stat.description,
+                                         ["node_id", "library"], registry=r)
+                        for stat in select(F.CAPTURE)}
         self._server = None
 
     def observe_state(self, node: NodeState) -> None:
@@ -78,6 +82,9 @@ class AgentMetrics:
             metric.labels(nid).inc(node.counters.get(counter, 0))
         self.store_ok.labels(nid).set(1 if node.store == "ok" else 0)
         self.observe_state(node)
+
+    def count_capture(self, counter: str, library: str, amount: int = 1) -> None:
+        self.capture[counter].labels(self._labels["node_id"], library).inc(amount)
 
     def serve(self, port: int, host: str = "0.0.0.0") -> int:
         """Start the HTTP endpoint; a taken port falls back to any free one. Returns the port."""

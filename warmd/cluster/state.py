@@ -68,6 +68,14 @@ class NodeState:
     counters: dict = field(default_factory=dict)  # warmd.stats.Counters of the last warmup
     changed_at: float = field(default_factory=time.time)
     name: str = ""  # the machine's stable name (settings.node_name)
+    # entries compiled after READY (warmd.capture): library -> count, and the last events
+    runtime_jit: dict = field(default_factory=dict)
+    runtime_jit_events: list = field(default_factory=list)  # RuntimeJit.to_json(), newest last
+    capture: dict = field(default_factory=dict)  # mode, captured, capture_refused, learned
+
+    @property
+    def runtime_jit_total(self) -> int:
+        return sum(int(v) for v in self.runtime_jit.values())
 
     def transition(self, new: str, reason: str = "") -> None:
         if new not in _NEXT.get(self.state, set()):

@@ -32,11 +32,13 @@ class ModelResult:
     reason: str = ""
     counters: dict = field(default_factory=dict)
     failures: list = field(default_factory=list)  # first few failed tasks: key and error
+    learned: int = 0  # captured entries of the plan (warmd.capture) present after the warmup
 
     def to_json(self) -> dict:
         return {"name": self.name, "plan_key": self.plan_key, "tasks": self.tasks,
                 "tasks_failed": self.tasks_failed, "ok": self.ok, "reason": self.reason,
-                "counters": self.counters, "failures": self.failures}
+                "counters": self.counters, "failures": self.failures,
+                "learned": self.learned}
 
 
 def node_env(config: WarmdConfig, node_name: str | None = None) -> dict[str, str]:
@@ -75,22 +77,31 @@ def warm_node(config: WarmdConfig, *, builder: bool = False, shard: int = 0, sha
     """Warm this worker's share (tasks shard, shard+shards, ...) of every configured model.
 
     Never raises for a model, a task or the store: each model's result says what happened.
+    The first worker of a GPU node also installs what other nodes captured for each plan
+    (learned entries, warmd.capture) and says what its capture watches.
     Returns {"models": [...], "store": {"ok", "reason", "url"}, "cache_bytes": {...},
-    "seconds": float, "warm": bool}. With warm_only, a model whose plan has a task that
-    needs its library (not installed and verified from the caches) runs nothing, and
-    "warm" is False: the caller then runs the real warmup (in GPU workers).
+    "capture": [CaptureScope json...], "seconds": float, "warm": bool}. With warm_only, a
+    model whose plan has a task that needs its library (not installed and verified from the
+    caches) runs nothing, and "warm" is False: the caller then runs the real warmup (in GPU
+    workers).
     """
+    from warmd.capture import scope_of
+
     started = time.monotonic()
+    learn = shard == 0 and not builder
     with settings.scoped_env(node_env(config, node_name)):
         results, planned = _plan_all(config, builder, shard, shards, progress, workers,
                                      warm_only)
         store = {"ok": True, "reason": "", "url": None}
         warm = True
         for model, plan, options, result in planned:
-            warm &= _warm_model(model, plan, options, result, redis_url, store, progress)
+            warm &= _warm_model(model, plan, options, result, redis_url, store, progress,
+                                learn)
         sizes = cache_bytes()
+        scopes = [scope_of(plan, options.cache_roots).to_json()
+                  for _m, plan, options, result in planned if learn and result.ok]
     return {"models": [r.to_json() for r in results], "store": store, "cache_bytes": sizes,
-            "seconds": round(time.monotonic() - started, 3), "warm": warm}
+            "capture": scopes, "seconds": round(time.monotonic() - started, 3), "warm": warm}
 
 
 def _plan_all(config: WarmdConfig, builder: bool, shard: int, shards: int,
@@ -136,7 +147,7 @@ def _open_shared(redis_url: str | None, plan, store: dict):
 
 
 def _warm_model(model: ModelConfig, plan, options, result: ModelResult, redis_url: str | None,
-                store: dict, progress: ProgressFn | None) -> bool:
+                store: dict, progress: ProgressFn | None, learn: bool = False) -> bool:
     """Run the model's warmup into result; False when warm_only left tasks unrun."""
     from warmd.warmup import run_warmup
 
@@ -148,6 +159,8 @@ def _warm_model(model: ModelConfig, plan, options, result: ModelResult, redis_ur
 
     try:
         report = run_warmup(plan, options, shared=shared, progress=on_task)
+        if learn and shared is not None:
+            result.learned = _install_learned(plan, options, shared)
     finally:
         if shared is not None:
             _note_store(shared, store)
@@ -165,6 +178,20 @@ def _warm_model(model: ModelConfig, plan, options, result: ModelResult, redis_ur
         result.reason = (f"model {model.name}: {len(report.failed)} of {len(report.reports)} "
                          f"tasks failed; first: {first.task.key}: {first.result.error}")[:600]
     return True
+
+
+def _install_learned(plan, options, shared) -> int:
+    """Install every entry captured on other nodes for this plan (all libraries, the ones
+    warmd plans for and the captured-only ones), before the node says READY."""
+    from warmd.capture import adapters_for, install_learned, scope_of
+
+    installed = 0
+    for adapter in adapters_for(scope_of(plan, options.cache_roots)).values():
+        try:
+            installed += len(install_learned(shared, adapter, plan.key))
+        except Exception:  # the store counts its faults; learned entries only save compiles
+            continue
+    return installed
 
 
 def _note_store(shared, store: dict) -> None:
@@ -193,13 +220,17 @@ def cache_bytes() -> dict[str, int]:
 
 
 def summarize(shards: list[dict]) -> dict:
-    """One node's outcome from its workers' results: state, reason, counters, plan keys."""
+    """One node's outcome from its workers' results: state, reason, counters, plan keys,
+    learned entries installed and what the capture watches."""
     from warmd.stats import Counters
 
     counters = Counters()
     plans, failures, store_reasons, sizes = {}, [], [], {}
+    learned, scopes = 0, []
     for part in shards:
+        scopes += part.get("capture") or []
         for model in part.get("models", []):
+            learned += int(model.get("learned") or 0)
             counters.add(model.get("counters") or {})
             if model.get("plan_key"):
                 plans[model["name"]] = model["plan_key"]
@@ -222,4 +253,4 @@ def summarize(shards: list[dict]) -> dict:
             "compile_seconds": round(counters.compile_seconds, 3),
             "saved_seconds": round(counters.compile_seconds_saved, 3),
             "hit_rate": round(counters.hit_rate, 4), "cache_bytes": sizes,
-            "counters": counters.to_json()}
+            "counters": counters.to_json(), "learned": learned, "capture": scopes}

@@ -31,7 +31,7 @@ def load_executor(library: str, target: str | None = None) -> Executor | str:
     from warmd.libraries import LIBRARIES
 
     registered = LIBRARIES.get(library)
-    if registered is None:
+    if registered is None or registered.executor is None:
         return f"no executor for library {library!r}"
     target = target or registered.executor
     module_name, _, cls_name = target.partition(":")

@@ -38,7 +38,9 @@ class Library:
     display: str  # as messages name it
     probe: Callable[[], LibraryProbe]  # found without importing the library
     kernels: tuple[type[Kernel], ...]  # its kernels (preference order: kernels/preferences.py)
-    executor: str  # "module:Class", made in the worker with no arguments
+    # "module:Class", made in the worker with no arguments; None: a cache warmd only captures
+    # and shares (what the engine compiled at run time), never plans tasks for
+    executor: str | None
     adapter: str  # "module:function" (root, target arch) -> CacheAdapter | None (not here)
     # roots[0] is the cache root the executor compiles into; later ones only feed its default
     roots: tuple[CacheRoot, ...]
@@ -54,6 +56,11 @@ class Library:
     @property
     def root(self) -> CacheRoot:
         return self.roots[0]
+
+    @property
+    def plans_tasks(self) -> bool:
+        """Whether warmd plans and compiles this library's kernels (else: captured only)."""
+        return self.executor is not None
 
 
 def resolve(reference: str) -> Any:

@@ -131,6 +131,26 @@ def _string_reply(reply):
     return reply
 
 
+def learned_indexes(cache: RedisSharedCache, plan_key: str | None = None) -> list[dict]:
+    """Every learned index (warmd.capture), or those of one plan, under any fingerprint:
+    {"fingerprint", "plan", "library", "entries": [names]}, by plan then library."""
+    pattern = layout.learned_key("*", plan_key or "*").replace("{*}", "*")
+
+    def run(client):
+        found = []
+        for key in client.scan_iter(match=pattern, count=500):
+            name = _text(key)
+            fp = name.split("{", 1)[1].split("}", 1)[0]
+            found.append((fp, name.split("}:", 1)[1], client.zrange(key, 0, -1)))
+        return found
+
+    indexes = cache.transport.op(run, "ls")
+    meta = fingerprint_meta(cache, sorted({fp for fp, _plan, _names in indexes}))
+    out = [{"fingerprint": fp, "plan": plan, "library": meta[fp]["library"],
+            "entries": sorted(_text(n) for n in names)} for fp, plan, names in indexes]
+    return sorted(out, key=lambda i: (i["plan"], i["library"], i["fingerprint"]))
+
+
 def entry_json(item: dict) -> dict:
     man: Manifest | None = item["manifest"]
     data = {"name": item["name"], "last_used": item["last_used"],

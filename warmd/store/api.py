@@ -81,6 +81,18 @@ class SharedCache(ABC):
         """Publish the entries a task produced (once per entry cluster-wide) and the task's
         record naming them."""
 
+    # -- learned entries: what the engine compiled that no plan named (warmd.capture) ---------
+
+    def add_learned(self, adapter: CacheAdapter, plan_key: str, names: list[str]) -> bool:
+        """Add entries (each already published as its own task, warmd.capture.learned_task)
+        to the plan's learned index; a set, so nodes adding at once lose nothing. False when
+        the store did not take it (or keeps no index)."""
+        return False
+
+    def learned(self, adapter: CacheAdapter, plan_key: str) -> list[str]:
+        """The entry names in the plan's learned index (empty when none or unreachable)."""
+        return []
+
     def shard_order(self, task_keys: list[str]) -> list[str]:
         """The order this node should try the tasks in, so nodes warming the same plan
         together start on different tasks."""

@@ -70,6 +70,12 @@ def task_key(fp: str, task: str) -> str:
     return f"{PREFIX}task:{{{fp}}}:{task}"
 
 
+def learned_key(fp: str, plan: str) -> str:
+    """The set of entries captured on nodes running a plan (names; each entry has its own
+    signed task record, so this index only says what to fetch)."""
+    return f"{PREFIX}learned:{{{fp}}}:{plan}"
+
+
 def lease_key(fp: str, task: str) -> str:
     return f"{PREFIX}lease:{{{fp}}}:{task}"
 

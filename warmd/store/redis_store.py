@@ -16,6 +16,7 @@ in `counters` and in the store's per-node and per-fingerprint stats. Operator co
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -79,6 +80,37 @@ class RedisSharedCache(SharedCache):
     def publish_task(self, adapter: CacheAdapter, task_key: str, entries: list[CacheEntry],
                      compile_seconds: float) -> None:
         self.publisher.publish_task(adapter, task_key, entries, compile_seconds)
+
+    def add_learned(self, adapter: CacheAdapter, plan_key: str, names: list[str]) -> bool:
+        if not names or self.session.read_only:
+            return False
+        try:
+            key = layout.learned_key(self.session.fingerprint(adapter).digest, plan_key)
+        except Exception:  # the adapter could not describe itself: nothing was published
+            return False
+
+        def run(client):
+            pipe = client.pipeline(transaction=False)
+            pipe.zadd(key, dict.fromkeys(names, time.time()))
+            pipe.pexpire(key, self.session.ttl_ms)
+            return pipe.execute()
+
+        try:
+            self.transport.op(run, "publish")
+        except StoreFailed:
+            return False
+        return True
+
+    def learned(self, adapter: CacheAdapter, plan_key: str) -> list[str]:
+        try:
+            key = layout.learned_key(self.session.fingerprint(adapter).digest, plan_key)
+            names = self.transport.op(lambda c: c.zrange(key, 0, -1), "fetch")
+        except StoreFailed:
+            return []
+        except Exception:
+            return []
+        decoded = [n.decode() if isinstance(n, bytes) else str(n) for n in names or []]
+        return [n for n in decoded if layout.is_entry_name(n)]
 
     def shard_order(self, task_keys: list[str]) -> list[str]:
         """The order in which this node should try a plan's tasks so that N nodes warming the

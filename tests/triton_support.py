@@ -1,0 +1,55 @@
+"""Real Triton compiles for the tests (sm_90 cubins, no GPU needed): the engine stand-in
+that fills TRITON_CACHE_DIR exactly as a serving process would."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+_KERNEL = None
+
+
+def _kernel():
+    global _KERNEL
+    if _KERNEL is None:
+        import triton
+        import triton.language as tl
+
+        @triton.jit
+        def add_kernel(x, y, out, n, BLOCK: tl.constexpr):
+            offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+            mask = offsets < n
+            tl.store(out + offsets, tl.load(x + offsets, mask=mask)
+                     + tl.load(y + offsets, mask=mask), mask=mask)
+
+        _KERNEL = add_kernel
+    return _KERNEL
+
+
+def compile_add(cache_dir: Path, block: int = 128) -> float:
+    """Compile the add kernel for sm_90 into cache_dir; returns the seconds it took."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    os.environ["TRITON_CACHE_DIR"] = str(cache_dir)
+    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # 3.9 warns when unset
+    source = ASTSource(fn=_kernel(), signature={"x": "*fp32", "y": "*fp32", "out": "*fp32",
+                                                "n": "i32", "BLOCK": "constexpr"},
+                       constexprs={"BLOCK": block})
+    started = time.perf_counter()
+    triton.compile(source, target=GPUTarget("cuda", 90, 32))
+    return time.perf_counter() - started
+
+
+def snapshot(root: Path) -> dict[str, int]:
+    """path -> mtime_ns of every file under root: what a compile wrote shows as a change."""
+    return {str(p.relative_to(root)): p.stat().st_mtime_ns for p in root.rglob("*")
+            if p.is_file()}
+
+
+if __name__ == "__main__":  # a separate engine process: python -m tests.triton_support DIR
+    import sys
+
+    print(compile_add(Path(sys.argv[1]), int(sys.argv[2]) if len(sys.argv) > 2 else 128))
