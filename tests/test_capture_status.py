@@ -35,7 +35,7 @@ def test_status_shows_runtime_jit_per_node_and_in_total():
     # a note under the table for each node that had any (the table keeps its width)
     assert f"gpu-1 aaaaaaaa READY: runtime JIT: 2 (last: triton {'A' * 52} at " in text
     assert "gpu-2 bbbbbbbb READY: runtime JIT" not in text
-    assert any(line.startswith("Runtime JIT (compiled after READY)") and line.endswith(" 2")
+    assert any(line.startswith("Runtime JIT (after READY)") and line.endswith(" 2")
                for line in text.splitlines())
     summary = status_json(snap)
     assert status_code(snap, None, fail_on_runtime_jit=False) == 0

@@ -80,7 +80,7 @@ COUNTERS: tuple[Stat, ...] = (
     Stat("store_errors", "Store errors", F.STORE | F.ERROR | F.TROUBLE | F.DOWN | F.SHOWN),
     Stat("store_skipped", "Skipped (breaker open)", F.STORE | F.TROUBLE | F.DOWN | F.SHOWN),
     Stat("install_failed", "Installs failed here", F.STORE | F.ERROR),
-    Stat("fetch_failed", "Fetches failed (unexpected error)", F.STORE | F.ERROR | F.SHOWN),
+    Stat("fetch_failed", "Fetches failed (bug)", F.STORE | F.ERROR | F.SHOWN),
     Stat("tasks_hit", "Tasks found complete", F.STORE),
     Stat("tasks_missed", "Tasks not found", F.STORE),
     Stat("leases_acquired", "Leases acquired", F.STORE),
@@ -91,11 +91,11 @@ COUNTERS: tuple[Stat, ...] = (
     Stat("lease_timeouts", "Waits timed out", F.STORE | F.ERROR | F.SHOWN),
     Stat("lease_lost", "Leases lost while compiling", F.STORE | F.ERROR),
     # Hardening (issue 13): what happened to entries this node refused.
-    Stat("replaced", "Refused entries replaced by a verified publish", F.STORE | F.SHOWN),
-    Stat("publish_blocked", "Publish blocked (a refused entry this key may not replace)",
+    Stat("replaced", "Refused entries replaced", F.STORE | F.SHOWN),
+    Stat("publish_blocked", "Replace refused (no key)",
          F.STORE | F.ERROR | F.SHOWN),
     # What a node's capture counts after READY (node records, Prometheus `warmd_<id>_total`).
-    Stat("runtime_jit", "Runtime JIT (compiled after READY)", F.CAPTURE | F.ERROR),
+    Stat("runtime_jit", "Runtime JIT (after READY)", F.CAPTURE | F.ERROR),
     Stat("captured", "Entries captured and shared", F.CAPTURE),
     Stat("capture_refused", "Captured entries refused (unsafe)", F.CAPTURE | F.ERROR),
 )
@@ -181,7 +181,8 @@ Counters.__doc__ = "One set of cache counters, for a warmup run and the cluster 
 
 def render_details(totals: dict) -> list[str]:
     """The store counters `warmd cache stats` lists under the Counters summary."""
-    return [f"{_label(s):<26}{int(totals.get(s.id, 0)):>12}" for s in select(F.SHOWN)]
+    width = max([26, *(len(_label(s)) + 2 for s in select(F.SHOWN))])
+    return [f"{_label(s):<{width}}{int(totals.get(s.id, 0)):>12}" for s in select(F.SHOWN)]
 
 
 def _label(stat: Stat) -> str:
