@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from warmd import settings
-from warmd.cache.base import CacheAdapter, CacheEntry, UnsafeArtifact
+from warmd.cache.base import RECORD_DIR, CacheAdapter, CacheEntry, UnsafeArtifact
 from warmd.stats import F, ids
 
 if TYPE_CHECKING:
@@ -148,8 +148,6 @@ def learned_rows(indexes: list[dict]) -> list[dict]:
 
 def planned_entries(adapter: CacheAdapter) -> set[str]:
     """Entries a warmup task produced on this node (its local task records name them)."""
-    from warmd.warmup import RECORD_DIR
-
     names: set[str] = set()
     for path in (adapter.root / RECORD_DIR).glob("*.json"):
         with contextlib.suppress(OSError, ValueError, AttributeError):

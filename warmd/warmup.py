@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from warmd import settings
-from warmd.cache.base import CacheAdapter, CacheEntry
+from warmd.cache.base import RECORD_DIR, CacheAdapter, CacheEntry
 from warmd.errors import WarmdInputError
 from warmd.executors.base import KernelOutcome, KernelStage, TaskResult
 from warmd.executors.pool import Worker, failed_result
@@ -47,7 +47,6 @@ from warmd.stats import BY_OUTCOME, Counters, F, ids
 if TYPE_CHECKING:  # the interface only: warming without a store imports no store client
     from warmd.store.api import SharedCache
 
-RECORD_DIR = ".warmd/tasks"
 GPU_WORKERS_PER_GPU = 4  # processes sharing one GPU (each holds a CUDA context and inputs)
 GIB_PER_COMPILE = 2  # memory one nvcc or ninja job may take
 # How a task's hits were counted: from verified entries alone, or by running its library.
