@@ -181,8 +181,7 @@ Counters.__doc__ = "One set of cache counters, for a warmup run and the cluster 
 
 def render_details(totals: dict) -> list[str]:
     """The store counters `warmd cache stats` lists under the Counters summary."""
-    width = max([26, *(len(_label(s)) + 2 for s in select(F.SHOWN))])
-    return [f"{_label(s):<{width}}{int(totals.get(s.id, 0)):>12}" for s in select(F.SHOWN)]
+    return [f"{_label(s):<26}{int(totals.get(s.id, 0)):>12}" for s in select(F.SHOWN)]
 
 
 def _label(stat: Stat) -> str:
