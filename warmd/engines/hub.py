@@ -15,13 +15,9 @@ from warmd.examples import resolve_model_path
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
-def hub_cache_dir() -> Path:
-    return settings.hub_cache_dir()
-
-
 def cached_snapshot(hub_id: str, cache: Path | None = None) -> Path | None:
     """The cached snapshot directory holding config.json for hub_id, or None."""
-    repo = (cache or hub_cache_dir()) / ("models--" + hub_id.replace("/", "--"))
+    repo = (cache or settings.hub_cache_dir()) / ("models--" + hub_id.replace("/", "--"))
     snapshots = repo / "snapshots"
     ref = repo / "refs" / "main"
     if ref.is_file():
@@ -42,6 +38,6 @@ def resolve_model(model: str) -> str:
     if snapshot is None:
         raise WarmdInputError(
             f"model {model!r} is not a local path and has no config.json in the local Hugging "
-            f"Face cache ({hub_cache_dir()}); warmd never downloads: fetch the model first or "
-            "give its directory")
+            f"Face cache ({settings.hub_cache_dir()}); warmd never downloads: fetch the model "
+            "first or give its directory")
     return str(snapshot)
