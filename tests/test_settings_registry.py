@@ -64,6 +64,13 @@ def test_knob_types_and_defaults(monkeypatch, tmp_path):
         monkeypatch.setenv("WARMD_REDIS_TIMEOUT", bad)
         with pytest.raises(WarmdInputError, match="WARMD_REDIS_TIMEOUT must be a positive"):
             settings.redis_timeout()
+    assert settings.get("WARMD_COMPILE_NICE") == 10
+    monkeypatch.setenv("WARMD_COMPILE_NICE", "0")
+    assert settings.get("WARMD_COMPILE_NICE") == 0  # a whole number: 0 means no nice
+    for bad in ("-1", "2.5", "low"):
+        monkeypatch.setenv("WARMD_COMPILE_NICE", bad)
+        with pytest.raises(WarmdInputError, match="WARMD_COMPILE_NICE must be a whole"):
+            settings.get("WARMD_COMPILE_NICE")
     monkeypatch.setenv("WARMD_DISABLED_KERNELS", " A, ,B")
     monkeypatch.setenv("VLLM_DISABLED_KERNELS", "C")  # the engine's: warmd.engines
     assert settings.disabled_kernels() == {"A", "B"}

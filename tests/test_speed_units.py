@@ -8,6 +8,7 @@ import hashlib
 import json
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,8 @@ from warmd.libraries.deep_gemm.nvcc_shim import (
     compile_job,
     parse_compile,
     read_compiles,
+    save_job,
+    set_compile_nice,
     write_shim,
 )
 from warmd.plan import Task
@@ -160,6 +163,9 @@ def test_stage_without_a_gpu_degrades_to_the_workers_and_cleans_up(tmp_path):
     env = stage.start()
     shim = Path(env["DG_JIT_NVCC_COMPILER"])
     assert shim.is_file() and shim.parent == stage.run
+    began = time.monotonic()
+    stage.hold_workers()  # the discovery ended (it could not run): workers start at once
+    assert time.monotonic() - began < 30
     proc = _deepgemm_call(shim, tmp_path, 7, "k.cubin")
     assert proc.wait() == 0, proc.stdout.read()
     entry = root / "cache" / "kernel.test.0123456789abcdef"  # as DeepGEMM would rename it
@@ -172,8 +178,34 @@ def test_stage_without_a_gpu_degrades_to_the_workers_and_cleans_up(tmp_path):
     assert summary["nvcc_runs"] == summary["distinct_sources"] == 1
     assert summary["discovery_errors"] and "deep_gemm" in summary["discovery_errors"][0]
     assert summary["nvcc_args"] == ["{source}", "-cubin", "-o", "{output}", *FLAGS]
+    timeline = summary["timeline"]
+    assert timeline["discovery"] == []  # no discovery process got as far as a task
+    assert len(timeline["kernels_known"]) == len(timeline["nvcc_began"]) == 5
+    assert 0 <= timeline["kernels_known"][0] <= timeline["nvcc_began"][0]
+    assert timeline["last_nvcc_end"] > timeline["nvcc_began"][-1]
+    assert 0 < timeline["slots_busy"] <= 1
     assert not stage.run.exists()
     assert json.dumps(summary)  # goes into the report as is
+
+
+def test_compiles_run_at_the_configured_nice(tmp_path):
+    """Every nvcc of a run starts at the run's nice increment (discovery keeps the CPU);
+    the compiler here is a script that reports its own niceness as its output."""
+    run = tmp_path / "run"
+    run.mkdir()
+    compiler = tmp_path / "report-nice"
+    compiler.write_text('#!/bin/sh\nfor a; do [ "$prev" = -o ] && out=$a; prev=$a; done\n'
+                        'nice > "$out"\n')
+    compiler.chmod(0o755)
+    base = int(subprocess.run(["nice"], capture_output=True, text=True).stdout)
+    seen = []
+    for nice in (0, 7):
+        set_compile_nice(run, nice)
+        job = save_job(run, ["{source}", "-cubin", "-o", "{output}", f"-DNICE={nice}"],
+                       b"// kernel\n")
+        assert compile_job(run, job, str(compiler)) is None
+        seen.append(int(job.cubin.read_text()))
+    assert seen == [base, min(19, base + 7)]
 
 
 def test_controller_reconciles_early_only_when_the_alive_nodes_change():
@@ -217,3 +249,39 @@ def test_compile_slots_bound_every_compile_on_the_node(tmp_path):
     assert len(spans) == 3
     assert all(end <= start + 0.05
                for (_s, end), (start, _e) in zip(spans, spans[1:], strict=False))
+
+
+def test_discovery_cuts_few_tasks_into_consecutive_m_ranges():
+    """Four tasks for eight discovery processes: each cut in two pieces of consecutive M
+    values covering its M values once; a task of three M values stays whole; as many tasks
+    as processes are not cut."""
+    from warmd.libraries.deep_gemm.compiler import discovery_units
+
+    tasks = [Task(key=f"deep_gemm/fp8_gemm_nt/t{i}", library="deep_gemm",
+                  kernel="fp8_gemm_nt", n=256, k=128, m=tuple(range(1, 100 + 10 * i)))
+             for i in range(3)]
+    small = Task(key="deep_gemm/fp8_gemm_nt/small", library="deep_gemm",
+                 kernel="fp8_gemm_nt", n=256, k=128, m=(64, 1, 8))
+    units = discovery_units([*tasks, small], 8)
+    assert len(units) == 7 and units[-1] == small
+    for task in tasks:
+        pieces = [u for u in units if u.key.startswith(task.key + "@")]
+        assert len(pieces) == 2
+        assert sorted(m for p in pieces for m in p.m) == sorted(task.m)
+        assert max(pieces[0].m) < min(pieces[1].m)
+        assert {(p.n, p.k, p.kernel) for p in pieces} == {(task.n, task.k, task.kernel)}
+    assert discovery_units(tasks * 3, 8) == tasks * 3
+
+
+def test_a_bad_compile_nice_is_the_users_error_not_a_fallback(tmp_path, monkeypatch):
+    """The stage reads WARMD_COMPILE_NICE before it starts anything; warmup lets the input
+    error through (one line, exit 2) instead of falling back to per-task compiles."""
+    from warmd.errors import WarmdInputError
+    from warmd.libraries.deep_gemm.compiler import DeepGemmKernelStage
+
+    monkeypatch.setenv("WARMD_COMPILE_NICE", "high")
+    task = Task(key="deep_gemm/fp8_gemm_nt/128x256/t", library="deep_gemm",
+                kernel="fp8_gemm_nt", n=256, k=128, m=(1, 64))
+    with pytest.raises(WarmdInputError, match="WARMD_COMPILE_NICE"):
+        DeepGemmKernelStage(tmp_path / "dg", [task], jobs=2, gpu_ids=[], env={})
+    assert not (tmp_path / "dg").exists()

@@ -19,6 +19,7 @@ from typing import Any
 
 # Knob types: how a set value is read. An unset or empty variable always means the default.
 STRING, PATH, NUMBER, FLAG, NAMES = "string", "path", "positive number", "flag", "names"
+WHOLE = "whole number"  # 0, 1, 2...
 _FALSE = ("0", "false")
 
 
@@ -27,7 +28,8 @@ class Knob:
     """One environment variable warmd reads."""
 
     env: str
-    kind: str  # STRING, PATH, NUMBER (positive), FLAG (0/false: off) or NAMES (a,b,c)
+    kind: str  # STRING, PATH, NUMBER (positive), WHOLE (0, 1...), FLAG (0/false: off) or
+    # NAMES (a,b,c)
     default: Any  # the value when unset, or a function of nothing computing it
     doc: str
     empty_is_unset: bool = True  # False: an empty value means something (no GPU visible)
@@ -56,7 +58,16 @@ def _number(var: str, raw: str) -> float:
     return value
 
 
+def _whole(var: str, raw: str) -> int:
+    from warmd.errors import WarmdInputError
+
+    if not raw.strip().isdigit():
+        raise WarmdInputError(f"{var} must be a whole number (0, 1, 2...), got {raw!r}")
+    return int(raw)
+
+
 _PARSERS: dict[str, Callable[[str, str], Any]] = {
+    WHOLE: _whole,
     STRING: lambda _var, raw: raw,
     PATH: lambda _var, raw: Path(raw),
     NUMBER: _number,
@@ -121,6 +132,9 @@ KNOBS: tuple[Knob, ...] = (
          "kept in `<state dir>/node-id`)"),
     Knob("WARMD_EMBEDDED_MAXMEMORY", STRING, "4gb",
          "maxmemory of the embedded Redis (default `4gb`; `0`: no limit)"),
+    Knob("WARMD_COMPILE_NICE", WHOLE, 10,
+         "nice increment of the nvcc runs of DeepGEMM's kernel stage (default 10), so its "
+         "discovery, the engine and serving keep the CPU first; `0`: none"),
     Knob("WARMD_CONFIG", PATH, None,
          "the daemon's warmd.yaml (default: the embedded example config)"),
     Knob("WARMD_METRICS_PORT", STRING, None,

@@ -658,6 +658,8 @@ def _start_cold_work(run: _Run, cold: list[Task]) -> list[Worker]:
 
     def env_for(index: int) -> Callable[[], dict[str, str]]:
         def make() -> dict[str, str]:
+            for stage in list(run.stages.values()):
+                stage.hold_workers()  # its start-up first: processes starting at once slow
             with lock:
                 if not shared_env:
                     env = {**worker_env(run.plan, options, libraries), **extra}
@@ -686,6 +688,8 @@ def _start_stages(run: _Run, cold: list[Task], jobs: int, ids: list[str]) -> dic
         try:
             stage = resolve(registered.kernel_stage)(adapter.root, tasks, jobs, ids, base)
             extra.update(stage.start())
+        except WarmdInputError:
+            raise  # a setting of the user's is wrong: said in one line, not worked around
         except Exception as exc:  # the tasks then compile per task, as without a stage
             log.warning("%s kernel stage did not start: %s", library, exc)
             continue

@@ -61,6 +61,9 @@ class KernelStage(Protocol):
     def start(self) -> dict[str, str]:
         """Start in the background; the environment the library's workers need meanwhile."""
 
+    def hold_workers(self) -> None:
+        """Block until the library's workers may start (the stage's own start-up done)."""
+
     def compile_seconds(self, entry: str) -> float | None:
         """What compiling this entry took, when the stage compiled it."""
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import logging
 import os
 import queue
@@ -35,6 +36,7 @@ import threading
 import time
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 from warmd import settings
@@ -44,16 +46,23 @@ from warmd.libraries.deep_gemm.nvcc_shim import (
     BUILD,
     RECORD,
     Job,
+    build_placeholder,
     compile_job,
     make_slots,
     read_compiles,
+    set_compile_nice,
     write_shim,
 )
 from warmd.plan import Task
 
 RECORDER = "warmd.libraries.deep_gemm.executor:DeepGemmRecorder"
-RECORDERS_PER_GPU = 4  # discovery processes per GPU: discovery is what compiles wait on
+# Discovery processes on the node (at most one per two compile jobs). Few: processes that
+# import torch at once slow each other down (on the H200 node one took 3.6 s alone, eight
+# with four workers 6.3-7.3 s each), and one process names about 17 kernels a second once
+# started, faster than any node compiles them.
+RECORDERS = 2
 POLL_SECONDS = 0.05
+WORKERS_HELD_SECONDS = 60.0  # at most: a discovery that never gets going holds no one
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +100,7 @@ class DeepGemmKernelStage:
         self.gpu_ids = list(gpu_ids)
         self.env = dict(env)
         self.nvcc = real_nvcc()
+        self.nice = settings.get("WARMD_COMPILE_NICE")
         # DeepGEMM's own scratch directory: same filesystem, never read as entries.
         self.run = self.root / "tmp" / f"warmd-{uuid.uuid4().hex[:12]}"
         self.pool = ThreadPoolExecutor(self.jobs, thread_name_prefix="dg-nvcc")
@@ -100,11 +110,15 @@ class DeepGemmKernelStage:
         self.record_errors: list[str] = []
         self.seeded = 0
         self.began = self.discovered_at = 0.0
+        self.began_wall = 0.0
         self.stopped = threading.Event()
         self.discovery_done = threading.Event()
         self.lock = threading.Lock()
         self.threads: list[threading.Thread] = []
         self.discovering = 0  # discovery threads still running
+        # Set once discovery has named a kernel (its processes are up) or ended: the
+        # library's workers start then, not alongside the discovery processes' start-up.
+        self.discovery_started = threading.Event()
 
     # -- starting --
 
@@ -113,7 +127,7 @@ class DeepGemmKernelStage:
             raise RuntimeError("DeepGEMM compiles in-process with NVRTC (DG_JIT_USE_NVRTC)")
         if not Path(self.nvcc).is_file():
             raise RuntimeError(f"nvcc not found at {self.nvcc}")
-        self.began = time.monotonic()
+        self.began, self.began_wall = time.monotonic(), time.time()
         try:
             return self._start()
         except BaseException:
@@ -124,15 +138,20 @@ class DeepGemmKernelStage:
     def _start(self) -> dict[str, str]:
         (self.run / "jobs").mkdir(parents=True)
         make_slots(self.run, self.jobs)  # the pool's and the workers' compiles together
+        set_compile_nice(self.run, self.nice)
+        arch = local_arch_flag()
+        if arch:  # ready before the first recorded kernel asks for it
+            self._thread(self._build_placeholder, arch)
         record_root = self.run / "record"
         self.seeded = seed_entries(DeepGemmCacheAdapter(self.root), record_root)
         recorder_env = {**self.env, "DG_JIT_CACHE_DIR": str(record_root),
                         "DG_JIT_NVCC_COMPILER": str(write_shim(self.run, RECORD, self.nvcc))}
+        count = max(1, min(RECORDERS, self.jobs // 2))
         pending: queue.Queue[Task] = queue.Queue()
-        for task in self.tasks:
-            pending.put(task)
-        count = max(1, min(RECORDERS_PER_GPU * max(1, len(self.gpu_ids)), len(self.tasks),
-                           self.jobs))
+        units = discovery_units(self.tasks, count)
+        for unit in units:
+            pending.put(unit)
+        count = min(count, len(units))
         self.discovering = count
         for index in range(count):
             env = dict(recorder_env)
@@ -148,6 +167,10 @@ class DeepGemmKernelStage:
         thread = threading.Thread(target=target, args=args, daemon=True)
         thread.start()
         self.threads.append(thread)
+
+    def _build_placeholder(self, arch: str) -> None:
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            build_placeholder(self.run, self.nvcc, arch)
 
     def _discover(self, worker: Worker, pending: queue.Queue[Task]) -> None:
         while not self.stopped.is_set():
@@ -165,6 +188,7 @@ class DeepGemmKernelStage:
             if self.discovering == 0:
                 self.discovered_at = time.monotonic()
                 self.discovery_done.set()
+                self.discovery_started.set()
 
     def _watch(self) -> None:
         """Hand each recorded job to the compile pool as soon as it is written."""
@@ -185,6 +209,7 @@ class DeepGemmKernelStage:
             if job.key in self.futures or not job.ready:
                 continue
             self.futures[job.key] = self.pool.submit(self._compile, job)
+            self.discovery_started.set()
 
     def _compile(self, job: Job) -> str | None:
         if self.stopped.is_set():
@@ -201,6 +226,11 @@ class DeepGemmKernelStage:
 
     # -- during and after the run --
 
+    def hold_workers(self, timeout: float = WORKERS_HELD_SECONDS) -> None:
+        """Return once the library's workers should start: when discovery has named its
+        first kernel or ended (or after timeout)."""
+        self.discovery_started.wait(timeout)
+
     def compile_seconds(self, entry: str) -> float | None:
         """nvcc's time for an entry of the real cache this run compiled (by its source)."""
         try:
@@ -216,6 +246,7 @@ class DeepGemmKernelStage:
     def stop(self) -> None:
         self.stopped.set()
         self.discovery_done.set()
+        self.discovery_started.set()
         for worker in self.recorders:
             worker.stop(kill=True)
         with self.lock:
@@ -257,9 +288,82 @@ class DeepGemmKernelStage:
             "nvcc": self.nvcc,
             "nvcc_args": args,  # DeepGEMM's arguments ({source}/{output}: the paths)
             "workers_started": sum(w.started for w in self.recorders),
+            "timeline": stage_timeline(self.run, self.began_wall, jobs, compiles, self.jobs),
         }
         shutil.rmtree(self.run, ignore_errors=True)
         return summary
+
+
+def discovery_units(tasks: list[Task], count: int) -> list[Task]:
+    """Fewer tasks than ``count`` discovery processes: each task cut into pieces of
+    consecutive M values (at least two each), so that every process finds kernels at once.
+    DeepGEMM picks a kernel config from M (with the shape), so pieces of distinct M ranges
+    mostly find distinct kernels."""
+    per_task = -(-count // max(1, len(tasks)))
+    units = []
+    for task in tasks:
+        values = sorted(task.m)
+        pieces = max(1, min(per_task, len(values) // 2))
+        if pieces == 1:
+            units.append(task)
+            continue
+        size = -(-len(values) // pieces)
+        units += [replace(task, key=f"{task.key}@m{chunk[0]}-{chunk[-1]}", m=tuple(chunk))
+                  for i in range(0, len(values), size) if (chunk := values[i:i + size])]
+    return units
+
+
+def local_arch_flag() -> str | None:
+    """DeepGEMM's ``--gpu-architecture`` for this node's first GPU (sm_90a, sm_100a...)."""
+    from warmd.targets import detect_local_gpus
+
+    with contextlib.suppress(Exception):
+        gpus = detect_local_gpus()
+        if gpus and gpus[0].capability[0] >= 9:
+            major, minor = gpus[0].capability
+            return f"--gpu-architecture=sm_{major}{minor}a"
+    return None
+
+
+def stage_timeline(run: Path, began: float, jobs: list[Job], compiles: list[dict],
+                   slots: int) -> dict:
+    """Where the stage's time went, in seconds from its start: each discovery process's
+    start-up (its module imported, torch ready, deep_gemm imported, first inputs made, its
+    tasks done), when kernels became known, when nvcc ran, and how busy the slots were."""
+    def at(moment: float | None) -> float | None:
+        return None if moment is None else round(moment - began, 2)
+
+    known = []
+    for job in jobs:
+        with contextlib.suppress(OSError):
+            known.append((job.path / "args.json").stat().st_mtime)
+    recorders = []
+    for path in sorted((run / "recorders").glob("*.json")):
+        with contextlib.suppress(OSError, ValueError):
+            data = json.loads(path.read_text())
+            phases = data.get("phases") or {}
+            recorders.append({**{name: at(phases.get(name)) for name in
+                                 ("imported", "torch", "deep_gemm", "inputs")},
+                              "done": at(max((t["ended"] for t in data["tasks"]),
+                                             default=None))})
+    starts = [c["began"] for c in compiles if "began" in c]
+    ends = [c["began"] + c["seconds"] for c in compiles if "began" in c]
+    span = (max(ends) - min(starts)) if starts else 0.0
+    return {
+        "discovery": sorted(recorders, key=lambda r: r["imported"] or 0.0),
+        "kernels_known": [at(q) for q in _quartiles(known)],  # min, 25%, median, 75%, max
+        "nvcc_began": [at(q) for q in _quartiles(starts)],
+        "last_nvcc_end": at(max(ends, default=None)),
+        "slots_busy": round(sum(c["seconds"] for c in compiles) / (slots * span), 3)
+        if span else None,
+    }
+
+
+def _quartiles(values: list[float]) -> list[float]:
+    ordered = sorted(values)
+    if not ordered:
+        return []
+    return [ordered[round(q * (len(ordered) - 1))] for q in (0, 0.25, 0.5, 0.75, 1)]
 
 
 def _terminate(proc: subprocess.Popen) -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import os
 import re
 import sys
@@ -48,6 +49,9 @@ GEMMS = {
 # Elements per chunk when making inputs: bounds the float32 temporaries of the casts.
 _CHUNK_ELEMENTS = 1 << 26
 _SF_BLOCK = 128
+
+# When this module was imported, wall clock: the start of a worker's own work.
+_IMPORTED_AT = time.time()
 
 # DeepGEMM reads DG_JIT_CACHE_DIR once per process (its compiler is created lazily on the
 # first build), so one process can only ever compile into one cache root.
@@ -186,12 +190,15 @@ class Accounting:
 class DeepGemmExecutor(Executor):
     library = LIBRARY
     keep_going = False  # True: a failing GEMM call does not end the task's other calls
+    fill_inputs = True  # False: inputs of the right shapes, dtypes and layouts, values unset
 
     def __init__(self, cache_dir=None, device: int | None = None) -> None:
         self._adapter = DeepGemmCacheAdapter(cache_dir)
         self._device = device
         self._checked: tuple[bool, str] | None = None
         self.calls = 0  # GEMM calls made by this executor (benchmarks report it)
+        # Wall-clock moments of this process's start-up (the kernel stage reports them).
+        self.phases: dict[str, float] = {"imported": _IMPORTED_AT}
         self.call_errors: list[str] = []  # with keep_going: what the failing calls raised
 
     def cache(self) -> DeepGemmCacheAdapter:
@@ -205,6 +212,7 @@ class DeepGemmExecutor(Executor):
     def _check(self) -> tuple[bool, str]:
         problems = _environment_problems()
         problems += _gpu_problems(self._device)
+        self.phases["torch"] = time.time()
         if problems:
             return False, "; ".join(problems)
         value = str(self._adapter.root)
@@ -217,6 +225,7 @@ class DeepGemmExecutor(Executor):
             import deep_gemm  # noqa: F401
         except Exception as exc:  # ImportError, undefined symbols, CUDA init failures
             return False, f"import deep_gemm failed: {_describe(exc)}"
+        self.phases["deep_gemm"] = time.time()
         return True, ""
 
     def _bind(self, value: str) -> None:
@@ -254,8 +263,9 @@ class DeepGemmExecutor(Executor):
         torch.cuda.set_device(device)
         inputs = None
         try:
-            inputs = _make_inputs(torch, spec, device)
+            inputs = _make_inputs(torch, spec, device, self.fill_inputs)
             call = _caller(spec, inputs)
+            self.phases.setdefault("inputs", time.time())
             books.start()
             self.call_errors = []
             with tempfile.TemporaryFile() as buffer:
@@ -287,6 +297,28 @@ class DeepGemmRecorder(DeepGemmExecutor):
     ask for another kernel)."""
 
     keep_going = True
+    # DeepGEMM picks a kernel from shapes, dtypes and layouts, never from values, and the
+    # placeholders compute nothing: unfilled inputs save the casts' time before the first
+    # kernel is known (the workers' real run still uses real values).
+    fill_inputs = False
+
+    def run(self, task: Task) -> TaskResult:
+        began = time.time()
+        result = super().run(task)
+        self._note_timing(task, began)
+        return result
+
+    def _note_timing(self, task: Task, began: float) -> None:
+        """Append this task's moments to ``<run>/recorders/<pid>.json`` (the run is the
+        parent of the throw-away cache root), for the stage's timeline."""
+        folder = self._adapter.root.parent / "recorders"
+        path = folder / f"{os.getpid()}.json"
+        with contextlib.suppress(OSError, ValueError):
+            folder.mkdir(exist_ok=True)
+            data = json.loads(path.read_text()) if path.is_file() else {"tasks": []}
+            data["phases"] = self.phases
+            data["tasks"].append({"key": task.key, "began": began, "ended": time.time()})
+            path.write_text(json.dumps(data))
 
 
 def _environment_problems() -> list[str]:
@@ -318,26 +350,28 @@ def _gpu_problems(device: int | None) -> list[str]:
     return []
 
 
-def _make_inputs(torch, spec: GemmSpec, device) -> dict:
+def _make_inputs(torch, spec: GemmSpec, device, fill: bool = True) -> dict:
+    """The GEMM's operands at its largest M, cast the way DeepGEMM's tests cast them; with
+    fill False the same tensors (shapes, dtypes, layouts) left unset."""
     from deep_gemm.utils.math import per_block_cast_to_fp8, per_token_cast_to_fp8
 
     use_ue8m0 = torch.cuda.get_device_capability(device)[0] >= 10
+    cast_a, cast_b = (per_token_cast_to_fp8, per_block_cast_to_fp8) if fill else (None, None)
     m_max = max(spec.m)
     if spec.gemm_type == "MGroupedMasked":
         # (groups, max M, K) activations: the masked layout pads every expert to max M.
         rows = spec.num_groups * m_max
-        a, sfa = _activations(torch, per_token_cast_to_fp8, rows, spec.k, device, use_ue8m0)
+        a, sfa = _activations(torch, cast_a, rows, spec.k, device, use_ue8m0)
         a = (a.view(spec.num_groups, m_max, spec.k), sfa.view(spec.num_groups, m_max, -1))
         d = torch.empty((spec.num_groups, m_max, spec.n), dtype=torch.bfloat16, device=device)
-        b = _grouped_weights(torch, per_block_cast_to_fp8, spec, device, use_ue8m0)
+        b = _grouped_weights(torch, cast_b, spec, device, use_ue8m0)
         masked = torch.empty(spec.num_groups, dtype=torch.int32, device=device)
         return {"a": a, "b": b, "d": d, "masked_m": masked}
-    a = _activations(torch, per_token_cast_to_fp8, m_max, spec.k, device, use_ue8m0)
+    a = _activations(torch, cast_a, m_max, spec.k, device, use_ue8m0)
     d = torch.empty((m_max, spec.n), dtype=torch.bfloat16, device=device)
     if spec.num_groups is None:
-        weights = torch.randn((spec.n, spec.k), dtype=torch.bfloat16, device=device)
-        return {"a": a, "b": per_block_cast_to_fp8(weights, use_ue8m0=use_ue8m0), "d": d}
-    b = _grouped_weights(torch, per_block_cast_to_fp8, spec, device, use_ue8m0)
+        return {"a": a, "b": _dense_weights(torch, cast_b, spec, device, use_ue8m0), "d": d}
+    b = _grouped_weights(torch, cast_b, spec, device, use_ue8m0)
     # Contiguous layout: every 128-row block belongs to one expert, round robin, so any
     # prefix of a multiple of 128 rows is a valid layout too.
     blocks = torch.arange(-(-m_max // _SF_BLOCK), dtype=torch.int32, device=device)
@@ -349,11 +383,23 @@ def _activations(torch, cast, rows: int, k: int, device, use_ue8m0: bool):
     data = torch.empty((rows, k), dtype=torch.float8_e4m3fn, device=device)
     scales = torch.empty((rows, -(-k // _SF_BLOCK)), dtype=torch.float32, device=device)
     step = max(_SF_BLOCK, _CHUNK_ELEMENTS // k)
-    for start in range(0, rows, step):
+    for start in range(0, rows if cast is not None else 0, step):
         end = min(rows, start + step)
         x = torch.randn((end - start, k), dtype=torch.bfloat16, device=device)
         data[start:end], scales[start:end] = cast(x, use_ue8m0=use_ue8m0)
     return data, scales
+
+
+def _dense_weights(torch, cast, spec: GemmSpec, device, use_ue8m0: bool):
+    """(N, K) FP8 weights and their (N/128, K/128) block scales, as per_block_cast_to_fp8
+    makes them (or its tensors unset, without cast)."""
+    n, k = spec.n, spec.k
+    if cast is not None:
+        weights = torch.randn((n, k), dtype=torch.bfloat16, device=device)
+        return cast(weights, use_ue8m0=use_ue8m0)
+    return (torch.empty((n, k), dtype=torch.float8_e4m3fn, device=device),
+            torch.empty((-(-n // _SF_BLOCK), -(-k // _SF_BLOCK)), dtype=torch.float32,
+                        device=device))
 
 
 def _grouped_weights(torch, cast, spec: GemmSpec, device, use_ue8m0: bool):
@@ -362,7 +408,7 @@ def _grouped_weights(torch, cast, spec: GemmSpec, device, use_ue8m0: bool):
     scales = torch.empty((g, n // _SF_BLOCK, -(-k // _SF_BLOCK)), dtype=torch.float32,
                          device=device)
     step = max(1, _CHUNK_ELEMENTS // (n * k))
-    for start in range(0, g, step):
+    for start in range(0, g if cast is not None else 0, step):
         end = min(g, start + step)
         x = torch.randn(((end - start) * n, k), dtype=torch.bfloat16, device=device)
         fp8, sf = cast(x, use_ue8m0=use_ue8m0)

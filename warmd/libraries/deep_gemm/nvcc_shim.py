@@ -160,8 +160,10 @@ def _compile(run: Path, job: Job, nvcc: str,
     command = [nvcc, *(str(job.source) if a == SOURCE else str(partial) if a == OUTPUT
                        else a for a in job.args())]
     began, wall = time.monotonic(), time.time()
+    nice = compile_nice(run)
     proc = subprocess.Popen(command, cwd=scratch, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+                            stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=(lambda: os.nice(nice)) if nice else None)
     if started is not None:
         started(proc)
     output, _ = proc.communicate()
@@ -193,6 +195,18 @@ def _slot(run: Path):
                     yield
                     return
         time.sleep(0.05)
+
+
+def set_compile_nice(run: Path, nice: int) -> None:
+    """Run this run's nvcc processes (the pool's and the workers') at this nice increment."""
+    _write_atomically(run / "nice", str(max(0, int(nice))).encode())
+
+
+def compile_nice(run: Path) -> int:
+    try:
+        return max(0, int((run / "nice").read_text()))
+    except (OSError, ValueError):
+        return 0
 
 
 def make_slots(run: Path, count: int) -> None:
@@ -230,7 +244,11 @@ def _arch_flag(template: list[str]) -> str:
 
 def placeholder_cubin(run: Path, nvcc: str, template: list[str]) -> Path:
     """A cubin holding one empty kernel for the job's arch, built once per run."""
-    arch = _arch_flag(template)
+    return build_placeholder(run, nvcc, _arch_flag(template))
+
+
+def build_placeholder(run: Path, nvcc: str, arch: str) -> Path:
+    """The placeholder cubin for ``--gpu-architecture=<arch>``, built unless it is there."""
     cubin = run / f"placeholder-{arch.rsplit('=', 1)[-1]}.cubin"
     with _locked(run / "placeholder.lock"):
         if not cubin.is_file():
@@ -266,7 +284,7 @@ def write_shim(run: Path, mode: str, nvcc: str) -> Path:
     import shlex
 
     script = run / f"nvcc-{mode}"
-    words = [sys.executable, "-I", str(Path(__file__).resolve()), mode, str(run), nvcc]
+    words = [sys.executable, "-I", "-S", str(Path(__file__).resolve()), mode, str(run), nvcc]
     script.write_text("#!/bin/sh\nexec " + " ".join(shlex.quote(w) for w in words)
                       + ' "$@"\n')
     script.chmod(0o755)
