@@ -1,9 +1,12 @@
-"""A private machine for tests that run `warmd start` without --address: its own HOME (state
-dir, caches), its own Ray temp dir (RAY_TMPDIR, so a cluster that a user's `ray start` or
-warmd daemon runs on this machine is never found) and no warmd/Ray variables of the caller."""
+"""Support for the tests and benchmarks that run the daemon on a Ray cluster: the one builder
+of their warmd.yaml (`cluster_config`; scripts/bench_join.py uses it too), and a private
+machine for tests that run `warmd start` without --address: its own HOME (state dir, caches),
+its own Ray temp dir (RAY_TMPDIR, so a cluster that a user's `ray start` or warmd daemon runs
+on this machine is never found) and no warmd/Ray variables of the caller."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -13,6 +16,36 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+FAST_AGENT = {"reconcile_seconds": 1, "heartbeat_seconds": 1, "metrics_port": 0}
+
+
+def flashinfer_model(models: str, name: str = "llama") -> dict:
+    """The model the cluster tests warm: FlashInfer's silu_and_mul, cross-built for sm_90a
+    (no GPU needed). `models` may hold $VARS: they expand on each node."""
+    return {"name": name, "path": f"{models}/{name}", "engine": "sglang", "target": "h200",
+            "with": ["flashinfer"], "libraries": ["flashinfer"],
+            "task_filter": "silu_and_mul"}
+
+
+def copy_llama(models: Path, name: str = "llama") -> Path:
+    """models/<name>/config.json: the bundled Llama 3.1 8B config, where flashinfer_model
+    looks for it."""
+    from warmd.examples import EXAMPLES_DIR
+
+    (models / name).mkdir(parents=True, exist_ok=True)
+    shutil.copy(EXAMPLES_DIR / "llama-3.1-8b" / "config.json", models / name)
+    return models / name
+
+
+def cluster_config(url: str, namespace: str, models: list[dict],
+                   agent: dict | None = None) -> str:
+    """warmd.yaml (as JSON, which YAML reads) for a cluster whose GPU nodes are H200s,
+    builders off, the shared cache at `url`."""
+    return json.dumps({"version": 1, "models": models,
+                       "redis": {"url": url, "namespace": namespace},
+                       "nodes": {"gpu_types": ["H200"]}, "builders": {"enabled": False},
+                       "agent": FAST_AGENT if agent is None else agent}, indent=2) + "\n"
 
 
 @contextmanager

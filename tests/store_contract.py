@@ -79,7 +79,10 @@ class StoreContract:
         assert all(same_files(a, b, n) for n in ("kernel.x.0001", "kernel.y.0001"))
         assert reader.counters["remote_hits"] == 2
         assert reader.counters["compile_seconds_saved"] == pytest.approx(2.0)
+        # where the fetch spent its time: reading the store, writing the local cache
+        assert reader.counters["fetch_seconds"] > 0 and reader.counters["install_seconds"] > 0
         assert writer.counters["published"] == 2
+        assert "fetch_seconds" not in writer.counters  # publishing fetches nothing
 
     def test_a_task_nobody_published_is_a_miss(self, backend: Backend, tmp_path: Path):
         cache = backend.open()

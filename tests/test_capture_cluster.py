@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -27,36 +26,18 @@ pytest.importorskip("flashinfer")
 from ray.cluster_utils import Cluster  # noqa: E402
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noqa: E402
 
-from tests.cluster_support import until  # noqa: E402
+from tests.cluster_support import (  # noqa: E402
+    cluster_config,
+    copy_llama,
+    flashinfer_model,
+    until,
+)
 from tests.triton_support import snapshot  # noqa: E402
 from warmd.cluster import RAY_NAMESPACE  # noqa: E402
-from warmd.examples import EXAMPLES_DIR  # noqa: E402
 from warmd.store import start_server  # noqa: E402
 
 pytestmark = pytest.mark.slow
 REPO = str(Path(__file__).resolve().parent.parent)
-CONFIG = """\
-version: 1
-models:
-  - name: llama
-    path: {models}/llama
-    engine: sglang
-    target: h200
-    with: [flashinfer]
-    libraries: [flashinfer]
-    task_filter: silu_and_mul
-redis:
-  url: {url}
-  namespace: capture-test
-nodes:
-  gpu_types: [H200]
-builders:
-  enabled: false
-agent:
-  reconcile_seconds: 1
-  heartbeat_seconds: 1
-  metrics_port: 0
-"""
 
 
 def node_env(base: Path, name: str) -> dict:
@@ -105,13 +86,13 @@ def node(snap: dict, node_id: str) -> dict:
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     base = tmp_path_factory.mktemp("capture")
-    (base / "models" / "llama").mkdir(parents=True)
-    shutil.copy(EXAMPLES_DIR / "llama-3.1-8b" / "config.json", base / "models" / "llama")
+    copy_llama(base / "models")
     saved = os.environ.get("RAY_AUTH_MODE")
     os.environ["RAY_AUTH_MODE"] = "disabled"
     server = start_server(base / "redis")
     config = base / "warmd.yaml"
-    config.write_text(CONFIG.format(models=base / "models", url=server.url))
+    config.write_text(cluster_config(server.url, "capture-test",
+                                     [flashinfer_model(str(base / "models"))]))
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1,
                                                       "env_vars": node_env(base, "head")})
     ray.init(address=c.address, namespace=RAY_NAMESPACE, log_to_driver=False)

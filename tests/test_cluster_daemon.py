@@ -28,38 +28,22 @@ import pytest
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 
-from tests.cluster_support import until  # noqa: E402
+from tests.cluster_support import (  # noqa: E402
+    cluster_config,
+    copy_llama,
+    flashinfer_model,
+    until,
+)
 from warmd.cluster import CONTROLLER_NAME, RAY_NAMESPACE, agent_name  # noqa: E402
 from warmd.cluster.state import node_records  # noqa: E402
-from warmd.examples import EXAMPLES_DIR  # noqa: E402
+from warmd.stats import F, ids  # noqa: E402
 from warmd.store import free_port, start_server  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
 NAMESPACE = "daemon-test"
+TIMES = ids(F.RUN | F.TIME)  # a node's seconds counters: compile, fetch, install, verify
 FAKE_GPU = {"num_gpus": 1, "resources": {"accelerator_type:H200": 1}}  # no real GPU here
-CONFIG = """\
-version: 1
-models:
-  - name: llama
-    path: ${{WARMD_TEST_MODELS}}/llama     # expands on each node
-    engine: sglang
-    target: h200
-    with: [flashinfer]
-    libraries: [flashinfer]
-    task_filter: silu_and_mul
-redis:
-  url: {url}
-  namespace: {namespace}
-nodes:
-  gpu_types: [H200]
-builders:
-  enabled: false
-agent:
-  reconcile_seconds: 1
-  heartbeat_seconds: 1
-  metrics_port: 0
-"""
 
 
 class World:
@@ -145,15 +129,15 @@ class World:
 def world(tmp_path_factory):
     base = tmp_path_factory.mktemp("daemon")
     w = World(base)
-    (w.models / "llama").mkdir(parents=True)
-    shutil.copy(EXAMPLES_DIR / "llama-3.1-8b" / "config.json", w.models / "llama")
+    copy_llama(w.models)
     w.no_models.mkdir()
     saved = os.environ.get("RAY_AUTH_MODE")
     os.environ["RAY_AUTH_MODE"] = "disabled"
     w.server = start_server(base / "redis", password="test-secret-pw")
     w.url = w.server.url
     w.config = base / "warmd.yaml"
-    w.config.write_text(CONFIG.format(url=w.url, namespace=NAMESPACE))
+    w.config.write_text(cluster_config(w.url, NAMESPACE,
+                                       [flashinfer_model("${WARMD_TEST_MODELS}")]))
     w.cluster = Cluster(initialize_head=True, head_node_args=w.node_args("head", gpu=False))
     w.nodes["a"] = w.cluster.add_node(**w.node_args("a"))
     w.nodes["b"] = w.cluster.add_node(**w.node_args("b"))
@@ -231,6 +215,20 @@ def test_start_warms_every_selected_node(world):
     # single-flight across nodes: one node built silu_and_mul, the other installed it
     assert totals["compiled"] == 1 and totals["remote_hits"] == 1, totals
     assert result["status"]["ready"] is True
+    # where each node's warmup went: every seconds counter, the same in status's records
+    split = result["seconds"]["nodes"]
+    assert set(split) == gpu_nodes
+    installer = next(n for n, r in nodes.items() if r["kernels"]["remote_hits"] == 1)
+    for node_id, seconds in split.items():
+        assert {i: seconds[i] for i in TIMES} == {i: nodes[node_id]["counters"][i]
+                                                  for i in TIMES}
+        spent = seconds["fetch_seconds"] + seconds["install_seconds"] + seconds["verify_seconds"]
+        assert spent <= seconds["warm"], seconds
+    # the node that installed the other's kernel read it from the store and wrote it here
+    assert split[installer]["bytes_fetched"] > 0
+    assert split[installer]["fetch_seconds"] > 0 and split[installer]["install_seconds"] > 0
+    assert totals["fetch_seconds"] == pytest.approx(sum(s["fetch_seconds"]
+                                                        for s in split.values()), abs=0.01)
 
     # exactly one agent per selected node, running on that node
     assert warmd_actors() == {CONTROLLER_NAME} | {agent_name(n) for n in gpu_nodes}
@@ -400,5 +398,12 @@ def test_stop_then_start_finds_the_cache_warm(daemon):
     again = world.cli("start", "--address", world.cluster.address, "--config",
                       str(world.config), "--json", "--timeout", "180")
     assert again.returncode == 0, again.stderr
-    totals = json.loads(again.stdout)["status"]["totals"]
+    result = json.loads(again.stdout)
+    totals = result["status"]["totals"]
     assert totals["compiled"] == 0 and totals["hit_rate"] == 1.0, totals
+    # warm from disk: the store's task records read, no entry installed, the entries on disk
+    # verified against this node's records
+    for seconds in result["seconds"]["nodes"].values():
+        assert seconds["bytes_fetched"] == 0 and seconds["install_seconds"] == 0.0, seconds
+        assert 0 < seconds["verify_seconds"] <= seconds["warm"], seconds
+        assert seconds["fetch_seconds"] + seconds["verify_seconds"] <= seconds["warm"], seconds

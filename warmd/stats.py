@@ -59,6 +59,12 @@ COUNTERS: tuple[Stat, ...] = (
     Stat("compile_seconds", "Compile time", F.RUN | F.TIME),
     Stat("compile_seconds_saved", "Compile time saved", F.RUN | F.TIME | _COLS,
          column="saved"),
+    # Where a warm path spends its time: reading entries from the store (records, manifests,
+    # blobs, their digests checked), writing them into the local cache, and checking entries
+    # already on disk against this node's task records.
+    Stat("fetch_seconds", "Fetch time", F.RUN | F.STORE | F.TIME),
+    Stat("install_seconds", "Install time", F.RUN | F.STORE | F.TIME),
+    Stat("verify_seconds", "Verify time", F.RUN | F.TIME),
     Stat("corrupt_rejected", "Corrupt entries rejected",
          F.RUN | F.STORE | F.ERROR | F.REFUSAL | _COLS, column="rejected"),
     Stat("bytes_fetched", "Fetched", F.RUN | F.STORE | F.BYTES | _COLS, column="fetched"),

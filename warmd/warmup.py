@@ -571,6 +571,8 @@ class _Run:
         for report in self.reports:
             recorded = report.recorded
             counters.tasks_failed += 0 if report.result.ok else 1
+            if report.mode == VERIFIED:
+                counters.verify_seconds += report.result.seconds
             for k in report.result.kernels:
                 if k.outcome == "compiled":
                     counters.compiled += 1

@@ -13,7 +13,7 @@ import time
 import click
 
 from warmd.config import load_config
-from warmd.stats import format_bytes
+from warmd.stats import F, format_bytes, ids
 
 
 class _Seconds(click.ParamType):
@@ -130,11 +130,14 @@ def start(config_path, redis_url, namespace, address, metrics_port, wait, timeou
 
 def start_seconds(started: dict, waited: float, total: float, snap: dict) -> dict:
     """Where a `start` spent its time: starting or joining Ray, creating the controller,
-    waiting for the nodes, and each node's own warmup (its fetch, install and compile)."""
+    waiting for the nodes, and each node's own warmup, split by its seconds counters
+    (warmd.stats, TIME: compile, fetch from the store, install, verify on disk)."""
     nodes = {n["node_id"]: {"warm": n.get("warm_seconds"), "state": n.get("state"),
                             "remote_hits": (n.get("kernels") or {}).get("remote_hits"),
                             "compiled": (n.get("kernels") or {}).get("compiled"),
-                            "bytes_fetched": (n.get("counters") or {}).get("bytes_fetched")}
+                            "bytes_fetched": (n.get("counters") or {}).get("bytes_fetched"),
+                            **{i: (n.get("counters") or {}).get(i)
+                               for i in ids(F.RUN | F.TIME)}}
              for n in snap.get("nodes", [])}
     return {**started, "wait_nodes": round(waited, 3), "total": round(total, 3),
             "nodes": nodes}

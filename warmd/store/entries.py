@@ -8,7 +8,7 @@ import contextlib
 import logging
 import time
 import zlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 from warmd import settings
@@ -48,10 +48,11 @@ class Entries:
         for task in tasks:
             self.s.task_fp[task] = fp.digest
         try:
-            records = self._read_records(fp.digest, tasks)
-            present = {e.name for e in adapter.list_entries()}
-            named = {n for rec, _raw in records.values() for n in rec.entries}
-            manifests = self._read_manifests(fp, sorted(named - present), list(records))
+            with self._timed("fetch_seconds", fp.digest):
+                records = self._read_records(fp.digest, tasks)
+                present = {e.name for e in adapter.list_entries()}
+                named = {n for rec, _raw in records.values() for n in rec.entries}
+                manifests = self._read_manifests(fp, sorted(named - present), list(records))
             installed = self._fetch_and_install(adapter, fp.digest, manifests)
         except StoreFailed:
             return result
@@ -77,6 +78,16 @@ class Entries:
                 self.s.stale[task] = raw
                 self._count_task(fp.digest, task, "tasks_missed")
         return result
+
+    @contextlib.contextmanager
+    def _timed(self, counter: str, fp: str) -> Iterator[None]:
+        """Add the block's wall time to a seconds counter (fetch_seconds: reading from the
+        store; install_seconds: writing into the local cache), even when it raises."""
+        began = time.monotonic()
+        try:
+            yield
+        finally:
+            self.count(counter, time.monotonic() - began, fp)
 
     def _count_hits(self, counter: str, fp: str, names: Iterable[str]) -> None:
         """Count entries as hits, each once per process (warmup fetches a task again after
@@ -216,10 +227,13 @@ class Entries:
                   if (fp, man.name, man.digest) not in self.s.refused_entries]
         with ThreadPoolExecutor(INSTALL_THREADS, thread_name_prefix="warmd-install") as pool:
             for batch in layout.size_batches(wanted, BLOB_BATCH_BYTES):
-                blobs = self.read_blobs([man for man, _raw in batch])
-                jobs = [pool.submit(one, man, raw, blobs.get(man.digest)) for man, raw in batch]
-                for job in jobs:
-                    job.result()
+                with self._timed("fetch_seconds", fp):
+                    blobs = self.read_blobs([man for man, _raw in batch])
+                with self._timed("install_seconds", fp):
+                    jobs = [pool.submit(one, man, raw, blobs.get(man.digest))
+                            for man, raw in batch]
+                    for job in jobs:
+                        job.result()
         return installed
 
     def read_blobs(self, manifests: list[Manifest]) -> dict[str, bytes | BadRecord]:
