@@ -5,13 +5,15 @@ The flashinfer-python 0.7.4 wheel (101 MB) is over what one device run can carry
 path needs only part of it. This script writes ``.fi-carry/`` (git-ignored) holding
 ``flashinfer-<version>-site.tar.xz``: the package unpacked as it installs, with
 
-- every file outside ``data/`` but C/CUDA sources (the Python modules and their JSON/text
-  data; the sources out there belong to other kernels' own builds),
+- outside ``data/``: the Python modules the build imported and the files it opened (recorded
+  by an audit hook in every process of the build, warmd's workers included), and every other
+  non-C/CUDA file in their folders, so that a function's lazy import of a sibling module
+  finds it (the installed package is 126 MB of Python, most of it other kernels' and
+  experimental backends'),
 - ``data/include`` whole,
 - of the rest of ``data/`` (csrc, cutlass, cccl, spdlog): only the files the benchmark's modules
   (scripts/flashinfer_warm_bench.py PLAN_ARGS and TASK_FILTER) read when FlashInfer
-  generates them (recorded by an audit hook in every process of the build) or compile
-  from (ninja's deps log of each module),
+  generates them (the audit hook again) or compile from (ninja's deps log of each module),
 - the dist-info's METADATA, WHEEL, top_level.txt and entry_points.txt (warmd reads the version).
 
 Steps, each a real build with nvcc through `warmd warmup --no-shared` in a fresh workspace:
@@ -154,23 +156,29 @@ def discover(package: Path, work: Path) -> tuple[dict, set[str]]:
     for module in module_dirs(work / "ws"):
         used.update(ninja_deps(module))
     prefix = str(package) + "/"
-    rel = {str(Path(p).resolve())[len(prefix):] for p in used
+    rel = {str(source_of(Path(p).resolve()))[len(prefix):] for p in used
            if str(Path(p).resolve()).startswith(prefix)}
     return build, {r for r in rel if (package / r).is_file()}
 
 
+def source_of(path: Path) -> Path:
+    """The module a bytecode file was compiled from (sub/__pycache__/m.cpython-311.pyc ->
+    sub/m.py); any other path as it is."""
+    if path.parent.name == "__pycache__" and path.suffix == ".pyc":
+        return path.parent.parent / f"{path.name.split('.')[0]}.py"
+    return path
+
+
 def package_files(package: Path, used: set[str]) -> list[str]:
-    """What the carry holds, relative to the package dir."""
+    """What the carry holds, relative to the package dir: what the build used, the non-C/CUDA
+    files beside the Python ones it used, and data/include."""
     keep = set(used)
-    for path in package.rglob("*"):
-        if not path.is_file() or "__pycache__" in path.parts:
-            continue
-        rel = path.relative_to(package)
-        if rel.parts[0] != "data":
-            if path.suffix not in SOURCE_SUFFIXES:
-                keep.add(str(rel))
-        elif rel.parts[:2] == ("data", "include"):
-            keep.add(str(rel))
+    folders = {(package / rel).parent for rel in used if not rel.startswith("data/")}
+    for folder in folders:
+        keep.update(str(p.relative_to(package)) for p in folder.iterdir()
+                    if p.is_file() and p.suffix not in SOURCE_SUFFIXES)
+    keep.update(str(p.relative_to(package)) for p in (package / "data" / "include").rglob("*")
+                if p.is_file())
     return sorted(keep)
 
 
@@ -204,7 +212,9 @@ def make(out: Path, keep_work: bool) -> dict:
         found, used = discover(package, work / "discover")
         files = package_files(package, used)
         data = [f for f in files if f.startswith("data/") and not f.startswith("data/include/")]
-        log(f"pack: {len(files)} files ({len(data)} of data/ beyond data/include)")
+        python = [f for f in files if not f.startswith("data/")]
+        log(f"pack: {len(files)} files ({len(python)} outside data/, {len(data)} of data/ "
+            "beyond data/include)")
         tar_path = work / f"flashinfer-{VERSION}-site.tar.xz"
         pack(tar_path, package, dist_info, files)
         checked = verify(tar_path, work / "verify")
@@ -219,7 +229,7 @@ def make(out: Path, keep_work: bool) -> dict:
             "plan_args": PLAN_ARGS, "task_filter": TASK_FILTER, "modules": found["modules"],
             "tar": tar_path.name, "tar_bytes": tar_path.stat().st_size,
             "unpacked_bytes": sum((package / f).stat().st_size for f in files),
-            "files": len(files), "data_files": data,
+            "files": len(files), "outside_data": len(python), "data_files": data,
             "discover_s": found["seconds"], "verify_s": checked["seconds"],
         }
         (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
