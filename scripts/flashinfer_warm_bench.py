@@ -298,7 +298,7 @@ class Bench:
                                   timeout=TIMEOUT[name])
             rc, stdout, stderr = proc.returncode, proc.stdout, proc.stderr
         except subprocess.TimeoutExpired as exc:
-            rc, stdout, stderr = "timeout", str(exc.stdout or ""), str(exc.stderr or "")
+            rc, stdout, stderr = "timeout", _text(exc.stdout), _text(exc.stderr)
         row: dict = {"rc": rc, "wall_s": round(time.monotonic() - began, 3)}
         try:
             row["json"] = json.loads(stdout)
@@ -313,9 +313,22 @@ class Bench:
         return row
 
 
+def _text(value: str | bytes | None) -> str:
+    if isinstance(value, bytes):  # TimeoutExpired holds bytes even with text=True
+        return value.decode(errors="replace")
+    return value or ""
+
+
 def node_env(site: Path | None, node: Path, name: str, store_url: str) -> dict:
+    """Every step's environment. CUDA_HOME is explicit and the same for all: warmd's workers
+    build with the toolkit warmd resolves, while FlashInfer without CUDA_HOME takes
+    dirname(dirname(which nvcc)), another path (hence other commands: a full rebuild) where
+    nvcc on PATH is a wrapper outside the toolkit, as on the CPU machine (/usr/local/bin)."""
+    from warmd import settings
+
     path = [str(site)] if site else []
     return {**os.environ, "PYTHONPATH": os.pathsep.join([*path, str(ROOT)]),
+            "CUDA_HOME": str(settings.cuda_home()),
             "PYTHONUNBUFFERED": "1", "FLASHINFER_WORKSPACE_BASE": str(node / "ws"),
             "WARMD_STATE_DIR": str(node / "state"), "WARMD_NODE_NAME": name,
             "WARMD_REDIS_URL": store_url}
@@ -386,8 +399,9 @@ def check_api(bench: Bench, row: dict, result: dict, planned: list[str],
                                             "torch", "device", "import_torch_s",
                                             "import_flashinfer_s")})
     if bench.cpu:
-        bench.check("api (cpu): FlashInfer's build() of each module ran no command",
-                    sorted(calls.get("build") or {}) == planned, calls)
+        built = calls.get("build") or {}
+        bench.check("api (cpu): FlashInfer's build() of each planned module returned",
+                    sorted(built) == planned and "error" not in built, calls)
     else:
         act, smp, dec = (calls.get(n) or {} for n in ("silu_and_mul", "sampling",
                                                       "batch_decode"))
@@ -465,8 +479,9 @@ def _steps(bench: Bench, args: argparse.Namespace, store_url: str) -> int:
     bench.results["jit_builds"] = builds
     diff = compare(before, snapshot(node_b / "ws"))
     if args.cpu:  # build() alone logs nothing to FLASHINFER_JIT_BUILD_LOG
-        builds = [{"name": n, "seconds": v["build_s"]}
-                  for n, v in ((result.get("calls") or {}).get("build") or {}).items()]
+        built = (result.get("calls") or {}).get("build") or {}
+        builds = [{"name": n, "seconds": v["build_s"]} for n, v in built.items()
+                  if isinstance(v, dict) and "build_s" in v]
     check_api(bench, row, result, planned, diff, builds)
     failed = [k for k, v in bench.results["checks"].items() if not v["ok"]]
     log(f"checks failed: {failed}" if failed else "every check passed")
