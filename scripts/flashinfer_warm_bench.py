@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -442,11 +443,13 @@ def run(args: argparse.Namespace) -> int:
         log(f"unpacked {args.carry} into {args.site} in {bench.results['unpack_s']} s")
     from warmd.store import start_server
 
-    server = start_server(Path(tempfile.mkdtemp(prefix="fi-store-")), appendonly=False)
+    store_dir = Path(tempfile.mkdtemp(prefix="fi-store-"))
+    server = start_server(store_dir, appendonly=False)
     try:
         return _steps(bench, args, server.url)
     finally:
         server.stop()
+        shutil.rmtree(store_dir, ignore_errors=True)
         bench.results["total_s"] = round(time.monotonic() - bench.began, 1)
         bench.save()
 
