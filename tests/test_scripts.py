@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import ast
 import importlib
+import importlib.util
+import os
 from pathlib import Path
 
 import pytest
@@ -28,3 +30,41 @@ def test_every_warmd_name_a_script_imports_exists(script):
         imported = importlib.import_module(module)
         assert name is None or hasattr(imported, name) or importlib.util.find_spec(
             f"{module}.{name}"), f"{script.name}: from {module} import {name}"
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location(
+        "flashinfer_warm_bench", SCRIPTS[0].parent / "flashinfer_warm_bench.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_flashinfer_no_rebuild_check_sees_every_kind_of_change(tmp_path):
+    """The GPU benchmark's proof of "no rebuild" is a before/after snapshot of node B's
+    workspace: a touched file, a new object, a new ninja log line and FlashInfer's own
+    "Building JIT module" line must each show."""
+    bench = _bench()
+    ops = tmp_path / ".cache" / "flashinfer" / "0.7.4" / "90a"
+    module = ops / "cached_ops" / "silu_and_mul"
+    module.mkdir(parents=True)
+    (module / "silu_and_mul.so").write_bytes(b"so")
+    (module / ".ninja_log").write_text("# ninja log v7\n1\t2\t3\tx.o\tab\n")
+    (ops / "cached_ops" / "tmp").mkdir()
+    (ops / "flashinfer_jit.log").write_text("")
+    before = bench.snapshot(tmp_path)
+    (ops / "cached_ops" / "tmp" / "silu_and_mul.lock").write_text("")  # FlashInfer's lock
+    assert not any(bench.compare(before, bench.snapshot(tmp_path)).values())
+
+    os.utime(module / "silu_and_mul.so", ns=(1, 1))
+    (module / "x.cuda.o").write_bytes(b"o")
+    with open(module / ".ninja_log", "a") as log:
+        log.write("4\t5\t6\tx.o\tcd\n")
+    (ops / "flashinfer_jit.log").write_text(f"{bench.BUILDING} silu_and_mul\n")
+    diff = bench.compare(before, bench.snapshot(tmp_path))
+    rel = "silu_and_mul/"
+    assert [p.split("cached_ops/")[1] for p in diff["changed"]] == [rel + ".ninja_log",
+                                                                     rel + "silu_and_mul.so"]
+    assert [p.split("cached_ops/")[1] for p in diff["new_objects"]] == [rel + "x.cuda.o"]
+    assert diff["ninja_log_lines_added"] == {"silu_and_mul": 1}
+    assert diff["building_lines_added"] == 1
