@@ -661,7 +661,7 @@ def _start_cold_work(run: _Run, cold: list[Task]) -> list[Worker]:
     def env_for(index: int) -> Callable[[], dict[str, str]]:
         def make() -> dict[str, str]:
             for stage in list(run.stages.values()):
-                stage.hold_workers()  # its start-up first: processes starting at once slow
+                stage.hold_workers()  # until its compiles need no more CPU than they have
             with lock:
                 if not shared_env:
                     env = {**worker_env(run.plan, options, libraries), **extra}

@@ -62,7 +62,8 @@ RECORDER = "warmd.libraries.deep_gemm.executor:DeepGemmRecorder"
 # started, faster than any node compiles them.
 RECORDERS = 2
 POLL_SECONDS = 0.05
-WORKERS_HELD_SECONDS = 60.0  # at most: a discovery that never gets going holds no one
+# At most: a plan of many kernels, or a discovery that never ends, holds no one longer.
+WORKERS_HELD_SECONDS = 60.0
 
 log = logging.getLogger(__name__)
 
@@ -116,9 +117,13 @@ class DeepGemmKernelStage:
         self.lock = threading.Lock()
         self.threads: list[threading.Thread] = []
         self.discovering = 0  # discovery threads still running
-        # Set once discovery has named a kernel (its processes are up) or ended: the
-        # library's workers start then, not alongside the discovery processes' start-up.
-        self.discovery_started = threading.Event()
+        # Set once discovery has ended and every kernel it named is compiling: the
+        # library's workers start then, in the last wave's idle cores, instead of taking
+        # CPU from the discovery's start-up and the compiles (their own start-up, torch
+        # and CUDA, is the same seconds either way, and they only hand over cubins).
+        self.workers_may_start = threading.Event()
+        self.queued = 0  # jobs handed to the pool whose nvcc has not begun
+        self.all_submitted = False
 
     # -- starting --
 
@@ -188,7 +193,6 @@ class DeepGemmKernelStage:
             if self.discovering == 0:
                 self.discovered_at = time.monotonic()
                 self.discovery_done.set()
-                self.discovery_started.set()
 
     def _watch(self) -> None:
         """Hand each recorded job to the compile pool as soon as it is written."""
@@ -196,6 +200,9 @@ class DeepGemmKernelStage:
             last = self.discovery_done.is_set()
             self._submit_new()
             if last:
+                with self.lock:
+                    self.all_submitted = True
+                self._release_workers_if_due()
                 return
             time.sleep(POLL_SECONDS)
 
@@ -208,10 +215,14 @@ class DeepGemmKernelStage:
         for job in found:
             if job.key in self.futures or not job.ready:
                 continue
+            with self.lock:
+                self.queued += 1
             self.futures[job.key] = self.pool.submit(self._compile, job)
-            self.discovery_started.set()
 
     def _compile(self, job: Job) -> str | None:
+        with self.lock:
+            self.queued -= 1
+        self._release_workers_if_due()
         if self.stopped.is_set():
             return "stopped"
         # A job a worker is compiling right now is theirs: this slot takes the next one.
@@ -226,10 +237,16 @@ class DeepGemmKernelStage:
 
     # -- during and after the run --
 
+    def _release_workers_if_due(self) -> None:
+        with self.lock:
+            due = self.all_submitted and self.queued == 0
+        if due:
+            self.workers_may_start.set()
+
     def hold_workers(self, timeout: float = WORKERS_HELD_SECONDS) -> None:
-        """Return once the library's workers should start: when discovery has named its
-        first kernel or ended (or after timeout)."""
-        self.discovery_started.wait(timeout)
+        """Return once the library's workers should start: when discovery has ended and
+        every kernel it named is compiling (or after timeout)."""
+        self.workers_may_start.wait(timeout)
 
     def compile_seconds(self, entry: str) -> float | None:
         """nvcc's time for an entry of the real cache this run compiled (by its source)."""
@@ -246,7 +263,7 @@ class DeepGemmKernelStage:
     def stop(self) -> None:
         self.stopped.set()
         self.discovery_done.set()
-        self.discovery_started.set()
+        self.workers_may_start.set()
         for worker in self.recorders:
             worker.stop(kill=True)
         with self.lock:
