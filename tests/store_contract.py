@@ -79,6 +79,11 @@ class StoreContract:
         assert all(same_files(a, b, n) for n in ("kernel.x.0001", "kernel.y.0001"))
         assert reader.counters["remote_hits"] == 2
         assert reader.counters["compile_seconds_saved"] == pytest.approx(2.0)
+        # each installed entry's recorded compile time, for the node's report and records
+        assert sum(reader.installed_seconds(b.library, n) for n in ("kernel.x.0001",
+                                                                    "kernel.y.0001")) \
+            == pytest.approx(2.0)
+        assert writer.installed_seconds(a.library, "kernel.x.0001") is None  # not installed
         # where the fetch spent its time: reading the store, writing the local cache
         assert reader.counters["fetch_seconds"] > 0 and reader.counters["install_seconds"] > 0
         assert writer.counters["published"] == 2

@@ -108,11 +108,16 @@ def test_warm_node_needs_no_worker_no_torch_and_no_library(cluster):
     dg = next(d for d in report["task_details"] if d["library"] == "deep_gemm")
     assert sorted(k["name"] for k in dg["kernels"]) == cluster["dg_entries"]
     assert sorted(dg["fetched"]) == cluster["dg_entries"]
+    # What the hits saved is what the installed manifests recorded, in the report as in the
+    # store's own count, and it is kept in the node's records for its later local hits.
+    saved = report["store"]["counters"]["compile_seconds_saved"]
+    assert saved > 12.0 and report["compile_seconds_saved"] == pytest.approx(saved, abs=2e-3)
 
     # The same node again without the store: its records and digests verify the entries.
     rc, report, imported, state = _node_b(cluster, "b", *_both(cluster), "--no-shared")
     assert rc == 0, report
     assert report["kernels"]["local_hits"] == hits and report["kernels"]["compiled"] == 0
+    assert report["compile_seconds_saved"] == pytest.approx(saved, abs=2e-3)
     assert report["hits_by_mode"] == {"verified": hits, "library": 0}
     assert report["workers_started"] == 0 and not any(imported.values())
 

@@ -68,6 +68,11 @@ class SharedCache(ABC):
         """fetch_task for a whole plan at once (few round trips); same result per task."""
         return {key: self.fetch_task(adapter, key) for key in dict.fromkeys(task_keys)}
 
+    def installed_seconds(self, library: str, name: str) -> float | None:
+        """The compile seconds recorded with an entry this process installed (what its
+        remote hit saved); None for an entry it did not install."""
+        return None
+
     @abstractmethod
     def single_flight(self, task_key: str, timeout: float
                       ) -> contextlib.AbstractContextManager[bool]:

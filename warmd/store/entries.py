@@ -32,6 +32,9 @@ class Entries:
         self.s = session
         self.op = session.transport.op
         self.count = session.stats.count
+        # (library, entry) -> compile seconds its manifest recorded, for what this process
+        # installed: the warmup's saved time and the node's task record take them.
+        self.installed: dict[tuple[str, str], float] = {}
 
     def prefetch(self, adapter: CacheAdapter, task_keys: Iterable[str]
                  ) -> dict[str, list[str] | None]:
@@ -297,6 +300,7 @@ class Entries:
                         adapter.root, exc)
             return False
         self._count_hits("remote_hits", fp, [man.name])
+        self.installed[(adapter.library, man.name)] = float(man.compile_seconds or 0.0)
         self.count("bytes_fetched", len(blob), fp)
         self.count("compile_seconds_saved", man.compile_seconds, fp)
         return True

@@ -73,6 +73,9 @@ class RedisSharedCache(SharedCache):
                  ) -> dict[str, list[str] | None]:
         return self.entries.prefetch(adapter, task_keys)
 
+    def installed_seconds(self, library: str, name: str) -> float | None:
+        return self.entries.installed.get((library, name))
+
     def single_flight(self, task_key: str, timeout: float
                       ) -> contextlib.AbstractContextManager[bool]:
         return self.leases.single_flight(task_key, timeout)
