@@ -285,3 +285,17 @@ def test_a_bad_compile_nice_is_the_users_error_not_a_fallback(tmp_path, monkeypa
     with pytest.raises(WarmdInputError, match="WARMD_COMPILE_NICE"):
         DeepGemmKernelStage(tmp_path / "dg", [task], jobs=2, gpu_ids=[], env={})
     assert not (tmp_path / "dg").exists()
+
+
+def test_workers_follow_the_cold_tasks_not_the_selected_ones():
+    """One cold module beside warm ones gets one worker and every core for its ninja (it
+    was given jobs // tasks: one core of two on the CPU machine, measured in
+    docs/benchmarks.md); workers stay within the jobs and four per GPU."""
+    from warmd.warmup import worker_count
+
+    assert worker_count(jobs=2, cold=1, gpus=0) == 1
+    assert worker_count(jobs=16, cold=4, gpus=1) == 4
+    assert worker_count(jobs=16, cold=12, gpus=1) == 4
+    assert worker_count(jobs=16, cold=12, gpus=8) == 12
+    assert worker_count(jobs=2, cold=7, gpus=0) == 2
+    assert worker_count(jobs=4, cold=0, gpus=0) == 1

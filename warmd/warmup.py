@@ -654,9 +654,7 @@ def _start_cold_work(run: _Run, cold: list[Task]) -> list[Worker]:
     options = run.options
     ids = gpu_ids(options)
     jobs = options.workers or default_workers(len(ids))
-    count = max(1, min(jobs, len(run.tasks)))
-    if ids:
-        count = min(count, GPU_WORKERS_PER_GPU * len(ids))
+    count = worker_count(jobs, len(cold), len(ids))
     libraries = {t.library for t in run.tasks}
     extra = _start_stages(run, cold, jobs, ids) if options.kernel_split else {}
     per_build = str(max(1, jobs // count))
@@ -677,6 +675,14 @@ def _start_cold_work(run: _Run, cold: list[Task]) -> list[Worker]:
         return make
 
     return [Worker(env_for(i)) for i in range(count)]
+
+
+def worker_count(jobs: int, cold: int, gpus: int) -> int:
+    """Worker processes for a run: one per cold task (a verified task needs none, and
+    each worker's ninja gets jobs // count of the cores), at most one per compile job and
+    GPU_WORKERS_PER_GPU per GPU."""
+    count = max(1, min(jobs, cold))
+    return min(count, GPU_WORKERS_PER_GPU * gpus) if gpus else count
 
 
 def _start_stages(run: _Run, cold: list[Task], jobs: int, ids: list[str]) -> dict[str, str]:
