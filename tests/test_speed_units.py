@@ -299,3 +299,29 @@ def test_workers_follow_the_cold_tasks_not_the_selected_ones():
     assert worker_count(jobs=16, cold=12, gpus=8) == 12
     assert worker_count(jobs=2, cold=7, gpus=0) == 2
     assert worker_count(jobs=4, cold=0, gpus=0) == 1
+
+
+def test_a_worker_stopped_while_held_starts_no_process():
+    """A worker waiting for its environment (a kernel stage holding workers back) and
+    stopped meanwhile (Ctrl-C) fails its task as interrupted and starts no process."""
+    from warmd.executors.pool import Worker
+
+    entered, release = threading.Event(), threading.Event()
+
+    def held_env() -> dict[str, str]:
+        entered.set()
+        release.wait(30)
+        return {}
+
+    worker = Worker(held_env)
+    task = Task(key="deep_gemm/fp8_gemm_nt/128x256/t", library="deep_gemm",
+                kernel="fp8_gemm_nt", n=256, k=128, m=(1,))
+    results = []
+    thread = threading.Thread(target=lambda: results.append(worker.run(task)))
+    thread.start()
+    assert entered.wait(30)  # the worker is held, its process not started
+    worker.stop(kill=True)
+    release.set()
+    thread.join(30)
+    assert results and not results[0].ok and "interrupted" in results[0].error
+    assert not worker.started

@@ -147,11 +147,11 @@ class Worker:
         """Whether a process was ever started for this worker."""
         return self._starts > 0
 
-    def _start(self) -> None:
+    def _start(self, env: dict[str, str]) -> None:
         parent, child = self._ctx.Pipe()
         self._starts += 1
         self._proc = self._ctx.Process(target=_worker_main,
-                                       args=(child, self.env, self.executors), daemon=True)
+                                       args=(child, env, self.executors), daemon=True)
         self._proc.start()
         child.close()
         self._conn = parent
@@ -160,7 +160,10 @@ class Worker:
         if self.stopped:
             return failed_result(task, "interrupted before it started")
         if self._proc is None or not self._proc.is_alive():
-            self._start()
+            env = self.env  # worked out first: it may wait (a kernel stage holding workers)
+            if self.stopped:  # stopped meanwhile: start nothing
+                return failed_result(task, "interrupted before it started")
+            self._start(env)
         proc, conn = self._proc, self._conn
         assert proc is not None and conn is not None
         try:
