@@ -521,11 +521,11 @@ class _Run:
             fetched = {name for lib, name in self.remote if lib == adapter.library}
             stage = self.stages.get(adapter.library)
         seen = {k.name for k in result.kernels}
-        for name in (seen & fetched) - set(recorded):  # installed from the store this run
-            seconds = self.shared.installed_seconds(adapter.library, name) if self.shared \
-                else None
-            if seconds is not None:
-                recorded[name] = seconds  # its manifest's compile time: what the hit saved
+        if self.shared is not None:  # installed from the store this run: what a hit saved
+            for name in (seen & fetched) - set(recorded):  # is its manifest's compile time
+                seconds = self.shared.installed_seconds(adapter.library, name)
+                if seconds is not None:
+                    recorded[name] = seconds
         for k in result.kernels:
             if k.outcome == "local_hit" and k.name in fetched:
                 k.outcome = "remote_hit"

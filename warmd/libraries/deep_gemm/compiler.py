@@ -122,8 +122,7 @@ class DeepGemmKernelStage:
         # CPU from the discovery's start-up and the compiles (their own start-up, torch
         # and CUDA, is the same seconds either way, and they only hand over cubins).
         self.workers_may_start = threading.Event()
-        self.queued = 0  # jobs handed to the pool whose nvcc has not begun
-        self.all_submitted = False
+        self.all_submitted = False  # the discovery ended and its last jobs are in the pool
 
     # -- starting --
 
@@ -215,14 +214,10 @@ class DeepGemmKernelStage:
         for job in found:
             if job.key in self.futures or not job.ready:
                 continue
-            with self.lock:
-                self.queued += 1
             self.futures[job.key] = self.pool.submit(self._compile, job)
 
     def _compile(self, job: Job) -> str | None:
-        with self.lock:
-            self.queued -= 1
-        self._release_workers_if_due()
+        self._release_workers_if_due()  # this job's future is running now
         if self.stopped.is_set():
             return "stopped"
         # A job a worker is compiling right now is theirs: this slot takes the next one.
@@ -238,9 +233,11 @@ class DeepGemmKernelStage:
     # -- during and after the run --
 
     def _release_workers_if_due(self) -> None:
+        """Let the workers start once no job waits in the pool for its nvcc."""
         with self.lock:
-            due = self.all_submitted and self.queued == 0
-        if due:
+            if not self.all_submitted:  # futures is final only from then on
+                return
+        if all(f.running() or f.done() for f in list(self.futures.values())):
             self.workers_may_start.set()
 
     def hold_workers(self, timeout: float = WORKERS_HELD_SECONDS) -> None:
@@ -353,7 +350,7 @@ def stage_timeline(run: Path, began: float, jobs: list[Job], compiles: list[dict
     known = []
     for job in jobs:
         with contextlib.suppress(OSError):
-            known.append((job.path / "args.json").stat().st_mtime)
+            known.append(job.args_file.stat().st_mtime)
     recorders = []
     for path in sorted((run / "recorders").glob("*.json")):
         with contextlib.suppress(OSError, ValueError):

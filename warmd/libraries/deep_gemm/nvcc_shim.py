@@ -67,12 +67,17 @@ class Job:
         return self.path / "kernel.cubin"
 
     @property
+    def args_file(self) -> Path:
+        """The nvcc arguments, written last: its mtime is when the request was complete."""
+        return self.path / "args.json"
+
+    @property
     def ready(self) -> bool:
         """Whether the request is fully written (args.json goes in last)."""
-        return (self.path / "args.json").is_file()
+        return self.args_file.is_file()
 
     def args(self) -> list[str]:
-        return json.loads((self.path / "args.json").read_text())
+        return json.loads(self.args_file.read_text())
 
     def failure(self) -> str | None:
         """nvcc's output when it failed on this job (then it is not tried again)."""
@@ -113,7 +118,7 @@ def save_job(run: Path, template: list[str], source: bytes) -> Job:
         return job
     job.path.mkdir(parents=True, exist_ok=True)
     _write_atomically(job.source, source)
-    _write_atomically(job.path / "args.json", json.dumps(template).encode())
+    _write_atomically(job.args_file, json.dumps(template).encode())
     return job
 
 
