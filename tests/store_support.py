@@ -17,6 +17,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 from testlib import LIBRARY_MODULE, NAME
 from testlib.cache import DEFAULT_SIZE, DirAdapter, compile_entry, entry_bytes
 
@@ -91,6 +92,18 @@ def make_plan(tasks: int, per_task: int = 2, prefix: str = "k") -> dict[str, lis
 
 def start_test_server(tmp: Path, **kw) -> ServerProcess:
     return start_server(tmp / "redis", appendonly=kw.pop("appendonly", False), **kw)
+
+
+def module_server(password: str | None = None):
+    """A module-scoped ``server`` fixture: one real Redis-protocol server (with this
+    password) for every test of the module. Use as ``server = module_server(...)``."""
+    @pytest.fixture(scope="module")
+    def server(tmp_path_factory):
+        srv = start_test_server(tmp_path_factory.mktemp("redis"), password=password)
+        yield srv
+        srv.stop()
+
+    return server
 
 
 def run_worker(args: dict) -> list[str]:

@@ -9,17 +9,12 @@ import time
 
 import pytest
 from click.testing import CliRunner
-from store_support import DirAdapter, make_plan, start_test_server, warm
+from store_support import DirAdapter, make_plan, module_server, warm
 
 from warmd.cli import main
 from warmd.store import layout, open_shared_cache
 
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    srv = start_test_server(tmp_path_factory.mktemp("redis"), password="cli-secret")
-    yield srv
-    srv.stop()
+server = module_server("cli-secret")
 
 
 @pytest.fixture

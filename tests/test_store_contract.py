@@ -5,18 +5,14 @@ from __future__ import annotations
 
 import pytest
 from store_contract import Backend, StoreContract
-from store_support import start_test_server
+from store_support import module_server
 
 from warmd.store import free_port, open_node_records
 
 PASSWORD = "contract-pw"
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    srv = start_test_server(tmp_path_factory.mktemp("redis"), password=PASSWORD)
-    yield srv
-    srv.stop()
+server = module_server(PASSWORD)
 
 
 class TestRedisBackend(StoreContract):

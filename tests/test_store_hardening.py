@@ -8,7 +8,7 @@ import json
 
 import pytest
 from click.testing import CliRunner
-from store_support import DirAdapter, compiles, make_plan, start_test_server, warm
+from store_support import DirAdapter, compiles, make_plan, module_server, warm
 
 from warmd.cli import main
 from warmd.store import layout
@@ -17,11 +17,7 @@ from warmd.store.signing import sign
 KEY = b"cluster-key"
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    srv = start_test_server(tmp_path_factory.mktemp("redis"), password="harden-pw")
-    yield srv
-    srv.stop()
+server = module_server("harden-pw")
 
 
 CACHE_DEFAULTS = {"poll_interval": 0.05, "lease_seconds": 5.0}

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from store_support import DirAdapter, make_plan, start_test_server, warm
+from store_support import DirAdapter, make_plan, module_server, start_test_server, warm
 
 from warmd.cache.artifacts import MAX_MEMBERS, check_artifact, pack_members
 from warmd.cache.base import CacheEntry, IncompatibleHere, UnsafeArtifact
@@ -83,11 +83,7 @@ def test_counters_of_a_full_store_are_kept_until_it_has_room(tmp_path, caches, s
         srv.stop()
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    srv = start_test_server(tmp_path_factory.mktemp("redis"))
-    yield srv
-    srv.stop()
+server = module_server()
 
 
 def test_an_installed_entry_is_one_hit(server, rclient, caches, tmp_path):

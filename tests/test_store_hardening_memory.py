@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from store_support import SRC, DirAdapter, make_plan, start_test_server, warm
+from store_support import SRC, DirAdapter, make_plan, module_server, warm
 
 from warmd.store import layout
 
@@ -36,11 +36,7 @@ cache.close()
 """
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    srv = start_test_server(tmp_path_factory.mktemp("redis"))
-    yield srv
-    srv.stop()
+server = module_server()
 
 
 def _fetch_in_child(url: str, root: Path, task: str) -> dict:

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 from click.testing import CliRunner
-from store_support import SRC, start_test_server
+from store_support import SRC, module_server
 
 from warmd.cli import main
 from warmd.store import free_port, parse_store_url
@@ -23,11 +23,7 @@ ENCODED = "harden-pw%2F%23x"
 SIGNING_KEY = "signing-secret-0123"
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    srv = start_test_server(tmp_path_factory.mktemp("redis"), password=PASSWORD)
-    yield srv
-    srv.stop()
+server = module_server(PASSWORD)
 
 
 @pytest.mark.parametrize("url", [
