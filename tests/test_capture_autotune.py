@@ -99,4 +99,8 @@ def test_installs_refuse_forged_or_unsafe_artifacts(tmp_path):
     link = src.vllm_dir / HASH
     link.mkdir(parents=True)
     os.symlink(other, link / "autotune_configs.json")
-    assert [e.name for e in src.list_entries()] == [entry.name]  # a link is never an entry
+    listed = {e.name: e for e in src.list_entries()}  # FlashInfer would follow the link...
+    assert sorted(listed) == sorted([entry.name, f"vllm-{HASH}"])
+    assert not src.is_complete(f"vllm-{HASH}")
+    with pytest.raises(UnsafeArtifact, match="symlink"):  # ...warmd never packs one
+        src.pack(listed[f"vllm-{HASH}"])
