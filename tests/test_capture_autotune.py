@@ -104,3 +104,15 @@ def test_installs_refuse_forged_or_unsafe_artifacts(tmp_path):
     assert not src.is_complete(f"vllm-{HASH}")
     with pytest.raises(UnsafeArtifact, match="symlink"):  # ...warmd never packs one
         src.pack(listed[f"vllm-{HASH}"])
+
+
+def test_installs_refuse_json_out_of_bounds_as_unsafe_not_as_a_failure(tmp_path):
+    """Deep nesting used to raise RecursionError out of install (counted install_failed, so
+    every node fetched it again); NaN used to be installed. Both are refusals now."""
+    dest = adapter(tmp_path / "b")
+    for i, content in enumerate((b"[" * 100_000 + b"]" * 100_000, b'{"tactic": NaN}')):
+        planted = tmp_path / f"planted{i}.json"
+        planted.write_bytes(content)
+        with pytest.raises(UnsafeArtifact, match="deeper|NaN"):
+            dest.install(f"vllm-{HASH}", pack_members([("autotune_configs.json", planted)]))
+    assert dest.list_entries() == []
