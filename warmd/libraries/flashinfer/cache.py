@@ -411,7 +411,10 @@ class FlashInferCacheAdapter(CacheAdapter):
             return "incomplete"
         except (OSError, ValueError):
             return "unsafe"
-        return "complete" if ninja_is_up_to_date(self.root / name)[0] else "incomplete"
+        try:
+            return "complete" if ninja_is_up_to_date(self.root / name)[0] else "incomplete"
+        except IncompatibleHere:  # no ninja here: FlashInfer could not build it either
+            return "incomplete"
 
     def _module_dir(self, name: str) -> Path:
         """Where FlashInfer's build.ninja puts the module's outputs (resolved paths)."""
