@@ -2,9 +2,12 @@
 
 Every cache adapter (DeepGEMM, FlashInfer) ships entries through these three helpers:
 
-* ``pack_directory(path)`` -> bytes: a gzip'd tar of the directory's contents (names relative
-  to ``path``), sorted, with zeroed mtimes/uids/gids and normalized modes, regular files and
-  directories only. The same tree always gives the same bytes, so digests are stable.
+* ``pack_directory(root, rel)`` -> bytes: a gzip'd tar of ``root/rel``'s contents (names
+  relative to it), sorted, with zeroed mtimes/uids/gids and normalized modes, regular files
+  and directories only, read as an attacker's filesystem (``safe_fs.CacheTree``: no link
+  below ``root``, sizes bounded, each file read once through one descriptor). The same tree
+  always gives the same bytes, so digests are stable. ``pack_members`` packs explicit
+  members, their content read the same way.
 * ``unpack_safely(artifact, dest, max_bytes)``: extracts into an empty directory after
   checking every member first; absolute names, ``..``, links, devices/FIFOs, sparse files,
   duplicate names and archives larger than ``max_bytes`` (compressed, uncompressed, or the
