@@ -214,15 +214,20 @@ class CacheTree:
         return FileContent(data, bool(st.st_mode & 0o111))
 
     def read_json(self, rel: str | PurePosixPath, limit: int) -> object:
-        """The JSON value of root/rel (bounded decoder): UnsafeArtifact when it is out of
-        bounds, boundedjson.NotJson (a ValueError) when it does not parse at all."""
-        data = self.read(rel, limit).data
-        try:
-            return boundedjson.loads(data, limit)
-        except boundedjson.NotJson:
-            raise
-        except boundedjson.JsonRefused as exc:
-            raise UnsafeArtifact(f"{self.root / str(rel)}: {exc}") from None
+        """The JSON value of root/rel (``load_json``)."""
+        return load_json(self.read(rel, limit).data, limit, str(self.root / str(rel)))
+
+
+def load_json(raw: bytes, limit: int, where: str) -> object:
+    """raw (a file of a cache, where) through the bounded decoder: UnsafeArtifact when out
+    of bounds (size, depth, NaN), boundedjson.NotJson (a ValueError) when it does not parse
+    at all (what a writer's partial file looks like)."""
+    try:
+        return boundedjson.loads(raw, limit)
+    except boundedjson.NotJson:
+        raise
+    except boundedjson.JsonRefused as exc:
+        raise UnsafeArtifact(f"{where}: {exc}") from None
 
 
 def _check_regular(st: os.stat_result, where: Path, limit: int) -> None:

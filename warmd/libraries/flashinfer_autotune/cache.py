@@ -37,7 +37,7 @@ from pathlib import Path
 from warmd import boundedjson, settings
 from warmd.cache.artifacts import pack_members, staging, unpack_safely
 from warmd.cache.base import CacheAdapter, CacheEntry, UnsafeArtifact
-from warmd.cache.safe_fs import CacheTree, FileContent
+from warmd.cache.safe_fs import CacheTree, FileContent, load_json
 from warmd.libraries.flashinfer.cache import arch_dir, flashinfer_version
 
 LIBRARY = "flashinfer_autotune"
@@ -130,7 +130,7 @@ class FlashInferAutotuneAdapter(CacheAdapter):
         'unsafe' (there, but not bounded JSON in regular files). Never raises."""
         try:
             for _arc, path in self._files(name):
-                _decode(name, path.name, self._read(path).data)
+                load_json(self._read(path).data, MAX_ENTRY_BYTES, str(path))
         except (OSError, boundedjson.NotJson):
             return "incomplete"
         except ValueError:  # UnsafeArtifact, and anything else odd about a file
@@ -174,10 +174,7 @@ class FlashInferAutotuneAdapter(CacheAdapter):
         """The entry's files, read once each, if they pass the checks an install makes
         (bounded JSON, a v2 entry's own hashes): what fails them is never published."""
         members = [(arc, self._read(path)) for arc, path in self._files(entry.name)]
-        try:
-            _check_contents(entry.name, {arc: content.data for arc, content in members})
-        except boundedjson.NotJson as exc:
-            raise UnsafeArtifact(f"autotune entry {entry.name}: {exc}") from None
+        _check_contents(entry.name, {arc: content.data for arc, content in members})
         return pack_members(list(members))
 
     def install(self, name: str, artifact: bytes) -> CacheEntry:
@@ -191,10 +188,7 @@ class FlashInferAutotuneAdapter(CacheAdapter):
                 raise UnsafeArtifact(f"artifact for {name} holds {sorted(found)}, expected "
                                      f"{sorted(arc for arc, _ in members)}")
             data = {arc: (stage / "x" / arc).read_bytes() for arc, _ in members}
-        try:
-            _check_contents(name, data)
-        except boundedjson.NotJson as exc:
-            raise UnsafeArtifact(f"artifact for {name}: {exc}") from None
+        _check_contents(name, data)
         for arc, path in members:
             _write_atomically(path, data[arc])
         return CacheEntry(LIBRARY, name, members[-1][1])
@@ -207,20 +201,14 @@ class FlashInferAutotuneAdapter(CacheAdapter):
         return {"library": LIBRARY, "version": self.version, "arch": self.arch}
 
 
-def _decode(name: str, arc: str, raw: bytes) -> object:
-    """A file of an entry through the bounded decoder: UnsafeArtifact when out of bounds
-    (size, depth, NaN), boundedjson.NotJson when it does not parse."""
-    try:
-        return boundedjson.loads(raw, MAX_ENTRY_BYTES)
-    except boundedjson.NotJson:
-        raise
-    except boundedjson.JsonRefused as exc:
-        raise UnsafeArtifact(f"autotune entry {name}: {arc}: {exc}") from None
-
-
 def _check_contents(name: str, data: dict[str, bytes]) -> None:
-    """Every file is bounded JSON; a v2 entry's hashes are the digests of what it holds."""
-    parsed = {arc: _decode(name, arc, raw) for arc, raw in data.items()}
+    """Every file is bounded JSON; a v2 entry's hashes are the digests of what it holds.
+    Raises UnsafeArtifact."""
+    try:
+        parsed = {arc: load_json(raw, MAX_ENTRY_BYTES, f"autotune entry {name}: {arc}")
+                  for arc, raw in data.items()}
+    except boundedjson.NotJson as exc:
+        raise UnsafeArtifact(f"autotune entry {name}: {exc}") from None
     m = _V2_RE.match(name)
     if m is None:
         return

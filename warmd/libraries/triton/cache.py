@@ -40,11 +40,11 @@ import re
 import sysconfig
 from pathlib import Path
 
-from warmd import boundedjson, settings
+from warmd import settings
 from warmd.boundedjson import NotJson
 from warmd.cache.artifacts import install_atomically, pack_members
 from warmd.cache.base import CacheAdapter, CacheEntry, UnsafeArtifact
-from warmd.cache.safe_fs import CacheTree, FileContent
+from warmd.cache.safe_fs import CacheTree, FileContent, load_json
 from warmd.probes import dist_version
 
 LIBRARY = "triton"
@@ -124,8 +124,8 @@ def _read_listed(tree: CacheTree, name: str, child: str) -> FileContent:
     content = tree.read(f"{name}/{child}")
     if child.endswith(".json"):
         try:
-            boundedjson.loads(content.data, MAX_GROUP_BYTES)
-        except boundedjson.JsonRefused as exc:
+            load_json(content.data, MAX_GROUP_BYTES, str(tree.root / name / child))
+        except NotJson as exc:
             raise UnsafeArtifact(f"{tree.root / name / child}: {exc}") from None
     return content
 
