@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import io
 import multiprocessing
@@ -11,6 +12,7 @@ import subprocess
 import sys
 import tarfile
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -26,6 +28,7 @@ from warmd.cache.artifacts import (
     unpack_safely,
 )
 from warmd.cache.base import UnsafeArtifact
+from warmd.cache.safe_fs import CacheTree
 
 
 def _tree(root: Path, files: dict[str, bytes]) -> Path:
@@ -90,6 +93,102 @@ def test_pack_refuses_symlinks(tmp_path):
     (src / "link").symlink_to("/etc/passwd")
     with pytest.raises(UnsafeArtifact, match="link"):
         pack_directory(src)
+
+
+def _secret(tmp_path: Path) -> Path:
+    """A file of the node that no cache entry may carry (mode 0600, outside the cache)."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    secret = outside / "id_rsa"
+    secret.write_bytes(b"SECRET-KEY-MATERIAL" * 1000)  # longer than any file it replaces
+    secret.chmod(0o600)
+    return secret
+
+
+def test_a_link_anywhere_below_the_root_is_refused_not_followed(tmp_path):
+    secret = _secret(tmp_path)
+    root = _tree(tmp_path / "cache", FILES)
+    (root / "sub" / "linked").symlink_to(secret.parent, target_is_directory=True)
+    tree = CacheTree(root)
+    with pytest.raises(UnsafeArtifact, match="symlink, not a directory"):
+        tree.read("sub/linked/id_rsa")
+    with pytest.raises(UnsafeArtifact, match="symlink"):
+        tree.lstat("sub/linked/id_rsa")
+    assert not tree.is_file("sub/linked/id_rsa")
+    for bad in ("../outside/id_rsa", "sub/../../outside/id_rsa", "/etc/passwd", "sub//x"):
+        with pytest.raises(UnsafeArtifact, match="plain relative path"):
+            tree.read(bad)
+    # the configured root itself is the operator's: a link there is taken as given
+    (tmp_path / "configured").symlink_to(root, target_is_directory=True)
+    assert CacheTree(tmp_path / "configured").read("kernel.cu").data == FILES["kernel.cu"]
+
+
+def test_a_link_swapped_in_between_the_check_and_the_open_is_never_followed(
+        tmp_path, monkeypatch):
+    """The check-then-open race (an engine process swapping a symlink in while warmd
+    packs), made deterministic: the swap happens, on the real filesystem, right after the
+    packer's first look at the file. Packing opens it once, O_NOFOLLOW, and reads from
+    that descriptor, so it refuses instead of reading the secret."""
+    secret = _secret(tmp_path)
+    src = _tree(tmp_path / "src", FILES)
+    target = src / "sub" / "kernel.cubin"
+    swapped = []
+    real_stat, real_lstat = os.stat, os.lstat
+
+    def swap_after(result, path):
+        if not swapped and os.fsdecode(path).endswith("kernel.cubin"):
+            swapped.append(path)
+            staged = target.with_name("staged-link")
+            staged.symlink_to(secret)
+            os.replace(staged, target)
+        return result
+
+    monkeypatch.setattr(os, "stat", lambda path, *a, **kw: swap_after(
+        real_stat(path, *a, **kw), path))
+    monkeypatch.setattr(os, "lstat", lambda path, *a, **kw: swap_after(
+        real_lstat(path, *a, **kw), path))
+    with pytest.raises(UnsafeArtifact, match="symlink"):
+        pack_members([("kernel.cubin", target)])
+    monkeypatch.undo()
+    assert swapped and target.is_symlink()  # the swap really happened mid-pack
+
+
+def test_special_files_are_refused_without_being_opened(tmp_path):
+    root = _tree(tmp_path / "cache", FILES)
+    os.mkfifo(root / "sub" / "__grp__kernel.json")  # opening it to read would block
+    done = []
+
+    def pack() -> None:
+        with pytest.raises(UnsafeArtifact, match="FIFO"):
+            CacheTree(root).read("sub/__grp__kernel.json")
+        with pytest.raises(UnsafeArtifact, match="FIFO"):
+            pack_directory(root)
+        done.append(True)
+
+    worker = threading.Thread(target=pack, daemon=True)
+    worker.start()
+    worker.join(10)
+    if not done:  # release a blocked reader so that the test fails rather than hangs
+        with contextlib.suppress(OSError):
+            os.close(os.open(root / "sub" / "__grp__kernel.json", os.O_WRONLY | os.O_NONBLOCK))
+    assert done == [True]
+
+
+def test_sizes_are_checked_before_reading_and_bounded_while_reading(tmp_path):
+    root = _tree(tmp_path / "cache", FILES)
+    with open(root / "sparse.cubin", "wb") as fh:
+        fh.truncate(1 << 30)  # 1 GiB long, nothing on disk
+    with pytest.raises(UnsafeArtifact, match="1073741824 bytes"):
+        CacheTree(root, budget=1 << 20).read("sparse.cubin")
+    # a file whose length says nothing of what reading it gives (/proc's are 0 bytes long)
+    assert os.stat("/proc/self/status").st_size == 0
+    with pytest.raises(UnsafeArtifact, match="grew past 10 bytes"):
+        CacheTree(Path("/proc/self")).read("status", limit=10)
+    # one budget for a whole tree: files each within it, together over it
+    tree = CacheTree(root, budget=len(FILES["sub/kernel.cubin"]) + 1)
+    tree.read("sub/kernel.cubin")
+    with pytest.raises(UnsafeArtifact, match="over the 1-byte limit"):
+        tree.read("kernel.cu")
 
 
 def test_roundtrip(tmp_path):

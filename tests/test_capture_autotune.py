@@ -99,4 +99,20 @@ def test_installs_refuse_forged_or_unsafe_artifacts(tmp_path):
     link = src.vllm_dir / HASH
     link.mkdir(parents=True)
     os.symlink(other, link / "autotune_configs.json")
-    assert [e.name for e in src.list_entries()] == [entry.name]  # a link is never an entry
+    listed = {e.name: e for e in src.list_entries()}  # FlashInfer would follow the link...
+    assert sorted(listed) == sorted([entry.name, f"vllm-{HASH}"])
+    assert not src.is_complete(f"vllm-{HASH}")
+    with pytest.raises(UnsafeArtifact, match="symlink"):  # ...warmd never packs one
+        src.pack(listed[f"vllm-{HASH}"])
+
+
+def test_installs_refuse_json_out_of_bounds_as_unsafe_not_as_a_failure(tmp_path):
+    """Deep nesting used to raise RecursionError out of install (counted install_failed, so
+    every node fetched it again); NaN used to be installed. Both are refusals now."""
+    dest = adapter(tmp_path / "b")
+    for i, content in enumerate((b"[" * 100_000 + b"]" * 100_000, b'{"tactic": NaN}')):
+        planted = tmp_path / f"planted{i}.json"
+        planted.write_bytes(content)
+        with pytest.raises(UnsafeArtifact, match="deeper|NaN"):
+            dest.install(f"vllm-{HASH}", pack_members([("autotune_configs.json", planted)]))
+    assert dest.list_entries() == []

@@ -275,3 +275,151 @@ def test_fingerprint_inputs_are_portable(built):
     text = json.dumps(inputs)
     assert str(built.base) not in text  # the workspace path is relocated, not keyed
     assert FlashInferCacheAdapter(built.base / "x", "9.0a").fingerprint_inputs() == inputs
+
+
+# ----- a workspace an engine process can write to, read as an attacker's filesystem -----
+
+def _installed_copy(built, base: Path) -> FlashInferCacheAdapter:
+    adapter = FlashInferCacheAdapter(base, "9.0a")
+    adapter.install(MODULE, built.adapter.pack(built.adapter.entry(MODULE)))
+    assert adapter.is_complete(MODULE)
+    return adapter
+
+
+def _append_to_link_line(adapter: FlashInferCacheAdapter, extra: str) -> None:
+    build = adapter.root / MODULE / "build.ninja"
+    stat_before = build.stat()
+    lines = build.read_text().splitlines()
+    (i,) = [i for i, line in enumerate(lines) if line.startswith("build ")
+            and f"/{MODULE}.so: link " in line]
+    lines[i] += f" {extra}"
+    build.write_text("\n".join(lines) + "\n")
+    os.utime(build, ns=(stat_before.st_atime_ns, stat_before.st_mtime_ns))
+
+
+def test_a_symlinked_generated_directory_is_refused_and_its_secret_never_published(
+        built, tmp_path, monkeypatch):
+    """The issue's exfiltration: a module naming an order-only input under generated/ that
+    is a symlink to a directory holding a 0600 file. FlashInfer's own ninja still finds the
+    module up to date, so it is complete; packing it must not follow the link."""
+    from store_support import start_test_server
+
+    from warmd.capture import Capture, CaptureScope
+    from warmd.store import open_shared_cache
+    from warmd.targets import preset
+
+    adapter = _installed_copy(built, tmp_path / "ws")
+    secret = tmp_path / "outside" / "id_rsa"
+    secret.parent.mkdir()
+    secret.write_bytes(b"-----BEGIN OPENSSH PRIVATE KEY----- warmd-test-secret")
+    secret.chmod(0o600)
+    (adapter.generated_dir / "evil").symlink_to(secret.parent, target_is_directory=True)
+    linked = adapter.workspace_dir.resolve() / "generated" / "evil" / "id_rsa"
+    _append_to_link_line(adapter, f"|| {linked}")
+    assert adapter.is_up_to_date(MODULE)[0]  # ninja: nothing to do, a complete module
+    with pytest.raises(UnsafeArtifact, match="symlink"):
+        adapter.pack(adapter.entry(MODULE))
+
+    for var in ("TRITON_CACHE_DIR", "VLLM_CACHE_ROOT", "FLASHINFER_AUTOTUNE_CACHE_DIR"):
+        monkeypatch.setenv(var, str(tmp_path / "unused" / var))
+    server = start_test_server(tmp_path / "redis")
+    try:
+        scope = CaptureScope("plan-fi-0123456789abcdef", preset("h200").to_json(),
+                             {"flashinfer": str(tmp_path / "ws")})
+        cap = Capture("node-a", [scope], lambda target: open_shared_cache(
+            server.url, target=target, node="node-a"), inotify=False)
+        cap.start()
+        cap.stop()
+        assert cap.counts["capture_refused"] == {"flashinfer": 1}
+        assert cap.total("captured") == 0
+        client = server.client()
+        assert [k for k in client.scan_iter(match="warmd:v1:blob:*")] == []
+        assert not any(b"warmd-test-secret" in (client.get(k) or b"")
+                       for k in client.scan_iter(match="warmd:*")
+                       if client.type(k) == b"string")
+    finally:
+        server.stop()
+
+
+def _forged_include(built, tmp_path: Path, node_file: Path) -> bytes:
+    unpacked = tmp_path / "forged"
+    unpack_safely(built.adapter.pack(built.adapter.entry(MODULE)), unpacked)
+    build = unpacked / "module" / "build.ninja"
+    build.write_text(f"include {node_file}\n" + build.read_text())
+    return pack_directory(unpacked)
+
+
+class _Publisher(FlashInferCacheAdapter):
+    """A writer of the store publishing a forged module under the real module's name (with
+    signing off, any writer can)."""
+
+    def __init__(self, workspace: Path, artifact: bytes) -> None:
+        super().__init__(workspace, "9.0a")
+        self.artifact = artifact
+
+    def pack(self, entry):
+        return self.artifact
+
+
+def test_a_build_ninja_including_a_node_file_is_quarantined_and_never_echoed(
+        built, tmp_path, caplog, capfd):
+    """ninja's errors quote the line they stopped at: a stored build.ninja starting with
+    `include <a node's file>` printed that file's first line and was never quarantined."""
+    from store_support import start_test_server
+
+    from warmd.store import layout, open_shared_cache
+
+    node_file = tmp_path / "passwd"
+    node_file.write_text("nodesecret:x:0:0:root:/root:/bin/bash\n")
+    forged = _forged_include(built, tmp_path, node_file)
+    with pytest.raises(UnsafeArtifact, match="'include' statement") as refused:
+        FlashInferCacheAdapter(tmp_path / "unit", "9.0a").install(MODULE, forged)
+    assert "nodesecret" not in str(refused.value)
+
+    server = start_test_server(tmp_path / "redis")
+    try:
+        with open_shared_cache(server.url, node="writer") as writer:
+            publisher = _Publisher(tmp_path / "writer", forged)
+            writer.publish_task(publisher, "task", [publisher.entry(MODULE)], 1.0)
+            fp = writer.fingerprint(publisher).digest
+        reader_adapter = FlashInferCacheAdapter(tmp_path / "reader", "9.0a")
+        with open_shared_cache(server.url, node="reader") as reader:
+            assert reader.fetch_task(reader_adapter, "task") is None
+            counts = dict(reader.counters)
+        assert counts.get("unsafe_rejected") == 1 and counts.get("quarantined") == 1, counts
+        assert "refused_here" not in counts and "install_failed" not in counts
+        assert not (reader_adapter.root / MODULE).exists()
+        client = server.client()
+        assert client.exists(layout.quarantine_key(fp, MODULE))
+    finally:
+        server.stop()
+    out, err = capfd.readouterr()
+    assert "nodesecret" not in out + err + caplog.text
+
+    # the same build.ninja planted in a local module: never handed to ninja, never packed
+    local = _installed_copy(built, tmp_path / "local")
+    build = local.root / MODULE / "build.ninja"
+    build.write_text(f"include {node_file}\n" + build.read_text())
+    assert local.module_state(MODULE) == "unsafe" and not local.is_complete(MODULE)
+    assert [e.name for e in local.list_entries()] == [MODULE]  # listed: capture counts it
+    up_to_date, why = local.is_up_to_date(MODULE)
+    assert not up_to_date and "nodesecret" not in why
+    with pytest.raises(UnsafeArtifact, match="build.ninja"):
+        local.pack(local.entry(MODULE))
+
+
+def test_ninja_is_only_run_on_a_build_ninja_that_opens_nothing_else(built, tmp_path):
+    """What FlashInfer writes passes; what would make ninja read another file, or write
+    its logs elsewhere, does not (a FIFO there would block ninja for its whole timeout)."""
+    from warmd.libraries.flashinfer.cache import build_ninja_problem
+
+    module = built.adapter.root / MODULE
+    real = (module / "build.ninja").read_text()
+    where = str(built.adapter.workspace_dir.resolve() / "cached_ops" / MODULE)
+    assert build_ninja_problem(real, where) is None
+    fifo = tmp_path / "fifo"
+    for planted in (f"include {fifo}\n", f"subninja {fifo}\n", f"builddir = {tmp_path}\n",
+                    f"include$\n {fifo}\n", f"rule x\n  command = true\n  depfile = {fifo}\n",
+                    f"build {tmp_path}/elsewhere.o: compile {fifo}\n",
+                    f"build$\n {tmp_path}/x.o: compile y\n"):
+        assert build_ninja_problem(planted + real, where) is not None, planted

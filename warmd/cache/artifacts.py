@@ -2,9 +2,12 @@
 
 Every cache adapter (DeepGEMM, FlashInfer) ships entries through these three helpers:
 
-* ``pack_directory(path)`` -> bytes: a gzip'd tar of the directory's contents (names relative
-  to ``path``), sorted, with zeroed mtimes/uids/gids and normalized modes, regular files and
-  directories only. The same tree always gives the same bytes, so digests are stable.
+* ``pack_directory(root, rel)`` -> bytes: a gzip'd tar of ``root/rel``'s contents (names
+  relative to it), sorted, with zeroed mtimes/uids/gids and normalized modes, regular files
+  and directories only, read as an attacker's filesystem (``safe_fs.CacheTree``: no link
+  below ``root``, sizes bounded, each file read once through one descriptor). The same tree
+  always gives the same bytes, so digests are stable. ``pack_members`` packs explicit
+  members, their content read the same way.
 * ``unpack_safely(artifact, dest, max_bytes)``: extracts into an empty directory after
   checking every member first; absolute names, ``..``, links, devices/FIFOs, sparse files,
   duplicate names and archives larger than ``max_bytes`` (compressed, uncompressed, or the
@@ -28,7 +31,6 @@ import io
 import os
 import shutil
 import socket
-import stat
 import tarfile
 import time
 import uuid
@@ -39,6 +41,7 @@ from pathlib import Path, PurePosixPath
 
 from warmd import settings
 from warmd.cache.base import UnsafeArtifact
+from warmd.cache.safe_fs import CacheTree, FileContent
 from warmd.processes import pid_alive
 
 STAGING_DIR = ".warmd-staging"
@@ -52,19 +55,26 @@ STALE_STAGING_SECONDS = 3600.0
 _CHUNK = 1 << 20
 
 
-def pack_directory(path: Path) -> bytes:
-    """A deterministic gzip'd tar of everything under ``path`` (which is not included)."""
-    path = Path(path)
-    if not path.is_dir():
-        raise FileNotFoundError(f"not a directory: {path}")
-    return pack_members([(rel.as_posix(), None if (path / rel).is_dir() else path / rel)
-                         for rel in _walk_sorted(path)])
+def pack_directory(root: Path, rel: str = "", budget: int | None = None) -> bytes:
+    """A deterministic gzip'd tar of everything under ``root/rel`` (which is not included),
+    read as an attacker's filesystem (warmd.cache.safe_fs): no link followed below ``root``,
+    regular files and directories only, at most ``budget`` bytes read in all."""
+    tree = CacheTree(root, budget)
+    base = f"{rel}/" if rel else ""
+    return pack_members([(path, None if is_dir else tree.read(base + path))
+                         for path, is_dir in tree.walk(rel)])
 
 
-def pack_members(members: list[tuple[str, Path | None]]) -> bytes:
-    """A deterministic gzip'd tar of explicit members: (archive path, source file), or
-    (archive path, None) for a directory. Parent directories are added; order is sorted."""
-    entries: dict[str, Path | None] = {}
+Source = FileContent | Path | None
+
+
+def pack_members(members: list[tuple[str, Source]]) -> bytes:
+    """A deterministic gzip'd tar of explicit members: (archive path, content read through a
+    CacheTree), or (archive path, None) for a directory. Parent directories are added; order
+    is sorted. A Path is read as the regular file it names, trusting its directory as given
+    (an adapter reads its cache through its own CacheTree instead, rooted where the
+    operator configured it)."""
+    entries: dict[str, Source] = {}
     for name, source in members:
         parts = PurePosixPath(name).parts
         for i in range(1, len(parts)):
@@ -80,7 +90,7 @@ def pack_members(members: list[tuple[str, Path | None]]) -> bytes:
     return gzip.compress(raw.getvalue(), compresslevel=6, mtime=0)
 
 
-def _add_member(tar: tarfile.TarFile, name: str, source: Path | None) -> None:
+def _add_member(tar: tarfile.TarFile, name: str, source: Source) -> None:
     info = tarfile.TarInfo(name)
     info.mtime = 0
     info.uid = info.gid = 0
@@ -90,29 +100,12 @@ def _add_member(tar: tarfile.TarFile, name: str, source: Path | None) -> None:
         info.mode = 0o755
         tar.addfile(info)
         return
-    st = os.lstat(source)
-    if not stat.S_ISREG(st.st_mode):
-        raise UnsafeArtifact(f"refusing to pack {source}: not a regular file")
+    if isinstance(source, Path):  # one open, O_NOFOLLOW, read from that descriptor
+        source = CacheTree(source.parent).read(source.name)
     info.type = tarfile.REGTYPE
-    info.mode = 0o755 if st.st_mode & 0o111 else 0o644
-    info.size = st.st_size
-    with open(source, "rb") as fh:
-        tar.addfile(info, fh)
-
-
-def _walk_sorted(root: Path) -> list[PurePosixPath]:
-    """Relative paths of regular files and directories under root, parents first, sorted.
-    Anything else (symlinks, sockets, FIFOs) cannot travel and is refused."""
-    out: list[PurePosixPath] = []
-    for entry in sorted(os.scandir(root), key=lambda e: e.name):
-        rel = PurePosixPath(entry.name)
-        if entry.is_symlink() or not (entry.is_dir() or entry.is_file()):
-            raise UnsafeArtifact(f"refusing to pack {Path(root) / entry.name}: "
-                                 "not a regular file or directory")
-        out.append(rel)
-        if entry.is_dir():
-            out.extend(rel / sub for sub in _walk_sorted(Path(entry.path)))
-    return out
+    info.mode = 0o755 if source.executable else 0o644
+    info.size = len(source.data)
+    tar.addfile(info, io.BytesIO(source.data))
 
 
 def _gunzip_limited(artifact: bytes, limit: int) -> bytes:

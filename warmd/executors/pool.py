@@ -9,6 +9,7 @@ Executors are created in the worker with no arguments, from the environment it w
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import importlib
 import json
@@ -18,11 +19,14 @@ import signal
 from collections.abc import Callable
 from dataclasses import asdict
 from multiprocessing.connection import Connection
+from pathlib import Path
 
 from warmd.executors.base import Executor, KernelOutcome, TaskResult
 from warmd.plan import Task
+from warmd.processes import pid_alive
 
 STOP_GRACE_SECONDS = 3.0
+MAX_WORKER_LOGS = 20  # logs of finished workers kept in <state dir>/logs, newest first
 
 
 def load_executor(library: str, target: str | None = None) -> Executor | str:
@@ -87,17 +91,48 @@ def _set_parent_death_signal() -> None:
 
 def _log_output_to_file() -> None:
     """Compiler and library chatter goes to <state dir>/logs/worker-<pid>.log, not the
-    parent's terminal (failures reach the report with their reasons)."""
+    parent's terminal (failures reach the report with their reasons). Logs are rotated
+    first (``_rotate_worker_logs``); a log this worker wrote nothing to is removed when it
+    exits (or, if it was killed, by the next worker's rotation)."""
     from warmd import settings
 
     log_dir = settings.state_dir() / "logs"
     with contextlib.suppress(OSError):
         log_dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(log_dir / f"worker-{os.getpid()}.log",
-                     os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        _rotate_worker_logs(log_dir, MAX_WORKER_LOGS)
+        path = log_dir / f"worker-{os.getpid()}.log"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         os.dup2(fd, 1)
         os.dup2(fd, 2)
         os.close(fd)
+        atexit.register(_remove_if_empty, path)
+
+
+def _rotate_worker_logs(log_dir: Path, keep: int) -> None:
+    """Of the logs of workers that are gone, remove the empty ones and all but the newest
+    keep - 1 (room for the log about to be opened); running workers' logs stay."""
+    finished = []
+    for path in log_dir.glob("worker-*.log"):
+        pid = path.stem.removeprefix("worker-")
+        if pid.isdigit() and int(pid) != os.getpid() and pid_alive(int(pid)):
+            continue
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            continue
+        if st.st_size == 0:
+            _remove_if_empty(path)
+        else:
+            finished.append((st.st_mtime_ns, path.name, path))
+    for _mtime, _name, path in sorted(finished, reverse=True)[max(keep - 1, 0):]:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
+
+def _remove_if_empty(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        if path.stat().st_size == 0:
+            path.unlink()
 
 
 def _worker_main(conn: Connection, env: dict[str, str], targets: dict[str, str]) -> None:

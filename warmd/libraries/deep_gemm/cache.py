@@ -34,11 +34,13 @@ from pathlib import Path
 from warmd import settings
 from warmd.cache.artifacts import install_atomically, pack_directory
 from warmd.cache.base import CacheAdapter, CacheEntry, UnsafeArtifact
+from warmd.cache.safe_fs import CacheTree
 
 LIBRARY = "deep_gemm"
 ENTRY_RE = re.compile(r"^kernel\.([A-Za-z0-9_]+)\.([0-9a-f]{16,64})$")
 REQUIRED_FILES = ("kernel.cu", "kernel.cubin")
 OPTIONAL_FILES = ("kernel.ptx", "kernel.sass")
+MAX_SOURCE_BYTES = 4 << 20  # a generated kernel.cu is a few hundred bytes (tests/data)
 # The one template instantiation a generated kernel.cu holds: &<kernel><args>);
 _IMPL_RE = re.compile(r"&\s*([A-Za-z_][A-Za-z0-9_:]*)\s*<(.*)>\s*\)\s*;", re.S)
 
@@ -153,10 +155,11 @@ class DeepGemmCacheAdapter(CacheAdapter):
         """The parsed kernel.cu of an entry (cached: entries never change once complete)."""
         if entry.path not in self._sources:
             try:
-                text = (entry.path / "kernel.cu").read_text(errors="replace")
-            except OSError:
+                raw = CacheTree(entry.path.parent).read(f"{entry.path.name}/kernel.cu",
+                                                        MAX_SOURCE_BYTES).data
+            except (OSError, UnsafeArtifact):
                 return None
-            self._sources[entry.path] = parse_kernel_source(text)
+            self._sources[entry.path] = parse_kernel_source(raw.decode(errors="replace"))
         return self._sources[entry.path]
 
     # ----- pack / install -----
@@ -167,6 +170,8 @@ class DeepGemmCacheAdapter(CacheAdapter):
             raise IncompleteEntry(f"DeepGEMM entry {entry.path} is {state}: it needs "
                                   f"{' and '.join(REQUIRED_FILES)} as regular files")
         _check_layout(entry.path)
+        if entry.path == self.entries_dir / entry.name:  # no link below the configured root
+            return pack_directory(self._root, f"cache/{entry.name}")
         return pack_directory(entry.path)
 
     def install(self, name: str, artifact: bytes) -> CacheEntry:

@@ -44,6 +44,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import struct
 import subprocess
 import sysconfig
@@ -64,6 +65,7 @@ from warmd.cache.artifacts import (
     unpack_safely,
 )
 from warmd.cache.base import CacheAdapter, CacheEntry, IncompatibleHere, UnsafeArtifact
+from warmd.cache.safe_fs import CacheTree, FileContent, parts_of
 
 LIBRARY = "flashinfer"
 # Env knobs FlashInfer copies into the build commands (but CUDA_HOME/CUDA_PATH enter the
@@ -207,25 +209,35 @@ class DepsLog:
 
 
 def read_deps_log(path: Path) -> DepsLog:
-    """Parse ninja's binary .ninja_deps (format v4: ninja >= 1.10)."""
-    data = path.read_bytes()
+    """Parse ninja's binary .ninja_deps (format v4: ninja >= 1.10) of a staged module."""
+    return parse_deps_log(path.read_bytes(), str(path))
+
+
+def parse_deps_log(data: bytes, where: str) -> DepsLog:
+    """ninja's binary .ninja_deps (format v4) from its bytes: IncompatibleHere for another
+    version, UnsafeArtifact for bytes that are not one."""
     if not data.startswith(_DEPS_MAGIC) or len(data) < 16:
-        raise IncompatibleHere(f"{path} is not a ninja deps log")
+        raise IncompatibleHere(f"{where} is not a ninja deps log")
     (version,) = struct.unpack_from("<i", data, 12)
     if version != _DEPS_VERSION:
         raise IncompatibleHere(f"ninja deps log v{version} is not supported (v4 is)")
     log, pos = DepsLog([], []), 16
-    while pos + 4 <= len(data):
-        (size,) = struct.unpack_from("<I", data, pos)
-        body, pos = data[pos + 4:pos + 4 + (size & 0x7FFFFFFF)], pos + 4 + (size & 0x7FFFFFFF)
-        if len(body) != size & 0x7FFFFFFF:
-            break  # truncated tail: ninja ignores it too
-        if size & 0x80000000:
-            out, lo, hi = struct.unpack_from("<iII", body)
-            ins = list(struct.unpack_from(f"<{len(body) // 4 - 3}i", body, 12))
-            log.records.append((out, lo | (hi << 32), ins))
-        else:
-            log.paths.append(body[:-4].rstrip(b"\0").decode())
+    try:
+        while pos + 4 <= len(data):
+            (size,) = struct.unpack_from("<I", data, pos)
+            length = size & 0x7FFFFFFF
+            body, pos = data[pos + 4:pos + 4 + length], pos + 4 + length
+            if len(body) != length:
+                break  # truncated tail: ninja ignores it too
+            if size & 0x80000000:
+                out, lo, hi = struct.unpack_from("<iII", body)
+                ins = list(struct.unpack_from(f"<{len(body) // 4 - 3}i", body, 12))
+                log.records.append((out, lo | (hi << 32), ins))
+            else:
+                log.paths.append(body[:-4].rstrip(b"\0").decode())
+        log.inputs_of()
+    except (struct.error, UnicodeDecodeError, IndexError):
+        raise UnsafeArtifact(f"{where} is not a well-formed ninja deps log") from None
     return log
 
 
@@ -249,21 +261,78 @@ def ninja_binary() -> str:
     return found
 
 
+def _run_ninja(module_dir: Path, *args: str) -> subprocess.CompletedProcess | None:
+    """ninja on a module's build.ninja (None: it did not answer within a minute). Its output
+    is for parsing only, never shown: its errors quote the files it read."""
+    try:
+        return subprocess.run([ninja_binary(), "-C", str(module_dir), "-f", "build.ninja",
+                               *args], capture_output=True, text=True, errors="replace",
+                              timeout=60)
+    except subprocess.TimeoutExpired:
+        return None
+
+
 def ninja_commands(module_dir: Path) -> dict[str, str]:
     """output path -> the command ninja would run for it (as hashed into .ninja_log)."""
-    proc = subprocess.run([ninja_binary(), "-C", str(module_dir), "-f", "build.ninja", "-t",
-                           "compdb"], capture_output=True, text=True, timeout=60)
-    if proc.returncode != 0:
-        raise IncompatibleHere(f"ninja cannot read build.ninja: {proc.stderr.strip()[:200]}")
-    return {e["output"]: e["command"] for e in json.loads(proc.stdout) if "output" in e}
+    proc = _run_ninja(module_dir, "-t", "compdb")
+    if proc is None:
+        raise IncompatibleHere(f"ninja did not answer within a minute on {module_dir.name}")
+    if proc.returncode != 0:  # its message may quote any file build.ninja named: not shown
+        raise UnsafeArtifact(f"ninja cannot read build.ninja of module {module_dir.name} "
+                             f"(exit {proc.returncode})")
+    try:
+        return {e["output"]: e["command"] for e in json.loads(proc.stdout) if "output" in e}
+    except (ValueError, TypeError, KeyError):
+        raise UnsafeArtifact(f"ninja gave no compilation database for module "
+                             f"{module_dir.name}") from None
 
 
 def ninja_is_up_to_date(module_dir: Path) -> tuple[bool, str]:
-    """Ask ninja itself (dry run) whether building this module would run any command."""
-    proc = subprocess.run([ninja_binary(), "-C", str(module_dir), "-f", "build.ninja", "-n",
-                           "-d", "explain"], capture_output=True, text=True, timeout=60)
-    text = (proc.stdout + proc.stderr).strip()
-    return proc.returncode == 0 and "no work to do" in text, text
+    """Ask ninja itself (dry run) whether building this module would run any command; the
+    reason is in warmd's words (ninja's own may quote the files it read)."""
+    proc = _run_ninja(module_dir, "-n")
+    if proc is None:
+        return False, "ninja did not answer within a minute"
+    if proc.returncode != 0:
+        return False, f"ninja cannot read build.ninja (exit {proc.returncode})"
+    if "no work to do" in proc.stdout:
+        return True, "ninja has no work to do"
+    return False, "ninja would run commands (an output is missing or out of date)"
+
+
+# What FlashInfer's build.ninja never holds (flashinfer/jit/cpp_ext.py writes variables,
+# rules, builds and a default) and would make ninja open files beyond the module's own:
+# another manifest, a build dir for its logs elsewhere, dynamic dependency files, a depfile
+# that is not the output's (`deps = gcc` keeps those unread on a dry run), an output
+# elsewhere. Checked on physical lines: a continuation cannot hide a statement.
+_WORD_END = r"(?![A-Za-z0-9_.-])"
+_NINJA_FORBIDDEN = re.compile(rf"^[ \t]*(include|subninja|builddir|dyndep){_WORD_END}",
+                              re.MULTILINE)
+_DEPFILE_LINE = re.compile(rf"^[ \t]*depfile{_WORD_END}.*$", re.MULTILINE)
+_OUR_DEPFILE = re.compile(r"^[ \t]*depfile = \$out\.d$")
+_BUILD_STATEMENT = re.compile(rf"^[ \t]*build{_WORD_END}.*$", re.MULTILINE)
+_PLAIN_BUILD = re.compile(r"^build ([^\s$:|]+(?: [^\s$:|]+)*):")
+MAX_BUILD_NINJA_BYTES = 16 << 20  # one line per source and a few of flags: far above any
+
+
+def build_ninja_problem(text: str, module_dir: str) -> str | None:
+    """Why ninja must not be run on this build.ninja (None: it reads only the module's own
+    files, and its outputs lie in module_dir)."""
+    found = _NINJA_FORBIDDEN.search(text)
+    if found:
+        return f"it has a {found.group(1)!r} statement"
+    if any(not _OUR_DEPFILE.match(m.group(0)) for m in _DEPFILE_LINE.finditer(text)):
+        return "it names a depfile other than $out.d"
+    prefix = module_dir.rstrip("/") + "/"
+    for statement in _BUILD_STATEMENT.finditer(text):
+        plain = _PLAIN_BUILD.match(statement.group(0))
+        if plain is None:
+            return "it has a build statement FlashInfer does not write"
+        for output in plain.group(1).split():
+            if not output.startswith(prefix) or "/" in output[len(prefix):] \
+                    or output == prefix:
+                return f"it builds {output!r}, outside the module's directory"
+    return None
 
 
 _BUILD_LINE = re.compile(r"^build (\S+): \S+((?: \S+)*)$", re.MULTILINE)
@@ -307,51 +376,107 @@ class FlashInferCacheAdapter(CacheAdapter):
     def entry(self, name: str) -> CacheEntry:
         return CacheEntry(LIBRARY, name, self.root / name)
 
-    def is_complete(self, name: str) -> bool:
-        """A finished module: its .so is there and ninja itself finds nothing to do for it.
+    def tree(self) -> CacheTree:
+        """The workspace read as an attacker's filesystem (the directory FlashInfer's
+        configuration names is trusted as given, nothing below it)."""
+        return CacheTree(self.workspace_dir)
+
+    def module_state(self, name: str) -> str:
+        """'complete' (ninja itself finds nothing to do), 'incomplete' (a build in progress,
+        or not a module) or 'unsafe' (a module's files are there, but ninja must not be run
+        on them: links, FIFOs, a build.ninja opening other files). Never raises, never
+        blocks.
 
         Deliberately lock-free: whoever holds the module lock (a FlashInfer build, an
         installer re-checking, a pack) must not change the answer. A build in progress is
         never up to date for ninja, which logs an output only once its command succeeded,
         and an install makes the module dir appear in one rename."""
-        module = self.root / name
-        if not (module / f"{name}.so").is_file() or not (module / "build.ninja").is_file():
-            return False
-        return ninja_is_up_to_date(module)[0]
+        tree, rel = self.tree(), f"cached_ops/{name}"
+        try:
+            parts_of(name)
+            tree.lstat(f"{rel}/{name}.so")
+            tree.lstat(f"{rel}/build.ninja")
+        except (OSError, UnsafeArtifact):
+            return "unsafe" if _is_link(tree, rel) else "incomplete"
+        try:
+            for child in tree.listdir(rel):  # ninja opens its logs and depfiles there
+                if not (tree.is_file(f"{rel}/{child}") or tree.is_dir(f"{rel}/{child}")):
+                    raise UnsafeArtifact(f"{self.root / name / child} is not a regular file")
+            text = tree.read(f"{rel}/build.ninja", MAX_BUILD_NINJA_BYTES).data
+            problem = build_ninja_problem(text.decode(errors="replace"),
+                                          str(self._module_dir(name)))
+            if problem is not None or not tree.is_file(f"{rel}/{name}.so"):
+                return "unsafe"
+        except FileNotFoundError:
+            return "incomplete"
+        except (OSError, ValueError):
+            return "unsafe"
+        try:
+            return "complete" if ninja_is_up_to_date(self.root / name)[0] else "incomplete"
+        except IncompatibleHere:  # no ninja here: FlashInfer could not build it either
+            return "incomplete"
+
+    def _module_dir(self, name: str) -> Path:
+        """Where FlashInfer's build.ninja puts the module's outputs (resolved paths)."""
+        return self.workspace_dir.resolve() / "cached_ops" / name
+
+    def is_complete(self, name: str) -> bool:
+        """A finished module: its .so is there and ninja itself finds nothing to do for it."""
+        return self.module_state(name) == "complete"
 
     def list_entries(self) -> list[CacheEntry]:
+        """Complete modules, and unsafe ones (pack refuses those: capture counts them)."""
         try:
             names = sorted(d.name for d in os.scandir(self.root)
-                           if d.is_dir(follow_symlinks=False) and not d.name.startswith(".")
-                           and d.name not in _NOT_ENTRIES)
+                           if not d.name.startswith(".") and d.name not in _NOT_ENTRIES
+                           and (d.is_dir(follow_symlinks=False) or d.is_symlink()))
         except FileNotFoundError:
             return []
-        return [self.entry(n) for n in names if self.is_complete(n)]
+        return [self.entry(n) for n in names if self.module_state(n) != "incomplete"]
 
     # -- packing --
 
     def pack(self, entry: CacheEntry) -> bytes:
-        with self.module_lock(entry.name):
-            if not self.is_complete(entry.name):
-                raise FileNotFoundError(f"no complete FlashInfer module {entry.name}")
-            module = self.root / entry.name
-            members: list[tuple[str, Path | None]] = [
-                (f"module/{p.name}", p) for p in sorted(module.iterdir())
-                if p.is_file() and not p.is_symlink()]
-            members += [(f"generated/{rel}", self.generated_dir / rel)
-                        for rel in self._generated_inputs(module)]
+        """The module directory and the generated sources it was built from, read as an
+        attacker's filesystem (warmd.cache.safe_fs): a link anywhere under the workspace,
+        a FIFO or a device, anything over the artifact limit is refused, never read."""
+        name = entry.name
+        _check_module_name(name)
+        with self.module_lock(name):
+            state = self.module_state(name)
+            if state == "unsafe":
+                raise UnsafeArtifact(f"FlashInfer module {name} holds links, special files "
+                                     "or a build.ninja that opens other files")
+            if state != "complete":
+                raise FileNotFoundError(f"no complete FlashInfer module {name}")
+            tree, rel = self.tree(), f"cached_ops/{name}"
+            module = {child: tree.read(f"{rel}/{child}") for child in tree.listdir(rel)
+                      if tree.is_file(f"{rel}/{child}")}
+            members: list[tuple[str, FileContent | None]] = [
+                (f"module/{child}", content) for child, content in sorted(module.items())]
+            members += [(f"generated/{path}", tree.read(f"generated/{path}"))
+                        for path in self._generated_inputs(tree, module)]
             return pack_members(members)
 
-    def _generated_inputs(self, module: Path) -> list[str]:
-        """Generated sources and headers the module was built from, relative to generated/."""
-        prefix = str(self.generated_dir.resolve()) + "/"
-        paths = set(_build_inputs((module / "build.ninja").read_text()))
-        deps_path = module / ".ninja_deps"
-        if deps_path.exists():
-            for ins in read_deps_log(deps_path).inputs_of().values():
+    def _generated_inputs(self, tree: CacheTree, module: dict[str, FileContent]) -> list[str]:
+        """Generated sources and headers the module was built from, relative to generated/
+        (no link anywhere on their paths: one is refused, never followed)."""
+        prefix = str(self.workspace_dir.resolve() / "generated") + "/"
+        paths = set(_build_inputs(module["build.ninja"].data.decode(errors="replace")))
+        if ".ninja_deps" in module:
+            deps = parse_deps_log(module[".ninja_deps"].data, ".ninja_deps")
+            for ins in deps.inputs_of().values():
                 paths.update(ins)
-        return sorted(p[len(prefix):] for p in paths
-                      if p.startswith(prefix) and os.path.isfile(p))
+        found = []
+        for path in sorted(p for p in paths if p.startswith(prefix)):
+            rel = "/".join(parts_of(path[len(prefix):]))
+            try:
+                if not stat.S_ISREG(tree.lstat(f"generated/{rel}").st_mode):
+                    raise UnsafeArtifact(f"generated input {rel} is not a regular file")
+            except FileNotFoundError:
+                continue  # recorded, gone since: ninja rebuilds what needs it
+            found.append(rel)
+        return found
 
     # -- installing --
 
@@ -387,9 +512,14 @@ class FlashInferCacheAdapter(CacheAdapter):
             generated = unpacked / "generated"
             # Every check runs on the staged copy: a refused artifact writes nothing shared.
             self._check_generated(generated)
+            old_ws = _workspace_of(module, name)
+            problem = build_ninja_problem((module / "build.ninja").read_text(errors="replace"),
+                                          f"{old_ws}/cached_ops/{name}")
+            if problem is not None:  # never handed to ninja: its errors quote what it read
+                raise UnsafeArtifact(f"build.ninja of module {name} is not one FlashInfer "
+                                     f"writes: {problem}")
             now_ns = time.time_ns()
-            relocate_module(module, _workspace_of(module, name),
-                            str(self.workspace_dir.resolve()), now_ns)
+            relocate_module(module, old_ws, str(self.workspace_dir.resolve()), now_ns)
             self._check_inputs_present(module, name, generated)
             fsync_tree(module)
             with self.module_lock(name):
@@ -410,21 +540,24 @@ class FlashInferCacheAdapter(CacheAdapter):
         if dest.exists():
             os.rename(dest, stage / "incomplete")
 
-    def _staged_generated(self, generated: Path) -> list[tuple[Path, Path]]:
-        """(staged source, where it goes under generated_dir) for each generated source."""
+    def _staged_generated(self, generated: Path) -> list[tuple[Path, str]]:
+        """(staged source, its path under generated/) for each generated source."""
         if not generated.is_dir():
             return []
-        return [(src, self.generated_dir / src.relative_to(generated))
+        return [(src, src.relative_to(generated).as_posix())
                 for src in sorted(p for p in generated.rglob("*") if p.is_file())]
 
     def _check_generated(self, generated: Path) -> None:
-        for src, dest in self._staged_generated(generated):
-            _check_same_source(src, dest, self.generated_dir)
+        tree = self.tree()
+        for src, rel in self._staged_generated(generated):
+            _check_same_source(src, tree, f"generated/{rel}")
 
     def _install_generated(self, generated: Path, mtime_ns: int) -> None:
-        for src, dest in self._staged_generated(generated):
-            if _check_same_source(src, dest, self.generated_dir):
+        tree = self.tree()
+        for src, rel in self._staged_generated(generated):
+            if _check_same_source(src, tree, f"generated/{rel}"):
                 continue
+            dest = self.generated_dir / rel
             dest.parent.mkdir(parents=True, exist_ok=True)
             tmp = dest.with_name(f".{dest.name}.warmd-{uuid.uuid4().hex[:12]}")
             shutil.copyfile(src, tmp)
@@ -457,6 +590,8 @@ class FlashInferCacheAdapter(CacheAdapter):
 
     def is_up_to_date(self, name: str) -> tuple[bool, str]:
         """Whether FlashInfer's build() of this module would compile nothing (ninja -n)."""
+        if self.module_state(name) == "unsafe":
+            return False, "its files are not safe to hand to ninja"
         return ninja_is_up_to_date(self.root / name)
 
     # -- compatibility --
@@ -478,21 +613,39 @@ class FlashInferCacheAdapter(CacheAdapter):
         }
 
 
+def _is_link(tree: CacheTree, rel: str) -> bool:
+    try:
+        return stat.S_ISLNK(tree.lstat(rel).st_mode)
+    except (OSError, UnsafeArtifact):
+        return False
+
+
 def _check_module_name(name: str) -> None:
     if (not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*", name) or name in _NOT_ENTRIES
             or ".." in name):
         raise UnsafeArtifact(f"bad FlashInfer module name {name!r}")
 
 
-def _check_same_source(src: Path, dest: Path, generated_dir: Path) -> bool:
-    """True when dest already holds src's bytes, False when dest is absent; a different
-    source there means FlashInfer would rebuild the module: IncompatibleHere."""
-    if not dest.exists():
+def _check_same_source(src: Path, tree: CacheTree, rel: str) -> bool:
+    """True when this node's tree.root/rel already holds src's bytes, False when it is
+    absent; a different source there means FlashInfer would rebuild the module, and a link
+    or special file there is this node's problem, not the entry's: IncompatibleHere."""
+    staged = src.read_bytes()
+    try:
+        if tree.lstat(rel).st_size != len(staged):
+            raise IncompatibleHere(f"{rel} differs from this node's: FlashInfer would "
+                                   "rebuild the module")
+        here = tree.read(rel, len(staged)).data
+    except FileNotFoundError:
         return False
-    if dest.read_bytes() != src.read_bytes():
-        raise IncompatibleHere(
-            f"generated source {dest.relative_to(generated_dir)} differs from this node's: "
-            "FlashInfer would rebuild the module")
+    except IncompatibleHere:
+        raise
+    except UnsafeArtifact as exc:  # a link on the way, a FIFO: this node's, not the entry's
+        raise IncompatibleHere(f"this node's {rel} cannot hold the entry's source: "
+                               f"{exc}") from None
+    if here != staged:
+        raise IncompatibleHere(f"{rel} differs from this node's: FlashInfer would rebuild "
+                               "the module")
     return True
 
 

@@ -12,11 +12,16 @@ vLLM's warmup):
 Entry names: ``vllm-<64 hex>`` (one autotune_configs.json) and ``v2-<16 hex>-<24 hex>`` (one
 operation with its environment's manifest). Both writers publish a file with a temporary
 name and an atomic rename, so a file under its final name is complete; an entry is listed
-only when it is a regular file that parses as JSON (and, for v2, when the manifest is there
-too). Neither file holds a path: an entry is valid at any root and on any node of the same
+when its files (for v2, the manifest too) are there and parse as JSON. The files are read
+as an attacker's filesystem (warmd.cache.safe_fs: no links below the configured roots,
+regular files only, bounded sizes, the bounded JSON decoder): an entry whose files are
+links, FIFOs, oversized, nested too deep or hold NaN is listed but never packed (capture
+counts the refusal), and so is a v2 entry failing its own hash check.
+
+Neither file holds a path: an entry is valid at any root and on any node of the same
 FlashInfer version and GPU arch (the fingerprint), and a v2 entry checks itself: its
 environment hash is the manifest's digest and its operation hash the digest of the key it
-embeds, both verified on install.
+embeds, both verified on pack and on install.
 """
 
 from __future__ import annotations
@@ -29,9 +34,10 @@ import re
 import tempfile
 from pathlib import Path
 
-from warmd import settings
+from warmd import boundedjson, settings
 from warmd.cache.artifacts import pack_members, staging, unpack_safely
 from warmd.cache.base import CacheAdapter, CacheEntry, UnsafeArtifact
+from warmd.cache.safe_fs import CacheTree, FileContent, load_json
 from warmd.libraries.flashinfer.cache import arch_dir, flashinfer_version
 
 LIBRARY = "flashinfer_autotune"
@@ -48,17 +54,6 @@ def make_adapter(root: Path, target_arch: str) -> FlashInferAutotuneAdapter | No
     if version is None:
         return None
     return FlashInferAutotuneAdapter(root, arch=target_arch, version=version)
-
-
-def _json_file(path: Path) -> object | None:
-    """The parsed content of a regular, not oversized JSON file; None otherwise."""
-    try:
-        st = os.lstat(path)
-        if not path.is_file() or path.is_symlink() or st.st_size > MAX_ENTRY_BYTES:
-            return None
-        return json.loads(path.read_bytes())
-    except (OSError, ValueError):
-        return None
 
 
 def _canonical(obj: object) -> bytes:
@@ -96,8 +91,11 @@ class FlashInferAutotuneAdapter(CacheAdapter):
         override = settings.get("VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR")
         self.vllm_dir = Path(override) if override else (
             self._root / "flashinfer_autotune_cache" / self.version / arch_dir(arch))
-        self.v2_dir = (Path(v2_root) if v2_root is not None
-                       else settings.flashinfer_autotune_dir()) / "v2"
+        v2_base = Path(v2_root) if v2_root is not None else settings.flashinfer_autotune_dir()
+        self.v2_dir = v2_base / "v2"
+        # the directories the operator configured: trusted as given, nothing below them
+        self._trusted = sorted({Path(override) if override else self._root, v2_base},
+                               key=lambda p: len(p.parts), reverse=True)
 
     @property
     def root(self) -> Path:
@@ -106,34 +104,59 @@ class FlashInferAutotuneAdapter(CacheAdapter):
     def watch_dirs(self) -> tuple[Path, ...]:
         return (self.vllm_dir, self.v2_dir)
 
+    # ----- reading -----
+
+    def _tree(self, path: Path) -> tuple[CacheTree, str]:
+        """The CacheTree of the configured directory holding path, and path within it."""
+        for base in self._trusted:
+            if path.is_relative_to(base):
+                return CacheTree(base), path.relative_to(base).as_posix()
+        raise UnsafeArtifact(f"{path} is outside the autotune caches")
+
+    def _names(self, directory: Path) -> list[str]:
+        """The names in a directory of the caches (none when it is missing or a link)."""
+        tree, rel = self._tree(directory)
+        try:
+            return tree.listdir(rel)
+        except (OSError, UnsafeArtifact):
+            return []
+
+    def _read(self, path: Path) -> FileContent:
+        tree, rel = self._tree(path)
+        return tree.read(rel, MAX_ENTRY_BYTES)
+
+    def _state(self, name: str) -> str:
+        """'complete', 'incomplete' (a file missing or cut short: not an entry yet) or
+        'unsafe' (there, but not bounded JSON in regular files). Never raises."""
+        try:
+            for _arc, path in self._files(name):
+                load_json(self._read(path).data, MAX_ENTRY_BYTES, str(path))
+        except (OSError, boundedjson.NotJson):
+            return "incomplete"
+        except ValueError:  # UnsafeArtifact, and anything else odd about a file
+            return "unsafe"
+        return "complete"
+
     # ----- listing -----
 
-    def _vllm_entries(self) -> list[CacheEntry]:
-        with contextlib.suppress(FileNotFoundError), os.scandir(self.vllm_dir) as it:
-            return [CacheEntry(LIBRARY, f"vllm-{d.name}", Path(d.path)) for d in it
-                    if _HEX64.match(d.name) and _json_file(Path(d.path) / VLLM_FILE)
-                    is not None]
-        return []
-
-    def _v2_entries(self) -> list[CacheEntry]:
-        out = []
-        with contextlib.suppress(FileNotFoundError), os.scandir(self.v2_dir) as envs:
-            for env in envs:
-                if not re.fullmatch(r"[0-9a-f]{16}", env.name) or _json_file(
-                        Path(env.path) / "manifest.json") is None:
-                    continue
-                with contextlib.suppress(FileNotFoundError), \
-                        os.scandir(Path(env.path) / "entries") as ops:
-                    out += [CacheEntry(LIBRARY, f"v2-{env.name}-{m.group(1)}", Path(op.path))
-                            for op in ops if (m := _OP_FILE.match(op.name))
-                            and _json_file(Path(op.path)) is not None]
-        return out
+    def _candidates(self) -> list[str]:
+        names = [f"vllm-{d}" for d in self._names(self.vllm_dir) if _HEX64.match(d)]
+        for env in self._names(self.v2_dir):
+            if re.fullmatch(r"[0-9a-f]{16}", env):
+                names += [f"v2-{env}-{m.group(1)}"
+                          for op in self._names(self.v2_dir / env / "entries")
+                          if (m := _OP_FILE.match(op))]
+        return names
 
     def list_entries(self) -> list[CacheEntry]:
-        return sorted(self._vllm_entries() + self._v2_entries(), key=lambda e: e.name)
+        """Entries whose files are there and parse, including unsafe ones (pack refuses
+        those, and capture counts the refusal)."""
+        return [CacheEntry(LIBRARY, name, self._files(name)[-1][1])
+                for name in sorted(self._candidates()) if self._state(name) != "incomplete"]
 
     def is_complete(self, name: str) -> bool:
-        return any(e.name == name for e in self.list_entries())
+        return bool(_VLLM_RE.match(name) or _V2_RE.match(name)) and \
+            self._state(name) == "complete"
 
     def _files(self, name: str) -> list[tuple[str, Path]]:
         """(archive name, local file) of an entry."""
@@ -148,12 +171,11 @@ class FlashInferAutotuneAdapter(CacheAdapter):
     # ----- pack / install -----
 
     def pack(self, entry: CacheEntry) -> bytes:
-        members = self._files(entry.name)
-        for _arc, path in members:
-            if _json_file(path) is None:
-                raise UnsafeArtifact(f"{path} is not a regular JSON file of at most "
-                                     f"{MAX_ENTRY_BYTES} bytes")
-        return pack_members([(arc, path) for arc, path in members])
+        """The entry's files, read once each, if they pass the checks an install makes
+        (bounded JSON, a v2 entry's own hashes): what fails them is never published."""
+        members = [(arc, self._read(path)) for arc, path in self._files(entry.name)]
+        _check_contents(entry.name, {arc: content.data for arc, content in members})
+        return pack_members(list(members))
 
     def install(self, name: str, artifact: bytes) -> CacheEntry:
         members = self._files(name)
@@ -180,13 +202,13 @@ class FlashInferAutotuneAdapter(CacheAdapter):
 
 
 def _check_contents(name: str, data: dict[str, bytes]) -> None:
-    """Every file parses as JSON; a v2 entry's hashes are the digests of what it holds."""
-    parsed = {}
-    for arc, raw in data.items():
-        try:
-            parsed[arc] = json.loads(raw)
-        except ValueError:
-            raise UnsafeArtifact(f"artifact for {name}: {arc} is not JSON") from None
+    """Every file is bounded JSON; a v2 entry's hashes are the digests of what it holds.
+    Raises UnsafeArtifact."""
+    try:
+        parsed = {arc: load_json(raw, MAX_ENTRY_BYTES, f"autotune entry {name}: {arc}")
+                  for arc, raw in data.items()}
+    except boundedjson.NotJson as exc:
+        raise UnsafeArtifact(f"autotune entry {name}: {exc}") from None
     m = _V2_RE.match(name)
     if m is None:
         return

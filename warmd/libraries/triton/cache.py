@@ -38,12 +38,13 @@ import os
 import platform
 import re
 import sysconfig
-import tempfile
 from pathlib import Path
 
 from warmd import settings
+from warmd.boundedjson import NotJson
 from warmd.cache.artifacts import install_atomically, pack_members
 from warmd.cache.base import CacheAdapter, CacheEntry, UnsafeArtifact
+from warmd.cache.safe_fs import CacheTree, FileContent, load_json
 from warmd.probes import dist_version
 
 LIBRARY = "triton"
@@ -66,55 +67,74 @@ class IncompleteEntry(ValueError):
     missing, a group pointing outside the entry)."""
 
 
-def read_groups(path: Path) -> dict[str, dict[str, str]]:
-    """group file name -> its child_paths (file name -> recorded path); raises
-    IncompleteEntry for a directory Triton would not take as a cached kernel."""
-    if path.is_symlink() or not path.is_dir():
-        raise IncompleteEntry(f"{path} is not a directory")
+def read_groups(tree: CacheTree, name: str) -> dict[str, dict[str, str]]:
+    """group file name -> its child_paths (file name -> recorded path) of the entry
+    tree.root/name; raises IncompleteEntry for a directory Triton would not take as a cached
+    kernel, UnsafeArtifact for group files that are not bounded JSON in regular files (a
+    link, a FIFO: never opened blocking)."""
     groups = {}
-    for child in sorted(os.listdir(path)):
+    for child in tree.listdir(name):
         if not GROUP_RE.match(child):
             continue
-        member = path / child
         try:
-            if member.is_symlink() or member.stat().st_size > MAX_GROUP_BYTES:
-                raise ValueError("a link or too large")
-            children = json.loads(member.read_bytes())["child_paths"]
-            if not isinstance(children, dict):
-                raise ValueError("child_paths is not an object")
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise IncompleteEntry(f"group file {member} is not readable: {exc}") from None
+            data = tree.read_json(f"{name}/{child}", MAX_GROUP_BYTES)
+        except (FileNotFoundError, NotJson) as exc:
+            raise IncompleteEntry(f"group file {tree.root / name / child} is not readable: "
+                                  f"{exc}") from None
+        children = data.get("child_paths") if isinstance(data, dict) else None
+        if not isinstance(children, dict):
+            raise IncompleteEntry(f"group file {tree.root / name / child} has no child_paths")
         groups[child] = {str(k): str(v) for k, v in children.items()}
     if not groups:
-        raise IncompleteEntry(f"{path} has no group file (a compile in progress?)")
+        raise IncompleteEntry(f"{tree.root / name} has no group file (a compile in progress?)")
     return groups
 
 
-def _check_present(path: Path, groups: dict[str, dict[str, str]]) -> None:
+def _check_present(tree: CacheTree, name: str, groups: dict[str, dict[str, str]]) -> None:
     """Triton's own test: every listed file exists where its group records it, and that is
     this directory (a group recording another root's paths reads that root, or misses)."""
+    path = tree.root / name
     for group, children in groups.items():
-        for name, recorded in children.items():
-            if recorded != str(path / name) or not os.path.exists(recorded):
-                raise IncompleteEntry(f"{group} lists {name} at {recorded}, not in {path}")
+        for child, recorded in children.items():
+            if recorded != str(path / child) or not _exists(tree, f"{name}/{child}"):
+                raise IncompleteEntry(f"{group} lists {child} at {recorded}, not in {path}")
 
 
-def _check_safe(path: Path, groups: dict[str, dict[str, str]]) -> None:
+def _exists(tree: CacheTree, rel: str) -> bool:
+    try:
+        tree.lstat(rel)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def _check_safe(tree: CacheTree, name: str, groups: dict[str, dict[str, str]]) -> None:
     """What may travel: listed files with plain names, regular files, not links."""
     for group, children in groups.items():
-        for name in children:
-            member = path / name
-            if "/" in name or name in ("", ".", "..") or GROUP_RE.match(name):
-                raise UnsafeArtifact(f"{group} lists {name!r}: not a file of the entry")
-            if member.is_symlink() or not member.is_file():
-                raise UnsafeArtifact(f"{group} lists {name}: not a regular file in {path}")
+        for child in children:
+            if "/" in child or child in ("", ".", "..") or GROUP_RE.match(child):
+                raise UnsafeArtifact(f"{group} lists {child!r}: not a file of the entry")
+            if not tree.is_file(f"{name}/{child}"):
+                raise UnsafeArtifact(f"{group} lists {child}: not a regular file in "
+                                     f"{tree.root / name}")
 
 
-def host_module(path: Path) -> str | None:
+def _read_listed(tree: CacheTree, name: str, child: str) -> FileContent:
+    """A listed file's bytes; Triton's metadata (<kernel>.json) must be bounded JSON."""
+    content = tree.read(f"{name}/{child}")
+    if child.endswith(".json"):
+        try:
+            load_json(content.data, MAX_GROUP_BYTES, str(tree.root / name / child))
+        except NotJson as exc:
+            raise UnsafeArtifact(f"{tree.root / name / child}: {exc}") from None
+    return content
+
+
+def host_module(tree: CacheTree, name: str) -> str | None:
     """The file name of a host-module entry (one .so, no group file); None otherwise."""
     try:
-        names = [n for n in os.listdir(path) if not n.startswith(TMP_PREFIX)]
-    except OSError:
+        names = [n for n in tree.listdir(name) if not n.startswith(TMP_PREFIX)]
+    except (OSError, UnsafeArtifact):
         return None
     if len(names) == 1 and MODULE_RE.match(names[0]):
         return names[0]
@@ -123,17 +143,24 @@ def host_module(path: Path) -> str | None:
 
 def entry_state(path: Path) -> str:
     """'complete' (Triton takes it as cached), 'incomplete' (Triton would compile it) or
-    'unsafe' (complete, but not something warmd ships: links, odd names)."""
-    if path.is_dir() and not path.is_symlink() and (module := host_module(path)):
-        return "unsafe" if (path / module).is_symlink() or not (path / module).is_file() \
-            else "complete"
+    'unsafe' (there, but not something warmd ships: links, FIFOs, odd names, JSON out of
+    bounds). Never blocks, never raises."""
+    return _state(CacheTree(path.parent), path.name)
+
+
+def _state(tree: CacheTree, name: str) -> str:
     try:
-        groups = read_groups(path)
-        _check_present(path, groups)
-    except IncompleteEntry:
+        if not tree.is_dir(name):
+            tree.lstat(name)  # there, but a link or not a directory
+            return "unsafe"
+        module = host_module(tree, name)
+        if module is not None:
+            return "complete" if tree.is_file(f"{name}/{module}") else "unsafe"
+        groups = read_groups(tree, name)
+        _check_present(tree, name, groups)
+        _check_safe(tree, name, groups)
+    except (OSError, IncompleteEntry):
         return "incomplete"
-    try:
-        _check_safe(path, groups)
     except UnsafeArtifact:
         return "unsafe"
     return "complete"
@@ -170,24 +197,25 @@ class TritonCacheAdapter(CacheAdapter):
 
     def pack(self, entry: CacheEntry) -> bytes:
         """The listed files and the group files, with bare names in the groups (the
-        archive is the same whichever root it was packed from); or the host module."""
-        module = host_module(entry.path)
+        archive is the same whichever root it was packed from); or the host module. Read
+        as an attacker's filesystem (warmd.cache.safe_fs)."""
+        name = entry.name
+        if not ENTRY_RE.match(name):
+            raise UnsafeArtifact(f"not a Triton cache entry name: {name!r}")
+        tree = CacheTree(self._root)
+        module = host_module(tree, name)
         if module is not None:
-            if entry_state(entry.path) != "complete":
-                raise UnsafeArtifact(f"{entry.path / module} is not a regular file")
-            return pack_members([(module, entry.path / module)])
-        groups = read_groups(entry.path)
-        _check_present(entry.path, groups)
-        _check_safe(entry.path, groups)
-        listed = {name for children in groups.values() for name in children}
-        with tempfile.TemporaryDirectory(prefix="warmd-triton-") as tmp:
-            members = [(name, entry.path / name) for name in sorted(listed)]
-            for group, children in groups.items():
-                portable = Path(tmp) / group
-                portable.write_text(json.dumps({"child_paths": {k: k for k in children}},
-                                               sort_keys=True))
-                members.append((group, portable))
-            return pack_members(members)
+            return pack_members([(module, tree.read(f"{name}/{module}"))])
+        groups = read_groups(tree, name)
+        _check_present(tree, name, groups)
+        _check_safe(tree, name, groups)
+        listed = sorted({child for children in groups.values() for child in children})
+        members: list[tuple[str, FileContent | None]] = [
+            (child, _read_listed(tree, name, child)) for child in listed]
+        for group, children in groups.items():
+            portable = json.dumps({"child_paths": {k: k for k in children}}, sort_keys=True)
+            members.append((group, FileContent(portable.encode())))
+        return pack_members(members)
 
     def install(self, name: str, artifact: bytes) -> CacheEntry:
         if not ENTRY_RE.match(name):
@@ -216,20 +244,23 @@ class TritonCacheAdapter(CacheAdapter):
 def _relocate(staged: Path, dest: Path) -> None:
     """Check the staged entry holds exactly its groups' files, then record dest's paths
     (a host module: exactly its one regular file)."""
-    if host_module(staged) is not None:
-        if entry_state(staged) != "complete":
+    tree = CacheTree(staged.parent)
+    if host_module(tree, staged.name) is not None:
+        if _state(tree, staged.name) != "complete":
             raise UnsafeArtifact(f"artifact for {dest.name} is not one regular module file")
         return
     try:
-        groups = read_groups(staged)
+        groups = read_groups(tree, staged.name)
     except IncompleteEntry as exc:  # from the store: neither kind of entry
         raise UnsafeArtifact(f"artifact for {dest.name} is not a Triton entry: {exc}") from None
-    _check_safe(staged, groups)
+    _check_safe(tree, staged.name, groups)
     listed = {name for children in groups.values() for name in children}
     extra = set(os.listdir(staged)) - listed - set(groups)
     if extra:
         raise UnsafeArtifact(f"artifact for {dest.name} holds files no group lists: "
                              f"{sorted(extra)}")
+    for name in sorted(listed):
+        _read_listed(tree, staged.name, name)  # metadata JSON within bounds
     for group, children in groups.items():
         (staged / group).write_text(json.dumps({"child_paths": {
             k: str(dest / k) for k in children}}))
