@@ -52,19 +52,21 @@ class Generation(Enum):
 
 @dataclass(frozen=True)
 class GenerationRow:
+    label: str
     versions: VersionRange
     generation: Generation
     source: str  # where its behaviour was read or measured
 
 
 GENERATIONS = (
-    GenerationRow(VersionRange((0, 1, 0), (0, 2, 0)), Generation.NVCC_JIT,
+    GenerationRow("0.1.x", VersionRange((0, 1, 0), (0, 2, 0)), Generation.NVCC_JIT,
                   "sgl-deep-gemm 0.1.4.post1: csrc/jit/compiler.hpp, measured on the H200"),
-    GenerationRow(VersionRange((2, 6, 0), (2, 7, 0)), Generation.NVCC_JIT,
+    GenerationRow("2.6.x", VersionRange((2, 6, 0), (2, 7, 0)), Generation.NVCC_JIT,
                   "DeepGEMM 2.6.1: csrc/jit/compiler.hpp"),
-    GenerationRow(VersionRange((2, 8, 0), (2, 9, 0)), Generation.DEEP_JIT,
+    GenerationRow("2.8.x", VersionRange((2, 8, 0), (2, 9, 0)), Generation.DEEP_JIT,
                   "DeepGEMM 2.8.1 (vLLM 0.34.0): third-party/deep_jit, measured on the H200"),
 )
+KNOWN_VERSIONS = ", ".join(row.label for row in GENERATIONS)
 
 
 @dataclass(frozen=True)
