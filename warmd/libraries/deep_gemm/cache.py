@@ -7,7 +7,7 @@
         kernel.ptx, kernel.sass   only with DG_JIT_DUMP_* set
 
     deep_jit (DeepGEMM 2.8, vLLM 0.34.0's vendored copy):
-    <root>/cache/<kernel name>.<32 hex digest>/
+    <root>/cache/<kernel name>.<hex digest>/
         kernel.cu, kernel.cubin, meta.json (the nvcc command, DeepJIT's config)
         .committed     empty; DeepJIT's own test for a complete entry (written last)
         kernel.ptx, kernel.sass   only with DG_JIT_DUMP_* set
@@ -68,7 +68,7 @@ class Layout:
 LAYOUTS = (
     Layout(Generation.NVCC_JIT, re.compile(r"^kernel\.([A-Za-z0-9_]+)\.([0-9a-f]{16,64})$"),
            ("kernel.cu", "kernel.cubin"), ("kernel.ptx", "kernel.sass")),
-    Layout(Generation.DEEP_JIT, re.compile(r"^([A-Za-z0-9_]+)\.([0-9a-f]{32})$"),
+    Layout(Generation.DEEP_JIT, re.compile(r"^([A-Za-z0-9_]+)\.([0-9a-f]{16,64})$"),
            (COMMITTED, "kernel.cu", "kernel.cubin"), ("meta.json", "kernel.ptx", "kernel.sass")),
 )
 
