@@ -14,7 +14,12 @@ max_num_batched_tokens, VLLM_FUSED_MOE_CHUNK_SIZE), topk, local experts, 128)
     python scripts/deepgemm_sweep.py --engine-range --json -- vllm serve MODEL -tp 2 -dp 2 \
         --enable-expert-parallel --max-num-batched-tokens 2048
 
-Needs a GPU with DeepGEMM; compiles into the engine's DG_JIT_CACHE_DIR like `warmd warmup`.
+With --pdl DeepGEMM runs with programmatic dependent launch on, as vLLM 0.34.0 sets it
+(``set_pdl(True)`` on SM90 and newer).
+
+Needs a GPU with DeepGEMM, imported as the engine imports it (an external deep_gemm, else
+vLLM's vllm.third_party.deep_gemm); compiles into the engine's DG_JIT_CACHE_DIR like
+`warmd warmup`.
 Exit code 0 when nothing compiled and nothing failed, 1 otherwise.
 """
 
@@ -60,7 +65,8 @@ def engine_range_task(task: Task, plan) -> Task:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--engine-range", is_flag=True,
               help="Sweep the engine's whole M range, not each task's own range.")
-def main(request: PlanRequest, as_json: bool, engine_range: bool) -> None:
+@click.option("--pdl", is_flag=True, help="Turn DeepGEMM's PDL on first, as vLLM 0.34.0 does.")
+def main(request: PlanRequest, as_json: bool, engine_range: bool, pdl: bool) -> None:
     plan = make_plan(request)
     tasks = [engine_range_task(t, plan) if engine_range else sweep_task(t)
              for t in plan.tasks if t.library == "deep_gemm"]
@@ -69,6 +75,8 @@ def main(request: PlanRequest, as_json: bool, engine_range: bool) -> None:
     if not ok:
         click.echo(f"deepgemm_sweep: cannot run DeepGEMM here: {reason}", err=True)
         sys.exit(1)
+    if pdl:
+        executor.deep_gemm.set_pdl(True)
     adapter = executor.cache()
     before = {e.name for e in adapter.list_entries()}
     started = time.monotonic()
@@ -85,6 +93,8 @@ def main(request: PlanRequest, as_json: bool, engine_range: bool) -> None:
                        + (f" FAILED: {result.error}" if not result.ok else ""))
     after = {e.name for e in adapter.list_entries()}
     summary = {
+        "module": executor.deep_gemm.__name__,
+        "version": getattr(executor.deep_gemm, "__version__", None), "pdl": pdl,
         "tasks": len(tasks), "calls": executor.calls,
         "entries_before": len(before), "entries_after": len(after),
         "new_entries": sorted(after - before),

@@ -36,6 +36,7 @@ from warmd.libraries.deep_gemm.cache import (
     parse_kernel_source,
 )
 from warmd.libraries.deep_gemm.executor import DeepGemmExecutor, StdoutCapture, gemm_spec
+from warmd.libraries.deep_gemm.install import Generation
 from warmd.plan import Task
 
 DATA = Path(__file__).parent / "data" / "deep_gemm" / "cache"
@@ -87,7 +88,7 @@ def test_test_data_is_real_deep_gemm_output():
         files = sorted(os.listdir(DATA / name))
         assert files == ["kernel.cu", "kernel.cubin"], name  # no completion marker exists
         assert (DATA / name / "kernel.cubin").read_bytes()[:4] == b"\x7fELF"
-        assert dgc.ENTRY_RE.match(name)
+        assert dgc.layout_of(name).generation is Generation.NVCC_JIT
     assert sum(f.stat().st_size for f in DATA.rglob("*") if f.is_file()) < 1_000_000
 
 

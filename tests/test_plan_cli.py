@@ -224,10 +224,10 @@ def _absent_here(monkeypatch, *names: str) -> None:
 
     real = probes.probe_library
 
-    def probe(name: str) -> probes.LibraryProbe:
+    def probe(name: str, engine: str | None = None) -> probes.LibraryProbe:
         if name in names:
             return probes.LibraryProbe(name, False, reason=f"{name} not installed (test)")
-        return real(name)
+        return real(name, engine)
 
     monkeypatch.setattr(probes, "probe_library", probe)
 

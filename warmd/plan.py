@@ -262,7 +262,7 @@ def make_plan(request: PlanRequest) -> Plan:
     model = model_shapes(resolve_model(request.model), request.tp, request.ep,
                          request.quantization, request.dp,
                          moe_ranks(request.engine, request.tp, request.dp))
-    libraries = probe_libraries(request.with_libs, request.without_libs)
+    libraries = probe_libraries(request.with_libs, request.without_libs, request.engine)
     target = resolve_target(request.target, request.capability, request.sms)
     moe = moe_preference(request, engine_env, target.capability, model)
     env = Environment(target, libraries, request.engine, disabled,

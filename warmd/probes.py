@@ -25,6 +25,7 @@ class LibraryProbe:
     can_jit: bool = False
     location: str | None = None
     overridden: bool = False
+    module: str | None = None  # the import name, where the engine imports another than name
 
     def to_json(self) -> dict:
         return {
@@ -35,6 +36,7 @@ class LibraryProbe:
             "reason": self.reason,
             "location": self.location,
             "overridden": self.overridden,
+            "module": self.module,
         }
 
 
@@ -140,6 +142,14 @@ def _probes() -> dict:
     return {**{lib.name: lib.probe for lib in LIBRARIES.values()}, **_HELPER_PROBES}
 
 
+def _follows_engine(name: str) -> bool:
+    """Whether the library's probe takes the engine whose import order it follows."""
+    from warmd.libraries import LIBRARIES
+
+    library = LIBRARIES.get(name)
+    return library is not None and library.probe_follows_engine
+
+
 def probe_names() -> tuple[str, ...]:
     return tuple(_probes())
 
@@ -153,8 +163,11 @@ def display_name(name: str) -> str:
 
 
 @cache
-def probe_library(name: str) -> LibraryProbe:
-    return _probes()[check_library_name(name)]()
+def probe_library(name: str, engine: str | None = None) -> LibraryProbe:
+    """The library as this process (engine None) or the engine would find it."""
+    name = check_library_name(name)
+    probe = _probes()[name]
+    return probe(engine) if engine is not None and _follows_engine(name) else probe()
 
 
 def check_library_name(name: str) -> str:
@@ -171,9 +184,11 @@ def check_library_name(name: str) -> str:
 
 
 def probe_libraries(
-    with_libs: tuple[str, ...] = (), without_libs: tuple[str, ...] = ()
+    with_libs: tuple[str, ...] = (), without_libs: tuple[str, ...] = (),
+    engine: str | None = None,
 ) -> dict[str, LibraryProbe]:
-    """Every library's probe, with --with/--without overrides applied for planning."""
+    """Every library's probe as the engine finds it, with --with/--without overrides
+    applied for planning."""
     forced_on = {check_library_name(n) for n in with_libs}
     forced_off = {check_library_name(n) for n in without_libs}
     both = forced_on & forced_off
@@ -185,9 +200,9 @@ def probe_libraries(
             result[name] = LibraryProbe(name, False, reason=f"{name} disabled by --without",
                                         overridden=True)
         elif name in forced_on:
-            found = probe_library(name)
+            found = probe_library(name, engine)
             result[name] = replace(found, available=True, can_jit=True, overridden=True,
                                    reason=f"{name} assumed present by --with")
         else:
-            result[name] = probe_library(name)
+            result[name] = probe_library(name, engine)
     return result

@@ -544,8 +544,12 @@ class _Run:
     def _stage_times(self, stage: KernelStage, library: str, result: TaskResult) -> None:
         """With a kernel stage each kernel's nvcc ran once on the node (its jobs are
         claimed), so a second task that loaded it while it compiled waited, and counts a
-        local hit; a compile's time is nvcc's, not the wait of the call."""
+        local hit; a compile's time is nvcc's, not the wait of the call. A kernel the
+        stage's own processes compiled before the task ran (a stage without its fast path)
+        is a hit for the task, yet compiled this run: the first task counts it so."""
         for k in result.kernels:
+            if k.outcome == "local_hit" and stage.compile_seconds(k.name) is not None:
+                k.outcome = "compiled"
             if k.outcome != "compiled":
                 continue
             with self.lock:

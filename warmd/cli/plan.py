@@ -102,6 +102,7 @@ def render_plan(result: Plan, console: Console) -> None:
                        f"({target.source})"))
     libs = ", ".join(f"{n}={'yes' if p.available else 'no'}"
                      + (f" {p.version}" if p.version else "")
+                     + (f" ({p.module})" if p.module and p.module != n else "")
                      for n, p in result.env.libraries.items())
     console.print(Text(f"Libraries: {libs}"))
     for note in result.engine_notes:

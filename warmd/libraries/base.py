@@ -36,7 +36,7 @@ class CacheRoot:
 class Library:
     name: str  # as tasks, --library and warmd.yaml name it
     display: str  # as messages name it
-    probe: Callable[[], LibraryProbe]  # found without importing the library
+    probe: Callable[..., LibraryProbe]  # found without importing the library
     kernels: tuple[type[Kernel], ...]  # its kernels (preference order: kernels/preferences.py)
     # "module:Class", made in the worker with no arguments; None: a cache warmd only captures
     # and shares (what the engine compiled at run time), never plans tasks for
@@ -52,6 +52,9 @@ class Library:
     # the task (each distinct kernel once, on every core); None: per task only
     kernel_stage: str | None = None
     aliases: tuple[str, ...] = ()  # other spellings accepted by --with/--without
+    # True: probe(engine) finds the library the way that engine imports it ("vllm",
+    # "sglang"); probe() the way any engine could
+    probe_follows_engine: bool = False
 
     @property
     def root(self) -> CacheRoot:

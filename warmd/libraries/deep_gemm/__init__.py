@@ -1,21 +1,31 @@
-"""DeepGEMM (sgl-deep-gemm): FP8 GEMM kernels JIT-compiled per shape, cached under
-DG_JIT_CACHE_DIR. Its executor runs the GEMMs on the local GPU (cache.py, executor.py)."""
+"""DeepGEMM: FP8 GEMM kernels JIT-compiled per shape, cached under DG_JIT_CACHE_DIR: an
+external ``deep_gemm`` (sgl-deep-gemm, or DeepGEMM built from source) or the copy vLLM
+vendors as ``vllm.third_party.deep_gemm`` (install.py says which one an engine imports).
+Its executor runs the GEMMs on the local GPU (cache.py, executor.py, compiler.py)."""
 
 from __future__ import annotations
 
 from warmd.libraries.base import CacheRoot, Library
+from warmd.libraries.deep_gemm.install import resolve
 from warmd.libraries.deep_gemm.kernels import KERNELS
-from warmd.probes import LibraryProbe, probe_jit_library
+from warmd.probes import LibraryProbe, probe_nvcc
 
-# PyPI's "deep-gemm" is an unrelated project.
-DISTRIBUTIONS = ("sgl-deep-gemm", "deep_gemm")
+MISSING = {
+    "vllm": "DeepGEMM not installed (neither module deep_gemm nor vLLM's "
+            "vllm.third_party.deep_gemm; pip install sgl-deep-gemm)",
+    "sglang": "DeepGEMM not installed (module deep_gemm; pip install sgl-deep-gemm)",
+}
 
 
-def probe() -> LibraryProbe:
-    return probe_jit_library(
-        "deep_gemm", "deep_gemm", DISTRIBUTIONS,
-        missing="DeepGEMM not installed (module deep_gemm; pip install sgl-deep-gemm)",
-        cannot_jit="DeepGEMM installed but nvcc missing: it cannot JIT")
+def probe(engine: str | None = None) -> LibraryProbe:
+    """The DeepGEMM the engine (None: any engine) would import, found without importing."""
+    found = resolve(engine)
+    if found is None:
+        return LibraryProbe("deep_gemm", False, reason=MISSING.get(engine or "", MISSING["vllm"]))
+    can_jit = probe_nvcc().available
+    reason = "" if can_jit else "DeepGEMM installed but nvcc missing: it cannot JIT"
+    return LibraryProbe("deep_gemm", True, found.version, reason, can_jit=can_jit,
+                        location=str(found.location), module=found.module)
 
 
 LIBRARY = Library(
@@ -27,7 +37,8 @@ LIBRARY = Library(
     adapter="warmd.libraries.deep_gemm.cache:make_adapter",
     kernel_stage="warmd.libraries.deep_gemm.compiler:DeepGemmKernelStage",
     roots=(CacheRoot("deep_gemm_dir", "DG_JIT_CACHE_DIR"),
-           CacheRoot("vllm_cache_root", "VLLM_CACHE_ROOT")),
+           CacheRoot("vllm_cache_root", "VLLM_CACHE_ROOT"),),
     entries=lambda root: root / "cache",
     aliases=("deepgemm",),
+    probe_follows_engine=True,
 )

@@ -1,23 +1,35 @@
-"""DeepGEMM's on-disk JIT cache, as sgl-deep-gemm 0.1.4.post1 lays it out.
+"""DeepGEMM's on-disk JIT cache, in the layout of each generation (install.py).
 
+    nvcc_jit (sgl-deep-gemm 0.1.x):
     <root>/cache/kernel.<kernel name>.<32 hex digest>/   one compiled kernel
         kernel.cu      generated source (template arguments: shape, blocks, SM count...)
         kernel.cubin   what DeepGEMM loads
         kernel.ptx, kernel.sass   only with DG_JIT_DUMP_* set
+
+    deep_jit (DeepGEMM 2.8, vLLM 0.34.0's vendored copy):
+    <root>/cache/<kernel name>.<hex digest>/
+        kernel.cu, kernel.cubin, meta.json (the nvcc command, DeepJIT's config)
+        .committed     empty; DeepJIT's own test for a complete entry (written last)
+        kernel.ptx, kernel.sass   only with DG_JIT_DUMP_* set
+
     <root>/tmp/        DeepGEMM's build staging (never an entry)
 
 DeepGEMM builds a kernel in <root>/tmp/<uuid>/ and renames the whole directory into
-cache/, so an entry appears complete. It writes no completion marker: an entry counts as
-complete when kernel.cu and kernel.cubin are both regular files, which is also DeepGEMM's
-own test (a directory missing either aborts the engine with "Corrupted JIT cache
-directory"). Installs here keep that promise: stage, check, fsync, rename.
+cache/, so an entry appears complete. An entry's name says its layout (a deep_jit tag has
+no dot). nvcc_jit writes no marker: an entry counts as complete when kernel.cu and
+kernel.cubin are both regular files, which is also its own test (a directory missing
+either aborts the engine with "Corrupted JIT cache directory"); deep_jit's is the marker.
+Installs here keep that promise: stage, check, fsync, rename.
 
-The digest hashes the kernel name, the compiler signature (NVCC/NVRTC version), the flags
-(which carry ``-I<deep_gemm install path>/include`` and the arch) and the source (which
-carries the SM count). Not the cache root: a copied cache hits at any path.
+The digest does not depend on the cache root: a copied cache hits at any path. nvcc_jit's
+hashes the kernel name, the compiler signature (NVCC version), the flags (which carry
+``-I<deep_gemm install path>/include`` and the arch) and the source (which carries the SM
+count); deep_jit's the nvcc --version output, the flags without include directories and
+the source with the contents of the headers it includes (not their path).
 
-DG_JIT_CACHE_DIR is one directory: 0.1.4.post1 has no read-only lookup roots (an "A:B"
-value is a directory literally named "A:B"), so neither has this adapter.
+DG_JIT_CACHE_DIR: sgl-deep-gemm 0.1.4.post1 takes it as one directory (an "A:B" value is a
+directory literally named "A:B"); DeepGEMM 2.8 as a lookup list that compiles into its
+first directory. The adapter's root is the one directory kernels are compiled into.
 
 This module never imports torch or deep_gemm.
 """
@@ -35,12 +47,38 @@ from warmd import settings
 from warmd.cache.artifacts import install_atomically, pack_directory
 from warmd.cache.base import CacheAdapter, CacheEntry, UnsafeArtifact
 from warmd.cache.safe_fs import CacheTree
+from warmd.libraries.deep_gemm.install import Generation, generation_of
 
 LIBRARY = "deep_gemm"
-ENTRY_RE = re.compile(r"^kernel\.([A-Za-z0-9_]+)\.([0-9a-f]{16,64})$")
-REQUIRED_FILES = ("kernel.cu", "kernel.cubin")
-OPTIONAL_FILES = ("kernel.ptx", "kernel.sass")
+COMMITTED = ".committed"
 MAX_SOURCE_BYTES = 4 << 20  # a generated kernel.cu is a few hundred bytes (tests/data)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How one generation names and fills an entry directory."""
+
+    generation: Generation
+    name: re.Pattern
+    required: tuple[str, ...]  # regular files a complete entry has
+    optional: tuple[str, ...]
+
+    def files(self) -> set[str]:
+        return {*self.required, *self.optional}
+
+
+LAYOUTS = (
+    Layout(Generation.NVCC_JIT, re.compile(r"^kernel\.([A-Za-z0-9_]+)\.([0-9a-f]{16,64})$"),
+           ("kernel.cu", "kernel.cubin"), ("kernel.ptx", "kernel.sass")),
+    Layout(Generation.DEEP_JIT, re.compile(r"^([A-Za-z0-9_]+)\.([0-9a-f]{16,64})$"),
+           (COMMITTED, "kernel.cu", "kernel.cubin"), ("meta.json", "kernel.ptx", "kernel.sass")),
+)
+
+
+def layout_of(name: str) -> Layout | None:
+    """The layout an entry called name has, or None when it is no DeepGEMM entry."""
+    return next((layout for layout in LAYOUTS if layout.name.match(name)), None)
+
 # The one template instantiation a generated kernel.cu holds: &<kernel><args>);
 _IMPL_RE = re.compile(r"&\s*([A-Za-z_][A-Za-z0-9_:]*)\s*<(.*)>\s*\)\s*;", re.S)
 
@@ -96,14 +134,21 @@ def _split_args(text: str) -> list[str]:
 
 
 def entry_state(path: Path) -> str:
-    """'complete', 'incomplete' or 'invalid' (not a plain directory of regular files)."""
-    if path.is_symlink() or not path.is_dir():
+    """'complete', 'incomplete' or 'invalid' (no DeepGEMM entry name, or not a plain
+    directory of regular files)."""
+    layout = layout_of(path.name)
+    if layout is None or path.is_symlink() or not path.is_dir():
         return "invalid"
-    for name in REQUIRED_FILES:
+    for name in layout.required:
         member = path / name
         if member.is_symlink() or not member.is_file():
             return "incomplete"
     return "complete"
+
+
+def _required(name: str) -> str:
+    layout = layout_of(name)
+    return " and ".join(layout.required) if layout else "a DeepGEMM entry name"
 
 
 class DeepGemmCacheAdapter(CacheAdapter):
@@ -134,7 +179,7 @@ class DeepGemmCacheAdapter(CacheAdapter):
         for watching what a GEMM call adds)."""
         try:
             with os.scandir(self.entries_dir) as it:
-                return {e.name for e in it if ENTRY_RE.match(e.name)}
+                return {e.name for e in it if layout_of(e.name)}
         except FileNotFoundError:
             return set()
 
@@ -147,7 +192,7 @@ class DeepGemmCacheAdapter(CacheAdapter):
     def find(self, name: str) -> CacheEntry | None:
         """The complete entry called name, if there is one."""
         path = self.entries_dir / name
-        if ENTRY_RE.match(name) and entry_state(path) == "complete":
+        if layout_of(name) and entry_state(path) == "complete":
             return CacheEntry(LIBRARY, name, path)
         return None
 
@@ -168,16 +213,16 @@ class DeepGemmCacheAdapter(CacheAdapter):
         state = entry_state(entry.path)
         if state != "complete":
             raise IncompleteEntry(f"DeepGEMM entry {entry.path} is {state}: it needs "
-                                  f"{' and '.join(REQUIRED_FILES)} as regular files")
+                                  f"{_required(entry.name)} as regular files")
         _check_layout(entry.path)
         if entry.path == self.entries_dir / entry.name:  # no link below the configured root
             return pack_directory(self._root, f"cache/{entry.name}")
         return pack_directory(entry.path)
 
     def install(self, name: str, artifact: bytes) -> CacheEntry:
-        if not ENTRY_RE.match(name):
-            raise UnsafeArtifact(f"not a DeepGEMM cache entry name: {name!r} "
-                                 "(expected kernel.<name>.<hex digest>)")
+        if not layout_of(name):
+            raise UnsafeArtifact(f"not a DeepGEMM cache entry name: {name!r} (expected "
+                                 "kernel.<name>.<hex digest> or <name>.<32 hex digest>)")
         existing = self.find(name)
         if existing is not None:
             return existing
@@ -193,22 +238,30 @@ class DeepGemmCacheAdapter(CacheAdapter):
     # ----- compatibility -----
 
     def fingerprint_inputs(self) -> dict:
-        """What every kernel's key depends on. The install path is in it because DeepGEMM
-        passes -I<package>/include to the compiler and hashes the flags (measured: a cache
-        copied to a node where deep_gemm lives elsewhere misses every kernel). torch is not:
-        neither the source nor the flags mention it."""
+        """What every kernel's key depends on, as the DeepGEMM this node imports keys it
+        (install.py). Always its version and headers: a cluster mixing versions never
+        shares entries between them. The install path only where the key holds it:
+        nvcc_jit passes -I<package>/include to nvcc and hashes the flags (measured: a cache
+        copied to a node where deep_gemm lives elsewhere misses every kernel); deep_jit
+        hashes the headers' contents, not their path (measured: an entry compiled through
+        one copy hits through vllm.third_party.deep_gemm and through a copy elsewhere). An
+        unknown version keeps the path: a needless miss, never a wrong hit. torch is not in
+        it: neither the source nor the flags mention it."""
         from warmd.probes import probe_library
 
         probe = probe_library("deep_gemm")
         nvcc = probe_library("nvcc")
         location = probe.location
+        generation = generation_of(probe.version)
+        keyed_on_path = location is not None and generation is not Generation.DEEP_JIT
         arch, sms = self._arch, self._sms
         if arch is None or sms is None:
             arch, sms = _local_gpu(arch, sms)
         return {
             "library": LIBRARY,
             "version": probe.version,
-            "install_path": str(Path(location).resolve()) if location else None,
+            "generation": generation.value if generation else None,
+            "install_path": str(Path(location).resolve()) if keyed_on_path else None,
             "include_digest": _include_digest(location) if location else None,
             "cuda": nvcc.version,
             "nvcc": nvcc.location,
@@ -219,7 +272,10 @@ class DeepGemmCacheAdapter(CacheAdapter):
 
 
 def _check_layout(path: Path) -> None:
-    allowed = set(REQUIRED_FILES) | set(OPTIONAL_FILES)
+    layout = layout_of(path.name)
+    if layout is None:
+        raise UnsafeArtifact(f"not a DeepGEMM cache entry name: {path.name!r}")
+    allowed = layout.files()
     for child in path.iterdir():
         if child.name not in allowed or child.is_symlink() or not child.is_file():
             raise UnsafeArtifact(f"unexpected {child.name!r} in DeepGEMM entry {path.name}: "
@@ -227,12 +283,13 @@ def _check_layout(path: Path) -> None:
 
 
 def _check_staged(staged: Path) -> None:
-    """Runs on the staged copy before it becomes visible: only a complete, flat entry may
-    be renamed into cache/ (DeepGEMM aborts on a directory missing either file)."""
+    """Runs on the staged copy (named as the entry) before it becomes visible: only a
+    complete, flat entry may be renamed into cache/ (nvcc_jit DeepGEMM aborts on a
+    directory missing a file; deep_jit would compile over one without its marker)."""
     _check_layout(staged)
     if entry_state(staged) != "complete":
         raise UnsafeArtifact(f"artifact for {staged.name} is not a complete DeepGEMM entry "
-                             f"(needs {' and '.join(REQUIRED_FILES)})")
+                             f"(needs {_required(staged.name)})")
     if (staged / "kernel.cubin").stat().st_size == 0:
         raise UnsafeArtifact(f"artifact for {staged.name} has an empty kernel.cubin")
 

@@ -18,6 +18,16 @@ the same kernel in several tasks at once. The stage instead:
    compiled there. DeepGEMM itself names and writes every entry, so the keys are the ones
    a plain DeepGEMM computes, and the workers' accounting stays what DeepGEMM did.
 
+That is the fast path. It needs a DeepGEMM whose compiler calls the shim can record
+(install.py: a known generation, nvcc rather than NVRTC). When it cannot run (an unknown
+version up front; during the run, DeepGEMM compiling kernels itself in the discovery: its
+nvcc call in a form the shim does not know, or ``DG_JIT_NVCC_COMPILER`` not honoured), the
+stage says why in one line on stderr and in its report, and compiles with every core
+anyway: as many discovery processes as compile jobs (at most one per M range of the
+tasks), each running DeepGEMM with its own compiler into the throw-away root; every real
+entry that appears there is linked into the real cache root at once, and the workers then
+find it.
+
 This module imports neither torch nor deep_gemm: the discovery runs in worker processes.
 """
 
@@ -40,8 +50,15 @@ from dataclasses import replace
 from pathlib import Path
 
 from warmd import settings
+from warmd.cache.artifacts import rename_noreplace
 from warmd.executors.pool import Worker
-from warmd.libraries.deep_gemm.cache import DeepGemmCacheAdapter
+from warmd.libraries.deep_gemm.cache import DeepGemmCacheAdapter, entry_state
+from warmd.libraries.deep_gemm.install import (
+    KNOWN_VERSIONS,
+    DeepGemmInstall,
+    Generation,
+    resolve,
+)
 from warmd.libraries.deep_gemm.nvcc_shim import (
     BUILD,
     RECORD,
@@ -50,6 +67,7 @@ from warmd.libraries.deep_gemm.nvcc_shim import (
     compile_job,
     make_slots,
     read_compiles,
+    read_passthrough,
     set_compile_nice,
     write_shim,
 )
@@ -74,20 +92,51 @@ def real_nvcc() -> str:
     return str(chosen) if chosen else str(settings.cuda_home() / "bin" / "nvcc")
 
 
-def seed_entries(source: DeepGemmCacheAdapter, target: Path) -> int:
+def seed_entries(source: DeepGemmCacheAdapter, target: Path) -> set[str]:
     """Hard-link (else copy) every complete entry of source into target's cache/, so the
-    discovery pass asks only for kernels this node lacks."""
-    count = 0
+    discovery pass asks only for kernels this node lacks; the names linked."""
+    names = set()
     for entry in source.list_entries():
-        dest = target / "cache" / entry.name
-        dest.mkdir(parents=True, exist_ok=True)
-        for file in entry.path.iterdir():
-            try:
-                os.link(file, dest / file.name)
-            except OSError:
-                shutil.copy2(file, dest / file.name)
-        count += 1
-    return count
+        _link_files(entry.path, target / "cache" / entry.name)
+        names.add(entry.name)
+    return names
+
+
+def _link_files(source: Path, dest: Path) -> None:
+    dest.mkdir(parents=True, exist_ok=True)
+    for file in source.iterdir():
+        try:
+            os.link(file, dest / file.name)
+        except OSError:
+            shutil.copy2(file, dest / file.name)
+
+
+def link_entry(source: Path, root: Path, scratch: Path) -> bool:
+    """Make the complete entry at source an entry of root's cache/ too, all at once: its
+    files linked into a directory under scratch (root's filesystem) renamed into place.
+    False when root has it already (nothing changed)."""
+    dest = root / "cache" / source.name
+    if dest.exists():
+        return False
+    staged = scratch / f"link-{uuid.uuid4().hex[:8]}" / source.name
+    try:
+        _link_files(source, staged)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        return rename_noreplace(staged, dest)
+    finally:
+        shutil.rmtree(staged.parent, ignore_errors=True)
+
+
+def fast_path_problem(found: DeepGemmInstall | None, key_env: dict[str, str]) -> str | None:
+    """Why the recording shim cannot be used with this DeepGEMM, or None."""
+    if found is None:
+        return None  # nothing to warm: the tasks fail with the probe's reason
+    if found.generation is None:
+        return (f"{found.describe()} is a version warmd does not know (known: "
+                f"{KNOWN_VERSIONS}): its nvcc calls are not recorded")
+    if found.generation is Generation.NVCC_JIT and key_env.get("DG_JIT_USE_NVRTC"):
+        return "DG_JIT_USE_NVRTC is set: DeepGEMM compiles in-process with NVRTC, not nvcc"
+    return None
 
 
 class DeepGemmKernelStage:
@@ -109,7 +158,6 @@ class DeepGemmKernelStage:
         self.procs: set[subprocess.Popen] = set()
         self.recorders: list[Worker] = []
         self.record_errors: list[str] = []
-        self.seeded = 0
         self.began = self.discovered_at = 0.0
         self.began_wall = 0.0
         self.stopped = threading.Event()
@@ -123,15 +171,24 @@ class DeepGemmKernelStage:
         # and CUDA, is the same seconds either way, and they only hand over cubins).
         self.workers_may_start = threading.Event()
         self.all_submitted = False  # the discovery ended and its last jobs are in the pool
+        self.install = resolve()  # the DeepGEMM the workers import
+        self.fast_path_off: str | None = None  # why the fast path is not running
+        self.pending: queue.Queue[Task] = queue.Queue()
+        self.recorder_env: dict[str, str] = {}
+        self.seeded: set[str] = set()
+        self.placeholder_entries: set[str] = set()  # recorded, never published
+        self.linked: set[str] = set()  # real entries of the discovery, linked into root
+        self.discovery_seconds: dict[str, float] = {}  # entry -> its discovery call time
 
     # -- starting --
 
     def start(self) -> dict[str, str]:
-        if settings.deep_gemm_key_env().get("DG_JIT_USE_NVRTC"):
-            raise RuntimeError("DeepGEMM compiles in-process with NVRTC (DG_JIT_USE_NVRTC)")
         if not Path(self.nvcc).is_file():
             raise RuntimeError(f"nvcc not found at {self.nvcc}")
         self.began, self.began_wall = time.monotonic(), time.time()
+        problem = fast_path_problem(self.install, settings.deep_gemm_key_env())
+        if problem:
+            self._fast_path_lost(problem)
         try:
             return self._start()
         except BaseException:
@@ -143,29 +200,58 @@ class DeepGemmKernelStage:
         (self.run / "jobs").mkdir(parents=True)
         make_slots(self.run, self.jobs)  # the pool's and the workers' compiles together
         set_compile_nice(self.run, self.nice)
+        recording = self.fast_path_off is None
         arch = local_arch_flag()
-        if arch:  # ready before the first recorded kernel asks for it
+        if arch and recording:  # ready before the first recorded kernel asks for it
             self._thread(self._build_placeholder, arch)
         record_root = self.run / "record"
         self.seeded = seed_entries(DeepGemmCacheAdapter(self.root), record_root)
-        recorder_env = {**self.env, "DG_JIT_CACHE_DIR": str(record_root),
-                        "DG_JIT_NVCC_COMPILER": str(write_shim(self.run, RECORD, self.nvcc))}
-        count = max(1, min(RECORDERS, self.jobs // 2))
-        pending: queue.Queue[Task] = queue.Queue()
-        units = discovery_units(self.tasks, count)
+        self.recorder_env = {**self.env, "DG_JIT_CACHE_DIR": str(record_root)}
+        if recording:
+            self.recorder_env["DG_JIT_NVCC_COMPILER"] = str(write_shim(self.run, RECORD,
+                                                                       self.nvcc))
+        # Cut for the fallback's processes: the fast path's few take the pieces in turn.
+        units = discovery_units(self.tasks, self.jobs)
         for unit in units:
-            pending.put(unit)
-        count = min(count, len(units))
-        self.discovering = count
-        for index in range(count):
-            env = dict(recorder_env)
-            if self.gpu_ids:
-                env["CUDA_VISIBLE_DEVICES"] = self.gpu_ids[index % len(self.gpu_ids)]
-            worker = Worker(env, executors={"deep_gemm": RECORDER})
-            self.recorders.append(worker)
-            self._thread(self._discover, worker, pending)
+            self.pending.put(unit)
+        self._add_discovery(self._discovery_processes())
         self._thread(self._watch)
+        if not recording:
+            return {}
         return {"DG_JIT_NVCC_COMPILER": str(write_shim(self.run, BUILD, self.nvcc))}
+
+    def _discovery_processes(self) -> int:
+        """RECORDERS record (at most one per two compile jobs); without the fast path,
+        one per compile job compiles."""
+        if self.fast_path_off is None:
+            return max(1, min(RECORDERS, self.jobs // 2))
+        return self.jobs
+
+    def _add_discovery(self, total: int) -> None:
+        """Start discovery processes until total run, or each has a piece of work."""
+        with self.lock:
+            count = min(total - len(self.recorders), self.pending.qsize())
+            started = []
+            for _ in range(max(0, count)):
+                env = dict(self.recorder_env)
+                if self.gpu_ids:
+                    env["CUDA_VISIBLE_DEVICES"] = self.gpu_ids[len(self.recorders)
+                                                               % len(self.gpu_ids)]
+                worker = Worker(env, executors={"deep_gemm": RECORDER})
+                self.recorders.append(worker)
+                self.discovering += 1
+                started.append(worker)
+        for worker in started:
+            self._thread(self._discover, worker, self.pending)
+
+    def _fast_path_lost(self, reason: str) -> None:
+        """Say once why the fast path is off; the discovery compiles from then on."""
+        with self.lock:
+            if self.fast_path_off is not None:
+                return
+            self.fast_path_off = reason
+        log.warning("warmd: DeepGEMM kernel stage: fast path off: %s; compiling with up "
+                    "to %d discovery processes instead", reason, self.jobs)
 
     def _thread(self, target, *args) -> None:
         thread = threading.Thread(target=target, args=args, daemon=True)
@@ -183,8 +269,11 @@ class DeepGemmKernelStage:
             except queue.Empty:
                 break
             result = worker.run(task)
-            if not result.ok:  # what it missed, the workers compile when they get there
-                with self.lock:
+            with self.lock:
+                for kernel in result.kernels:
+                    if kernel.outcome == "compiled":
+                        self.discovery_seconds.setdefault(kernel.name, kernel.seconds)
+                if not result.ok:  # what it missed, the workers compile when they get there
                     self.record_errors.append(f"{task.key}: {result.error}")
         worker.stop()
         with self.lock:
@@ -194,10 +283,15 @@ class DeepGemmKernelStage:
                 self.discovery_done.set()
 
     def _watch(self) -> None:
-        """Hand each recorded job to the compile pool as soon as it is written."""
+        """Hand each recorded job to the compile pool as soon as it is written; link each
+        real entry the discovery compiled itself into the cache root (and then know that
+        the fast path is not running)."""
         while not self.stopped.is_set():
             last = self.discovery_done.is_set()
             self._submit_new()
+            self._link_real_entries()
+            if self.fast_path_off is None:
+                self._check_recording()
             if last:
                 with self.lock:
                     self.all_submitted = True
@@ -215,6 +309,42 @@ class DeepGemmKernelStage:
             if job.key in self.futures or not job.ready:
                 continue
             self.futures[job.key] = self.pool.submit(self._compile, job)
+
+    def _link_real_entries(self) -> None:
+        """Link every new complete entry of the throw-away root that holds a real kernel
+        (not a placeholder, not seeded) into the cache root."""
+        record = DeepGemmCacheAdapter(self.run / "record")
+        fresh = record.entry_names() - self.seeded - self.linked - self.placeholder_entries
+        if not fresh:
+            return
+        placeholders = {p.read_bytes() for p in self.run.glob("placeholder-*.cubin")}
+        for name in sorted(fresh):
+            path = record.entries_dir / name
+            if entry_state(path) != "complete":
+                continue  # looked at again next time
+            try:
+                if (path / "kernel.cubin").read_bytes() in placeholders:
+                    self.placeholder_entries.add(name)
+                    continue
+                link_entry(path, self.root, self.run)
+            except OSError:
+                continue
+            with self.lock:
+                self.linked.add(name)
+
+    def _check_recording(self) -> None:
+        """The fast path is off once DeepGEMM compiled a kernel itself in the discovery:
+        then every core compiles through discovery processes instead."""
+        passed = read_passthrough(self.run)
+        if passed:
+            self._fast_path_lost("DeepGEMM called nvcc in a form the shim does not know "
+                                 f"({' '.join(passed[0][:4])} ...)")
+        elif self.linked:
+            self._fast_path_lost("DeepGEMM compiled kernels without calling the shim "
+                                 "(DG_JIT_NVCC_COMPILER not honoured)")
+        else:
+            return
+        self._add_discovery(self._discovery_processes())
 
     def _compile(self, job: Job) -> str | None:
         self._release_workers_if_due()  # this job's future is running now
@@ -246,7 +376,11 @@ class DeepGemmKernelStage:
         self.workers_may_start.wait(timeout)
 
     def compile_seconds(self, entry: str) -> float | None:
-        """nvcc's time for an entry of the real cache this run compiled (by its source)."""
+        """nvcc's time for an entry of the real cache this run compiled (by its source), or
+        the discovery call that compiled it without the fast path."""
+        with self.lock:
+            if entry in self.linked:
+                return self.discovery_seconds.get(entry, 0.0)
         try:
             source = (self.root / "cache" / entry / "kernel.cu").read_bytes()
         except OSError:
@@ -288,7 +422,12 @@ class DeepGemmKernelStage:
         summary = {
             "library": "deep_gemm",
             "jobs": self.jobs,
-            "seeded_entries": self.seeded,
+            "deep_gemm": self.install.describe() if self.install else None,
+            "fast_path": self.fast_path_off is None,
+            "fast_path_off": self.fast_path_off,
+            "discovery_processes": len(self.recorders),
+            "compiled_in_discovery": len(self.linked),
+            "seeded_entries": len(self.seeded),
             "discovered_kernels": len(self.futures),  # handed to the pool
             "kernel_jobs": len(jobs),  # distinct kernels asked for, by discovery or workers
             "discovery_seconds": round(self.discovered_at - self.began, 3)

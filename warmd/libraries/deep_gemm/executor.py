@@ -15,13 +15,17 @@ task of the same process is reused silently and not reported again (warmup's tas
 count it). Should a DeepGEMM build print nothing, the executor falls back to the entries of
 the task's GEMM type that appear in cache/ during its calls (exact with one worker).
 
-torch and deep_gemm are imported here only, inside methods: the planner never loads them.
+DeepGEMM is imported as the engine imports it (install.py): an external ``deep_gemm``, else
+vLLM's ``vllm.third_party.deep_gemm``, so that what compiles is the very package the engine
+runs. torch and DeepGEMM are imported here only, inside methods: the planner never loads
+them.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import importlib
 import json
 import os
 import re
@@ -38,13 +42,16 @@ from warmd.libraries.deep_gemm.cache import DeepGemmCacheAdapter, entry_state
 from warmd.plan import Task
 
 LIBRARY = "deep_gemm"
-# Plan kernel name -> (deep_gemm function, GemmType its kernel.cu names).
+# Plan kernel name -> (DeepGEMM functions, the first that exists is called; GemmType its
+# kernel.cu names).
 GEMMS = {
-    "fp8_gemm_nt": ("fp8_gemm_nt", "Normal"),
-    "m_grouped_fp8_gemm_nt_contiguous": ("m_grouped_fp8_gemm_nt_contiguous",
+    "fp8_gemm_nt": (("fp8_gemm_nt",), "Normal"),
+    "m_grouped_fp8_gemm_nt_contiguous": (("m_grouped_fp8_gemm_nt_contiguous",),
                                          "MGroupedContiguous"),
     # DeepEP low-latency decode (SGLang): every group padded to max M, expected_m per call.
-    "m_grouped_fp8_gemm_nt_masked": ("fp8_m_grouped_gemm_nt_masked", "MGroupedMasked"),
+    # DeepGEMM 2.8 dropped the fp8_m_grouped_* spelling sgl-deep-gemm 0.1.x has.
+    "m_grouped_fp8_gemm_nt_masked": (("m_grouped_fp8_gemm_nt_masked",
+                                      "fp8_m_grouped_gemm_nt_masked"), "MGroupedMasked"),
 }
 # Elements per chunk when making inputs: bounds the float32 temporaries of the casts.
 _CHUNK_ELEMENTS = 1 << 26
@@ -60,7 +67,7 @@ _bound_cache_value: str | None = None
 
 @dataclass(frozen=True)
 class GemmSpec:
-    function: str
+    functions: tuple[str, ...]  # DeepGEMM's names for it, newest first
     gemm_type: str
     n: int
     k: int
@@ -75,7 +82,7 @@ def gemm_spec(task: Task) -> GemmSpec:
     if task.kernel not in GEMMS:
         raise ValueError(f"DeepGEMM executor cannot run kernel {task.kernel!r} "
                          f"(known: {', '.join(GEMMS)})")
-    function, gemm_type = GEMMS[task.kernel]
+    functions, gemm_type = GEMMS[task.kernel]
     if not task.n or not task.k or task.n < 1 or task.k < 1:
         raise ValueError(f"task {task.key} has no valid N/K (N={task.n}, K={task.k})")
     if not task.m or min(task.m) < 1:
@@ -87,7 +94,7 @@ def gemm_spec(task: Task) -> GemmSpec:
             raise ValueError(f"grouped task {task.key} needs num_groups >= 1")
         if task.n % _SF_BLOCK:
             raise ValueError(f"grouped task {task.key}: N={task.n} is not a multiple of 128")
-    return GemmSpec(function, gemm_type, task.n, task.k, groups, tuple(sorted(set(task.m))))
+    return GemmSpec(functions, gemm_type, task.n, task.k, groups, tuple(sorted(set(task.m))))
 
 
 _LOAD_LINE = re.compile(r"^Load time \((?P<path>.+)\): [0-9.]+ ms\s*$")
@@ -200,6 +207,7 @@ class DeepGemmExecutor(Executor):
         # Wall-clock moments of this process's start-up (the kernel stage reports them).
         self.phases: dict[str, float] = {"imported": _IMPORTED_AT}
         self.call_errors: list[str] = []  # with keep_going: what the failing calls raised
+        self.deep_gemm = None  # the DeepGEMM module, once check() imported it
 
     def cache(self) -> DeepGemmCacheAdapter:
         return self._adapter
@@ -220,11 +228,16 @@ class DeepGemmExecutor(Executor):
             return False, (f"DeepGEMM in this process already compiles into "
                            f"{_bound_cache_value!r}; it reads DG_JIT_CACHE_DIR once, so "
                            f"{value!r} needs another process")
+        from warmd.libraries.deep_gemm.install import resolve
+
+        found = resolve()
+        if found is None:  # removed since the probe ran
+            return False, "DeepGEMM not installed"
         try:
             self._bind(value)
-            import deep_gemm  # noqa: F401
+            self.deep_gemm = importlib.import_module(found.module)
         except Exception as exc:  # ImportError, undefined symbols, CUDA init failures
-            return False, f"import deep_gemm failed: {_describe(exc)}"
+            return False, f"import {found.module} failed: {_describe(exc)}"
         self.phases["deep_gemm"] = time.time()
         return True, ""
 
@@ -263,8 +276,8 @@ class DeepGemmExecutor(Executor):
         torch.cuda.set_device(device)
         inputs = None
         try:
-            inputs = _make_inputs(torch, spec, device, self.fill_inputs)
-            call = _caller(spec, inputs)
+            inputs = _make_inputs(torch, self.deep_gemm, spec, device, self.fill_inputs)
+            call = _caller(self.deep_gemm, spec, inputs)
             self.phases.setdefault("inputs", time.time())
             books.start()
             self.call_errors = []
@@ -350,11 +363,12 @@ def _gpu_problems(device: int | None) -> list[str]:
     return []
 
 
-def _make_inputs(torch, spec: GemmSpec, device, fill: bool = True) -> dict:
+def _make_inputs(torch, deep_gemm, spec: GemmSpec, device, fill: bool = True) -> dict:
     """The GEMM's operands at its largest M, cast the way DeepGEMM's tests cast them; with
     fill False the same tensors (shapes, dtypes, layouts) left unset."""
-    from deep_gemm.utils.math import per_block_cast_to_fp8, per_token_cast_to_fp8
-
+    casts = importlib.import_module(f"{deep_gemm.__name__}.utils.math")
+    per_token_cast_to_fp8, per_block_cast_to_fp8 = (casts.per_token_cast_to_fp8,
+                                                    casts.per_block_cast_to_fp8)
     use_ue8m0 = torch.cuda.get_device_capability(device)[0] >= 10
     cast_a, cast_b = (per_token_cast_to_fp8, per_block_cast_to_fp8) if fill else (None, None)
     m_max = max(spec.m)
@@ -417,10 +431,11 @@ def _grouped_weights(torch, cast, spec: GemmSpec, device, use_ue8m0: bool):
     return data, scales
 
 
-def _caller(spec: GemmSpec, inputs: dict):
-    import deep_gemm
-
-    function = getattr(deep_gemm, spec.function)
+def _caller(deep_gemm, spec: GemmSpec, inputs: dict):
+    function = next((getattr(deep_gemm, name) for name in spec.functions
+                     if hasattr(deep_gemm, name)), None)
+    if function is None:
+        raise ValueError(f"{deep_gemm.__name__} has none of {', '.join(spec.functions)}")
     (a, sfa), b, d = inputs["a"], inputs["b"], inputs["d"]
     if spec.num_groups is None:
         return lambda m: function((a[:m], sfa[:m]), b, d[:m])

@@ -1,15 +1,19 @@
 """The compiler DeepGEMM runs during a warmup (its ``DG_JIT_NVCC_COMPILER``), so that each
 distinct kernel is compiled once per node, by whoever claims it first.
 
-DeepGEMM (sgl-deep-gemm 0.1.4.post1) names a kernel's cache entry
-``kernel.<name>.<md5 of name$$signature$$flags$$code>`` and runs
+DeepGEMM names a kernel's cache entry from a digest of what it compiles and runs nvcc from
+a shell, in one of two forms (install.py: its generation):
 
     cd <scratch> && <compiler> <tmp>/<uuid>/kernel.cu -cubin -o <cubin> <flags>
+        sgl-deep-gemm 0.1.x, DeepGEMM 2.6 (csrc/jit/compiler.hpp)
+    cd <tmp>/<uuid> && <compiler> <tmp>/<uuid>/kernel.cu --cubin --output-file <cubin>
+        <flags> --include-path <dir>...     DeepGEMM 2.8 (DeepJIT's cuda/backend.hpp)
 
-then renames the build directory to that entry. The signature comes from ``<compiler>
---version`` (``NVCC<major>.<minor>``), and the flags never name the compiler, so a shim that
-answers ``--version`` with the real nvcc's words leaves every key unchanged: the entries
-are named and laid out by DeepGEMM itself, exactly as without the shim.
+then renames the build directory to that entry. Both take the compiler's identity from
+``<compiler> --version`` only (the NVCC release; DeepJIT hashes the whole output), and the
+flags never name the compiler, so a shim that answers ``--version`` with the real nvcc's
+words leaves every key unchanged: the entries are named and laid out by DeepGEMM itself,
+exactly as without the shim.
 
 Each compile request is a *job*, ``<run>/jobs/<key>/`` (key: sha256 of the arguments, with
 the source and output paths as placeholders, and of the source), holding ``kernel.cu`` and
@@ -22,7 +26,9 @@ the source and output paths as placeholders, and of the source), holding ``kerne
   the real nvcc unless done already, and hand DeepGEMM the cubin.
 
 warmd's parent compiles recorded jobs with ``compile_job`` meanwhile, as many at once as
-it has cores. Every real nvcc run appends a line to ``<run>/compiles.log``.
+it has cores. Every real nvcc run appends a line to ``<run>/compiles.log``; a call that
+names a ``.cu`` file in a form the shim does not know goes to nvcc as is and is noted in
+``<run>/passthrough.log`` (the kernel stage then knows its fast path is not running).
 
 Run by path (``python3 nvcc_shim.py MODE RUN NVCC ARGS...``), it imports nothing of
 warmd: DeepGEMM starts it once per kernel.
@@ -86,14 +92,24 @@ class Job:
         return None
 
 
+CUBIN_FLAGS, OUTPUT_FLAGS, PTX_FLAGS = ("-cubin", "--cubin"), ("-o", "--output-file"), \
+    ("-ptx", "--ptx")
+ARCH_FLAGS = ("--gpu-architecture", "-arch")
+PASSTHROUGH_LOG = "passthrough.log"
+
+
 def parse_compile(args: list[str]) -> tuple[str, str, list[str]] | None:
-    """(source, output, argument template) of a ``<src>.cu -cubin -o <out> <flags>``
-    call; None for anything else (``--version``, PTX dumps...), which goes to nvcc as is."""
-    if "-cubin" not in args or "-o" not in args or "-ptx" in args:
+    """(source, output, argument template) of a ``<src>.cu -cubin -o <out> <flags>`` or
+    ``<src>.cu --cubin --output-file <out> <flags>`` call; None for anything else
+    (``--version``, PTX dumps...), which goes to nvcc as is."""
+    if not any(f in args for f in CUBIN_FLAGS) or any(f in args for f in PTX_FLAGS):
         return None
-    out_at = args.index("-o") + 1
+    outputs = [i + 1 for i, a in enumerate(args) if a in OUTPUT_FLAGS]
+    if len(outputs) != 1 or outputs[0] >= len(args):
+        return None
+    out_at = outputs[0]
     sources = [i for i, a in enumerate(args) if a.endswith(".cu") and i != out_at]
-    if out_at >= len(args) or len(sources) != 1:
+    if len(sources) != 1:
         return None
     template = list(args)
     template[sources[0]], template[out_at] = SOURCE, OUTPUT
@@ -233,6 +249,23 @@ def _log_compile(run: Path, job: Job, ok: bool, seconds: float, began: float) ->
         os.close(fd)
 
 
+def note_passthrough(run: Path, args: list[str]) -> None:
+    fd = os.open(run / PASSTHROUGH_LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (json.dumps(args) + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+def read_passthrough(run: Path) -> list[list[str]]:
+    """The compile calls this run's shims sent to nvcc untouched."""
+    try:
+        lines = (run / PASSTHROUGH_LOG).read_text().splitlines()
+    except OSError:
+        return []
+    return [json.loads(line) for line in lines if line.strip()]
+
+
 def read_compiles(run: Path) -> list[dict]:
     """Every real nvcc run of this warmup (the shim's and the parent's)."""
     try:
@@ -242,25 +275,33 @@ def read_compiles(run: Path) -> list[dict]:
     return [json.loads(line) for line in lines if line.strip()]
 
 
-def _arch_flag(template: list[str]) -> str:
-    flags = [a for a in template if a.startswith("--gpu-architecture=")]
-    return flags[-1] if flags else "--gpu-architecture=sm_90a"
+def job_arch(template: list[str]) -> str:
+    """The ``sm_XX`` a job compiles for (``--gpu-architecture=sm_90a``, ``-arch sm_90a``...;
+    the last one given wins, as with nvcc)."""
+    found = "sm_90a"
+    for i, arg in enumerate(template):
+        name, eq, value = arg.partition("=")
+        if name in ARCH_FLAGS:
+            found = value if eq else (template[i + 1] if i + 1 < len(template) else found)
+    return found
 
 
 def placeholder_cubin(run: Path, nvcc: str, template: list[str]) -> Path:
     """A cubin holding one empty kernel for the job's arch, built once per run."""
-    return build_placeholder(run, nvcc, _arch_flag(template))
+    return build_placeholder(run, nvcc, job_arch(template))
 
 
 def build_placeholder(run: Path, nvcc: str, arch: str) -> Path:
-    """The placeholder cubin for ``--gpu-architecture=<arch>``, built unless it is there."""
-    cubin = run / f"placeholder-{arch.rsplit('=', 1)[-1]}.cubin"
+    """The placeholder cubin for ``sm_XX`` (one kernel, no parameters: DeepGEMM loads a
+    cubin's only kernel), built unless it is there."""
+    cubin = run / f"placeholder-{arch}.cubin"
     with _locked(run / "placeholder.lock"):
         if not cubin.is_file():
             source = run / "placeholder.cu"
             source.write_text(PLACEHOLDER_SOURCE)
             partial = cubin.with_name(f".{cubin.name}.partial")
-            subprocess.run([nvcc, str(source), "-cubin", "-o", str(partial), arch],
+            subprocess.run([nvcc, str(source), "-cubin", "-o", str(partial),
+                            f"--gpu-architecture={arch}"],
                            cwd=run, check=True, capture_output=True, text=True)
             os.replace(partial, cubin)
     return cubin
@@ -270,6 +311,8 @@ def main(argv: list[str]) -> int:
     mode, run, nvcc, args = argv[0], Path(argv[1]), argv[2], argv[3:]
     parsed = parse_compile(args)
     if parsed is None:
+        if any(a.endswith(".cu") for a in args):  # a compile the shim cannot take apart
+            note_passthrough(run, args)
         os.execv(nvcc, [nvcc, *args])
     source, output, template = parsed
     job = save_job(run, template, Path(source).read_bytes())
