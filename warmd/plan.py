@@ -226,6 +226,11 @@ class PlanRequest:
     moe_backend: str | None = None
     # The engine's environment variables; None: this process's environment.
     engine_env: tuple[tuple[str, str], ...] | None = None
+    # More of a serve command's arguments that the engine's rules read (warmd.engines.launch
+    # LAUNCH_ARGS: --all2all-backend, --performance-mode, ...), and the ones given that can
+    # change kernels but that warmd does not model (listed by the plan).
+    launch_args: tuple[tuple[str, str], ...] = ()
+    unmodelled_args: tuple[str, ...] = ()
 
 
 def make_plan(request: PlanRequest) -> Plan:

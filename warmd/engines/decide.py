@@ -94,9 +94,11 @@ def decide(request, env: EngineEnv) -> Decisions:
     """Apply the engine's environment and launch flags; raises on bad input."""
     if request.moe_backend is not None:
         check_moe_backend(request.engine, request.moe_backend)
-    if request.engine == "sglang":
-        return _decide_sglang(request, env)
-    return _decide_vllm(request, env)
+    out = (_decide_sglang if request.engine == "sglang" else _decide_vllm)(request, env)
+    if request.unmodelled_args:
+        out.notes.append(f"not modelled by warmd, may change kernels: "
+                         f"{', '.join(request.unmodelled_args)}")
+    return out
 
 
 def _user_mspec(request) -> MSpec | None:
