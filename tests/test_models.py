@@ -251,10 +251,10 @@ def test_every_value_an_engine_would_refuse_is_bad_input(write_config, example, 
         model_shapes(directory, tp=1)
 
 
-@pytest.mark.parametrize("field, value", [("head_dim", "x"),
-                                          ("first_k_dense_replace", "three")])
-def test_bad_config_value_is_one_line_exit_2(write_config, tmp_path, field, value):
-    directory = write_config({**_example("deepseek-v3"), field: value})
+@pytest.mark.parametrize("example, field, value", [
+    ("llama-3.1-8b", "head_dim", "x"), ("deepseek-v3", "first_k_dense_replace", "three")])
+def test_bad_config_value_is_one_line_exit_2(write_config, tmp_path, example, field, value):
+    directory = write_config({**_example(example), field: value})
     result = subprocess.run([sys.executable, "-m", "warmd", "plan", "--model", str(directory),
                              "--target", "h200"], capture_output=True, text=True, timeout=120,
                             env={**os.environ, "HOME": str(tmp_path)})
