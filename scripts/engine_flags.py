@@ -1,6 +1,6 @@
 """Generate the serve-command flags each engine release accepts, from its released source
 (an unpacked wheel or the .whl itself; read by AST, never imported or installed), into
-warmd/engines/flags/<engine>-<version>.json. warmd.engines.cli_args builds an argparse parser
+warmd/engines/data/<engine>-<version>.json. warmd.engines.cli_args builds an argparse parser
 from that data, so a serve command is accepted or refused as the engine's own parser would.
 
     python scripts/engine_flags.py /work/engines/vllm-0.34.0 /work/engines/sglang-0.5.23
@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from warmd.engines.sources import SourceTree  # noqa: E402
 
-OUT = Path(__file__).resolve().parent.parent / "warmd" / "engines" / "flags"
+OUT = Path(__file__).resolve().parent.parent / "warmd" / "engines" / "data"
 _BOOL_ACTIONS = ("BooleanOptionalAction",)
 _SWITCH_ACTIONS = ("store_true", "store_false", "store_const", "count", "help", "version",
                    "DeprecatedStoreTrueAction")

@@ -252,12 +252,12 @@ def test_forced_backend_that_cannot_run_is_refused():
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["vllm", "serve", "{m}", "--moe-backend", "bogus"], "--moe-backend 'bogus' is not one of"),
+    (["vllm", "serve", "{m}", "--moe-backend", "bogus"], "argument --moe-backend: invalid choice: 'bogus'"),
     (["python", "-m", "sglang.launch_server", "--model-path", "{m}", "--moe-runner-backend",
-      "bogus"], "--moe-runner-backend 'bogus' is not one of"),
+      "bogus"], "argument --moe-runner-backend: invalid choice: 'bogus'"),
     (["vllm", "serve", "{m}", "--attention-backend", "BOGUS"], "unknown attention backend"),
     (["python", "-m", "sglang.launch_server", "--model-path", "{m}", "--attention-backend",
-      "fa9"], "unknown SGLang attention backend 'fa9'"),
+      "fa9"], "argument --attention-backend: invalid choice: 'fa9'"),
     (["vllm", "serve", "{m}", "-tp", "2", "--moe-backend", "flashinfer_trtllm"],
      "cannot run mlp.experts"),
 ])

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 import subprocess
 import sys
 from pathlib import Path
@@ -93,10 +94,12 @@ def test_kimi_k2_plans_as_deepseek_v3_with_dp_ep():
     assert (w13.num_groups, w13.n, w13.k) == (384 // 16, 2 * 2048, 7168)  # EP = TP x DP
     # The fused_qkv_a_proj (N = 1536 + 512 + 64 = 2112) vLLM's own warmup skips.
     assert any((t.n, t.k) == (2112, 7168) for t in plan.tasks if t.kernel == "fp8_gemm_nt")
-    # vLLM: compute_aligned_M(min(dp x 16384, VLLM_FUSED_MOE_CHUNK_SIZE 16384), 8, 24, 128).
-    assert {max(t.m) for t in grouped(plan)} == {aligned_grouped_m(16384, 8, 24)}
-    assert aligned_grouped_m(16384, 8, 24) == 134144
+    # vLLM >= 0.33.0 (_get_grouped_gemm_params): every DP rank's tokens, no chunk-size cap.
+    assert {max(t.m) for t in grouped(plan)} == {aligned_grouped_m(2 * 16384, 8, 24)}
     assert any("DP 2 x 16384" in note for note in plan.engine_notes)
+    # Before 0.33.0: compute_aligned_M(min(dp x 16384, VLLM_FUSED_MOE_CHUNK_SIZE 16384), ...).
+    old = from_command(CASES[0][0], engine_env=DEEP_GEMM_MOE, engine_version="0.32.0")
+    assert {max(t.m) for t in grouped(old)} == {aligned_grouped_m(16384, 8, 24)} == {134144}
 
 
 def test_vllm_dp_multiplies_grouped_tokens_up_to_the_chunk_size():
@@ -107,8 +110,13 @@ def test_vllm_dp_multiplies_grouped_tokens_up_to_the_chunk_size():
     dense = [t for t in plan.tasks if t.kernel == "fp8_gemm_nt"]
     assert dense and max(max(t.m) for t in dense) == 2048  # dense GEMMs see one rank's tokens
     capped = from_command(qwen, engine_env=(("VLLM_FUSED_MOE_CHUNK_SIZE", "3000"),
-                                            *DEEP_GEMM_MOE))
+                                            *DEEP_GEMM_MOE), engine_version="0.32.0")
     assert {max(t.m) for t in grouped(capped)} == {aligned_grouped_m(3000, 8, 32)}
+    # vLLM 0.33.0 dropped the variable: it caps nothing, and the plan says so.
+    newest = from_command(qwen, engine_env=(("VLLM_FUSED_MOE_CHUNK_SIZE", "3000"),
+                                            *DEEP_GEMM_MOE))
+    assert {max(t.m) for t in grouped(newest)} == {aligned_grouped_m(4096, 8, 32)}
+    assert any("VLLM_FUSED_MOE_CHUNK_SIZE is not read" in n for n in newest.engine_notes)
 
 
 def test_vllm_dp_without_ep_splits_the_experts_over_tp_x_dp():
@@ -364,7 +372,7 @@ def test_warmd_yaml_engine_command_and_env():
                                                "VLLM_MOE_USE_DEEP_GEMM": 1}}]})
     request = config.models[0].plan_request()
     assert (request.tp, request.dp, request.ep, request.max_tokens) == (2, 2, 4, 2048)
-    plan = make_plan(request)
+    plan = make_plan(replace(request, engine_version="0.32.0"))  # still read the variable
     assert {max(t.m) for t in grouped(plan)} == {aligned_grouped_m(3000, 8, 32)}
     with pytest.raises(WarmdInputError, match="models\\[0\\].env: unknown engine variable"):
         parse_config({"models": [{"engine_command": command, "env": {"NOPE": "1"}}]})
@@ -382,3 +390,51 @@ def test_engine_variables_are_read_from_the_process_environment(monkeypatch):
     monkeypatch.setenv("VLLM_DISABLED_KERNELS", " A, ,B")
     assert EngineEnv.of("vllm", process_engine_env(), None).get("VLLM_DISABLED_KERNELS") == (
         "A", "B")
+
+
+@pytest.mark.parametrize("target, expected", [
+    ("h200", 8192), ("h100", 8192), ("h20", 8192), ("rtx-pro-6000", 8192),
+    ("b200", 16384), ("gb200", 16384), ("b300", 16384), ("a100", 2048), ("l40s", 2048)])
+def test_vllm_token_budget_follows_the_gpu_memory(target, expected):
+    # vllm/engine/arg_utils.py EngineArgs.get_batch_defaults (vllm serve: OPENAI_API_SERVER).
+    plan = from_command("vllm serve {llama_3_1_8b_instruct}", target=target)
+    assert plan.mspec.max_tokens == expected
+    assert any(f"defaults to {expected} on" in n for n in plan.engine_notes)
+
+
+def test_vllm_token_budget_modes():
+    doubled = from_command("vllm serve {llama_3_1_8b_instruct} --performance-mode throughput",
+                           target="b200")
+    assert doubled.mspec.max_tokens == 32768
+    batched = from_command("vllm serve {qwen3_30b_a3b_fp8} -tp 2 -dp 2 -ep "
+                           "--all2all-backend deepep_low_latency")
+    assert batched.mspec.max_tokens == 256 and batched.mspec.moe_tokens == 512
+    given = from_command("vllm serve {llama_3_1_8b_instruct} --max-num-batched-tokens 4096 "
+                         "--performance-mode throughput", target="b200")
+    assert given.mspec.max_tokens == 4096  # only the default doubles
+
+
+@pytest.mark.parametrize("target, chunk, m_max", [
+    ("h200", 8192, 16384), ("b200", 16384, 32768), ("l40s", 4096, 16384)])
+def test_sglang_chunked_prefill_default_follows_the_gpu_memory(target, chunk, m_max):
+    # memory_hook.py _handle_gpu_memory_settings, then compile_utils.py's precompile range.
+    plan = from_command("python -m sglang.launch_server --model-path {qwen3_30b_a3b_fp8} "
+                        "--tp 2", target=target)
+    assert plan.mspec.max_tokens == m_max
+    assert any(f"--chunked-prefill-size defaults to {chunk}" in n for n in plan.engine_notes)
+
+
+def test_vllm_relax_set_follows_the_release_block_sizes():
+    from warmd.engines.rules import vllm_relax_block_ms
+    from warmd.mvalues import relax_m_values
+
+    # deep_gemm_warmup.py _generate_optimal_warmup_m_values: 0.34.0 walks BLOCK_M 16..256.
+    new = relax_m_values(8192, 4096, 132, vllm_relax_block_ms((0, 34, 0)))
+    old = relax_m_values(8192, 4096, 132, vllm_relax_block_ms((0, 33, 0)))
+    assert set(old) < set(new) and 80 in new and 80 not in old
+    command = "vllm serve {kimi_k2_instruct} -tp 8 --max-num-batched-tokens 1024"
+
+    def dense_m(version):
+        plan = from_command(command, engine_version=version)
+        return {m for t in plan.tasks if t.kernel == "fp8_gemm_nt" for m in t.m}
+    assert 80 in dense_m("0.34.0") and 80 not in dense_m("0.33.0")

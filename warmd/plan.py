@@ -260,7 +260,8 @@ def make_plan(request: PlanRequest) -> Plan:
     values = dict(request.engine_env) if request.engine_env is not None \
         else process_engine_env()
     engine_env = EngineEnv.of(request.engine, values, version)
-    decisions = decide(request, engine_env)
+    target = resolve_target(request.target, request.capability, request.sms)
+    decisions = decide(request, engine_env, target)
     check_kernel_names(frozenset(request.disabled_kernels))
     disabled = (frozenset(request.disabled_kernels) | disabled_kernels_from_env()
                 | frozenset(decisions.disabled))
@@ -268,7 +269,6 @@ def make_plan(request: PlanRequest) -> Plan:
                          request.quantization, request.dp,
                          moe_ranks(request.engine, request.tp, request.dp))
     libraries = probe_libraries(request.with_libs, request.without_libs)
-    target = resolve_target(request.target, request.capability, request.sms)
     moe = moe_preference(request, engine_env, target.capability, model)
     env = Environment(target, libraries, request.engine, disabled,
                       deep_gemm_e8m0=decisions.deep_gemm_e8m0,
