@@ -252,7 +252,8 @@ def test_forced_backend_that_cannot_run_is_refused():
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["vllm", "serve", "{m}", "--moe-backend", "bogus"], "argument --moe-backend: invalid choice: 'bogus'"),
+    (["vllm", "serve", "{m}", "--moe-backend", "bogus"],
+     "argument --moe-backend: invalid choice: 'bogus'"),
     (["python", "-m", "sglang.launch_server", "--model-path", "{m}", "--moe-runner-backend",
       "bogus"], "argument --moe-runner-backend: invalid choice: 'bogus'"),
     (["vllm", "serve", "{m}", "--attention-backend", "BOGUS"], "unknown attention backend"),
