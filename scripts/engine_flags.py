@@ -1,6 +1,7 @@
 """Generate the serve-command flags each engine release accepts, from its released source
 (an unpacked wheel or the .whl itself; read by AST, never imported or installed), into
-warmd/engines/data/<engine>-<version>.json. warmd.engines.cli_args builds an argparse parser
+warmd/engines/data/<engine>-<version>.json, and for vLLM the index of its tuned Triton
+fused-MoE config tables (<engine>-<version>-moe-configs.json). warmd.engines.cli_args builds an argparse parser
 from that data, so a serve command is accepted or refused as the engine's own parser would.
 
     python scripts/engine_flags.py /work/engines/vllm-0.34.0 /work/engines/sglang-0.5.23
@@ -412,6 +413,22 @@ def _class_with_bases(classes: dict, name: str) -> list:
 
 
 
+_MOE_CONFIGS = "vllm/model_executor/layers/fused_moe/configs/"
+
+
+def moe_config_index(tree: SourceTree) -> dict[str, list[int]]:
+    """vLLM's tuned Triton fused-MoE tables (fused_moe.py get_moe_configs reads
+    configs/<name>.json): table name -> the batch sizes it has a config for."""
+    out = {}
+    names = tree._zip.namelist() if tree._zip is not None else [
+        str(p.relative_to(tree.root)) for p in (tree.root / _MOE_CONFIGS).glob("*.json")]
+    for name in sorted(n for n in names if n.startswith(_MOE_CONFIGS) and n.endswith(".json")):
+        table = json.loads(tree.read(name))
+        out[name[len(_MOE_CONFIGS):-len(".json")]] = sorted(int(k) for k in table
+                                                            if k.isdigit())
+    return out
+
+
 def generate(root: Path) -> Path:
     tree = SourceTree(root)
     engine = "vllm" if tree.read("vllm/engine/arg_utils.py") else "sglang"
@@ -426,6 +443,10 @@ def generate(root: Path) -> Path:
     OUT.mkdir(parents=True, exist_ok=True)
     path = OUT / f"{engine}-{version}.json"
     path.write_text(json.dumps(out, indent=0, sort_keys=True) + "\n")
+    if engine == "vllm":
+        configs = OUT / f"{engine}-{version}-moe-configs.json"
+        configs.write_text(json.dumps(moe_config_index(tree), separators=(",", ":"),
+                                      sort_keys=True) + "\n")
     return path
 
 

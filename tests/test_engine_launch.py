@@ -438,3 +438,15 @@ def test_vllm_relax_set_follows_the_release_block_sizes():
         plan = from_command(command, engine_version=version)
         return {m for t in plan.tasks if t.kernel == "fp8_gemm_nt" for m in t.m}
     assert 80 in dense_m("0.34.0") and 80 not in dense_m("0.33.0")
+
+
+def test_vllm_warms_the_wrappers_deep_gemm_branch_below_32_too():
+    # deep_gemm_warmup.py _deep_gemm_linear_data: the wrapper's DeepGEMM branch stamps itself
+    # deep_gemm_warmup_provider, so vLLM >= 0.33.0 compiles it at every M of the set.
+    command = "vllm serve {kimi_k2_instruct} -tp 8 --max-num-batched-tokens 1024"
+    new = from_command(command)
+    assert selection(new, "self_attn.o_proj").kernel.name == \
+        "FlashInferFp8DeepGEMMDynamicBlockScaledKernel"
+    assert {min(t.m) for t in new.tasks if t.kernel == "fp8_gemm_nt"} == {1}
+    old = from_command(command, engine_version="0.32.0")
+    assert {min(t.m) for t in old.tasks if t.kernel == "fp8_gemm_nt"} == {32}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from warmd.examples import resolve_model_path
@@ -75,9 +77,17 @@ def test_wrapper_with_deepgemm_fallback_gets_deepgemm_tasks():
     assert o_proj.kernel.name == "FlashInferFp8DeepGEMMDynamicBlockScaledKernel"
     task = next(t for t in plan.tasks
                 if t.kernel == "fp8_gemm_nt" and (t.n, t.k) == (7168, 2048))
-    assert task.m and min(task.m) >= 32 and max(task.m) <= 4096  # only the fallback's M
+    # vLLM >= 0.33.0's own warmup runs the DeepGEMM branch at every M (rule
+    # vllm-wrapper-warmup), so that is what the engine's start compiles; before, only the
+    # fallback's M (>= 32).
+    assert task.m and min(task.m) == 1 and max(task.m) <= 4096
     assert "self_attn.o_proj" in task.layers
     assert any(t.module == "fp8_blockscale_gemm_90" for t in plan.tasks)  # the base branch
+    older = plan_for("deepseek-v3", replace(env("h200", "deep_gemm", "flashinfer", "nvcc"),
+                                            engine_version=(0, 32, 0)), tp=8)
+    task = next(t for t in older.tasks
+                if t.kernel == "fp8_gemm_nt" and (t.n, t.k) == (7168, 2048))
+    assert min(task.m) >= 32
 
 
 def test_wrapper_without_flashinfer_selects_plain_deepgemm_for_all_m():
@@ -206,8 +216,9 @@ def test_nested_wrappers_follow_every_branch(monkeypatch):
     assert leaves == [("FlashInferFp8BlockScaledMMKernel", (1, 15)),
                       ("DeepGemmFp8BlockScaledMMKernel", (16, 63)),
                       ("TritonFp8BlockScaledMMKernel", (64, None))]
-    plan = plan_for("llama-3.1-8b", env("h200", "deep_gemm", "flashinfer", "nvcc"),
-                    quantization="fp8_block", mspec=MSpec("full", 128))
+    # vLLM 0.32.0: before its warmup ran a wrapper's DeepGEMM branch at every M.
+    older = replace(env("h200", "deep_gemm", "flashinfer", "nvcc"), engine_version=(0, 32, 0))
+    plan = plan_for("llama-3.1-8b", older, quantization="fp8_block", mspec=MSpec("full", 128))
     gemm = [t for t in plan.tasks if t.kernel == "fp8_gemm_nt"]
     assert gemm and all(t.m == tuple(range(16, 64)) for t in gemm)
 

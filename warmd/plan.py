@@ -84,7 +84,8 @@ class Plan:
             "moe_tokens": self.mspec.moe_tokens or self.mspec.max_tokens,
             "target": self.env.target.to_json(),
             "libraries": {n: p.to_json() for n, p in self.env.libraries.items()},
-            "layers": [_selection_json(s) for s in self.selections],
+            "layers": [{**_selection_json(s), "engine_jit": engine_jit(s, self.env, self.mspec)}
+                       for s in self.selections],
             "tasks": [t.to_json() for t in self.tasks],
         }
 
@@ -138,6 +139,16 @@ def _work_for(selection: Selection, env: Environment, mspec: MSpec) -> list[JitW
     for leaf, m_range in leaf_kernels(selection.kernel):
         work.extend(leaf.jit_work(selection.layer, env, mspec, m_range))
     return work
+
+
+def engine_jit(selection: Selection, env: Environment, mspec: MSpec) -> list[str]:
+    """What the engine will JIT-compile for the layer at its start that warmd cannot warm, one
+    line per leaf kernel (Triton fused MoE, CuTe DSL, TRT-LLM-gen)."""
+    if selection.kernel is None:
+        return []
+    lines = (leaf.engine_jit(selection.layer, env, mspec, m_range)
+             for leaf, m_range in leaf_kernels(selection.kernel))
+    return [line for line in lines if line]
 
 
 def _task_key(work: JitWork, env: Environment) -> str:
@@ -260,14 +271,14 @@ def make_plan(request: PlanRequest) -> Plan:
     values = dict(request.engine_env) if request.engine_env is not None \
         else process_engine_env()
     engine_env = EngineEnv.of(request.engine, values, version)
-    target = resolve_target(request.target, request.capability, request.sms)
-    decisions = decide(request, engine_env, target)
     check_kernel_names(frozenset(request.disabled_kernels))
-    disabled = (frozenset(request.disabled_kernels) | disabled_kernels_from_env()
-                | frozenset(decisions.disabled))
     model = model_shapes(resolve_model(request.model), request.tp, request.ep,
                          request.quantization, request.dp,
                          moe_ranks(request.engine, request.tp, request.dp))
+    target = resolve_target(request.target, request.capability, request.sms)
+    decisions = decide(request, engine_env, target)
+    disabled = (frozenset(request.disabled_kernels) | disabled_kernels_from_env()
+                | frozenset(decisions.disabled))
     libraries = probe_libraries(request.with_libs, request.without_libs)
     moe = moe_preference(request, engine_env, target.capability, model)
     env = Environment(target, libraries, request.engine, disabled,

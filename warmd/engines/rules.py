@@ -39,7 +39,7 @@ RULES: tuple[Rule, ...] = (
     Rule("vllm-relax-block-m", "vllm", _V034, _WARMUP, "_generate_optimal_warmup_m_values",
          "relax M set: BLOCK_M candidates 16..256 in steps of 16 (DeepGEMM 2.x layouts); "
          "before 0.34.0: 64, 128, 256"),
-    Rule("vllm-wrapper-warmup", "vllm", _V034, _WARMUP, "_deep_gemm_linear_data",
+    Rule("vllm-wrapper-warmup", "vllm", _V033, _WARMUP, "_deep_gemm_linear_data",
          "the warmup visits every layer whose DeepGEMM kernel stamped itself "
          "deep_gemm_warmup_provider, the FlashInfer/DeepGEMM wrapper's too: DeepGEMM is "
          "warmed at every M of the set, M < 32 included"),

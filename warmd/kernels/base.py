@@ -118,6 +118,13 @@ class Kernel:
         return []
 
     @classmethod
+    def engine_jit(cls, layer: Layer, env: Environment, mspec: MSpec,
+                   m_range: tuple[int, int | None]) -> str | None:
+        """One line on what the engine JIT-compiles for this (leaf) kernel at its start that
+        warmd has no executor to warm; None when warmd warms all of it (or nothing JITs)."""
+        return None
+
+    @classmethod
     def is_wrapper(cls) -> bool:
         return bool(cls.branches)
 

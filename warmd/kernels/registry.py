@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from warmd.kernels.base import OK, Check, Environment, Kernel
 from warmd.models import Layer
+from warmd.mvalues import MSpec
 
 # ----- FP8 linear (block-scaled and per-tensor) -----
 
@@ -67,10 +68,29 @@ class UnquantizedLinearKernel(Kernel):
 # ----- Fused MoE -----
 
 class TritonExperts(Kernel):
+    """Triton fused MoE (vLLM's default FP8 MoE on Hopper under TP since 0.17): Triton compiles
+    one kernel per config of the layer's tuned table at the engine's start, and again at batch
+    sizes first seen in traffic (warmd.engines.triton_moe)."""
+
     name = "TritonExperts"
     op = "moe"
     schemes = ("fp8_block", "fp8_tensor", "bf16")
     min_capability = (8, 0)
+
+    @classmethod
+    def engine_jit(cls, layer: Layer, env: Environment, mspec: MSpec,
+                   m_range: tuple[int, int | None]) -> str | None:
+        from warmd.engines.triton_moe import moe_configs
+
+        tokens = mspec.moe_tokens or mspec.max_tokens
+        lo, hi = m_range[0], tokens if m_range[1] is None else min(m_range[1], tokens)
+        if hi < lo:
+            return None
+        dtype = "fp8_w8a8" if layer.quant in ("fp8_block", "fp8_tensor") else None
+        block = layer.block if layer.quant == "fp8_block" else None
+        configs = moe_configs(layer.num_groups or 1, layer.param.get("intermediate", layer.k),
+                              env.target.name, dtype, block, lo, hi)
+        return f"Triton fused MoE: {configs.describe()}; no executor here"
 
 
 class CutlassBlockScaledGroupedGemmExperts(Kernel):

@@ -53,11 +53,25 @@ class DeepGemmFp8BlockScaledMMKernel(Kernel):
 
     @classmethod
     def jit_work(cls, layer: Layer, env: Environment, mspec: MSpec, m_range: MRange):
-        m = clip(mspec.values(layer.n, env.target.sms), *m_range)
+        m = clip(mspec.values(layer.n, env.target.sms), *_warmed_range(env, m_range))
         if not m:
             return []
         return [JitWork("deep_gemm", "fp8_gemm_nt", layer.n, layer.k, None, tuple(m),
                         spec=_deep_gemm_spec(env))]
+
+
+def _warmed_range(env: Environment, m_range: MRange) -> MRange:
+    """The M range the engine compiles DeepGEMM for. vLLM's own warmup (rule
+    vllm-wrapper-warmup: deep_gemm_warmup.py _deep_gemm_linear_data) runs the DeepGEMM
+    branch of the FlashInfer/DeepGEMM wrapper at every M of its set, M < 32 included, though
+    traffic sends those to FlashInfer: warmd warms what the engine's start compiles."""
+    from warmd.engines.rules import BY_ID
+
+    rule = BY_ID["vllm-wrapper-warmup"]
+    if env.engine == "vllm" and m_range != (1, None) and \
+            rule.versions.contains(env.engine_version):
+        return 1, None
+    return m_range
 
 
 def _experts_aligned(layer: Layer) -> Check:
@@ -108,12 +122,17 @@ class DeepEPDeepGemmExperts(DeepGemmExperts):
     name = "DeepEPDeepGemmExperts"
 
     @classmethod
-    def can_implement(cls, layer: Layer, env: Environment) -> Check:
+    def is_supported(cls, env: Environment) -> Check:
         # python/sglang/srt/layers/moe/ep_moe/layer.py: DeepEPMoE only for the deepep a2a
-        # backend; a plain --ep runs the Triton fused MoE.
+        # backend; a plain --ep runs the Triton fused MoE. Checked first: without DeepEP,
+        # whether DeepGEMM is installed is beside the point.
         if env.moe_a2a_backend != "deepep":
             return False, ("SGLang runs DeepGEMM MoE only with DeepEP "
                            "(--moe-a2a-backend deepep)")
+        return super().is_supported(env)
+
+    @classmethod
+    def can_implement(cls, layer: Layer, env: Environment) -> Check:
         return _experts_aligned(layer)
 
     @classmethod
