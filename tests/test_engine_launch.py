@@ -450,3 +450,38 @@ def test_vllm_warms_the_wrappers_deep_gemm_branch_below_32_too():
     assert {min(t.m) for t in new.tasks if t.kernel == "fp8_gemm_nt"} == {1}
     old = from_command(command, engine_version="0.32.0")
     assert {min(t.m) for t in old.tasks if t.kernel == "fp8_gemm_nt"} == {32}
+
+
+def test_drift_reports_each_rule_whose_cited_source_changed():
+    from warmd.engines.rules import Rule
+    from warmd.engines.sources import SourceTree, drift, rule_digests
+    from warmd.engines.versions import VersionRange
+
+    trees = Path(__file__).parent / "data" / "engine_src"
+    old, new = SourceTree(trees / "old"), SourceTree(trees / "new")
+    assert (old.version(), new.version()) == ("9.9.0", "9.9.1")
+    cited = "vllm/warmup/deep_gemm_warmup.py"
+    rules = [Rule("m-set", "vllm", VersionRange(), cited, "_generate_optimal_warmup_m_values",
+                  "the M set"),
+             Rule("wrapper", "vllm", VersionRange(), cited, "_deep_gemm_linear_data", "w"),
+             Rule("block", "vllm", VersionRange(), cited, "BLOCK", "a table"),
+             Rule("file", "vllm", VersionRange(), "vllm/missing.py", "", "a whole file")]
+    followed = rule_digests(old, rules)
+    assert followed["file"] is None and all(followed[r] for r in ("m-set", "wrapper", "block"))
+    found = {rule.id: what for rule, what in drift(followed, new, rules)}
+    # A comment or the layout is not a change; the code and a removed table are.
+    assert found == {"m-set": "changed", "block": "absent"}
+    assert drift(followed, old, rules) == []
+
+
+def test_every_rule_has_a_digest_of_the_followed_release_and_a_row_in_the_docs():
+    from warmd.engines.cli_args import FOLLOWED
+    from warmd.engines.rules import RULES
+    from warmd.engines.sources import DIGESTS
+
+    stored = json.loads(DIGESTS.read_text())
+    docs = (Path(__file__).parent.parent / "docs" / "selection.md").read_text()
+    for rule in RULES:
+        assert stored[rule.engine]["version"] == FOLLOWED[rule.engine]
+        assert stored[rule.engine]["digests"].get(rule.id), rule.id
+        assert f"`{rule.id}`" in docs, rule.id

@@ -286,7 +286,8 @@ def make_plan(request: PlanRequest) -> Plan:
                       moe_a2a_backend=decisions.moe_a2a_backend,
                       disabled_reasons=tuple(sorted(decisions.disabled.items())),
                       engine_version=version,
-                      preference_overrides=(("moe.fp8", moe.kernels),) if moe else ())
+                      preference_overrides=(("moe.fp8", moe.kernels),) if moe else (),
+                      batch_invariant=decisions.batch_invariant)
     plan = build_plan(model, env, decisions.mspec,
                       (version_note, *decisions.notes, *(moe.notes if moe else ())))
     refuse_unfit_forced(plan.selections, moe)

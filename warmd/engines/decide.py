@@ -68,6 +68,7 @@ class Decisions:
     deep_gemm_e8m0: bool = True
     moe_a2a_backend: str = "none"
     notes: list[str] = field(default_factory=list)
+    batch_invariant: bool = False
 
     def disable(self, names, reason: str) -> None:
         for name in names:
@@ -199,6 +200,11 @@ def _decide_vllm(request, env: EngineEnv, target: Target) -> Decisions:
         _force_attention(out, (backend,), how)
     for name in env.get("VLLM_DISABLED_KERNELS"):
         out.disable((name,), "disabled by VLLM_DISABLED_KERNELS")
+    if env.get("VLLM_BATCH_INVARIANT"):
+        out.batch_invariant = True
+        out.notes.append(_explain(env, "VLLM_BATCH_INVARIANT", True,
+                                  "Triton fused MoE runs one default config, no tuned table",
+                                  BY_ID["vllm-triton-moe-configs"].cite()))
     return out
 
 
@@ -306,7 +312,16 @@ def moe_preference(request, env: EngineEnv, capability: tuple[int, int],
 
 def refuse_unfit_forced(selections, choice: MoeChoice | None) -> None:
     """A backend the launch forces but that cannot run: the engine refuses to start (vLLM's
-    oracle raises ValueError), so the plan is bad input too."""
+    oracle raises ValueError; so does its attention selector for a named backend the GPU
+    cannot run, e.g. FLASHINFER_MLA on Hopper), so the plan is bad input too."""
+    for selection in selections:
+        forced = [r for r in selection.rejected if " selects " in r.reason]
+        if selection.family.startswith("attention") and selection.kernel is None and forced:
+            how = forced[0].reason.split(" selects ")[0]
+            why = "; ".join(f"{r.kernel}: {r.reason}" for r in selection.rejected
+                            if r not in forced)
+            raise WarmdInputError(f"{how} cannot run {selection.layer.name} here, so the "
+                                  f"engine would not start ({why})")
     if choice is None or choice.forced_by is None:
         return
     for selection in selections:

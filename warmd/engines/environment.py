@@ -63,6 +63,8 @@ VARIABLES: tuple[EngineVariable, ...] = (
              (VersionRange((0, 12, 0), None), "latency"))),
     _var("VLLM_FUSED_MOE_CHUNK_SIZE", "vllm", "int", str(16 * 1024), VLLM_ENVS),
     _var("VLLM_DISABLED_KERNELS", "vllm", "list", "", VLLM_ENVS),
+    # Triton MoE and block-FP8 GEMMs run one default config (fused_moe.py get_moe_configs).
+    _var("VLLM_BATCH_INVARIANT", "vllm", "bool", "0", VLLM_ENVS),
     _var("SGLANG_ENABLE_JIT_DEEPGEMM", "sglang", "bool", "1", SGLANG_ENVS),
     _var("SGLANG_JIT_DEEPGEMM_PRECOMPILE", "sglang", "bool", "1", SGLANG_ENVS),
     _var("SGLANG_JIT_DEEPGEMM_FAST_WARMUP", "sglang", "bool", "0", SGLANG_ENVS),

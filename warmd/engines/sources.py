@@ -99,3 +99,26 @@ def symbol_digest(tree: SourceTree, cited: str, symbol: str) -> str | None:
         return None
     dumped = ast.dump(node, annotate_fields=False, include_attributes=False)
     return hashlib.sha256(dumped.encode()).hexdigest()[:16]
+
+
+DIGESTS = Path(__file__).parent / "data" / "rule-digests.json"
+
+
+def rule_digests(tree: SourceTree, rules) -> dict[str, str | None]:
+    """rule id -> digest of its cited symbol in this release (None: file or symbol gone)."""
+    return {rule.id: symbol_digest(tree, rule.file, rule.symbol) for rule in rules}
+
+
+def drift(followed: dict[str, str | None], tree: SourceTree, rules) -> list[tuple]:
+    """(rule, what happened) for every rule whose cited source differs in tree from the
+    followed release's digests: 'changed', 'absent' (file or symbol missing there), 'new' (the
+    followed release had none)."""
+    found = []
+    now = rule_digests(tree, rules)
+    for rule in rules:
+        before, after = followed.get(rule.id), now[rule.id]
+        if before == after:
+            continue
+        found.append((rule, "absent" if after is None else "new" if before is None
+                      else "changed"))
+    return found

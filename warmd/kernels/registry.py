@@ -59,6 +59,23 @@ class EmulatedMxfp8LinearKernel(Kernel):
     schemes = ("mxfp8",)
 
 
+class MarlinMxfp8LinearKernel(Kernel):
+    """vLLM's Marlin MXFP8 (weight-only, compiled into vLLM): sm75 and later, K % 32
+    (kernels/linear/mxfp8/marlin.py); what vLLM 0.34.0 runs without FlashInfer."""
+
+    name = "MarlinMxfp8LinearKernel"
+    op = "linear"
+    schemes = ("mxfp8",)
+    min_capability = (7, 5)
+
+    @classmethod
+    def can_implement(cls, layer: Layer, env: Environment) -> Check:
+        ok, reason = super().can_implement(layer, env)
+        if ok and layer.k % 32:
+            return False, f"Marlin MXFP8 needs K % 32; layer has K={layer.k}"
+        return ok, reason
+
+
 class UnquantizedLinearKernel(Kernel):
     name = "UnquantizedLinearKernel"
     op = "linear"
@@ -86,6 +103,9 @@ class TritonExperts(Kernel):
         lo, hi = m_range[0], tokens if m_range[1] is None else min(m_range[1], tokens)
         if hi < lo:
             return None
+        if env.batch_invariant:
+            return ("Triton fused MoE: 1 config (VLLM_BATCH_INVARIANT: get_default_config's "
+                    "batch-invariant config, no tuned table); no executor here")
         dtype = "fp8_w8a8" if layer.quant in ("fp8_block", "fp8_tensor") else None
         block = layer.block if layer.quant == "fp8_block" else None
         configs = moe_configs(layer.num_groups or 1, layer.param.get("intermediate", layer.k),
@@ -182,6 +202,7 @@ ENGINE_KERNELS: tuple[type[Kernel], ...] = (
     CutlassFP8ScaledMMLinearKernel,
     TorchFP8ScaledMMLinearKernel,
     EmulatedMxfp8LinearKernel,
+    MarlinMxfp8LinearKernel,
     UnquantizedLinearKernel,
     TritonExperts,
     CutlassBlockScaledGroupedGemmExperts,

@@ -25,9 +25,14 @@ DEEPGEMM_GROUPED_MULTIPLE = 128
 
 
 def deep_gemm_scale_format(env: Environment) -> str:
-    """DeepGEMM's scale-factor format, part of its kernel config: packed UE8M0 on sm100,
-    FP32 scales on sm90."""
-    return "ue8m0" if env.target.capability[0] == 10 else "float32"
+    """DeepGEMM's scale-factor format, part of its kernel config: packed UE8M0 on the
+    Blackwell families (sm100, sm120), FP32 scales on sm90."""
+    return "ue8m0" if env.target.capability[0] in (10, 12) else "float32"
+
+
+# vLLM 0.34.0 runs DeepGEMM on sm90, the sm100 family and the sm120 family (rule
+# vllm-deepgemm-sm120: platforms/cuda.py CudaPlatformBase.support_deep_gemm).
+DEEP_GEMM_CAPABILITIES = (9, 10, 12)
 
 
 def _deep_gemm_spec(env: Environment) -> tuple[tuple[str, object], ...]:
@@ -38,7 +43,7 @@ class DeepGemmFp8BlockScaledMMKernel(Kernel):
     name = "DeepGemmFp8BlockScaledMMKernel"
     op = "linear"
     library = "deep_gemm"
-    capabilities = (9, 10)
+    capabilities = DEEP_GEMM_CAPABILITIES
     schemes = ("fp8_block",)
 
     @classmethod
@@ -103,7 +108,7 @@ class DeepGemmExperts(Kernel):
     name = "DeepGemmExperts"
     op = "moe"
     library = "deep_gemm"
-    capabilities = (9, 10)
+    capabilities = DEEP_GEMM_CAPABILITIES
     schemes = ("fp8_block",)
 
     @classmethod
