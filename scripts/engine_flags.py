@@ -1,8 +1,9 @@
 """Generate the serve-command flags each engine release accepts, from its released source
 (an unpacked wheel or the .whl itself; read by AST, never imported or installed), into
 warmd/engines/data/<engine>-<version>.json, and for vLLM the index of its tuned Triton
-fused-MoE config tables (<engine>-<version>-moe-configs.json). warmd.engines.cli_args builds an argparse parser
-from that data, so a serve command is accepted or refused as the engine's own parser would.
+fused-MoE config tables (<engine>-<version>-moe-configs.json). warmd.engines.cli_args builds
+an argparse parser from that data, so a serve command is accepted or refused as the engine's
+own parser would.
 
     python scripts/engine_flags.py /work/engines/vllm-0.34.0 /work/engines/sglang-0.5.23
 
