@@ -485,3 +485,11 @@ def test_every_rule_has_a_digest_of_the_followed_release_and_a_row_in_the_docs()
         assert stored[rule.engine]["version"] == FOLLOWED[rule.engine]
         assert stored[rule.engine]["digests"].get(rule.id), rule.id
         assert f"`{rule.id}`" in docs, rule.id
+
+
+def test_engine_variables_are_knobs_of_the_one_table():
+    from warmd import settings
+    from warmd.engines.environment import ALIASES, BY_NAME
+
+    assert set(settings.ENGINE_KERNEL_ENV) == set(BY_NAME) | set(ALIASES)
+    assert set(settings.ENGINE_KERNEL_ENV) <= {knob.env for knob in settings.KNOBS}

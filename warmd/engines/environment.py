@@ -7,7 +7,6 @@ its engine, its type, its default per engine version, and the source file that d
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -77,10 +76,13 @@ _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 
 
-def process_engine_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The engine variables of this process's environment: the one place they are read."""
-    environ = os.environ if environ is None else environ
-    found = {BY_NAME[name].name: environ[name] for name in BY_NAME if name in environ}
+def process_engine_env() -> dict[str, str]:
+    """The engine variables of this process's environment, read through warmd's one knob
+    table (settings.ENGINE_KERNEL_ENV)."""
+    from warmd import settings
+
+    environ = settings.engine_kernel_env()
+    found = {name: environ[name] for name in BY_NAME if name in environ}
     for old, new in ALIASES.items():
         if old in environ and new not in found:
             found[new] = environ[old]
