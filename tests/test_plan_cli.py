@@ -63,7 +63,7 @@ def test_plan_text_output_lists_rejections():
     result = CliRunner().invoke(main, ["plan", "--model", "llama-3.1-8b", "--target", "b200",
                                        "--quantization", "mxfp8", "--without", "flashinfer"])
     assert result.exit_code == 0, result.output
-    assert "EmulatedMxfp8LinearKernel" in result.output
+    assert "MarlinMxfp8LinearKernel" in result.output  # vLLM 0.34.0 without FlashInfer
     assert "FlashInfer unavailable" in result.output
     assert "Summary:" in result.output
 
@@ -169,9 +169,13 @@ def test_planned_flashinfer_modules_match_flashinfer_spec_names(tmp_path):
     plans = [
         plan_json("--model", "llama-3.1-8b", "--target", "b200", "--quantization", "mxfp8",
                   "--with", "flashinfer", "--engine", "sglang"),
+        # SGLang's flashinfer MLA builds batch_mla on Hopper (vLLM's FLASHINFER_MLA is sm100
+        # TRT-LLM-gen only: docs/selection.md).
         plan_json("--model", "deepseek-v3", "--tp", "8", "--target", "h200", "--with",
                   "flashinfer", "--with", "deep_gemm", "--disable-kernel", "FlashMLABackend",
-                  "--disable-kernel", "FlashAttnMLABackend"),
+                  "--disable-kernel", "FlashAttnMLABackend", "--engine", "sglang"),
+        plan_json("--model", "deepseek-v3", "--tp", "8", "--target", "h200", "--with",
+                  "flashinfer", "--with", "deep_gemm"),
         plan_json("--model", "llama-3.1-8b", "--target", "h200", "--with", "flashinfer",
                   "--disable-kernel", "FlashAttentionBackend"),
     ]
@@ -301,7 +305,7 @@ def test_plan_tables_fit_the_terminal_and_keep_keys_whole(width):
 
     args = ("--model", "deepseek-v3", "--tp", "8", "--target", "h200", "--with", "deep_gemm",
             "--with", "flashinfer", "--disable-kernel", "FlashMLABackend",
-            "--disable-kernel", "FlashAttnMLABackend")
+            "--disable-kernel", "FlashAttnMLABackend", "--engine", "sglang")
     text = _plan_text(width, *args)
     lines = text.splitlines()
     assert max(len(line) for line in lines) <= width
