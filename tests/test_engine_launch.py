@@ -289,6 +289,10 @@ def test_kernel_changing_arguments_warmd_does_not_model_are_kept_for_the_plan():
     assert launch.unmodelled == ("-pp", "--dtype", "--enforce-eager")
     launch = parse_launch("sglang serve /m --tp 2 --enable-torch-compile --port 1")
     assert launch.unmodelled == ("--enable-torch-compile",)
+    plan = from_command("python -m sglang.launch_server --model-path {qwen3_30b_a3b_fp8} "
+                        "--tp 2 --enable-dp-attention --fp8-gemm-backend triton --dtype bfloat16")
+    [note] = [n for n in plan.engine_notes if n.startswith("not modelled by warmd")]
+    assert note.endswith("--dtype, --enable-dp-attention, --fp8-gemm-backend triton")
 
 
 def test_flag_tables_come_from_the_followed_releases():

@@ -102,10 +102,23 @@ def decide(request, env: EngineEnv, target: Target) -> Decisions:
     if request.moe_backend is not None:
         check_moe_backend(request.engine, request.moe_backend)
     out = (_decide_sglang if request.engine == "sglang" else _decide_vllm)(request, env, target)
-    if request.unmodelled_args:
-        out.notes.append(f"not modelled by warmd, may change kernels: "
-                         f"{', '.join(request.unmodelled_args)}")
+    unmodelled = [*request.unmodelled_args, *_read_not_followed(request)]
+    if unmodelled:
+        out.notes.append(f"not modelled by warmd, may change kernels: {', '.join(unmodelled)}")
     return out
+
+
+# Launch arguments read from a serve command whose kernel effect warmd does not follow yet
+# (docs/selection.md "Not followed yet"); --all2all-backend sets vLLM's token budget only.
+_READ_NOT_FOLLOWED = {"linear_backend": "--linear-backend", "all2all_backend": "--all2all-backend",
+                      "dp_attention": "--enable-dp-attention",
+                      "fp8_gemm_backend": "--fp8-gemm-backend"}
+
+
+def _read_not_followed(request) -> list[str]:
+    given = dict(getattr(request, "launch_args", ()) or ())
+    return [f"{flag} {given[name]}" if given[name] != "True" else flag
+            for name, flag in _READ_NOT_FOLLOWED.items() if name in given]
 
 
 def _user_mspec(request, max_tokens: int) -> MSpec | None:
