@@ -15,7 +15,7 @@ from test_engine_launch import BASE, from_command, from_flags, model, selection
 
 from warmd.engines.moe_backends import ORACLE_ROWS, oracle_row
 from warmd.errors import WarmdInputError
-from warmd.plan import PlanRequest, make_plan
+from warmd.plan import PlanRequest, engine_jit, make_plan
 
 
 def experts(plan):
@@ -41,8 +41,8 @@ FLAG_CASES = [
      dict(tp=2, moe_backend="deep_gemm")),
     (QWEN + "-tp 4 -ep --moe-backend triton", "qwen3-30b-a3b-fp8",
      dict(tp=4, ep=4, moe_backend="triton")),
-    (KIMI + "--attention-backend FLASHINFER_MLA", "kimi-k2-instruct",
-     dict(tp=8, max_tokens=1024, attention_backend="FLASHINFER_MLA")),
+    (KIMI + "--attention-backend FLASHMLA", "kimi-k2-instruct",
+     dict(tp=8, max_tokens=1024, attention_backend="FLASHMLA")),
     ("vllm serve {llama_3_1_8b_instruct} --attention-backend FLASHINFER", "llama-3.1-8b-instruct",
      dict(attention_backend="FLASHINFER")),
     ("vllm serve {mixtral_8x7b_instruct} -tp 8 --moe-backend triton "
@@ -183,9 +183,35 @@ def test_vllm_mla_backend_follows_the_release(target, version, kernel):
     plan = from_command(KIMI, target=target, engine_version=version)
     sel = selection(plan, "self_attn.attn")
     assert sel.kernel.name == kernel
-    has_mla_module = any(m.startswith("batch_mla_attention") for m in modules(plan))
-    assert has_mla_module == (kernel == "FlashInferMLABackend")  # modules only when chosen
+    # vLLM >= 0.33.0's FLASHINFER_MLA decodes with TRT-LLM-gen (rule
+    # vllm-flashinfer-mla-sm100): no batch_mla module, a line on what the engine loads.
+    assert not any(m.startswith("batch_mla_attention") for m in modules(plan))
+    left = engine_jit(sel, plan.env, plan.mspec)
+    assert bool(left) == (kernel == "FlashInferMLABackend")
+    assert not left or "TRT-LLM-gen MLA decode" in left[0]
 
+
+def test_vllm_refuses_flashinfer_mla_on_hopper_and_so_does_warmd():
+    with pytest.raises(WarmdInputError, match="--attention-backend FLASHINFER_MLA cannot run "
+                                              "self_attn.attn here.*sm100 only"):
+        from_command(KIMI + "--attention-backend FLASHINFER_MLA")
+    on_b200 = from_command(KIMI + "--attention-backend FLASHINFER_MLA", target="b200")
+    assert selection(on_b200, "self_attn.attn").kernel.name == "FlashInferMLABackend"
+
+
+def test_vllm_flashinfer_mha_on_blackwell_runs_trtllm_gen():
+    # vllm/utils/flashinfer.py supports_trtllm_attention: sm100 prefill and decode, sm120
+    # decode only; FA2 modules only where FlashInfer's own kernels still run.
+    llama = "vllm serve {llama_3_1_8b_instruct}"
+    b200 = from_command(llama, target="b200")
+    attn = selection(b200, "self_attn.attn")
+    assert attn.kernel.name == "FlashInferAttentionBackend"
+    assert not {m for m in modules(b200) if m.startswith("batch_")}
+    assert "TRT-LLM-gen attention (prefill and decode)" in \
+        engine_jit(attn, b200.env, b200.mspec)[0]
+    rtx = from_command(llama, target="rtx-pro-6000")
+    assert {m.split("_with")[0] for m in modules(rtx) if m.startswith("batch_")} == \
+        {"batch_prefill"}
 
 def test_vllm_attention_backend_variable_is_read_until_0_16():
     env = (("VLLM_ATTENTION_BACKEND", "FLASHINFER_MLA"),)
@@ -252,12 +278,13 @@ def test_forced_backend_that_cannot_run_is_refused():
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["vllm", "serve", "{m}", "--moe-backend", "bogus"], "--moe-backend 'bogus' is not one of"),
+    (["vllm", "serve", "{m}", "--moe-backend", "bogus"],
+     "argument --moe-backend: invalid choice: 'bogus'"),
     (["python", "-m", "sglang.launch_server", "--model-path", "{m}", "--moe-runner-backend",
-      "bogus"], "--moe-runner-backend 'bogus' is not one of"),
+      "bogus"], "argument --moe-runner-backend: invalid choice: 'bogus'"),
     (["vllm", "serve", "{m}", "--attention-backend", "BOGUS"], "unknown attention backend"),
     (["python", "-m", "sglang.launch_server", "--model-path", "{m}", "--attention-backend",
-      "fa9"], "unknown SGLang attention backend 'fa9'"),
+      "fa9"], "argument --attention-backend: invalid choice: 'fa9'"),
     (["vllm", "serve", "{m}", "-tp", "2", "--moe-backend", "flashinfer_trtllm"],
      "cannot run mlp.experts"),
 ])

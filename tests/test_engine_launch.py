@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -93,10 +94,12 @@ def test_kimi_k2_plans_as_deepseek_v3_with_dp_ep():
     assert (w13.num_groups, w13.n, w13.k) == (384 // 16, 2 * 2048, 7168)  # EP = TP x DP
     # The fused_qkv_a_proj (N = 1536 + 512 + 64 = 2112) vLLM's own warmup skips.
     assert any((t.n, t.k) == (2112, 7168) for t in plan.tasks if t.kernel == "fp8_gemm_nt")
-    # vLLM: compute_aligned_M(min(dp x 16384, VLLM_FUSED_MOE_CHUNK_SIZE 16384), 8, 24, 128).
-    assert {max(t.m) for t in grouped(plan)} == {aligned_grouped_m(16384, 8, 24)}
-    assert aligned_grouped_m(16384, 8, 24) == 134144
+    # vLLM >= 0.33.0 (_get_grouped_gemm_params): every DP rank's tokens, no chunk-size cap.
+    assert {max(t.m) for t in grouped(plan)} == {aligned_grouped_m(2 * 16384, 8, 24)}
     assert any("DP 2 x 16384" in note for note in plan.engine_notes)
+    # Before 0.33.0: compute_aligned_M(min(dp x 16384, VLLM_FUSED_MOE_CHUNK_SIZE 16384), ...).
+    old = from_command(CASES[0][0], engine_env=DEEP_GEMM_MOE, engine_version="0.32.0")
+    assert {max(t.m) for t in grouped(old)} == {aligned_grouped_m(16384, 8, 24)} == {134144}
 
 
 def test_vllm_dp_multiplies_grouped_tokens_up_to_the_chunk_size():
@@ -107,8 +110,13 @@ def test_vllm_dp_multiplies_grouped_tokens_up_to_the_chunk_size():
     dense = [t for t in plan.tasks if t.kernel == "fp8_gemm_nt"]
     assert dense and max(max(t.m) for t in dense) == 2048  # dense GEMMs see one rank's tokens
     capped = from_command(qwen, engine_env=(("VLLM_FUSED_MOE_CHUNK_SIZE", "3000"),
-                                            *DEEP_GEMM_MOE))
+                                            *DEEP_GEMM_MOE), engine_version="0.32.0")
     assert {max(t.m) for t in grouped(capped)} == {aligned_grouped_m(3000, 8, 32)}
+    # vLLM 0.33.0 dropped the variable: it caps nothing, and the plan says so.
+    newest = from_command(qwen, engine_env=(("VLLM_FUSED_MOE_CHUNK_SIZE", "3000"),
+                                            *DEEP_GEMM_MOE))
+    assert {max(t.m) for t in grouped(newest)} == {aligned_grouped_m(4096, 8, 32)}
+    assert any("VLLM_FUSED_MOE_CHUNK_SIZE is not read" in n for n in newest.engine_notes)
 
 
 def test_vllm_dp_without_ep_splits_the_experts_over_tp_x_dp():
@@ -228,12 +236,77 @@ def test_hub_id_resolves_only_through_the_local_cache(tmp_path, monkeypatch):
 
 def test_launch_parsing_forms():
     launch = parse_launch(["vllm", "serve", "/m", "--tensor_parallel_size=4", "-dp", "2",
-                           "--enable-expert-parallel", "--unknown-flag", "x"])
+                           "--enable-expert-parallel", "--trust-remote-code", "--port", "8000"])
     assert (launch.engine, launch.model, launch.tp, launch.dp, launch.expert_parallel) == \
         ("vllm", "/m", 4, 2, True)
-    assert launch.ignored == ("--unknown-flag", "x")
     launch = parse_launch("python3.12 -m sglang.launch_server --model /m --tp=8 --dp 2")
     assert (launch.engine, launch.tp, launch.dp) == ("sglang", 8, 2)
+
+
+@pytest.mark.parametrize("command, expert_parallel", [
+    ("vllm serve /m -tp 4 --enable-expert-parallel --no-enable-expert-parallel", False),
+    ("vllm serve /m -tp 4 --no-enable-expert-parallel --enable_expert_parallel", True),
+    ("vllm serve /m -tp 4 -ep --disable-expert-parallel", False),
+    ("vllm serve /m -tp 4 --disable-expert-parallel -ep", True),
+])
+def test_the_last_expert_parallel_switch_wins(command, expert_parallel):
+    # argparse stores the last occurrence; vLLM's EnableDisableAction pairs --enable-x with
+    # --disable-x (vllm/utils/argparse_utils.py).
+    assert parse_launch(command).expert_parallel is expert_parallel
+
+
+def test_model_spellings_follow_the_engines_parsers():
+    # vllm serve moves --model to the positional (FlexibleArgumentParser.parse_args).
+    assert parse_launch("vllm serve -tp 2 --model /m").model == "/m"
+    assert parse_launch("vllm serve --model=/m -tp 2").model == "/m"
+    # ... so a positional beside --model is an argument left over: vLLM refuses it.
+    with pytest.raises(WarmdInputError, match="unrecognized argument '/a'"):
+        parse_launch("vllm serve /a --model /b")
+    # sglang serve makes a leading positional --model-path; the last --model-path wins.
+    assert parse_launch("sglang serve /a --model-path /b --tp 2").model == "/b"
+    assert parse_launch("sglang serve /a --model-type llm --tp 2").model == "/a"
+
+
+def test_prefixes_are_what_argparse_allows():
+    # Both engines keep argparse's allow_abbrev: an unambiguous prefix is the flag.
+    assert parse_launch("vllm serve /m --tensor-par 4").tp == 4
+    assert parse_launch("python -m sglang.launch_server --model-path /m --tp 4 --dp 2").tp == 4
+    assert parse_launch("vllm serve /m -tp 2 --enable-exp").expert_parallel
+    with pytest.raises(WarmdInputError, match="ambiguous option: --max-num could match"):
+        parse_launch("vllm serve /m --max-num 4096")
+
+
+def test_vllm_rewrites_before_argparse():
+    launch = parse_launch("vllm serve /m --max-num-batched-tokens 16K -O3 "
+                          "--compilation-config.mode 3 --served-model-name a b -tp 2")
+    assert (launch.max_tokens, launch.tp) == (16384, 2)
+    assert parse_launch("vllm serve /m --max_num_batched_tokens=16k").max_tokens == 16000
+    assert launch.unmodelled == ("--compilation-config", "--optimization-level")
+
+
+def test_kernel_changing_arguments_warmd_does_not_model_are_kept_for_the_plan():
+    launch = parse_launch("vllm serve /m --dtype float16 -pp 2 --port 8000 --enforce-eager")
+    assert launch.unmodelled == ("-pp", "--dtype", "--enforce-eager")
+    launch = parse_launch("sglang serve /m --tp 2 --enable-torch-compile --port 1")
+    assert launch.unmodelled == ("--enable-torch-compile",)
+    plan = from_command("python -m sglang.launch_server --model-path {qwen3_30b_a3b_fp8} "
+                        "--tp 2 --enable-dp-attention --fp8-gemm-backend triton --dtype bfloat16")
+    [note] = [n for n in plan.engine_notes if n.startswith("not modelled by warmd")]
+    assert note.endswith("--dtype, --enable-dp-attention, --fp8-gemm-backend triton")
+
+
+def test_flag_tables_come_from_the_followed_releases():
+    from warmd.engines.cli_args import FOLLOWED, flag_table, option_strings
+
+    for engine, version in FOLLOWED.items():
+        table = flag_table(engine)
+        assert (table["engine"], table["version"], table["allow_abbrev"]) == \
+            (engine, version, True)
+    vllm = option_strings("vllm")
+    assert vllm["-tp"] == vllm["--tensor-parallel-size"] == "tensor_parallel_size"
+    assert "--tp" not in vllm and "--disable-expert-parallel" in vllm
+    sglang = option_strings("sglang")
+    assert sglang["--tp-size"] == sglang["--tensor-parallel-size"] == "tp_size"
 
 
 @pytest.mark.parametrize("command, message", [
@@ -241,7 +314,13 @@ def test_launch_parsing_forms():
     ("vllm serve {m} --tensor-parallel-size abc", "--tensor-parallel-size must be an integer"),
     ("vllm serve {m} --tensor-parallel-size 3", "--tp=3 does not divide num_attention_heads"),
     ("python -m sglang.launch_server --model-path {m} --moe-a2a-backend bogus",
-     "--moe-a2a-backend 'bogus' is not one of"),
+     "argument --moe-a2a-backend: invalid choice: 'bogus'"),
+    ("vllm serve {m} --tensor-paralel-size 4", "unrecognized argument '--tensor-paralel-size'"),
+    ("vllm serve {m} --tp 4", "unrecognized argument '--tp'"),
+    ("sglang serve --model-path {m} --tp-sise 4", "unrecognized argument '--tp-sise'"),
+    ("vllm serve {m} --foo-bar", "unrecognized argument '--foo-bar'"),
+    ("python -m sglang.launch_server --model-path {m} --foo-bar", "unrecognized argument"),
+    ("vllm serve {m} -tp", "argument --tensor-parallel-size/-tp: expected one argument"),
     ("vllm serve {m} --kv-cache-dtype fp9", "--kv-cache-dtype 'fp9'"),
     ("vllm serve --port 8000", "names no model"),
 ])
@@ -297,7 +376,7 @@ def test_warmd_yaml_engine_command_and_env():
                                                "VLLM_MOE_USE_DEEP_GEMM": 1}}]})
     request = config.models[0].plan_request()
     assert (request.tp, request.dp, request.ep, request.max_tokens) == (2, 2, 4, 2048)
-    plan = make_plan(request)
+    plan = make_plan(replace(request, engine_version="0.32.0"))  # still read the variable
     assert {max(t.m) for t in grouped(plan)} == {aligned_grouped_m(3000, 8, 32)}
     with pytest.raises(WarmdInputError, match="models\\[0\\].env: unknown engine variable"):
         parse_config({"models": [{"engine_command": command, "env": {"NOPE": "1"}}]})
@@ -315,3 +394,106 @@ def test_engine_variables_are_read_from_the_process_environment(monkeypatch):
     monkeypatch.setenv("VLLM_DISABLED_KERNELS", " A, ,B")
     assert EngineEnv.of("vllm", process_engine_env(), None).get("VLLM_DISABLED_KERNELS") == (
         "A", "B")
+
+
+@pytest.mark.parametrize("target, expected", [
+    ("h200", 8192), ("h100", 8192), ("h20", 8192), ("rtx-pro-6000", 8192),
+    ("b200", 16384), ("gb200", 16384), ("b300", 16384), ("a100", 2048), ("l40s", 2048)])
+def test_vllm_token_budget_follows_the_gpu_memory(target, expected):
+    # vllm/engine/arg_utils.py EngineArgs.get_batch_defaults (vllm serve: OPENAI_API_SERVER).
+    plan = from_command("vllm serve {llama_3_1_8b_instruct}", target=target)
+    assert plan.mspec.max_tokens == expected
+    assert any(f"defaults to {expected} on" in n for n in plan.engine_notes)
+
+
+def test_vllm_token_budget_modes():
+    doubled = from_command("vllm serve {llama_3_1_8b_instruct} --performance-mode throughput",
+                           target="b200")
+    assert doubled.mspec.max_tokens == 32768
+    batched = from_command("vllm serve {qwen3_30b_a3b_fp8} -tp 2 -dp 2 -ep "
+                           "--all2all-backend deepep_low_latency")
+    assert batched.mspec.max_tokens == 256 and batched.mspec.moe_tokens == 512
+    given = from_command("vllm serve {llama_3_1_8b_instruct} --max-num-batched-tokens 4096 "
+                         "--performance-mode throughput", target="b200")
+    assert given.mspec.max_tokens == 4096  # only the default doubles
+
+
+@pytest.mark.parametrize("target, chunk, m_max", [
+    ("h200", 8192, 16384), ("b200", 16384, 32768), ("l40s", 4096, 16384)])
+def test_sglang_chunked_prefill_default_follows_the_gpu_memory(target, chunk, m_max):
+    # memory_hook.py _handle_gpu_memory_settings, then compile_utils.py's precompile range.
+    plan = from_command("python -m sglang.launch_server --model-path {qwen3_30b_a3b_fp8} "
+                        "--tp 2", target=target)
+    assert plan.mspec.max_tokens == m_max
+    assert any(f"--chunked-prefill-size defaults to {chunk}" in n for n in plan.engine_notes)
+
+
+def test_vllm_relax_set_follows_the_release_block_sizes():
+    from warmd.engines.rules import vllm_relax_block_ms
+    from warmd.mvalues import relax_m_values
+
+    # deep_gemm_warmup.py _generate_optimal_warmup_m_values: 0.34.0 walks BLOCK_M 16..256.
+    new = relax_m_values(8192, 4096, 132, vllm_relax_block_ms((0, 34, 0)))
+    old = relax_m_values(8192, 4096, 132, vllm_relax_block_ms((0, 33, 0)))
+    assert set(old) < set(new) and 80 in new and 80 not in old
+    command = "vllm serve {kimi_k2_instruct} -tp 8 --max-num-batched-tokens 1024"
+
+    def dense_m(version):
+        plan = from_command(command, engine_version=version)
+        return {m for t in plan.tasks if t.kernel == "fp8_gemm_nt" for m in t.m}
+    assert 80 in dense_m("0.34.0") and 80 not in dense_m("0.33.0")
+
+
+def test_vllm_warms_the_wrappers_deep_gemm_branch_below_32_too():
+    # deep_gemm_warmup.py _deep_gemm_linear_data: the wrapper's DeepGEMM branch stamps itself
+    # deep_gemm_warmup_provider, so vLLM >= 0.33.0 compiles it at every M of the set.
+    command = "vllm serve {kimi_k2_instruct} -tp 8 --max-num-batched-tokens 1024"
+    new = from_command(command)
+    assert selection(new, "self_attn.o_proj").kernel.name == \
+        "FlashInferFp8DeepGEMMDynamicBlockScaledKernel"
+    assert {min(t.m) for t in new.tasks if t.kernel == "fp8_gemm_nt"} == {1}
+    old = from_command(command, engine_version="0.32.0")
+    assert {min(t.m) for t in old.tasks if t.kernel == "fp8_gemm_nt"} == {32}
+
+
+def test_drift_reports_each_rule_whose_cited_source_changed():
+    from warmd.engines.rules import Rule
+    from warmd.engines.sources import SourceTree, drift, rule_digests
+    from warmd.engines.versions import VersionRange
+
+    trees = Path(__file__).parent / "data" / "engine_src"
+    old, new = SourceTree(trees / "old"), SourceTree(trees / "new")
+    assert (old.version(), new.version()) == ("9.9.0", "9.9.1")
+    cited = "vllm/warmup/deep_gemm_warmup.py"
+    rules = [Rule("m-set", "vllm", VersionRange(), cited, "_generate_optimal_warmup_m_values",
+                  "the M set"),
+             Rule("wrapper", "vllm", VersionRange(), cited, "_deep_gemm_linear_data", "w"),
+             Rule("block", "vllm", VersionRange(), cited, "BLOCK", "a table"),
+             Rule("file", "vllm", VersionRange(), "vllm/missing.py", "", "a whole file")]
+    followed = rule_digests(old, rules)
+    assert followed["file"] is None and all(followed[r] for r in ("m-set", "wrapper", "block"))
+    found = {rule.id: what for rule, what in drift(followed, new, rules)}
+    # A comment or the layout is not a change; the code and a removed table are.
+    assert found == {"m-set": "changed", "block": "absent"}
+    assert drift(followed, old, rules) == []
+
+
+def test_every_rule_has_a_digest_of_the_followed_release_and_a_row_in_the_docs():
+    from warmd.engines.cli_args import FOLLOWED
+    from warmd.engines.rules import RULES
+    from warmd.engines.sources import DIGESTS
+
+    stored = json.loads(DIGESTS.read_text())
+    docs = (Path(__file__).parent.parent / "docs" / "selection.md").read_text()
+    for rule in RULES:
+        assert stored[rule.engine]["version"] == FOLLOWED[rule.engine]
+        assert stored[rule.engine]["digests"].get(rule.id), rule.id
+        assert f"`{rule.id}`" in docs, rule.id
+
+
+def test_engine_variables_are_knobs_of_the_one_table():
+    from warmd import settings
+    from warmd.engines.environment import ALIASES, BY_NAME
+
+    assert set(settings.ENGINE_KERNEL_ENV) == set(BY_NAME) | set(ALIASES)
+    assert set(settings.ENGINE_KERNEL_ENV) <= {knob.env for knob in settings.KNOBS}

@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from warmd.errors import WarmdInputError
@@ -204,3 +211,53 @@ def test_bad_configs(tmp_path, write_config):
         model_shapes(write_config({"model_type": "gpt2"}))
     with pytest.raises(WarmdInputError, match="hidden_size"):
         model_shapes(write_config({"model_type": "llama", "hidden_size": "big"}))
+
+
+def _example(name: str) -> dict:
+    return json.loads((Path(resolve_model_path(name)) / "config.json").read_text())
+
+
+# (example, field, value, message): values vLLM/SGLang would refuse when building the model.
+BAD_VALUES = [
+    ("llama-3.1-8b", "head_dim", "x", "'head_dim' must be a positive integer, got 'x'"),
+    ("llama-3.1-8b", "num_key_value_heads", 0, "'num_key_value_heads' must be a positive"),
+    ("llama-3.1-8b", "num_key_value_heads", 5, "not a multiple of num_key_value_heads (5)"),
+    ("llama-3.1-8b", "vocab_size", "many", "'vocab_size' must be an integer >= 0"),
+    ("llama-3.1-8b", "hidden_act", 3, "'hidden_act' must be a name"),
+    ("llama-3.1-8b", "num_hidden_layers", True, "'num_hidden_layers' must be a positive"),
+    ("llama-3.1-8b", "architectures", "LlamaForCausalLM", "'architectures' must be a list"),
+    ("deepseek-v3", "first_k_dense_replace", "three", "'first_k_dense_replace' must be an"),
+    ("deepseek-v3", "moe_layer_freq", 0, "'moe_layer_freq' must be a positive integer"),
+    ("deepseek-v3", "n_shared_experts", -1, "'n_shared_experts' must be an integer >= 0"),
+    ("deepseek-v3", "q_lora_rank", "1536", "'q_lora_rank' must be an integer >= 0"),
+    ("deepseek-v3", "quantization_config", {"quant_method": "fp8",
+                                            "weight_block_size": [128, "x"]},
+     "weight_block_size must be two positive integers"),
+    ("qwen3-30b-a3b-fp8", "decoder_sparse_step", "1", "'decoder_sparse_step' must be a"),
+    ("qwen3-30b-a3b-fp8", "mlp_only_layers", "0,1", "'mlp_only_layers' must be a list"),
+    ("qwen3-30b-a3b-fp8", "quantization_config", {"quant_method": "fp8",
+                                                  "weight_block_size": [128, 128],
+                                                  "ignored_layers": "lm_head"},
+     "ignored_layers must be a list of layer names"),
+]
+
+
+@pytest.mark.parametrize("example, field, value, message", BAD_VALUES,
+                         ids=[f"{c[1]}={c[2]!r}" for c in BAD_VALUES])
+def test_every_value_an_engine_would_refuse_is_bad_input(write_config, example, field, value,
+                                                         message):
+    directory = write_config({**_example(example), field: value})
+    with pytest.raises(WarmdInputError, match=re.escape(message)):
+        model_shapes(directory, tp=1)
+
+
+@pytest.mark.parametrize("example, field, value", [
+    ("llama-3.1-8b", "head_dim", "x"), ("deepseek-v3", "first_k_dense_replace", "three")])
+def test_bad_config_value_is_one_line_exit_2(write_config, tmp_path, example, field, value):
+    directory = write_config({**_example(example), field: value})
+    result = subprocess.run([sys.executable, "-m", "warmd", "plan", "--model", str(directory),
+                             "--target", "h200"], capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "HOME": str(tmp_path)})
+    assert result.returncode == 2, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and field in result.stderr
+    assert "Traceback" not in result.stderr and result.stdout == ""

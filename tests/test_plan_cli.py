@@ -63,7 +63,7 @@ def test_plan_text_output_lists_rejections():
     result = CliRunner().invoke(main, ["plan", "--model", "llama-3.1-8b", "--target", "b200",
                                        "--quantization", "mxfp8", "--without", "flashinfer"])
     assert result.exit_code == 0, result.output
-    assert "EmulatedMxfp8LinearKernel" in result.output
+    assert "MarlinMxfp8LinearKernel" in result.output  # vLLM 0.34.0 without FlashInfer
     assert "FlashInfer unavailable" in result.output
     assert "Summary:" in result.output
 
@@ -169,9 +169,13 @@ def test_planned_flashinfer_modules_match_flashinfer_spec_names(tmp_path):
     plans = [
         plan_json("--model", "llama-3.1-8b", "--target", "b200", "--quantization", "mxfp8",
                   "--with", "flashinfer", "--engine", "sglang"),
+        # SGLang's flashinfer MLA builds batch_mla on Hopper (vLLM's FLASHINFER_MLA is sm100
+        # TRT-LLM-gen only: docs/selection.md).
         plan_json("--model", "deepseek-v3", "--tp", "8", "--target", "h200", "--with",
                   "flashinfer", "--with", "deep_gemm", "--disable-kernel", "FlashMLABackend",
-                  "--disable-kernel", "FlashAttnMLABackend"),
+                  "--disable-kernel", "FlashAttnMLABackend", "--engine", "sglang"),
+        plan_json("--model", "deepseek-v3", "--tp", "8", "--target", "h200", "--with",
+                  "flashinfer", "--with", "deep_gemm"),
         plan_json("--model", "llama-3.1-8b", "--target", "h200", "--with", "flashinfer",
                   "--disable-kernel", "FlashAttentionBackend"),
     ]
@@ -301,7 +305,7 @@ def test_plan_tables_fit_the_terminal_and_keep_keys_whole(width):
 
     args = ("--model", "deepseek-v3", "--tp", "8", "--target", "h200", "--with", "deep_gemm",
             "--with", "flashinfer", "--disable-kernel", "FlashMLABackend",
-            "--disable-kernel", "FlashAttnMLABackend")
+            "--disable-kernel", "FlashAttnMLABackend", "--engine", "sglang")
     text = _plan_text(width, *args)
     lines = text.splitlines()
     assert max(len(line) for line in lines) <= width
@@ -395,3 +399,63 @@ def test_warmup_help_and_model_with_and_without_from_config():
     for line in readme.splitlines():
         if "--from-config" in line and line.startswith("warmd warmup"):
             assert (Path(__file__).parent.parent / line.split()[3]).is_file(), line
+
+
+QWEN_TP2 = ("--target", "h200", "--with", "deep_gemm", "--", "vllm", "serve",
+            "qwen3-30b-a3b-fp8", "--tensor-parallel-size", "2")
+
+
+def test_plan_names_the_triton_moe_the_engine_compiles_and_no_executor_for_it():
+    # vLLM >= 0.17 on Hopper, block FP8 under TP: TritonExperts (fused_moe/oracle/fp8.py);
+    # its configs: the tuned table E=128,N=384,H200 (fused_moe.py get_moe_configs).
+    data = plan_json(*QWEN_TP2)
+    w13 = next(layer for layer in data["layers"] if layer["name"] == "mlp.experts.w13")
+    assert w13["kernel"] == "TritonExperts"
+    [line] = w13["engine_jit"]
+    assert line.startswith("Triton fused MoE: 18 configs (M buckets 1, 2, 4,")
+    assert "E=128,N=384,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128]" in line
+    assert line.endswith("no executor here")
+    assert all(not layer["engine_jit"] for layer in data["layers"]
+               if layer["name"] not in ("mlp.experts.w13", "mlp.experts.w2"))
+    text = CliRunner().invoke(main, ["plan", *QWEN_TP2]).output
+    assert "Left to the engine" in text and "  mlp.experts.w2: Triton fused MoE" in text
+
+
+def test_triton_moe_buckets_follow_the_plans_tokens():
+    from warmd.engines.triton_moe import moe_configs
+
+    # The closest batch size: M 100 runs 96's config, 128's from M 113 (ties: the smaller).
+    small = moe_configs(128, 384, "NVIDIA H200", "fp8_w8a8", (128, 128), 1, 112)
+    assert small.tuned and small.buckets == (1, 2, 4, 8, 16, 24, 32, 48, 64, 96)
+    assert moe_configs(128, 384, "NVIDIA H200", "fp8_w8a8", (128, 128), 113, 113).buckets \
+        == (128,)
+    # No tuned table: get_default_config's block-FP8 buckets.
+    default = moe_configs(7, 384, "NVIDIA H200", "fp8_w8a8", (128, 128), 1, 8192)
+    assert not default.tuned and default.buckets == (1, 5, 9, 17, 65)
+
+
+def test_a_plan_for_a_preset_says_which_libraries_it_assumes():
+    data = plan_json(*QWEN_TP2[:4], "--without", "flashinfer", "--model", "qwen3-30b-a3b-fp8")
+    assert "deep_gemm" in data["assumed_on_target"]["present"]
+    assert "flashinfer" in data["assumed_on_target"]["absent"]
+    text = CliRunner().invoke(main, ["plan", *QWEN_TP2[:4], "--without", "flashinfer",
+                                     "--model", "qwen3-30b-a3b-fp8"]).output
+    [line] = [x for x in text.splitlines() if x.startswith("Assumed on the target:")]
+    assert "deep_gemm" in line and "not: " in line and "flashinfer" in line.split("not: ")[1]
+
+
+def test_rejection_reasons_are_one_line_each_and_relevant():
+    result = CliRunner().invoke(main, ["plan", "--model", "deepseek-v3", "--tp", "8",
+                                       "--target", "h200", "--without", "deep_gemm"],
+                                env={"COLUMNS": "400"})
+    assert result.exit_code == 0, result.output
+    for line in result.output.splitlines():
+        assert line.count("DeepGEMM unavailable") <= 1, line
+    # SGLang with its MoE on Triton: DeepEP's kernel is rejected for not running DeepEP, not
+    # for a missing DeepGEMM.
+    data = plan_json("--engine", "sglang", "--model", "qwen3-30b-a3b-fp8", "--tp", "2",
+                     "--target", "h200", "--without", "deep_gemm")
+    w13 = next(layer for layer in data["layers"] if layer["name"] == "mlp.experts.w13")
+    assert w13["kernel"] == "TritonExperts"
+    [deepep] = [r["reason"] for r in w13["rejected"] if r["kernel"] == "DeepEPDeepGemmExperts"]
+    assert "only with DeepEP" in deepep and "DeepGEMM unavailable" not in deepep

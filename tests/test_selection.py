@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from warmd.examples import resolve_model_path
@@ -13,7 +15,7 @@ from warmd.libraries.deep_gemm.kernels import DeepGemmFp8BlockScaledMMKernel
 from warmd.libraries.flashinfer.kernels import FlashInferFp8BlockScaledMMKernel
 from warmd.models import Layer, model_shapes
 from warmd.mvalues import MSpec
-from warmd.plan import build_plan, leaf_kernels
+from warmd.plan import build_plan, engine_jit, leaf_kernels
 from warmd.probes import LibraryProbe
 from warmd.targets import PRESETS
 
@@ -45,25 +47,40 @@ def test_blackwell_mxfp8_without_flashinfer_falls_back_with_reason():
     for s in plan.selections:
         assert s.kernel is None or "FlashInfer" not in s.kernel.name
     qkv = selection(plan, "self_attn.qkv_proj")
-    assert qkv.kernel.name == "EmulatedMxfp8LinearKernel"
+    # vLLM 0.34.0 _POSSIBLE_MXFP8_KERNELS: without FlashInfer, Marlin (compiled into vLLM).
+    assert qkv.kernel.name == "MarlinMxfp8LinearKernel"
     rejected = {r.kernel: r.reason for r in qkv.rejected}
     assert "FlashInfer unavailable" in rejected["FlashInferCutlassMxfp8LinearKernel"]
+    assert "FlashInfer unavailable" in rejected["FlashInferCutedslMxfp8LinearKernel"]
     assert not [t for t in plan.tasks if t.library == "flashinfer"]
+    sglang = plan_for("llama-3.1-8b", env("b200", "deep_gemm", "nvcc", engine="sglang"),
+                      quantization="mxfp8")
+    assert selection(sglang, "self_attn.qkv_proj").kernel.name == "EmulatedMxfp8LinearKernel"
 
 
 def test_blackwell_mxfp8_with_flashinfer_selected_and_planned():
+    # Without the CuTe DSL: FlashInfer CUTLASS, a module warmd builds.
     plan = plan_for("llama-3.1-8b", env("b200", "flashinfer", "nvcc"), quantization="mxfp8")
-    assert selection(plan, "self_attn.qkv_proj").kernel.name == \
-        "FlashInferCutlassMxfp8LinearKernel"
+    qkv = selection(plan, "self_attn.qkv_proj")
+    assert qkv.kernel.name == "FlashInferCutlassMxfp8LinearKernel"
+    assert "cutlass_dsl" in dict((r.kernel, r.reason) for r in qkv.rejected)[
+        "FlashInferCutedslMxfp8LinearKernel"]
     modules = {t.module for t in plan.tasks if t.library == "flashinfer"}
     assert "mxfp8_gemm_cutlass" in modules
+    # With it: the CuTe-DSL kernel first (rule vllm-mxfp8-order), compiled by the engine.
+    plan = plan_for("llama-3.1-8b", env("b200", "flashinfer", "cutlass_dsl", "nvcc"),
+                    quantization="mxfp8")
+    qkv = selection(plan, "self_attn.qkv_proj")
+    assert qkv.kernel.name == "FlashInferCutedslMxfp8LinearKernel"
+    [line] = engine_jit(qkv, plan.env, plan.mspec)
+    assert line.startswith("CuTe DSL MXFP8 GEMM") and "no executor here" in line
 
 
 def test_capability_checked_even_with_library():
     # FlashInfer present but an Ampere target: the MXFP8 kernel needs sm100/sm120.
     plan = plan_for("llama-3.1-8b", env("a100", "flashinfer", "nvcc"), quantization="mxfp8")
     qkv = selection(plan, "self_attn.qkv_proj")
-    assert qkv.kernel.name == "EmulatedMxfp8LinearKernel"
+    assert qkv.kernel.name == "MarlinMxfp8LinearKernel"  # sm75+
     reason = dict((r.kernel, r.reason) for r in qkv.rejected)["FlashInferCutlassMxfp8LinearKernel"]
     assert "sm10x/sm12x" in reason and "sm_80" in reason
 
@@ -75,9 +92,17 @@ def test_wrapper_with_deepgemm_fallback_gets_deepgemm_tasks():
     assert o_proj.kernel.name == "FlashInferFp8DeepGEMMDynamicBlockScaledKernel"
     task = next(t for t in plan.tasks
                 if t.kernel == "fp8_gemm_nt" and (t.n, t.k) == (7168, 2048))
-    assert task.m and min(task.m) >= 32 and max(task.m) <= 4096  # only the fallback's M
+    # vLLM >= 0.33.0's own warmup runs the DeepGEMM branch at every M (rule
+    # vllm-wrapper-warmup), so that is what the engine's start compiles; before, only the
+    # fallback's M (>= 32).
+    assert task.m and min(task.m) == 1 and max(task.m) <= 4096
     assert "self_attn.o_proj" in task.layers
     assert any(t.module == "fp8_blockscale_gemm_90" for t in plan.tasks)  # the base branch
+    older = plan_for("deepseek-v3", replace(env("h200", "deep_gemm", "flashinfer", "nvcc"),
+                                            engine_version=(0, 32, 0)), tp=8)
+    task = next(t for t in older.tasks
+                if t.kernel == "fp8_gemm_nt" and (t.n, t.k) == (7168, 2048))
+    assert min(task.m) >= 32
 
 
 def test_wrapper_without_flashinfer_selects_plain_deepgemm_for_all_m():
@@ -206,8 +231,9 @@ def test_nested_wrappers_follow_every_branch(monkeypatch):
     assert leaves == [("FlashInferFp8BlockScaledMMKernel", (1, 15)),
                       ("DeepGemmFp8BlockScaledMMKernel", (16, 63)),
                       ("TritonFp8BlockScaledMMKernel", (64, None))]
-    plan = plan_for("llama-3.1-8b", env("h200", "deep_gemm", "flashinfer", "nvcc"),
-                    quantization="fp8_block", mspec=MSpec("full", 128))
+    # vLLM 0.32.0: before its warmup ran a wrapper's DeepGEMM branch at every M.
+    older = replace(env("h200", "deep_gemm", "flashinfer", "nvcc"), engine_version=(0, 32, 0))
+    plan = plan_for("llama-3.1-8b", older, quantization="fp8_block", mspec=MSpec("full", 128))
     gemm = [t for t in plan.tasks if t.kernel == "fp8_gemm_nt"]
     assert gemm and all(t.m == tuple(range(16, 64)) for t in gemm)
 
@@ -248,11 +274,23 @@ def test_sglang_prefers_flashinfer_activation_without_sgl_kernel():
 def test_vllm_disabled_kernels_of_the_engine_environment(monkeypatch):
     from warmd.plan import PlanRequest, make_plan
 
+    request = PlanRequest(model="deepseek-v3", tp=8, target="h200",
+                          with_libs=("deep_gemm", "flashinfer", "nvcc"))
+    # vLLM checks the variable against the class it selects only (rule
+    # vllm-disabled-kernels): naming the wrapper's DeepGEMM branch leaves the wrapper, and
+    # its DeepGEMM branch, running.
     monkeypatch.setenv("VLLM_DISABLED_KERNELS", "DeepGemmFp8BlockScaledMMKernel")
-    plan = make_plan(PlanRequest(model="deepseek-v3", tp=8, target="h200",
-                                 with_libs=("deep_gemm", "flashinfer", "nvcc")))
+    o_proj = selection(make_plan(request), "self_attn.o_proj")
+    assert o_proj.kernel.name == "FlashInferFp8DeepGEMMDynamicBlockScaledKernel"
+    monkeypatch.setenv("VLLM_DISABLED_KERNELS", "FlashInferFp8DeepGEMMDynamicBlockScaledKernel,"
+                                                "DeepGemmFp8BlockScaledMMKernel")
+    plan = make_plan(request)
     o_proj = selection(plan, "self_attn.o_proj")
     assert o_proj.kernel.name == "CutlassFp8BlockScaledMMKernel"
     reasons = {r.kernel: r.reason for r in o_proj.rejected}
     assert "VLLM_DISABLED_KERNELS" in reasons["DeepGemmFp8BlockScaledMMKernel"]
     assert not [t for t in plan.tasks if t.kernel == "fp8_gemm_nt"]
+    # warmd's own --disable-kernel naming a branch rejects the wrapper.
+    monkeypatch.delenv("VLLM_DISABLED_KERNELS")
+    own = make_plan(replace(request, disabled_kernels=("DeepGemmFp8BlockScaledMMKernel",)))
+    assert selection(own, "self_attn.o_proj").kernel.name == "CutlassFp8BlockScaledMMKernel"

@@ -128,14 +128,11 @@ def parse_quantization(config: dict, override: str | None = None) -> Quantizatio
         raise WarmdInputError("quantization_config must be a JSON object")
     method = str(qc.get("quant_method", "")).lower()
     algo = str(qc.get("quant_algo", "") or (qc.get("quantization") or {}).get("quant_algo", ""))
-    ignored = tuple(qc.get("ignored_layers") or qc.get("modules_to_not_convert")
-                    or qc.get("exclude_modules") or ())
+    ignored = _ignored(qc, "ignored_layers", "modules_to_not_convert", "exclude_modules")
     if method == "fp8":
         block = qc.get("weight_block_size")
         if block:
-            if len(block) != 2:
-                raise WarmdInputError(f"weight_block_size must have two entries, got {block}")
-            return Quantization("fp8_block", (int(block[0]), int(block[1])), ignored)
+            return Quantization("fp8_block", _block("weight_block_size", block), ignored)
         return Quantization("fp8_tensor", None, ignored)
     if method == "mxfp8" or algo.upper() == "MXFP8":
         return Quantization("mxfp8", (1, 32), ignored)
@@ -154,14 +151,38 @@ def parse_quantization(config: dict, override: str | None = None) -> Quantizatio
         " modelopt FP8/MXFP8, none (BF16); or pass --quantization")
 
 
+def _block(key: str, block) -> tuple[int, int]:
+    """A weight block size: two positive integers."""
+    if not (isinstance(block, list) and len(block) == 2 and all(
+            isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in block)):
+        raise WarmdInputError(f"quantization_config {key} must be two positive integers, "
+                              f"got {block!r}")
+    return block[0], block[1]
+
+
+def _ignored(qc: dict, *keys: str) -> tuple[str, ...]:
+    for key in keys:
+        value = qc.get(key)
+        if value:
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise WarmdInputError(f"quantization_config {key} must be a list of layer "
+                                      f"names, got {value!r}")
+            return tuple(value)
+    return ()
+
+
 def _compressed_tensors(qc: dict) -> Quantization:
     """compressed-tensors FP8 (W8A8 float): 'tensor' and 'channel' weight strategies run the
     scaled-mm kernels, 'block' the block-scaled FP8 linear path (DeepGEMM on Hopper), as
     vLLM's CompressedTensorsW8A8Fp8 scheme dispatches them (vllm/model_executor/layers/
     quantization/compressed_tensors/schemes/compressed_tensors_w8a8_fp8.py)."""
     groups = qc.get("config_groups") or {}
+    if not isinstance(groups, dict):
+        raise WarmdInputError("compressed-tensors config_groups must be a JSON object")
     weights = [g.get("weights") or {} for g in groups.values() if isinstance(g, dict)]
-    ignored = tuple(qc.get("ignore") or ())
+    if not all(isinstance(w, dict) for w in weights):
+        raise WarmdInputError("compressed-tensors config_groups weights must be JSON objects")
+    ignored = _ignored(qc, "ignore")
     if not weights:
         raise WarmdInputError("compressed-tensors quantization_config has no config_groups "
                               "with weights")
@@ -178,10 +199,7 @@ def _compressed_tensors(qc: dict) -> Quantization:
         return Quantization("fp8_tensor", None, ignored)
     if strategy == "block":
         block = weights[0].get("block_structure")
-        if not (isinstance(block, list) and len(block) == 2):
-            raise WarmdInputError(f"compressed-tensors block strategy needs a two-entry "
-                                  f"block_structure, got {block!r}")
-        return Quantization("fp8_block", (int(block[0]), int(block[1])), ignored)
+        return Quantization("fp8_block", _block("block_structure", block), ignored)
     raise WarmdInputError(f"unsupported compressed-tensors FP8 weight strategy {strategy!r}; "
                           "supported: tensor, channel, block")
 
@@ -195,6 +213,38 @@ def _require(config: dict, *keys: str) -> list[int]:
                                   f"got {value!r}")
         values.append(value)
     return values
+
+
+def _optional(config: dict, key: str, default: int, minimum: int = 1) -> int:
+    """An optional integer field: absent or null is the default; anything else must be an
+    integer >= minimum (the engines build the model from it and refuse other values)."""
+    value = config.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        what = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+        raise WarmdInputError(f"model config field {key!r} must be {what}, got {value!r}")
+    return value
+
+
+def _int_list(config: dict, key: str) -> list[int]:
+    value = config.get(key)
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(
+            isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value):
+        raise WarmdInputError(f"model config field {key!r} must be a list of layer indexes, "
+                              f"got {value!r}")
+    return value
+
+
+def _text_field(config: dict, key: str, default: str) -> str:
+    value = config.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, str) or not value:
+        raise WarmdInputError(f"model config field {key!r} must be a name, got {value!r}")
+    return value
 
 
 def _divide(total: int, parts: int, what: str, flag: str) -> int:
@@ -246,8 +296,11 @@ class _Builder:
 
 def _attention_mha(b: _Builder, config: dict, tp: int, times: int) -> None:
     hidden, heads = _require(config, "hidden_size", "num_attention_heads")
-    kv_heads = config.get("num_key_value_heads") or heads
-    head_dim = config.get("head_dim") or hidden // heads
+    kv_heads = _optional(config, "num_key_value_heads", heads)
+    if heads % kv_heads:
+        raise WarmdInputError(f"model config: num_attention_heads ({heads}) is not a multiple "
+                              f"of num_key_value_heads ({kv_heads})")
+    head_dim = _optional(config, "head_dim", hidden // heads)
     q_per_rank = _divide(heads, tp, "num_attention_heads", "--tp")
     kv_per_rank = _kv_heads_per_rank(kv_heads, tp)
     b.linear("self_attn.qkv_proj", (q_per_rank + 2 * kv_per_rank) * head_dim, hidden, times)
@@ -261,7 +314,7 @@ def _attention_mla(b: _Builder, config: dict, tp: int, times: int) -> None:
     hidden, heads, kv_lora, nope, rope, v_dim = _require(
         config, "hidden_size", "num_attention_heads", "kv_lora_rank", "qk_nope_head_dim",
         "qk_rope_head_dim", "v_head_dim")
-    q_lora = config.get("q_lora_rank")
+    q_lora = _optional(config, "q_lora_rank", 0, minimum=0)
     heads_per_rank = _divide(heads, tp, "num_attention_heads", "--tp")
     if q_lora:
         # q_a and kv_a are merged and replicated on every rank (disable_tp in vLLM).
@@ -324,10 +377,11 @@ def _moe(b: _Builder, hidden: int, experts: int, inter: int, topk: int, tp: int,
 
 def _activation_and_sampling(b: _Builder, config: dict, vocab_tp: int, hidden: int,
                              times: int) -> None:
-    act = str(config.get("hidden_act") or config.get("hidden_activation") or "silu")
+    act = _text_field(config, "hidden_act", "") or _text_field(config, "hidden_activation",
+                                                                "silu")
     b.add(Layer("mlp.act_fn", "activation", "bf16", params=(("act", act),)), times)
-    vocab = config.get("vocab_size")
-    if isinstance(vocab, int) and vocab > 0:
+    vocab = _optional(config, "vocab_size", 0, minimum=0)
+    if vocab > 0:
         padded = -(-vocab // 64) * 64  # vLLM pads the vocabulary to a multiple of 64
         b.linear("lm_head", _divide(padded, vocab_tp, "padded vocab_size", "--tp"), hidden,
                  quantized=False)
@@ -352,8 +406,8 @@ def _build_moe(b: _Builder, config: dict, tp: int, ep: int) -> int:
     else:
         experts, inter, topk = _require(config, "num_experts", "moe_intermediate_size",
                                         "num_experts_per_tok")
-        step = config.get("decoder_sparse_step") or 1
-        mlp_only = set(config.get("mlp_only_layers") or ())
+        step = _optional(config, "decoder_sparse_step", 1)
+        mlp_only = set(_int_list(config, "mlp_only_layers"))
         dense_layers = {i for i in range(n_layers) if i in mlp_only or (i + 1) % step}
     _attention_mha(b, config, tp, n_layers)
     if dense_layers:
@@ -368,11 +422,11 @@ def _build_mla(b: _Builder, config: dict, tp: int, ep: int) -> int:
     hidden, n_layers, inter, moe_inter, experts, topk = _require(
         config, "hidden_size", "num_hidden_layers", "intermediate_size", "moe_intermediate_size",
         "n_routed_experts", "num_experts_per_tok")
-    first_dense = min(int(config.get("first_k_dense_replace") or 0), n_layers)
-    freq = int(config.get("moe_layer_freq") or 1)
+    first_dense = min(_optional(config, "first_k_dense_replace", 0, minimum=0), n_layers)
+    freq = _optional(config, "moe_layer_freq", 1)
     moe_layers = sum(1 for i in range(first_dense, n_layers) if i % freq == 0)
     dense_layers = n_layers - moe_layers
-    shared = int(config.get("n_shared_experts") or 0)
+    shared = _optional(config, "n_shared_experts", 0, minimum=0)
     _attention_mla(b, config, tp, n_layers)
     if dense_layers:
         _dense_mlp(b, "mlp", hidden, inter, tp, dense_layers)
@@ -408,9 +462,15 @@ def language_config(config: dict) -> dict:
 def resolve_model_type(config: dict, where: object) -> str:
     """model_type when warmd knows it, else the first known entry of `architectures`."""
     model_type = config.get("model_type")
-    if model_type in _BUILDERS:
+    architectures = config.get("architectures") or []
+    if not isinstance(architectures, list):
+        raise WarmdInputError(f"model config field 'architectures' must be a list of class "
+                              f"names, got {architectures!r} in {where}")
+    if isinstance(model_type, str) and model_type in _BUILDERS:
         return model_type
-    for arch in config.get("architectures") or ():
+    for arch in architectures:
+        if not isinstance(arch, str):
+            continue
         if arch in ARCHITECTURES:
             return ARCHITECTURES[arch]
     raise WarmdInputError(

@@ -22,6 +22,8 @@ class MSpec:
     max_tokens: int = 8192
     explicit: tuple[int, ...] = ()
     moe_tokens: int | None = None
+    # DeepGEMM's BLOCK_M candidates the relax set walks (vLLM 0.34.0: 16..256 step 16).
+    block_ms: tuple[int, ...] = (64, 128, 256)
 
     def values(self, n: int, num_sms: int) -> list[int]:
         """The token counts to run a GEMM with output size n on a GPU with num_sms SMs."""
@@ -31,7 +33,7 @@ class MSpec:
             return list(range(1, self.max_tokens + 1))
         if self.mode == "fast":
             return fast_m_values(self.max_tokens)
-        return relax_m_values(self.max_tokens, n, num_sms)
+        return relax_m_values(self.max_tokens, n, num_sms, self.block_ms)
 
 
 def parse_mspec(mode: str, max_tokens: int, m_list: str | None = None) -> MSpec:
@@ -51,11 +53,13 @@ def parse_mspec(mode: str, max_tokens: int, m_list: str | None = None) -> MSpec:
     return MSpec(mode, max_tokens)
 
 
-def relax_m_values(max_tokens: int, n: int, num_sms: int) -> list[int]:
-    """vLLM's 'relax' set: the M values where DeepGEMM's block/wave heuristics change."""
+def relax_m_values(max_tokens: int, n: int, num_sms: int,
+                   block_ms: tuple[int, ...] = (64, 128, 256)) -> list[int]:
+    """vLLM's 'relax' set: the M values where DeepGEMM's block/wave heuristics change
+    (_generate_optimal_warmup_m_values; block_ms per release, warmd.engines.rules)."""
     values = {m for m in [1, 2, 4, *range(8, 65, 8)] if m <= max_tokens}
     block_ns = [bn for bn in range(16, min(257, n + 1), 16) if bn <= n]
-    for block_m in (64, 128, 256):
+    for block_m in block_ms:
         for block_n in block_ns:
             n_blocks = -(-n // block_n)
             for wave in range(1, 11):
@@ -106,5 +110,6 @@ def grouped_m_values(spec: MSpec, n: int, num_sms: int, topk: int, groups: int, 
     if spec.explicit:
         rows = {aligned_grouped_m(m, topk, groups) for m in clip(list(spec.explicit), lo, top)}
     elif spec.mode == "relax":
-        rows = {m for m in relax_m_values(row_hi, n, num_sms) if m in rows} | {row_lo, row_hi}
+        rows = {m for m in relax_m_values(row_hi, n, num_sms, spec.block_ms) if m in rows} | \
+            {row_lo, row_hi}
     return sorted(rows)

@@ -84,7 +84,8 @@ class Plan:
             "moe_tokens": self.mspec.moe_tokens or self.mspec.max_tokens,
             "target": self.env.target.to_json(),
             "libraries": {n: p.to_json() for n, p in self.env.libraries.items()},
-            "layers": [_selection_json(s) for s in self.selections],
+            "layers": [{**_selection_json(s), "engine_jit": engine_jit(s, self.env, self.mspec)}
+                       for s in self.selections],
             "tasks": [t.to_json() for t in self.tasks],
         }
 
@@ -138,6 +139,16 @@ def _work_for(selection: Selection, env: Environment, mspec: MSpec) -> list[JitW
     for leaf, m_range in leaf_kernels(selection.kernel):
         work.extend(leaf.jit_work(selection.layer, env, mspec, m_range))
     return work
+
+
+def engine_jit(selection: Selection, env: Environment, mspec: MSpec) -> list[str]:
+    """What the engine will JIT-compile for the layer at its start that warmd cannot warm, one
+    line per leaf kernel (Triton fused MoE, CuTe DSL, TRT-LLM-gen)."""
+    if selection.kernel is None:
+        return []
+    lines = (leaf.engine_jit(selection.layer, env, mspec, m_range)
+             for leaf, m_range in leaf_kernels(selection.kernel))
+    return [line for line in lines if line]
 
 
 def _task_key(work: JitWork, env: Environment) -> str:
@@ -226,6 +237,11 @@ class PlanRequest:
     moe_backend: str | None = None
     # The engine's environment variables; None: this process's environment.
     engine_env: tuple[tuple[str, str], ...] | None = None
+    # More of a serve command's arguments that the engine's rules read (warmd.engines.launch
+    # LAUNCH_ARGS: --all2all-backend, --performance-mode, ...), and the ones given that can
+    # change kernels but that warmd does not model (listed by the plan).
+    launch_args: tuple[tuple[str, str], ...] = ()
+    unmodelled_args: tuple[str, ...] = ()
 
 
 def make_plan(request: PlanRequest) -> Plan:
@@ -255,22 +271,23 @@ def make_plan(request: PlanRequest) -> Plan:
     values = dict(request.engine_env) if request.engine_env is not None \
         else process_engine_env()
     engine_env = EngineEnv.of(request.engine, values, version)
-    decisions = decide(request, engine_env)
     check_kernel_names(frozenset(request.disabled_kernels))
-    disabled = (frozenset(request.disabled_kernels) | disabled_kernels_from_env()
-                | frozenset(decisions.disabled))
     model = model_shapes(resolve_model(request.model), request.tp, request.ep,
                          request.quantization, request.dp,
                          moe_ranks(request.engine, request.tp, request.dp))
-    libraries = probe_libraries(request.with_libs, request.without_libs, request.engine)
     target = resolve_target(request.target, request.capability, request.sms)
+    decisions = decide(request, engine_env, target)
+    disabled = (frozenset(request.disabled_kernels) | disabled_kernels_from_env()
+                | frozenset(decisions.disabled))
+    libraries = probe_libraries(request.with_libs, request.without_libs, request.engine)
     moe = moe_preference(request, engine_env, target.capability, model)
     env = Environment(target, libraries, request.engine, disabled,
                       deep_gemm_e8m0=decisions.deep_gemm_e8m0,
                       moe_a2a_backend=decisions.moe_a2a_backend,
                       disabled_reasons=tuple(sorted(decisions.disabled.items())),
                       engine_version=version,
-                      preference_overrides=(("moe.fp8", moe.kernels),) if moe else ())
+                      preference_overrides=(("moe.fp8", moe.kernels),) if moe else (),
+                      batch_invariant=decisions.batch_invariant)
     plan = build_plan(model, env, decisions.mspec,
                       (version_note, *decisions.notes, *(moe.notes if moe else ())))
     refuse_unfit_forced(plan.selections, moe)

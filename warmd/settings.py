@@ -97,6 +97,16 @@ FLASHINFER_COMMAND_ENV = ("CC", "CXX", "CUDA_HOME", "CUDA_PATH", "FLASHINFER_NVC
                           "FLASHINFER_EXTRA_CUDAFLAGS", "FLASHINFER_EXTRA_LDFLAGS",
                           "FLASHINFER_JIT_DEBUG", "FLASHINFER_JIT_VERBOSE",
                           "FLASHINFER_JIT_LINEINFO")
+# The serving engines' own variables that change what they compile (warmd.engines.environment
+# holds their types, defaults per release and sources; docs/selection.md their rules): read
+# through this table like every other variable, handed to the planner as the engine reads them.
+ENGINE_KERNEL_ENV = ("VLLM_USE_DEEP_GEMM", "VLLM_MOE_USE_DEEP_GEMM", "VLLM_USE_DEEP_GEMM_E8M0",
+                     "VLLM_BLOCKSCALE_FP8_GEMM_FLASHINFER", "VLLM_USE_FLASHINFER_SAMPLER",
+                     "VLLM_DEEP_GEMM_WARMUP", "VLLM_ATTENTION_BACKEND",
+                     "VLLM_USE_FLASHINFER_MOE_FP8", "VLLM_FLASHINFER_MOE_BACKEND",
+                     "VLLM_FUSED_MOE_CHUNK_SIZE", "VLLM_DISABLED_KERNELS", "VLLM_BATCH_INVARIANT",
+                     "SGLANG_ENABLE_JIT_DEEPGEMM", "SGL_ENABLE_JIT_DEEPGEMM",
+                     "SGLANG_JIT_DEEPGEMM_PRECOMPILE", "SGLANG_JIT_DEEPGEMM_FAST_WARMUP")
 _TOOLCHAIN = {
     "CC": "C compiler FlashInfer's commands use (in the FlashInfer fingerprint)",
     "CXX": "C++ compiler (default `c++`): FlashInfer's commands, the fingerprint, the "
@@ -182,6 +192,8 @@ KNOBS: tuple[Knob, ...] = (
          "header search path; a FlashInfer worker gets curand's headers prepended"),
     Knob("MAX_JOBS", NUMBER, None, "compile jobs one ninja build runs at once (FlashInfer "
          "reads it; default: warmd shares the node's cores among its workers)"),
+    *(_engine(env, "the serving engine's own variable, read as the engine reads it (rules "
+                   "and defaults per release: docs/selection.md)") for env in ENGINE_KERNEL_ENV),
     Knob("COLUMNS", STRING, None, "width tables render for (default: the terminal's, else 120)"),
     Knob("RAY_ADDRESS", STRING, None, "the Ray cluster warmd's daemon commands talk to"),
 )
@@ -238,6 +250,11 @@ def deep_gemm_cache_dir() -> Path:
     lookup list: with DG_JIT_CACHE_DIR=A:B it compiles into a directory literally named
     'A:B' and reads nothing from B (measured on an H200, docs/benchmarks.md)."""
     return get("DG_JIT_CACHE_DIR")
+
+
+def engine_kernel_env() -> dict[str, str]:
+    """The engines' own kernel-changing variables that are set, with their text."""
+    return present(ENGINE_KERNEL_ENV)
 
 
 def deep_gemm_key_env() -> dict[str, str]:

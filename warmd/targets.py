@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import glob
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from functools import cache
 
 from warmd import settings
@@ -22,6 +22,10 @@ class Target:
     driver: str | None = None
     cuda: str | None = None
     source: str = "preset"
+    # Total memory of one GPU in MiB as the driver reports it; engines size their token
+    # budgets by it (vLLM's get_batch_defaults, SGLang's _handle_gpu_memory_settings).
+    # None: unknown (a custom --capability/--sms target).
+    memory_mib: int | None = None
 
     @property
     def arch(self) -> str:
@@ -58,16 +62,20 @@ def arch_with_suffix(capability: tuple[int, int]) -> str:
     return f"{major}.{minor}"
 
 
+def _preset(name: str, capability: tuple[int, int], sms: int, memory_mib: int) -> Target:
+    return Target(name, capability, sms, memory_mib=memory_mib)
+
+
 PRESETS: dict[str, Target] = {
-    "a100": Target("NVIDIA A100", (8, 0), 108),
-    "l40s": Target("NVIDIA L40S", (8, 9), 142),
-    "h100": Target("NVIDIA H100 80GB HBM3", (9, 0), 132),
-    "h200": Target("NVIDIA H200", (9, 0), 132),
-    "h20": Target("NVIDIA H20", (9, 0), 78),
-    "b200": Target("NVIDIA B200", (10, 0), 148),
-    "gb200": Target("NVIDIA GB200", (10, 0), 152),
-    "b300": Target("NVIDIA B300", (10, 3), 148),
-    "rtx-pro-6000": Target("NVIDIA RTX PRO 6000 Blackwell", (12, 0), 188),
+    "a100": _preset("NVIDIA A100", (8, 0), 108, 81920),
+    "l40s": _preset("NVIDIA L40S", (8, 9), 142, 46068),
+    "h100": _preset("NVIDIA H100 80GB HBM3", (9, 0), 132, 81559),
+    "h200": _preset("NVIDIA H200", (9, 0), 132, 143771),
+    "h20": _preset("NVIDIA H20", (9, 0), 78, 97871),
+    "b200": _preset("NVIDIA B200", (10, 0), 148, 183359),
+    "gb200": _preset("NVIDIA GB200", (10, 0), 152, 189471),
+    "b300": _preset("NVIDIA B300", (10, 3), 148, 275040),
+    "rtx-pro-6000": _preset("NVIDIA RTX PRO 6000 Blackwell", (12, 0), 188, 97887),
 }
 
 
@@ -171,9 +179,7 @@ def _group(found: list[Target]) -> list[Target]:
     for gpu in found:
         key = (gpu.name, gpu.capability, gpu.sms)
         prior = grouped.get(key)
-        grouped[key] = gpu if prior is None else Target(
-            gpu.name, gpu.capability, gpu.sms, prior.count + 1, gpu.driver, gpu.cuda, gpu.source
-        )
+        grouped[key] = gpu if prior is None else replace(gpu, count=prior.count + 1)
     return list(grouped.values())
 
 
@@ -195,9 +201,10 @@ def _detect_with_nvml() -> list[Target] | None:
             handle = pynvml.nvmlDeviceGetHandleByIndex(index)
             cap = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
             sms = _nvml_sm_count(pynvml, handle)
+            memory = pynvml.nvmlDeviceGetMemoryInfo(handle).total // 2**20
             found.append(
                 Target(_text(pynvml.nvmlDeviceGetName(handle)), tuple(cap), sms, 1, driver, cuda,
-                       "nvml")
+                       "nvml", memory)
             )
         return _group(found) if found else None
     finally:
@@ -227,7 +234,7 @@ def _detect_with_torch() -> list[Target] | None:
         props = torch.cuda.get_device_properties(index)
         found.append(
             Target(props.name, (props.major, props.minor), props.multi_processor_count, 1, None,
-                   torch.version.cuda, "torch")
+                   torch.version.cuda, "torch", props.total_memory // 2**20)
         )
     return _group(found)
 

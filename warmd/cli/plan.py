@@ -10,7 +10,13 @@ from rich.text import Text
 
 from warmd.cli.options import plan_options
 from warmd.cli.render import Col, fitted_table, make_console
-from warmd.plan import Plan, PlanRequest, absent_libraries_that_matter, make_plan
+from warmd.plan import (
+    Plan,
+    PlanRequest,
+    absent_libraries_that_matter,
+    engine_jit,
+    make_plan,
+)
 
 
 @click.command()
@@ -38,6 +44,9 @@ def plan(request: PlanRequest, as_json: bool, learned: bool, redis_url: str | No
     indexes = _learned(result.key, redis_url) if learned else None
     if as_json:
         data = result.to_json()
+        assumed = assumed_libraries(result)
+        if assumed is not None:
+            data["assumed_on_target"] = assumed
         if indexes is not None:
             from warmd.capture import learned_rows
 
@@ -75,6 +84,32 @@ def note_absent_libraries(result: Plan) -> None:
                f"{flags('--without')} to confirm)", err=True)
 
 
+def assumed_libraries(result: Plan) -> dict | None:
+    """For a plan for another GPU (a preset or --capability): the libraries it assumes the
+    target has and lacks (as probed here or set by --with/--without); None for this GPU."""
+    if result.env.target.source not in ("preset", "flags"):
+        return None
+    probes = result.env.libraries.items()
+    return {"present": [n for n, p in probes if p.available],
+            "absent": [n for n, p in probes if not p.available]}
+
+
+def _root_reason(reason: str) -> str:
+    """A wrapper's reason without its 'base/fallback branch K: ' prefixes."""
+    while " branch " in reason.split(": ", 1)[0] and ": " in reason:
+        reason = reason.split(": ", 1)[1]
+    return reason
+
+
+def _rejected_cell(s) -> str:
+    """One line per distinct reason, naming every kernel rejected for it."""
+    by_reason: dict[str, list[str]] = {}
+    for r in s.rejected:
+        by_reason.setdefault(_root_reason(r.reason), []).append(r.kernel)
+    return "\n".join(f"{', '.join(kernels)}: {reason}"
+                     for reason, kernels in by_reason.items()) or "-"
+
+
 def _m_summary(m: tuple[int, ...]) -> str:
     if not m:
         return "-"
@@ -105,13 +140,23 @@ def render_plan(result: Plan, console: Console) -> None:
                      + (f" ({p.module})" if p.module and p.module != n else "")
                      for n, p in result.env.libraries.items())
     console.print(Text(f"Libraries: {libs}"))
+    assumed = assumed_libraries(result)
+    if assumed is not None:
+        console.print(Text(f"Assumed on the target: {', '.join(assumed['present']) or 'none'}"
+                           f"; not: {', '.join(assumed['absent']) or 'none'}"))
     for note in result.engine_notes:
         console.print(Text(f"Engine: {note}"))
     layer_rows = [[f"{s.layer.name} [{s.layer.quant}]", s.layer.describe_shape(),
-                   str(s.layer.count), _kernel_cell(s),
-                   "\n".join(f"{r.kernel}: {r.reason}" for r in s.rejected) or "-"]
+                   str(s.layer.count), _kernel_cell(s), _rejected_cell(s)]
                   for s in result.selections]
     console.print(fitted_table("Layers", LAYER_COLUMNS, layer_rows, console.width))
+    left = [(s.layer.name, line) for s in result.selections
+            for line in engine_jit(s, result.env, result.mspec)]
+    if left:
+        console.print(Text("Left to the engine (it compiles these at its start; warmd cannot "
+                           "warm them):"))
+        for name, line in left:
+            console.print(Text(f"  {name}: {line}"))
     task_rows = [[t.key, _m_summary(t.m)] for t in result.tasks]
     console.print(fitted_table(f"Tasks ({len(result.tasks)})", TASK_COLUMNS, task_rows,
                                console.width))

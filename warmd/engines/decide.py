@@ -9,16 +9,21 @@ from dataclasses import dataclass, field
 from warmd.engines.environment import EngineEnv
 from warmd.engines.launch import check_moe_backend
 from warmd.engines.moe_backends import MoeChoice, sglang_fp8_moe, vllm_fp8_moe
+from warmd.engines.rules import (
+    BY_ID,
+    sglang_default_chunked_prefill,
+    vllm_default_max_tokens,
+    vllm_relax_block_ms,
+)
 from warmd.engines.versions import VersionRange
 from warmd.errors import WarmdInputError
 from warmd.mvalues import MSpec, parse_mspec
+from warmd.targets import Target
 
 VLLM_DG_WARMUP = "vllm/model_executor/warmup/deep_gemm_warmup.py"
 VLLM_MOE_CONFIG = "vllm/model_executor/layers/fused_moe/config.py"
 SGLANG_DG_COMPILE = "python/sglang/srt/layers/deep_gemm_wrapper/compile_utils.py"
 SGLANG_DG_CONFIG = "python/sglang/srt/layers/deep_gemm_wrapper/configurer.py"
-
-VLLM_DEFAULT_MAX_TOKENS = 8192
 
 _DEEP_GEMM_LINEAR = ("DeepGemmFp8BlockScaledMMKernel",)
 _VLLM_DEEP_GEMM_MOE = ("DeepGemmExperts", "TritonOrDeepGemmExperts")
@@ -63,6 +68,7 @@ class Decisions:
     deep_gemm_e8m0: bool = True
     moe_a2a_backend: str = "none"
     notes: list[str] = field(default_factory=list)
+    batch_invariant: bool = False
 
     def disable(self, names, reason: str) -> None:
         for name in names:
@@ -90,40 +96,86 @@ def _explain(env: EngineEnv, name: str, value, what: str, source: str) -> str:
     return f"{how}: {what} ({source})"
 
 
-def decide(request, env: EngineEnv) -> Decisions:
-    """Apply the engine's environment and launch flags; raises on bad input."""
+def decide(request, env: EngineEnv, target: Target) -> Decisions:
+    """Apply the engine's environment and launch flags on the target GPU; raises on bad
+    input."""
     if request.moe_backend is not None:
         check_moe_backend(request.engine, request.moe_backend)
-    if request.engine == "sglang":
-        return _decide_sglang(request, env)
-    return _decide_vllm(request, env)
+    out = (_decide_sglang if request.engine == "sglang" else _decide_vllm)(request, env, target)
+    unmodelled = [*request.unmodelled_args, *_read_not_followed(request)]
+    if unmodelled:
+        out.notes.append(f"not modelled by warmd, may change kernels: {', '.join(unmodelled)}")
+    return out
 
 
-def _user_mspec(request) -> MSpec | None:
+# Launch arguments read from a serve command whose kernel effect warmd does not follow yet
+# (docs/selection.md "Not followed yet"); --all2all-backend sets vLLM's token budget only.
+_READ_NOT_FOLLOWED = {"linear_backend": "--linear-backend", "all2all_backend": "--all2all-backend",
+                      "dp_attention": "--enable-dp-attention",
+                      "fp8_gemm_backend": "--fp8-gemm-backend"}
+
+
+def _read_not_followed(request) -> list[str]:
+    given = dict(getattr(request, "launch_args", ()) or ())
+    return [f"{flag} {given[name]}" if given[name] != "True" else flag
+            for name, flag in _READ_NOT_FOLLOWED.items() if name in given]
+
+
+def _user_mspec(request, max_tokens: int) -> MSpec | None:
     if request.m_list:
-        max_tokens = VLLM_DEFAULT_MAX_TOKENS if request.max_tokens is None \
-            else request.max_tokens
         return parse_mspec("relax", max_tokens, request.m_list)
     return None
 
 
-def _decide_vllm(request, env: EngineEnv) -> Decisions:
+def _launch_arg(request, name: str) -> str | None:
+    return dict(getattr(request, "launch_args", ()) or ()).get(name)
+
+
+# vLLM read VLLM_FUSED_MOE_CHUNK_SIZE as the grouped GEMM token cap until 0.33.0 (0.33.0 and
+# 0.34.0 have no such variable in envs.py; rule vllm-grouped-m).
+VLLM_CHUNK_SIZE_VERSIONS = VersionRange(None, (0, 33, 0))
+
+
+def _vllm_max_tokens(request, env: EngineEnv, target: Target, notes: list[str]) -> int:
+    if request.max_tokens is not None:
+        return request.max_tokens
+    a2a = _launch_arg(request, "all2all_backend")
+    batched = a2a in ("deepep_low_latency", "nixl_ep") and request.ep > 1 and request.dp > 1
+    tokens, note = vllm_default_max_tokens(target, env.version,
+                                           _launch_arg(request, "performance_mode"), batched)
+    notes.append(note)
+    return tokens
+
+
+def _decide_vllm(request, env: EngineEnv, target: Target) -> Decisions:
     warmup = env.get("VLLM_DEEP_GEMM_WARMUP")
     mode = request.mode or ("full" if warmup == "full" else "relax")
-    max_tokens = VLLM_DEFAULT_MAX_TOKENS if request.max_tokens is None else request.max_tokens
-    chunk = env.get("VLLM_FUSED_MOE_CHUNK_SIZE")
-    moe_tokens = min(request.dp * max_tokens, chunk)
-    mspec = _user_mspec(request) or parse_mspec(mode, max_tokens)
-    mspec = MSpec(mspec.mode, mspec.max_tokens, mspec.explicit, moe_tokens)
-    out = Decisions(mspec, deep_gemm_e8m0=env.get("VLLM_USE_DEEP_GEMM_E8M0") is not False)
+    notes: list[str] = []
+    max_tokens = _vllm_max_tokens(request, env, target, notes)
+    moe_tokens = request.dp * max_tokens
+    chunk = None
+    if VLLM_CHUNK_SIZE_VERSIONS.contains(env.version):
+        chunk = env.get("VLLM_FUSED_MOE_CHUNK_SIZE")
+        moe_tokens = min(moe_tokens, chunk)
+    mspec = _user_mspec(request, max_tokens) or parse_mspec(mode, max_tokens)
+    mspec = MSpec(mspec.mode, mspec.max_tokens, mspec.explicit, moe_tokens,
+                  vllm_relax_block_ms(env.version))
+    out = Decisions(mspec, deep_gemm_e8m0=env.get("VLLM_USE_DEEP_GEMM_E8M0") is not False,
+                    notes=notes)
     if request.mode is None and env.is_set("VLLM_DEEP_GEMM_WARMUP"):
         extra = "; warmd still warms the relax set" if warmup == "skip" else ""
         out.notes.append(_explain(env, "VLLM_DEEP_GEMM_WARMUP", warmup,
                                   f"M mode {mode}{extra}", VLLM_DG_WARMUP))
-    if request.dp > 1 or moe_tokens < max_tokens * request.dp:
+    if chunk is not None and (request.dp > 1 or moe_tokens < max_tokens * request.dp):
         out.notes.append(
             f"grouped GEMM tokens = min(DP {request.dp} x {max_tokens}, "
             f"VLLM_FUSED_MOE_CHUNK_SIZE {chunk}) = {moe_tokens} ({VLLM_DG_WARMUP})")
+    elif request.dp > 1:
+        out.notes.append(f"grouped GEMM tokens = DP {request.dp} x {max_tokens} = "
+                         f"{moe_tokens} ({BY_ID['vllm-grouped-m'].cite()})")
+    if env.is_set("VLLM_FUSED_MOE_CHUNK_SIZE") and chunk is None:
+        out.notes.append("VLLM_FUSED_MOE_CHUNK_SIZE is not read by this vLLM (gone from "
+                         "vllm/envs.py in 0.33.0)")
     if env.get("VLLM_USE_DEEP_GEMM") is False:
         reason = _explain(env, "VLLM_USE_DEEP_GEMM", False, "no DeepGEMM kernels", "vllm/envs.py")
         out.disable(_DEEP_GEMM_LINEAR + _VLLM_DEEP_GEMM_MOE, reason)
@@ -161,6 +213,11 @@ def _decide_vllm(request, env: EngineEnv) -> Decisions:
         _force_attention(out, (backend,), how)
     for name in env.get("VLLM_DISABLED_KERNELS"):
         out.disable((name,), "disabled by VLLM_DISABLED_KERNELS")
+    if env.get("VLLM_BATCH_INVARIANT"):
+        out.batch_invariant = True
+        out.notes.append(_explain(env, "VLLM_BATCH_INVARIANT", True,
+                                  "Triton fused MoE runs one default config, no tuned table",
+                                  BY_ID["vllm-triton-moe-configs"].cite()))
     return out
 
 
@@ -197,20 +254,24 @@ def sglang_fast_max(chunked_prefill_size: int | None) -> int:
     return 16 * 1024
 
 
-def _decide_sglang(request, env: EngineEnv) -> Decisions:
+def _decide_sglang(request, env: EngineEnv, target: Target) -> Decisions:
     cps = request.chunked_prefill_size
+    cps_default = None
+    if cps is None:
+        cps, cps_default = sglang_default_chunked_prefill(target)
     fast = bool(env.get("SGLANG_JIT_DEEPGEMM_FAST_WARMUP"))
     mode = request.mode or ("fast" if fast else "full")
     default_max = sglang_fast_max(cps) if mode == "fast" else sglang_m_max(cps)
     max_tokens = default_max if request.max_tokens is None else request.max_tokens
-    mspec = _user_mspec(request) or parse_mspec(mode, max_tokens)
+    mspec = _user_mspec(request, max_tokens) or parse_mspec(mode, max_tokens)
     a2a = request.moe_a2a_backend or "none"
     out = Decisions(mspec, moe_a2a_backend=a2a)
+    if cps_default is not None:
+        out.notes.append(cps_default)
     if request.mode is None and request.max_tokens is None:
         what = (f"fast set up to {default_max}" if fast
                 else f"every M up to {default_max}")
-        cps_note = ("--chunked-prefill-size not given: taken as <= 8192"
-                    if cps is None else f"--chunked-prefill-size {cps}")
+        cps_note = f"--chunked-prefill-size {cps}"
         out.notes.append(f"SGLang DeepGEMM precompile: {what} ({cps_note}; "
                          f"{SGLANG_DG_COMPILE})")
         if env.is_set("SGLANG_JIT_DEEPGEMM_FAST_WARMUP"):
@@ -264,7 +325,16 @@ def moe_preference(request, env: EngineEnv, capability: tuple[int, int],
 
 def refuse_unfit_forced(selections, choice: MoeChoice | None) -> None:
     """A backend the launch forces but that cannot run: the engine refuses to start (vLLM's
-    oracle raises ValueError), so the plan is bad input too."""
+    oracle raises ValueError; so does its attention selector for a named backend the GPU
+    cannot run, e.g. FLASHINFER_MLA on Hopper), so the plan is bad input too."""
+    for selection in selections:
+        forced = [r for r in selection.rejected if " selects " in r.reason]
+        if selection.family.startswith("attention") and selection.kernel is None and forced:
+            how = forced[0].reason.split(" selects ")[0]
+            why = "; ".join(f"{r.kernel}: {r.reason}" for r in selection.rejected
+                            if r not in forced)
+            raise WarmdInputError(f"{how} cannot run {selection.layer.name} here, so the "
+                                  f"engine would not start ({why})")
     if choice is None or choice.forced_by is None:
         return
     for selection in selections:

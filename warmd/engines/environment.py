@@ -7,7 +7,6 @@ its engine, its type, its default per engine version, and the source file that d
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -63,6 +62,8 @@ VARIABLES: tuple[EngineVariable, ...] = (
              (VersionRange((0, 12, 0), None), "latency"))),
     _var("VLLM_FUSED_MOE_CHUNK_SIZE", "vllm", "int", str(16 * 1024), VLLM_ENVS),
     _var("VLLM_DISABLED_KERNELS", "vllm", "list", "", VLLM_ENVS),
+    # Triton MoE and block-FP8 GEMMs run one default config (fused_moe.py get_moe_configs).
+    _var("VLLM_BATCH_INVARIANT", "vllm", "bool", "0", VLLM_ENVS),
     _var("SGLANG_ENABLE_JIT_DEEPGEMM", "sglang", "bool", "1", SGLANG_ENVS),
     _var("SGLANG_JIT_DEEPGEMM_PRECOMPILE", "sglang", "bool", "1", SGLANG_ENVS),
     _var("SGLANG_JIT_DEEPGEMM_FAST_WARMUP", "sglang", "bool", "0", SGLANG_ENVS),
@@ -75,10 +76,13 @@ _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 
 
-def process_engine_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The engine variables of this process's environment: the one place they are read."""
-    environ = os.environ if environ is None else environ
-    found = {BY_NAME[name].name: environ[name] for name in BY_NAME if name in environ}
+def process_engine_env() -> dict[str, str]:
+    """The engine variables of this process's environment, read through warmd's one knob
+    table (settings.ENGINE_KERNEL_ENV)."""
+    from warmd import settings
+
+    environ = settings.engine_kernel_env()
+    found = {name: environ[name] for name in BY_NAME if name in environ}
     for old, new in ALIASES.items():
         if old in environ and new not in found:
             found[new] = environ[old]

@@ -2,19 +2,21 @@
 `python -m vllm.entrypoints.openai.api_server --model MODEL ...`,
 `python -m sglang.launch_server --model-path MODEL ...` or `sglang serve ...`.
 
-Only the arguments that change which kernels run are read; every other argument of a known
-engine is ignored. Flag spellings follow the engines' parsers: vLLM's
-vllm/engine/arg_utils.py (its FlexibleArgumentParser, vllm/utils/argparse_utils.py, also takes
-underscores for dashes), SGLang's python/sglang/srt/server_args.py (argparse, whose prefix
-abbreviations make `--tp` and `--dp` the usual spellings of --tp-size and --dp-size).
+The command is parsed as the engine's own parser parses it (warmd.engines.cli_args: the flags
+of the followed release, generated from its source): an argument the engine would refuse is
+refused. Of what it accepts, the arguments that change which kernels run are read; those that
+can change kernels but that warmd does not model are kept in `unmodelled` for the plan to
+list; every other argument is the engine's business only.
 """
 
 from __future__ import annotations
 
+import re
 import shlex
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from warmd.engines.cli_args import choices_of, known_values, parse_engine_args
 from warmd.errors import WarmdInputError
 
 _PYTHONS = ("python", "python3")
@@ -40,45 +42,67 @@ def _any_int(flag: str, value: str) -> int:
         raise WarmdInputError(f"{flag} must be an integer, got {value!r}") from None
 
 
-def _text(flag: str, value: str) -> str:
-    return value
+def _text(flag: str, value) -> str:
+    return str(value)
 
 
-# flag -> (field of EngineLaunch, parser); a None parser is a switch.
-_VLLM_FLAGS = {
-    "--model": ("model", _text),
-    "--tensor-parallel-size": ("tp", positive_int), "-tp": ("tp", positive_int),
-    "--data-parallel-size": ("dp", positive_int), "-dp": ("dp", positive_int),
-    "--enable-expert-parallel": ("expert_parallel", None), "-ep": ("expert_parallel", None),
-    "--no-enable-expert-parallel": ("no_expert_parallel", None),
-    "--max-num-batched-tokens": ("max_tokens", positive_int),
-    "--quantization": ("quantization", _text), "-q": ("quantization", _text),
-    "--kv-cache-dtype": ("kv_cache_dtype", _text),
-    "--attention-backend": ("attention_backend", _text),
-    "--moe-backend": ("moe_backend", _text),
+def _human_int(flag: str, value) -> int:
+    """vLLM's human_readable_int (vllm/utils/argparse_utils.py): 16k = 16000, 16K = 16384."""
+    text = str(value).strip()
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgGtT])", text)
+    if match:
+        number, suffix = match.groups()
+        if suffix.islower():
+            return positive_int(flag, str(int(float(number) * 1000 ** ("kmgt".index(suffix)
+                                                                        + 1))))
+        if "." not in number:
+            return positive_int(flag, str(int(number) * 1024 ** ("KMGT".index(suffix) + 1)))
+    return positive_int(flag, text)
+
+
+def _switch(flag: str, value) -> bool:
+    return bool(value)
+
+
+# The engine's argument (its parser's dest) -> (field of EngineLaunch, how to read the value).
+_VLLM_READ = {
+    "model": ("model", _text), "model_tag": ("model", _text),
+    "tensor_parallel_size": ("tp", positive_int), "data_parallel_size": ("dp", positive_int),
+    "enable_expert_parallel": ("expert_parallel", _switch),
+    "max_num_batched_tokens": ("max_tokens", _human_int),
+    "quantization": ("quantization", _text), "kv_cache_dtype": ("kv_cache_dtype", _text),
+    "attention_backend": ("attention_backend", _text), "moe_backend": ("moe_backend", _text),
+    "all2all_backend": ("all2all_backend", _text),
+    "performance_mode": ("performance_mode", _text),
+    "linear_backend": ("linear_backend", _text),
 }
-_SGLANG_FLAGS = {
-    "--model-path": ("model", _text), "--model": ("model", _text),
-    "--tensor-parallel-size": ("tp", positive_int), "--tp-size": ("tp", positive_int),
-    "--tp": ("tp", positive_int),
-    "--data-parallel-size": ("dp", positive_int), "--dp-size": ("dp", positive_int),
-    "--dp": ("dp", positive_int),
-    "--expert-parallel-size": ("ep", positive_int), "--ep-size": ("ep", positive_int),
-    "--ep": ("ep", positive_int),
-    "--moe-a2a-backend": ("moe_a2a_backend", _text),
-    "--chunked-prefill-size": ("chunked_prefill_size", _any_int),
-    "--quantization": ("quantization", _text),
-    "--kv-cache-dtype": ("kv_cache_dtype", _text),
-    "--attention-backend": ("attention_backend", _text),
-    "--moe-runner-backend": ("moe_backend", _text),
+_SGLANG_READ = {
+    "model_path": ("model", _text), "tp_size": ("tp", positive_int),
+    "dp_size": ("dp", positive_int), "ep_size": ("ep", positive_int),
+    "moe_a2a_backend": ("moe_a2a_backend", _text),
+    "chunked_prefill_size": ("chunked_prefill_size", _any_int),
+    "quantization": ("quantization", _text), "kv_cache_dtype": ("kv_cache_dtype", _text),
+    "attention_backend": ("attention_backend", _text),
+    "moe_runner_backend": ("moe_backend", _text),
+    "enable_dp_attention": ("dp_attention", _switch),
+    "fp8_gemm_runner_backend": ("fp8_gemm_backend", _text),
 }
-# SGLang's MOE_A2A_BACKEND_CHOICES (python/sglang/srt/server_args.py).
-SGLANG_A2A_BACKENDS = ("none", "deepep", "mooncake", "ascend_fuseep", "mori", "flashinfer",
-                       "nixl")
-KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc",
-                   "fp8_ds_mla", "fp4_e2m1")
-
-
+# Arguments each engine accepts that can change which kernels it compiles but that warmd does
+# not model: a plan lists the ones given (kept to those the release's flag table has).
+_UNMODELLED_KERNEL_ARGS = {
+    "vllm": ("pipeline_parallel_size", "dtype", "compilation_config", "kernel_config",
+             "speculative_config", "enable_eplb", "eplb_config", "hf_overrides", "config",
+             "optimization_level", "block_size", "enforce_eager", "max_num_seqs",
+             "enable_lora", "max_model_len", "decode_context_parallel_size",
+             "prefill_context_parallel_size", "quantization_config", "mamba_backend",
+             "enable_dbo", "cudagraph_capture_sizes", "max_cudagraph_capture_size"),
+    "sglang": ("pp_size", "dtype", "speculative_algorithm", "ep_num_redundant_experts",
+               "moe_dense_tp_size", "deepep_mode", "cuda_graph_max_bs", "disable_cuda_graph",
+               "enable_torch_compile", "config", "json_model_override_args",
+               "attn_dp_size", "enable_two_batch_overlap", "max_running_requests",
+               "enable_lora", "decode_attention_backend", "prefill_attention_backend",
+               "sampling_backend", "enable_eplb"),
+}
 @dataclass(frozen=True)
 class EngineLaunch:
     """The kernel-relevant arguments of one serve command."""
@@ -89,7 +113,6 @@ class EngineLaunch:
     dp: int = 1
     ep: int = 1
     expert_parallel: bool = False
-    no_expert_parallel: bool = False
     max_tokens: int | None = None
     chunked_prefill_size: int | None = None
     quantization: str | None = None
@@ -97,7 +120,18 @@ class EngineLaunch:
     attention_backend: str | None = None
     moe_a2a_backend: str | None = None
     moe_backend: str | None = None
-    ignored: tuple[str, ...] = field(default=())
+    all2all_backend: str | None = None
+    performance_mode: str | None = None
+    linear_backend: str | None = None
+    dp_attention: bool = False
+    fp8_gemm_backend: str | None = None
+    # Given arguments that can change kernels but that warmd does not model, as typed.
+    unmodelled: tuple[str, ...] = field(default=())
+
+
+# EngineLaunch fields the engines' rules read beyond PlanRequest's own (warmd.engines.decide).
+LAUNCH_ARGS = ("all2all_backend", "performance_mode", "linear_backend", "dp_attention",
+               "fp8_gemm_backend")
 
 
 def split_command(command: str | list[str] | tuple[str, ...]) -> list[str]:
@@ -109,20 +143,18 @@ def split_command(command: str | list[str] | tuple[str, ...]) -> list[str]:
     return [str(part) for part in command]
 
 
-def detect_engine(tokens: list[str]) -> tuple[str, list[str], str | None]:
-    """(engine, its arguments, the positional model if the form has one)."""
+def detect_engine(tokens: list[str]) -> tuple[str, list[str], bool]:
+    """(engine, its arguments, whether it is the `vllm serve` / `sglang serve` form, whose
+    parsers take a positional model)."""
     if not tokens:
         raise WarmdInputError("empty engine command")
     binary = Path(tokens[0]).name
     if binary in _SERVE_BINARIES and tokens[1:2] == ["serve"]:
-        rest = tokens[2:]
-        if rest and not rest[0].startswith("-"):
-            return _SERVE_BINARIES[binary], rest[1:], rest[0]
-        return _SERVE_BINARIES[binary], rest, None
+        return _SERVE_BINARIES[binary], tokens[2:], True
     is_python = binary in _PYTHONS or (binary.startswith("python3.") and
                                        binary[8:].isdigit())
     if is_python and tokens[1:2] == ["-m"] and len(tokens) > 2 and tokens[2] in _MODULES:
-        return _MODULES[tokens[2]], tokens[3:], None
+        return _MODULES[tokens[2]], tokens[3:], False
     shown = " ".join(tokens[:3])
     raise WarmdInputError(
         f"unknown engine command {shown!r}: expected 'vllm serve MODEL ...', 'python -m "
@@ -130,39 +162,25 @@ def detect_engine(tokens: list[str]) -> tuple[str, list[str], str | None]:
         "'sglang serve ...'")
 
 
-def _flag_and_value(token: str, engine: str) -> tuple[str, str | None]:
-    name, eq, value = token.partition("=")
-    if engine == "vllm" and name.startswith("--"):
-        name = "--" + name[2:].replace("_", "-")
-    return name, (value if eq else None)
-
-
 def parse_launch(command: str | list[str] | tuple[str, ...]) -> EngineLaunch:
-    """The kernel-relevant arguments of a serve command; raises on an unknown engine binary
-    or a bad value of an argument warmd reads."""
-    engine, args, positional = detect_engine(split_command(command))
-    table = _VLLM_FLAGS if engine == "vllm" else _SGLANG_FLAGS
-    values: dict = {"model": positional}
-    ignored = []
-    i = 0
-    while i < len(args):
-        name, value = _flag_and_value(args[i], engine)
-        i += 1
-        if name not in table:
-            ignored.append(args[i - 1])
-            continue
-        key, parse = table[name]
-        if parse is None:
-            values[key] = True
-            continue
-        if value is None:
-            if i >= len(args):
-                raise WarmdInputError(f"{name} in the engine command needs a value")
-            value, i = args[i], i + 1
-        if key == "moe_backend" and engine == "vllm":
-            value = value.lower().replace("-", "_")
-        values[key] = parse(name, value)
-    launch = EngineLaunch(engine, **values, ignored=tuple(ignored))
+    """The kernel-relevant arguments of a serve command, read as the engine's own parser
+    reads it (warmd.engines.cli_args); raises on an unknown engine binary, an argument the
+    engine would refuse, or a bad value of an argument warmd reads."""
+    engine, args, serve_form = detect_engine(split_command(command))
+    parsed = parse_engine_args(engine, args, serve_form)
+    table = _VLLM_READ if engine == "vllm" else _SGLANG_READ
+    values: dict = {}
+    # vllm serve: the positional model (where --model was moved to) is the model.
+    for dest in sorted(table, key=lambda d: d == "model_tag"):
+        if dest in parsed.values and parsed.values[dest] is not None:
+            key, read = table[dest]
+            flag = parsed.spelled.get(dest, dest)
+            values[key] = read(flag, parsed.values[dest])
+    if engine == "vllm" and not serve_form:
+        values["model"] = parsed.values.get("model")  # api_server ignores a positional
+    unmodelled = tuple(parsed.spelled.get(dest, dest)
+                       for dest in _UNMODELLED_KERNEL_ARGS[engine] if dest in parsed.values)
+    launch = EngineLaunch(engine, **values, unmodelled=unmodelled)
     _check_choices(launch)
     if not launch.model:
         where = "MODEL after 'serve' or --model" if engine == "vllm" else "--model-path"
@@ -171,29 +189,22 @@ def parse_launch(command: str | list[str] | tuple[str, ...]) -> EngineLaunch:
 
 
 def _check_choices(launch: EngineLaunch) -> None:
-    if launch.moe_a2a_backend is not None and launch.moe_a2a_backend not in SGLANG_A2A_BACKENDS:
-        raise WarmdInputError(f"--moe-a2a-backend {launch.moe_a2a_backend!r} is not one of "
-                              f"{', '.join(SGLANG_A2A_BACKENDS)}")
     if launch.moe_backend is not None:
         check_moe_backend(launch.engine, launch.moe_backend)
-    if launch.kv_cache_dtype is not None and launch.kv_cache_dtype not in KV_CACHE_DTYPES:
+    known = known_values(launch.engine, "kv_cache_dtype")
+    if launch.kv_cache_dtype is not None and known and launch.kv_cache_dtype not in known:
+        # vllm/config/cache.py CacheConfig._validate_cache_dtype refuses it after parsing
         raise WarmdInputError(f"--kv-cache-dtype {launch.kv_cache_dtype!r} is not one of "
-                              f"{', '.join(KV_CACHE_DTYPES)}")
+                              f"{', '.join(known)}")
 
 
 def check_moe_backend(engine: str, value: str) -> None:
     """vLLM's --moe-backend (vllm/config/kernel.py MoEBackend; its parser lowercases and
-    turns dashes into underscores) or SGLang's --moe-runner-backend (server_args.py)."""
-    from warmd.engines.moe_backends import (
-        SGLANG_MOE_RUNNER_BACKENDS,
-        VLLM_MOE_BACKEND_FLAG,
-        VLLM_MOE_BACKEND_OTHER,
-    )
-
-    if engine == "sglang":
-        flag, known = "--moe-runner-backend", SGLANG_MOE_RUNNER_BACKENDS
-    else:
-        flag, known = "--moe-backend", (*VLLM_MOE_BACKEND_FLAG, *VLLM_MOE_BACKEND_OTHER)
+    turns dashes into underscores) or SGLang's --moe-runner-backend (server_args.py): the
+    choices of the followed release's flag table."""
+    flag, dest = ("--moe-runner-backend", "moe_runner_backend") if engine == "sglang" \
+        else ("--moe-backend", "moe_backend")
+    known = choices_of(engine, dest)
     if value not in known:
         raise WarmdInputError(f"{flag} {value!r} is not one of {', '.join(known)}")
 
@@ -204,7 +215,7 @@ def _expert_parallel(launch: EngineLaunch) -> int:
     --moe-a2a-backend deepep (or mooncake) sets ep_size = tp_size (_handle_a2a_moe in
     python/sglang/srt/server_args.py), else --ep as given."""
     if launch.engine == "vllm":
-        enabled = launch.expert_parallel and not launch.no_expert_parallel
+        enabled = launch.expert_parallel
         return launch.tp * launch.dp if enabled and launch.tp * launch.dp > 1 else 1
     if launch.moe_a2a_backend in ("deepep", "mooncake"):
         return launch.tp
@@ -245,7 +256,10 @@ def launch_request(command: str | list[str] | tuple[str, ...], base=None):
                   chunked_prefill_size=launch.chunked_prefill_size,
                   quantization=_quantization(launch, model),
                   attention_backend=launch.attention_backend,
-                  moe_a2a_backend=launch.moe_a2a_backend, moe_backend=launch.moe_backend)
+                  moe_a2a_backend=launch.moe_a2a_backend, moe_backend=launch.moe_backend,
+                  launch_args=tuple((name, str(getattr(launch, name))) for name in LAUNCH_ARGS
+                                    if getattr(launch, name) not in (None, False)),
+                  unmodelled_args=launch.unmodelled)
     if base is None:
         return PlanRequest(**fields)
     return replace(base, **fields)

@@ -39,6 +39,8 @@ class Environment:
     # Preference lists the engine's launch decided (family, kernel names): vLLM's FP8 MoE
     # oracle, a forced --moe-backend (warmd.engines.moe_backends).
     preference_overrides: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    # vLLM's VLLM_BATCH_INVARIANT: Triton MoE runs one default config (no tuned table).
+    batch_invariant: bool = False
 
     def library(self, name: str) -> LibraryProbe:
         return self.libraries.get(name) or LibraryProbe(name, False, reason=f"{name} not probed")
@@ -118,6 +120,13 @@ class Kernel:
         return []
 
     @classmethod
+    def engine_jit(cls, layer: Layer, env: Environment, mspec: MSpec,
+                   m_range: tuple[int, int | None]) -> str | None:
+        """One line on what the engine JIT-compiles for this (leaf) kernel at its start that
+        warmd has no executor to warm; None when warmd warms all of it (or nothing JITs)."""
+        return None
+
+    @classmethod
     def is_wrapper(cls) -> bool:
         return bool(cls.branches)
 
@@ -131,7 +140,8 @@ class WrapperKernel(Kernel):
         if not ok:
             return ok, reason
         for branch in cls.branches:
-            if branch.kernel.name in env.disabled_kernels:
+            if branch.kernel.name in env.disabled_kernels and \
+                    not _engine_checks_only_the_wrapper(env, branch.kernel.name):
                 return False, f"{branch.role} branch {branch.kernel.name} is disabled"
             ok, reason = branch.kernel.is_supported(env)
             if not ok:
@@ -146,6 +156,14 @@ class WrapperKernel(Kernel):
                 return False, f"{branch.role} branch {branch.kernel.name}: {reason}"
         return OK
 
+
+
+def _engine_checks_only_the_wrapper(env: Environment, name: str) -> bool:
+    """vLLM checks VLLM_DISABLED_KERNELS against the class it selects (linear/__init__.py
+    is_supported_and_can_implement_kernel; rule vllm-disabled-kernels): a branch named there
+    leaves its wrapper running it. warmd's own --disable-kernel rejects the wrapper."""
+    return env.engine == "vllm" and dict(env.disabled_reasons).get(name, "").startswith(
+        "disabled by VLLM_DISABLED_KERNELS")
 
 
 def fp8_block_128(layer: Layer) -> Check:

@@ -25,6 +25,9 @@ _FP8_LINEAR_OTHER = [
     "TorchFP8ScaledMMLinearKernel",
 ]
 _MXFP8_LINEAR = ["FlashInferCutlassMxfp8LinearKernel", "EmulatedMxfp8LinearKernel"]
+# vLLM 0.34.0 _POSSIBLE_MXFP8_KERNELS (rule vllm-mxfp8-order): CuTe DSL, CUTLASS, Marlin, ...
+_VLLM_MXFP8_LINEAR = ["FlashInferCutedslMxfp8LinearKernel", "FlashInferCutlassMxfp8LinearKernel",
+                      "MarlinMxfp8LinearKernel", "EmulatedMxfp8LinearKernel"]
 _BF16_LINEAR = ["UnquantizedLinearKernel"]
 _SAMPLING = ["FlashInferSampler", "TorchSampler"]
 
@@ -32,7 +35,7 @@ PREFERENCES: dict[str, dict[str, dict[str, list[str]]]] = {
     "vllm": {
         "hopper": {
             "linear.fp8": _FP8_LINEAR_HOPPER,
-            "linear.mxfp8": _MXFP8_LINEAR,
+            "linear.mxfp8": _VLLM_MXFP8_LINEAR,
             "linear.bf16": _BF16_LINEAR,
             # vLLM's moe.fp8 order is decided per launch (warmd.engines.moe_backends, passed
             # as Environment.preference_overrides by make_plan); this row, DeepGEMM first, is
@@ -48,11 +51,14 @@ PREFERENCES: dict[str, dict[str, dict[str, list[str]]]] = {
         },
         "blackwell": {
             "linear.fp8": _FP8_LINEAR_BLACKWELL,
-            "linear.mxfp8": _MXFP8_LINEAR,
+            "linear.mxfp8": _VLLM_MXFP8_LINEAR,
             "linear.bf16": _BF16_LINEAR,
             "moe.fp8": ["TritonOrDeepGemmExperts", "DeepGemmExperts", "TritonExperts"],
             "moe.bf16": ["TritonExperts"],
             "attention.mha": ["FlashInferAttentionBackend", "TritonAttentionBackend"],
+            # rule vllm-attention-priorities: sm100 FLASHINFER_MLA, (TOKENSPEED_MLA: FP8 KV
+            # only), CUTLASS_MLA, FLASH_ATTN_MLA (not sm100), FLASHMLA, TRITON_MLA; sm120:
+            # TRITON_MLA (FlashInfer MLA refuses it).
             "attention.mla": ["FlashInferMLABackend", "CutlassMLABackend", "FlashMLABackend",
                               "TritonMLABackend"],
             "activation": ["VllmCustomOpActivation"],
@@ -60,7 +66,7 @@ PREFERENCES: dict[str, dict[str, dict[str, list[str]]]] = {
         },
         "other": {
             "linear.fp8": _FP8_LINEAR_OTHER,
-            "linear.mxfp8": _MXFP8_LINEAR,
+            "linear.mxfp8": _VLLM_MXFP8_LINEAR,
             "linear.bf16": _BF16_LINEAR,
             "moe.fp8": ["TritonExperts"],
             "moe.bf16": ["TritonExperts"],

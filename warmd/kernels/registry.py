@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from warmd.kernels.base import OK, Check, Environment, Kernel
 from warmd.models import Layer
+from warmd.mvalues import MSpec
 
 # ----- FP8 linear (block-scaled and per-tensor) -----
 
@@ -58,6 +59,23 @@ class EmulatedMxfp8LinearKernel(Kernel):
     schemes = ("mxfp8",)
 
 
+class MarlinMxfp8LinearKernel(Kernel):
+    """vLLM's Marlin MXFP8 (weight-only, compiled into vLLM): sm75 and later, K % 32
+    (kernels/linear/mxfp8/marlin.py); what vLLM 0.34.0 runs without FlashInfer."""
+
+    name = "MarlinMxfp8LinearKernel"
+    op = "linear"
+    schemes = ("mxfp8",)
+    min_capability = (7, 5)
+
+    @classmethod
+    def can_implement(cls, layer: Layer, env: Environment) -> Check:
+        ok, reason = super().can_implement(layer, env)
+        if ok and layer.k % 32:
+            return False, f"Marlin MXFP8 needs K % 32; layer has K={layer.k}"
+        return ok, reason
+
+
 class UnquantizedLinearKernel(Kernel):
     name = "UnquantizedLinearKernel"
     op = "linear"
@@ -67,10 +85,32 @@ class UnquantizedLinearKernel(Kernel):
 # ----- Fused MoE -----
 
 class TritonExperts(Kernel):
+    """Triton fused MoE (vLLM's default FP8 MoE on Hopper under TP since 0.17): Triton compiles
+    one kernel per config of the layer's tuned table at the engine's start, and again at batch
+    sizes first seen in traffic (warmd.engines.triton_moe)."""
+
     name = "TritonExperts"
     op = "moe"
     schemes = ("fp8_block", "fp8_tensor", "bf16")
     min_capability = (8, 0)
+
+    @classmethod
+    def engine_jit(cls, layer: Layer, env: Environment, mspec: MSpec,
+                   m_range: tuple[int, int | None]) -> str | None:
+        from warmd.engines.triton_moe import moe_configs
+
+        tokens = mspec.moe_tokens or mspec.max_tokens
+        lo, hi = m_range[0], tokens if m_range[1] is None else min(m_range[1], tokens)
+        if hi < lo:
+            return None
+        if env.batch_invariant:
+            return ("Triton fused MoE: 1 config (VLLM_BATCH_INVARIANT: get_default_config's "
+                    "batch-invariant config, no tuned table); no executor here")
+        dtype = "fp8_w8a8" if layer.quant in ("fp8_block", "fp8_tensor") else None
+        block = layer.block if layer.quant == "fp8_block" else None
+        configs = moe_configs(layer.num_groups or 1, layer.param.get("intermediate", layer.k),
+                              env.target.name, dtype, block, lo, hi)
+        return f"Triton fused MoE: {configs.describe()}; no executor here"
 
 
 class CutlassBlockScaledGroupedGemmExperts(Kernel):
@@ -162,6 +202,7 @@ ENGINE_KERNELS: tuple[type[Kernel], ...] = (
     CutlassFP8ScaledMMLinearKernel,
     TorchFP8ScaledMMLinearKernel,
     EmulatedMxfp8LinearKernel,
+    MarlinMxfp8LinearKernel,
     UnquantizedLinearKernel,
     TritonExperts,
     CutlassBlockScaledGroupedGemmExperts,

@@ -25,9 +25,14 @@ DEEPGEMM_GROUPED_MULTIPLE = 128
 
 
 def deep_gemm_scale_format(env: Environment) -> str:
-    """DeepGEMM's scale-factor format, part of its kernel config: packed UE8M0 on sm100,
-    FP32 scales on sm90."""
-    return "ue8m0" if env.target.capability[0] == 10 else "float32"
+    """DeepGEMM's scale-factor format, part of its kernel config: packed UE8M0 on the
+    Blackwell families (sm100, sm120), FP32 scales on sm90."""
+    return "ue8m0" if env.target.capability[0] in (10, 12) else "float32"
+
+
+# vLLM 0.34.0 runs DeepGEMM on sm90, the sm100 family and the sm120 family (rule
+# vllm-deepgemm-sm120: platforms/cuda.py CudaPlatformBase.support_deep_gemm).
+DEEP_GEMM_CAPABILITIES = (9, 10, 12)
 
 
 def _deep_gemm_spec(env: Environment) -> tuple[tuple[str, object], ...]:
@@ -38,7 +43,7 @@ class DeepGemmFp8BlockScaledMMKernel(Kernel):
     name = "DeepGemmFp8BlockScaledMMKernel"
     op = "linear"
     library = "deep_gemm"
-    capabilities = (9, 10)
+    capabilities = DEEP_GEMM_CAPABILITIES
     schemes = ("fp8_block",)
 
     @classmethod
@@ -53,11 +58,25 @@ class DeepGemmFp8BlockScaledMMKernel(Kernel):
 
     @classmethod
     def jit_work(cls, layer: Layer, env: Environment, mspec: MSpec, m_range: MRange):
-        m = clip(mspec.values(layer.n, env.target.sms), *m_range)
+        m = clip(mspec.values(layer.n, env.target.sms), *_warmed_range(env, m_range))
         if not m:
             return []
         return [JitWork("deep_gemm", "fp8_gemm_nt", layer.n, layer.k, None, tuple(m),
                         spec=_deep_gemm_spec(env))]
+
+
+def _warmed_range(env: Environment, m_range: MRange) -> MRange:
+    """The M range the engine compiles DeepGEMM for. vLLM's own warmup (rule
+    vllm-wrapper-warmup: deep_gemm_warmup.py _deep_gemm_linear_data) runs the DeepGEMM
+    branch of the FlashInfer/DeepGEMM wrapper at every M of its set, M < 32 included, though
+    traffic sends those to FlashInfer: warmd warms what the engine's start compiles."""
+    from warmd.engines.rules import BY_ID
+
+    rule = BY_ID["vllm-wrapper-warmup"]
+    if env.engine == "vllm" and m_range != (1, None) and \
+            rule.versions.contains(env.engine_version):
+        return 1, None
+    return m_range
 
 
 def _experts_aligned(layer: Layer) -> Check:
@@ -89,7 +108,7 @@ class DeepGemmExperts(Kernel):
     name = "DeepGemmExperts"
     op = "moe"
     library = "deep_gemm"
-    capabilities = (9, 10)
+    capabilities = DEEP_GEMM_CAPABILITIES
     schemes = ("fp8_block",)
 
     @classmethod
@@ -108,12 +127,17 @@ class DeepEPDeepGemmExperts(DeepGemmExperts):
     name = "DeepEPDeepGemmExperts"
 
     @classmethod
-    def can_implement(cls, layer: Layer, env: Environment) -> Check:
+    def is_supported(cls, env: Environment) -> Check:
         # python/sglang/srt/layers/moe/ep_moe/layer.py: DeepEPMoE only for the deepep a2a
-        # backend; a plain --ep runs the Triton fused MoE.
+        # backend; a plain --ep runs the Triton fused MoE. Checked first: without DeepEP,
+        # whether DeepGEMM is installed is beside the point.
         if env.moe_a2a_backend != "deepep":
             return False, ("SGLang runs DeepGEMM MoE only with DeepEP "
                            "(--moe-a2a-backend deepep)")
+        return super().is_supported(env)
+
+    @classmethod
+    def can_implement(cls, layer: Layer, env: Environment) -> Check:
         return _experts_aligned(layer)
 
     @classmethod

@@ -93,6 +93,37 @@ class FlashInferCutlassMxfp8LinearKernel(Kernel):
                         spec=_spec(f"flashinfer.jit.gemm.core:gen_gemm_{sm}_module_cutlass_mxfp8"))]
 
 
+class FlashInferCutedslMxfp8LinearKernel(Kernel):
+    """vLLM 0.34.0's first MXFP8 kernel (rule vllm-mxfp8-cutedsl): FlashInfer's CuTe-DSL
+    MXFP8 GEMM, sm100/sm103, needing FlashInfer's CuTe-DSL module (nvidia-cutlass-dsl). The
+    CuTe DSL compiles it at the engine's start; warmd has no executor for CuTe DSL yet."""
+
+    name = "FlashInferCutedslMxfp8LinearKernel"
+    op = "linear"
+    library = "flashinfer"
+    capabilities = (10,)
+    schemes = ("mxfp8",)
+
+    @classmethod
+    def is_supported(cls, env: Environment) -> Check:
+        ok, reason = super().is_supported(env)
+        if ok and env.target.capability not in ((10, 0), (10, 3)):
+            return False, "needs sm_100/sm_103"
+        dsl = env.library("cutlass_dsl")
+        if ok and not dsl.available:
+            return False, f"FlashInfer's CuTe-DSL module needs cutlass_dsl: {dsl.reason}"
+        return ok, reason
+
+    @classmethod
+    def can_implement(cls, layer: Layer, env: Environment) -> Check:
+        return FlashInferCutlassMxfp8LinearKernel.can_implement(layer, env)
+
+    @classmethod
+    def engine_jit(cls, layer: Layer, env: Environment, mspec: MSpec, m_range: MRange):
+        return (f"CuTe DSL MXFP8 GEMM (FlashInfer mm_mxfp8, N={layer.n} K={layer.k}): compiled "
+                "at the engine's start; no executor here")
+
+
 # FlashInfer builds the H20 (78 SMs) variant of the sm90 fused-MoE module on an H20
 # (flashinfer/jit/fused_moe.py, _should_enable_sm90_moe_prebuilt_d_descriptor).
 _H20_SMS = 78
@@ -162,13 +193,16 @@ class FlashInferAttentionBackend(AttentionKernel):
     def jit_work(cls, layer: Layer, env: Environment, mspec: MSpec, m_range: MRange):
         d = layer.param["head_dim"]
         backend = "fa3" if env.target.is_hopper else "fa2"
+        trtllm = _vllm_trtllm_attention(env)
+        if trtllm == "prefill and decode":
+            return []
         decode = ("batch_decode_with_kv_cache_dtype_q_bf16_dtype_kv_bf16_dtype_o_bf16_"
                   f"dtype_idx_i32_head_dim_qk_{d}_head_dim_vo_{d}_posenc_0_use_swa_False_"
                   "use_logits_cap_False")
         prefill = ("batch_prefill_with_kv_cache_dtype_q_bf16_dtype_kv_bf16_dtype_o_bf16_"
                    f"dtype_idx_i32_head_dim_qk_{d}_head_dim_vo_{d}_posenc_0_use_swa_False_"
                    "use_logits_cap_False_f16qk_False" + ("_sm90" if backend == "fa3" else ""))
-        return [
+        work = [
             JitWork("flashinfer", "batch_decode", module=decode,
                     spec=_spec("flashinfer.jit:gen_batch_decode_module", *_DTYPES, d, d, 0,
                                False, False)),
@@ -176,6 +210,34 @@ class FlashInferAttentionBackend(AttentionKernel):
                     spec=_spec("flashinfer.jit:gen_batch_prefill_module", backend, *_DTYPES, d,
                                d, 0, False, False, False)),
         ]
+        return work[1:] if trtllm == "decode" else work
+
+    @classmethod
+    def engine_jit(cls, layer: Layer, env: Environment, mspec: MSpec, m_range: MRange):
+        trtllm = _vllm_trtllm_attention(env)
+        if trtllm is None:
+            return None
+        return (f"FlashInfer TRT-LLM-gen attention ({trtllm}): kernels FlashInfer loads at the "
+                "engine's start; no executor here")
+
+
+def _vllm_rule(env: Environment, rule_id: str) -> bool:
+    from warmd.engines.rules import BY_ID
+
+    return env.engine == "vllm" and BY_ID[rule_id].versions.contains(env.engine_version)
+
+
+def _vllm_trtllm_attention(env: Environment) -> str | None:
+    """What of vLLM's FlashInfer MHA runs TRT-LLM-gen kernels (rule vllm-trtllm-attention,
+    vllm/utils/flashinfer.py supports_trtllm_attention): prefill and decode on the sm100
+    family, decode on sm120; None elsewhere (and for SGLang, modelled apart)."""
+    if not _vllm_rule(env, "vllm-trtllm-attention"):
+        return None
+    if env.target.capability[0] == 10:
+        return "prefill and decode"
+    if env.target.capability[0] == 12:
+        return "decode"
+    return None
 
 
 class FlashInferMLABackend(FlashMLABackend):
@@ -184,7 +246,27 @@ class FlashInferMLABackend(FlashMLABackend):
     capabilities = (9, 10)
 
     @classmethod
+    def is_supported(cls, env: Environment) -> Check:
+        # vLLM's FLASHINFER_MLA decodes with TRT-LLM-gen: sm100 only (rule
+        # vllm-flashinfer-mla-sm100, supports_compute_capability: major == 10). SGLang's
+        # flashinfer MLA runs the batch_mla module on Hopper too.
+        if _vllm_rule(env, "vllm-flashinfer-mla-sm100") and env.target.capability[0] != 10:
+            cap = env.target.capability
+            return False, (f"vLLM's FLASHINFER_MLA runs on sm100 only (TRT-LLM-gen decode); "
+                           f"target is sm_{cap[0]}{cap[1]}")
+        return super().is_supported(env)
+
+    @classmethod
+    def engine_jit(cls, layer: Layer, env: Environment, mspec: MSpec, m_range: MRange):
+        if not _vllm_rule(env, "vllm-flashinfer-mla-sm100"):
+            return None
+        return ("FlashInfer TRT-LLM-gen MLA decode (trtllm_batch_decode_with_kv_cache_mla): "
+                "kernels FlashInfer loads at the engine's start; no executor here")
+
+    @classmethod
     def jit_work(cls, layer: Layer, env: Environment, mspec: MSpec, m_range: MRange):
+        if _vllm_rule(env, "vllm-flashinfer-mla-sm100"):
+            return []  # TRT-LLM-gen decode, not the batch_mla module
         ckv, kpe = layer.param["kv_lora_rank"], layer.param["qk_rope_head_dim"]
         backend = "fa3" if env.target.is_hopper else "fa2"
         module = ("batch_mla_attention_dtype_q_bf16_dtype_kv_bf16_dtype_o_bf16_dtype_idx_i32_"
@@ -232,6 +314,7 @@ KERNELS: tuple[type[Kernel], ...] = (
     FlashInferFp8DeepGEMMDynamicBlockScaledKernel,
     FlashInferFP8ScaledMMLinearKernel,
     FlashInferCutlassMxfp8LinearKernel,
+    FlashInferCutedslMxfp8LinearKernel,
     FlashInferExperts,
     TrtLlmFp8Experts,
     FlashInferAttentionBackend,

@@ -1,0 +1,178 @@
+"""The engine rules that changed up to vLLM 0.34.0 and SGLang 0.5.23, as data rows keyed by
+release range, each citing the released file and the symbol (function, class, method or
+table) it follows. docs/selection.md lists every row; scripts/engine_drift.py digests each
+cited symbol per followed release (warmd/engines/data/rule-digests.json) and reports the rows
+whose source a new release changed. The functions below apply the rows that are numbers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from warmd.engines.versions import Version, VersionRange
+from warmd.targets import Target
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: str
+    engine: str  # vllm | sglang
+    versions: VersionRange
+    file: str  # as in the release's wheel (SGLang: its repository path, python/sglang/...)
+    symbol: str  # dotted: function, Class, Class.method, or a module-level table
+    text: str
+
+    def cite(self) -> str:
+        return f"{self.file} {self.symbol}"
+
+
+_V033 = VersionRange((0, 33, 0), None)
+_V034 = VersionRange((0, 34, 0), None)
+_ALL = VersionRange()
+_WARMUP = "vllm/model_executor/warmup/deep_gemm_warmup.py"
+_ARG_UTILS = "vllm/engine/arg_utils.py"
+_FUSED_MOE = "vllm/model_executor/layers/fused_moe/fused_moe.py"
+_LINEAR = "vllm/model_executor/kernels/linear/__init__.py"
+_CUDA = "vllm/platforms/cuda.py"
+_SG_MEMORY = "python/sglang/srt/arg_groups/memory_hook.py"
+
+RULES: tuple[Rule, ...] = (
+    Rule("vllm-relax-block-m", "vllm", _V034, _WARMUP, "_generate_optimal_warmup_m_values",
+         "relax M set: BLOCK_M candidates 16..256 in steps of 16 (DeepGEMM 2.x layouts); "
+         "before 0.34.0: 64, 128, 256"),
+    Rule("vllm-wrapper-warmup", "vllm", _V033, _WARMUP, "_deep_gemm_linear_data",
+         "the warmup visits every layer whose DeepGEMM kernel stamped itself "
+         "deep_gemm_warmup_provider, the FlashInfer/DeepGEMM wrapper's too: DeepGEMM is "
+         "warmed at every M of the set, M < 32 included"),
+    Rule("vllm-grouped-m", "vllm", _V033, _WARMUP, "_get_grouped_gemm_params",
+         "grouped GEMM warmup: the relax set over DP x max_num_batched_tokens through "
+         "compute_aligned_M_and_alignment; no VLLM_FUSED_MOE_CHUNK_SIZE cap (gone from envs.py)"),
+    Rule("vllm-grouped-alignment", "vllm", _V033,
+         "vllm/model_executor/layers/fused_moe/deep_gemm_utils.py",
+         "compute_aligned_M_and_alignment",
+         "per-call alignment shrinks to DeepGEMM's theoretical BLOCK_M on sm100/sm120"),
+    Rule("vllm-token-budget", "vllm", _V033, _ARG_UTILS, "EngineArgs.get_batch_defaults",
+         "vllm serve's max_num_batched_tokens: 16384 on GPUs with >= 160 GiB, 8192 from "
+         "70 GiB (not A100, not GB10), else 2048"),
+    Rule("vllm-token-budget-mode", "vllm", _V033, _ARG_UTILS,
+         "EngineArgs._set_default_max_num_seqs_and_batched_tokens_args",
+         "--performance-mode throughput doubles the default budget; DeepEP low-latency / "
+         "NIXL EP all2all with EP and DP > 1 (batched DP MoE) sets it to 256"),
+    Rule("vllm-triton-moe-configs", "vllm", _ALL, _FUSED_MOE, "_get_configured_moe_config",
+         "Triton fused MoE: the tuned config of the closest batch size in "
+         "configs/E=..,N=..,device_name=..,dtype=..,block_shape=...json"),
+    Rule("vllm-triton-moe-default", "vllm", _ALL, _FUSED_MOE, "get_default_config",
+         "Triton fused MoE without a tuned table, block FP8: configs change at M 4, 8, 16, 64"),
+    Rule("vllm-mxfp8-order", "vllm", _V034, _LINEAR, "_POSSIBLE_MXFP8_KERNELS",
+         "MXFP8 linear: FlashInfer CuTe-DSL first, then FlashInfer CUTLASS, Marlin, ..., "
+         "emulation"),
+    Rule("vllm-fp8-block-order", "vllm", _V034, _LINEAR, "_POSSIBLE_FP8_BLOCK_KERNELS",
+         "block FP8 linear: FlashInfer/DeepGEMM wrapper, DeepGEMM, CUTLASS, ..., Triton"),
+    Rule("vllm-disabled-kernels", "vllm", _V034, _LINEAR, "init_mxfp8_linear_kernel",
+         "VLLM_DISABLED_KERNELS is checked against the selected class's own name only: a "
+         "wrapper's branch named there does not disable the wrapper"),
+    Rule("vllm-attention-priorities", "vllm", _V034, _CUDA, "_get_backend_priorities",
+         "attention backend order per GPU generation (MLA on sm100: FlashInfer MLA through "
+         "TRT-LLM-gen first)"),
+    Rule("sglang-chunked-prefill", "sglang", _ALL, _SG_MEMORY, "handle_gpu_memory_settings",
+         "--chunked-prefill-size default by GPU memory: < 20 GiB 2048, < 60 GiB 4096, "
+         "< 160 GiB 8192, else 16384 (unknown: 4096)"),
+    # Rules older than this wave, cited so that a release changing them is found too.
+    Rule("vllm-cli-flags", "vllm", _ALL, _ARG_UTILS, "EngineArgs.add_cli_args",
+         "the serve flags (warmd/engines/data/vllm-<version>.json, scripts/engine_flags.py)"),
+    Rule("vllm-cli-rewrite", "vllm", _ALL, "vllm/utils/argparse_utils.py",
+         "FlexibleArgumentParser.parse_args",
+         "--model moved to the positional, underscores to dashes, -O, dotted JSON arguments"),
+    Rule("vllm-envs", "vllm", _ALL, "vllm/envs.py", "environment_variables",
+         "the engine variables warmd reads and their defaults (warmd/engines/environment.py)"),
+    Rule("vllm-fp8-moe-oracle", "vllm", _ALL,
+         "vllm/model_executor/layers/fused_moe/oracle/fp8.py", "_get_priority_backends",
+         "FP8 MoE backend order (warmd/engines/moe_backends.py)"),
+    Rule("vllm-deepgemm-linear-shape", "vllm", _ALL, "vllm/utils/deep_gemm.py",
+         "should_use_deepgemm_for_fp8_linear", "block FP8 linear on DeepGEMM when N % 64 and "
+         "K % 128"),
+    Rule("vllm-deepgemm-import", "vllm", _ALL, "vllm/utils/deep_gemm.py", "_import_deep_gemm",
+         "the DeepGEMM vLLM imports: an external deep_gemm, else vllm.third_party.deep_gemm"),
+    Rule("vllm-flashinfer-mla-sm100", "vllm", _V033,
+         "vllm/v1/attention/backends/mla/flashinfer_mla.py",
+         "FlashInferMLABackend.supports_compute_capability",
+         "FLASHINFER_MLA runs on sm100 only (TRT-LLM-gen decode); refused on Hopper"),
+    Rule("vllm-trtllm-attention", "vllm", _V033, "vllm/utils/flashinfer.py",
+         "supports_trtllm_attention",
+         "FlashInfer MHA runs TRT-LLM-gen prefill and decode on the sm100 family, decode on "
+         "sm120"),
+    Rule("vllm-deepgemm-sm120", "vllm", _V034, _CUDA, "CudaPlatformBase.support_deep_gemm",
+         "DeepGEMM on sm90, the sm100 family and the sm120 family (RTX Pro 6000)"),
+    Rule("vllm-mxfp8-cutedsl", "vllm", _V034,
+         "vllm/model_executor/kernels/linear/mxfp8/flashinfer.py",
+         "FlashInferCutedslMxfp8LinearKernel",
+         "the CuTe-DSL MXFP8 GEMM: sm100/sm103 with FlashInfer's CuTe-DSL module"),
+    Rule("sglang-cli-flags", "sglang", _ALL, "python/sglang/srt/server_args.py",
+         "ServerArgs.add_cli_args",
+         "the launch flags (warmd/engines/data/sglang-<version>.json)"),
+    Rule("sglang-deepgemm-precompile", "sglang", _ALL,
+         "python/sglang/srt/layers/deep_gemm_wrapper/compile_utils.py",
+         "update_deep_gemm_config", "DeepGEMM precompile M range and fast set"),
+    Rule("sglang-default-attention", "sglang", _ALL,
+         "python/sglang/srt/arg_groups/model_override_base.py", "get_default_attn_backend",
+         "default attention backend per GPU"),
+    Rule("sglang-moe-runners", "sglang", _ALL, "python/sglang/srt/arg_groups/choices.py",
+         "MOE_RUNNER_BACKEND_CHOICES", "--moe-runner-backend values"),
+)
+BY_ID = {rule.id: rule for rule in RULES}
+
+GIB = 1024  # MiB
+
+
+def vllm_default_max_tokens(target: Target, version: Version | None,
+                            performance_mode: str | None = None,
+                            batched_dp_moe: bool = False) -> tuple[int, str]:
+    """vLLM's default max_num_batched_tokens for `vllm serve` (OPENAI_API_SERVER) on the
+    target, and the note saying why."""
+    budget, mode = BY_ID["vllm-token-budget"], BY_ID["vllm-token-budget-mode"]
+    if not budget.versions.contains(version):
+        return 8192, "max_num_batched_tokens defaults to 8192 (warmd's rule before 0.33.0)"
+    if batched_dp_moe:
+        return 256, (f"batched DP MoE (DeepEP low latency, EP, DP > 1): max_num_batched_tokens "
+                     f"defaults to 256 ({mode.cite()})")
+    memory = target.memory_mib
+    name = target.name.lower()
+    if memory is None:
+        tokens, why = 8192, "target memory unknown: taken as 70-160 GiB"
+    elif memory >= 160 * GIB:
+        tokens, why = 16384, f"{memory // GIB} GiB >= 160 GiB"
+    elif memory >= 70 * GIB and "a100" not in name and target.capability != (12, 1):
+        tokens, why = 8192, f"{memory // GIB} GiB, 70-160 GiB"
+    else:
+        tokens, why = 2048, f"{memory // GIB} GiB" + (", A100" if "a100" in name else "")
+    note = f"max_num_batched_tokens defaults to {tokens} on {target.name} ({why}; " \
+           f"{budget.cite()})"
+    if performance_mode == "throughput":
+        tokens *= 2
+        note += f"; --performance-mode throughput doubles it to {tokens} ({mode.cite()})"
+    return tokens, note
+
+
+def sglang_default_chunked_prefill(target: Target) -> tuple[int, str]:
+    """SGLang's --chunked-prefill-size default on the target's GPU memory."""
+    rule = BY_ID["sglang-chunked-prefill"]
+    memory = target.memory_mib
+    if memory is None:
+        size = 4096
+    elif memory < 20 * GIB:
+        size = 2048
+    elif memory < 60 * GIB:
+        size = 4096
+    elif memory < 160 * GIB:
+        size = 8192
+    else:
+        size = 16384
+    shown = "unknown memory" if memory is None else f"{memory // GIB} GiB"
+    return size, f"--chunked-prefill-size defaults to {size} on {target.name} ({shown}; " \
+                 f"{rule.cite()})"
+
+
+def vllm_relax_block_ms(version: Version | None) -> tuple[int, ...]:
+    """The BLOCK_M candidates of vLLM's relax M set for the release."""
+    if BY_ID["vllm-relax-block-m"].versions.contains(version):
+        return tuple(range(16, 257, 16))
+    return (64, 128, 256)
