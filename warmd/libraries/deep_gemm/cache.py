@@ -192,7 +192,7 @@ class DeepGemmCacheAdapter(CacheAdapter):
         passes -I<package>/include to the compiler and hashes the flags (measured: a cache
         copied to a node where deep_gemm lives elsewhere misses every kernel). torch is not:
         neither the source nor the flags mention it."""
-        from warmd.probes import probe_library
+        from warmd.libraries import probe_library
 
         probe = probe_library("deep_gemm")
         nvcc = probe_library("nvcc")

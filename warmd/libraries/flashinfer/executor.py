@@ -13,7 +13,6 @@ the worker process before this executor imports flashinfer; nothing leaks into t
 
 from __future__ import annotations
 
-import importlib
 import importlib.util
 import os
 import shutil
@@ -24,6 +23,7 @@ from pathlib import Path
 
 from warmd import settings
 from warmd.executors.base import Executor, KernelOutcome, TaskResult
+from warmd.libraries.base import resolve
 from warmd.libraries.flashinfer.cache import (
     FlashInferCacheAdapter,
     arch_dir,
@@ -111,13 +111,6 @@ def worker_env(target_arch: str, workspace_base: Path) -> dict[str, str]:
     return env
 
 
-def _resolve_generator(path: str):
-    module_name, _, func = path.partition(":")
-    if not module_name or not func:
-        raise ValueError(f"generator {path!r} is not 'module.path:function'")
-    return getattr(importlib.import_module(module_name), func)
-
-
 def _convert_args(args) -> list:
     import torch
 
@@ -197,7 +190,7 @@ class FlashInferExecutor(Executor):
 
         generator = task.spec.get("generator", "")
         try:
-            spec = _resolve_generator(generator)(*_convert_args(task.spec.get("args")))
+            spec = resolve(generator)(*_convert_args(task.spec.get("args")))
         except Exception as exc:
             return failed(f"FlashInfer generator {generator or '(none)'} failed: "
                           f"{_short_reason(exc)}")
