@@ -265,7 +265,7 @@ class WarmupDisplay:
     def __init__(self, total: int, console: Console | None = None) -> None:
         self.console = console or make_console(stderr=True)
         self.total = total
-        self.counts = {Outcome.COMPILED.value: 0, Outcome.FAILED.value: 0}
+        self.counts = {"compiled": 0, "failed": 0}  # kernels compiled, tasks failed
         self.lock = threading.Lock()
         self.overall = Progress(
             TextColumn("[bold]warmup[/]"), BarColumn(), MofNCompleteColumn(),

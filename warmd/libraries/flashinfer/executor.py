@@ -31,6 +31,7 @@ from warmd.libraries.flashinfer.cache import (
     read_ninja_log,
 )
 from warmd.plan import Task
+from warmd.stats import Outcome
 
 LIBRARY = "flashinfer"
 _REASON_CHARS = 600
@@ -186,7 +187,8 @@ class FlashInferExecutor(Executor):
         def failed(reason: str) -> TaskResult:
             elapsed = time.perf_counter() - started
             return TaskResult(task.key, LIBRARY, False, elapsed,
-                              [KernelOutcome(task.module or "?", "failed", elapsed)], reason)
+                              [KernelOutcome(task.module or "?", Outcome.FAILED, elapsed)],
+                              reason)
 
         generator = task.spec.get("generator", "")
         try:
@@ -213,6 +215,6 @@ class FlashInferExecutor(Executor):
         elapsed = time.perf_counter() - started
         after = read_ninja_log(log_path)[1]
         compiled = after != before  # ninja appends a log line for every command it ran
-        outcome = KernelOutcome(spec.name, "compiled" if compiled else "local_hit",
+        outcome = KernelOutcome(spec.name, Outcome.COMPILED if compiled else Outcome.LOCAL_HIT,
                                 elapsed if compiled else 0.0)
         return TaskResult(task.key, LIBRARY, True, elapsed, [outcome])
