@@ -111,14 +111,14 @@ def check_library_name(name: str) -> str:
 @cache
 def probe_library(name: str) -> LibraryProbe:
     """What this process could do with the library or helper; probed once per process."""
-    entry = _known()[check_library_name(name)]
-    return replace(entry.probe(), display=entry.display)
+    return _known()[check_library_name(name)].probe()
 
 
 def probe_libraries(
     with_libs: tuple[str, ...] = (), without_libs: tuple[str, ...] = ()
 ) -> dict[str, LibraryProbe]:
-    """Every library's probe, with --with/--without overrides applied for planning."""
+    """Every library's probe, with --with/--without overrides applied for planning, each
+    carrying the name messages use for it (a kernel's reasons say 'DeepGEMM unavailable')."""
     forced_on = {check_library_name(n) for n in with_libs}
     forced_off = {check_library_name(n) for n in without_libs}
     both = forced_on & forced_off
@@ -127,14 +127,14 @@ def probe_libraries(
     result = {}
     for name in probe_names():
         if name in forced_off:
-            result[name] = LibraryProbe(name, False, reason=f"{name} disabled by --without",
-                                        overridden=True, display=display_name(name))
+            probe = LibraryProbe(name, False, reason=f"{name} disabled by --without",
+                                 overridden=True)
         elif name in forced_on:
-            found = probe_library(name)
-            result[name] = replace(found, available=True, can_jit=True, overridden=True,
-                                   reason=f"{name} assumed present by --with")
+            probe = replace(probe_library(name), available=True, can_jit=True,
+                            overridden=True, reason=f"{name} assumed present by --with")
         else:
-            result[name] = probe_library(name)
+            probe = probe_library(name)
+        result[name] = replace(probe, display=display_name(name))
     return result
 
 
