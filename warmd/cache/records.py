@@ -24,7 +24,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from warmd.cache.base import RECORD_DIR, CacheAdapter, CacheEntry
+from warmd.cache.base import CacheAdapter, CacheEntry
+
+RECORD_DIR = ".warmd/tasks"  # under each cache root
 
 log = logging.getLogger(__name__)
 

@@ -48,7 +48,8 @@ class LibraryState:
         self._lock = threading.Lock()
         self._installed: set[str] = set()  # entries the shared cache installed in this run
         self._compiled: set[str] = set()  # entries whose compile this run counted
-        self._fingerprint: list[str | None] = []  # worked out once
+        self._fingerprint: str | None = None
+        self._fingerprinted = False  # worked out once, when a task first needs it
 
     def installing(self, fetch: Callable[[CacheAdapter], T]) -> T:
         """Run a fetch from the shared cache, noting the entries it newly installed (what
@@ -75,9 +76,10 @@ class LibraryState:
     def fingerprint(self) -> str | None:
         assert self.adapter is not None
         with self._lock:
-            if not self._fingerprint:
-                self._fingerprint.append(fingerprint_digest(self.adapter))
-            return self._fingerprint[0]
+            if not self._fingerprinted:
+                self._fingerprint = fingerprint_digest(self.adapter)
+                self._fingerprinted = True
+            return self._fingerprint
 
 
 @dataclass
@@ -89,7 +91,7 @@ class TaskState:
     record: LocalTaskRecord  # this node's record of the task, read once
     answer: StoreAnswer | None = None  # None: the shared cache was not asked or did not answer
     warm: TaskReport | None = None  # verified from its entries alone, before the run
-    # entry -> whether its bytes matched the record (each entry is hashed once per run)
+    # entry -> whether its bytes matched the record (hashed once for the task)
     vouched: dict[str, bool] = field(default_factory=dict)
 
     @property
