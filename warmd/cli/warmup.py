@@ -327,8 +327,8 @@ class WarmupDisplay:
 
 def render_summary(report: WarmupReport) -> str:
     notes = []
-    if report.store is not None and not report.store["ok"]:
-        notes.append(report.store["reason"])
+    if report.store is not None and not report.store.ok:
+        notes.append(report.store.reason)
     notes += [f"FAILED {failed.task.key}: {failed.result.error}" for failed in report.failed]
     return summary_text(f"warmup of plan {report.plan_key}: {len(report.reports)}/"
                         f"{report.selected} tasks in {report.seconds:.1f} s"

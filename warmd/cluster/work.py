@@ -23,6 +23,7 @@ from warmd.cluster.state import DEGRADED, FAILED, READY
 from warmd.config import ModelConfig, WarmdConfig, expand_path
 from warmd.errors import WarmdInputError
 from warmd.stats import Counters
+from warmd.warmup import StoreHealth
 
 if TYPE_CHECKING:
     from warmd.capture import CaptureScope
@@ -48,18 +49,6 @@ class ModelResult:
     @classmethod
     def from_json(cls, data: dict) -> ModelResult:
         return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
-
-
-@dataclass
-class StoreHealth:
-    """The shared cache as a node's warm work found it (warmd.warmup.store_health)."""
-
-    ok: bool = True
-    reason: str = ""
-    url: str | None = None
-
-    def to_json(self) -> dict:
-        return asdict(self)
 
 
 @dataclass
@@ -269,8 +258,8 @@ def _note_store(shared, store: StoreHealth) -> None:
     from warmd.warmup import store_health
 
     health = store_health(shared)
-    if not health["ok"]:
-        store.ok, store.reason = False, health["reason"]
+    if not health.ok:
+        store.ok, store.reason = False, health.reason
 
 
 def _dir_bytes(root: Path) -> int:

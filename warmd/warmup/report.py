@@ -4,7 +4,7 @@ the shared cache's health as every report gives it (store_health)."""
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
 from warmd.executors.base import TaskResult
@@ -25,6 +25,19 @@ class Mode(str, enum.Enum):
 
     def __str__(self) -> str:
         return self.value
+
+
+@dataclass
+class StoreHealth:
+    """The shared cache as a run found it: every report says it the same way (the URL
+    without credentials; the reason says what failed and why)."""
+
+    ok: bool = True
+    reason: str = ""
+    url: str | None = None
+
+    def to_json(self) -> dict:
+        return asdict(self)
 
 
 @dataclass
@@ -53,7 +66,8 @@ class WarmupReport:
     seconds: float
     interrupted: bool = False
     shared: bool = False
-    store: dict | None = None  # store_health() and counters of the shared cache, or None
+    store: StoreHealth | None = None  # None: no shared cache
+    store_counts: dict = field(default_factory=dict)  # the shared cache's own counters
     workers: int = 0  # worker processes started
     stages: list[dict] = field(default_factory=list)  # what kernel stages did
     not_warm: list[str] = field(default_factory=list)  # warm_only: tasks left to a library
@@ -87,7 +101,8 @@ class WarmupReport:
             "kernel_stages": self.stages,
             "interrupted": self.interrupted,
             "shared": self.shared,
-            "store": self.store,
+            "store": {**self.store.to_json(), "counters": self.store_counts}
+            if self.store is not None else None,
             "task_details": [r.to_json() for r in self.reports],
         }
 
@@ -112,23 +127,21 @@ def count(reports: list[TaskReport]) -> Counters:
     return counters
 
 
-def store_health(shared: SharedCache) -> dict:
-    """{"ok", "reason", "url"} of a shared cache after a run: the store's health as every
-    report gives it (URL without credentials; reason says what failed and why)."""
+def store_health(shared: SharedCache) -> StoreHealth:
+    """The shared cache's health after a run."""
     if shared.disabled_reason:
-        return {"ok": False, "url": None,
-                "reason": f"shared cache disabled: {shared.disabled_reason}"}
+        return StoreHealth(False, f"shared cache disabled: {shared.disabled_reason}")
     url = shared.display_url
     counts = shared.counters
     trouble = {k: int(counts[k]) for k in ids(F.TROUBLE) if counts.get(k)}
     if not trouble:
-        return {"ok": True, "url": url, "reason": ""}
+        return StoreHealth(True, "", url)
     what = ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in trouble.items())
     unreachable = any(k in trouble for k in ids(F.TROUBLE | F.DOWN))
     last = shared.last_error
     why = ("unreachable" if unreachable else "refused work") + (f": {last}" if last else "")
-    return {"ok": False, "url": url,
-            "reason": f"shared cache {url or ''} {why} ({what}); kernels were built locally"}
+    return StoreHealth(False, f"shared cache {url or ''} {why} ({what}); kernels were built "
+                              "locally", url)
 
 
 def store_counters(shared: SharedCache) -> dict:

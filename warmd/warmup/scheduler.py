@@ -76,8 +76,8 @@ def run_warmup(plan: Plan, options: WarmupOptions, shared: SharedCache | None = 
     reports = sorted(handout.reports, key=lambda r: r.task.key)
     return WarmupReport(plan.key, len(tasks), reports, counters, time.monotonic() - began,
                         interrupted, shared is not None,
-                        {**store_health(shared), "counters": shared.counters}
-                        if shared is not None else None,
+                        store_health(shared) if shared is not None else None,
+                        dict(shared.counters) if shared is not None else {},
                         sum(w.started for w in workers) + sum(
                             s.get("workers_started", 0) for s in stages), stages)
 
