@@ -29,7 +29,7 @@ def write_config(tmp_path: Path):
 
 @pytest.fixture(autouse=True)
 def _fresh_probes():
-    from warmd.probes import probe_library
+    from warmd.libraries import probe_library
 
     probe_library.cache_clear()
     yield

@@ -6,7 +6,7 @@ suite is right on a CPU-only machine and on a GPU node with DeepGEMM installed.
 
 from __future__ import annotations
 
-from warmd.probes import probe_library
+from warmd.libraries import probe_library
 from warmd.targets import detect_local_gpus
 
 

@@ -1,11 +1,14 @@
 """The package structure docs/architecture.md draws, held by reading every module's imports
-(module level and inside functions): no import cycle at module level, the CLI on top, the
+(module level and inside functions): no import cycle at any level, the CLI on top, the
 daemon above the warmup, the warmup above its stages, click only in the CLI."""
 
 from __future__ import annotations
 
 import ast
+import warnings
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent / "warmd"
 
@@ -70,24 +73,67 @@ def _importers(package: str, eager_only: bool = False) -> set[str]:
             and any(_in(m, package) for m in (eager if eager_only else every))}
 
 
-def test_no_import_cycle_at_module_level():
-    graph = {name: {m for m in eager if m in MODULES} for name, (eager, _) in IMPORTS.items()}
-    state: dict[str, int] = {}  # 1: on the current path, 2: done
-    cycles = []
+def _cycles(graph: dict[str, set[str]]) -> list[frozenset[str]]:
+    """Every set of modules that import each other, directly or around a loop (the graph's
+    strongly connected components of more than one module)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[frozenset[str]] = []
 
-    def walk(name: str, path: list[str]) -> None:
-        state[name] = 1
+    def visit(name: str) -> None:
+        index[name] = low[name] = len(index)
+        stack.append(name)
         for target in sorted(graph[name]):
-            if state.get(target) == 1:
-                cycles.append(path[path.index(target):] + [target])
-            elif target not in state:
-                walk(target, path + [target])
-        state[name] = 2
+            if target not in index:
+                visit(target)
+                low[name] = min(low[name], low[target])
+            elif target in stack:
+                low[name] = min(low[name], index[target])
+        if low[name] == index[name]:
+            component = set()
+            while True:
+                member = stack.pop()
+                component.add(member)
+                if member == name:
+                    break
+            if len(component) > 1:
+                found.append(frozenset(component))
 
     for name in sorted(graph):
-        if name not in state:
-            walk(name, [name])
-    assert cycles == []
+        if name not in index:
+            visit(name)
+    return found
+
+
+EAGER = {name: {m for m in eager if m in MODULES} for name, (eager, _) in IMPORTS.items()}
+EVERY = {name: {m for m in every if m in MODULES} for name, (_, every) in IMPORTS.items()}
+
+# Cycles (through imports inside functions) in files other work is changing at the same time;
+# reported, not failed on, until the lead reconciles them. Any other cycle fails.
+REPORTED = {
+    frozenset({"warmd.cluster.agent", "warmd.cluster.controller", "warmd.cluster.ray_api"}),
+    frozenset({"warmd.engines.environment", "warmd.engines.launch",
+               "warmd.engines.moe_backends"}),
+}
+
+
+def test_no_import_cycle_at_module_level():
+    assert _cycles(EAGER) == []
+
+
+def test_no_import_cycle_at_any_level():
+    cycles = _cycles(EVERY)
+    for cycle in cycles:
+        if cycle in REPORTED:
+            warnings.warn(f"import cycle left to reconcile: {' <-> '.join(sorted(cycle))}",
+                          stacklevel=1)
+    assert [sorted(c) for c in cycles if c not in REPORTED] == []
+
+
+@pytest.mark.xfail(strict=True, reason="import cycles left to reconcile: see REPORTED")
+def test_the_reported_cycles_are_gone():
+    assert not REPORTED & set(_cycles(EVERY))
 
 
 def test_the_cli_is_on_top_and_click_only_in_it():
@@ -116,3 +162,12 @@ def test_the_local_cache_knows_nothing_of_the_store_or_the_warmup():
 
 def imports_of(package: str) -> set[str]:
     return {m for name, (_, every) in IMPORTS.items() if _in(name, package) for m in every}
+
+
+def test_the_request_is_data_the_engines_read_without_the_planner():
+    assert {m for m in IMPORTS["warmd.request"][1] if m.startswith("warmd")} == set()
+    assert "warmd.plan" not in imports_of("warmd.engines")
+
+
+def test_the_probes_are_below_the_library_registry():
+    assert {m for m in IMPORTS["warmd.probes"][1] if _in(m, "warmd.libraries")} == set()

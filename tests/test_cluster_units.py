@@ -16,7 +16,7 @@ from warmd.cluster.client import node_matches, reachable, resolve_address
 from warmd.cluster.logs import node_logger
 from warmd.cluster.nodes import RayNode, wanted_nodes
 from warmd.cluster.state import NodeState, node_records
-from warmd.cluster.work import summarize, warm_node
+from warmd.cluster.work import NodeWarm, summarize, warm_node
 from warmd.config import parse_config
 from warmd.errors import WarmdInputError
 from warmd.store import free_port, layout, start_server
@@ -105,9 +105,9 @@ def test_node_selection():
     assert set(wanted_nodes(nodes, everything)) == {"head", "h200", "h100", "labelled"}
 
 
-def shard(models, store=None, sizes=None) -> dict:
-    return {"models": models, "store": store or {"ok": True, "reason": ""},
-            "cache_bytes": sizes or {}}
+def shard(models, store=None, sizes=None) -> NodeWarm:
+    return NodeWarm.from_json({"models": models, "store": store or {"ok": True, "reason": ""},
+                               "cache_bytes": sizes or {}})
 
 
 def model(name, ok=True, reason="", **counters) -> dict:
@@ -120,17 +120,17 @@ def model(name, ok=True, reason="", **counters) -> dict:
 def test_summaries_of_worker_results():
     ready = summarize([shard([model("a", compiled=1, compile_seconds=6.5)], sizes={"fi": 10}),
                        shard([model("a", remote_hits=2, compile_seconds_saved=4.0)],
-                             sizes={"fi": 12})])
+                             sizes={"fi": 12})]).to_json()
     assert ready["state"] == "READY" and ready["plans"] == {"a": "key-a"}
     assert ready["kernels"] == {"total": 3, "local_hits": 0, "remote_hits": 2, "compiled": 1,
                                 "failed": 0}
     assert ready["compile_seconds"] == 6.5 and ready["saved_seconds"] == 4.0
     assert ready["cache_bytes"] == {"fi": 12} and ready["hit_rate"] == round(2 / 3, 4)
     degraded = summarize([shard([model("a", local_hits=1)],
-                                {"ok": False, "reason": "shared cache unreachable"})])
+                                {"ok": False, "reason": "shared cache unreachable"})]).to_json()
     assert degraded["state"] == "DEGRADED" and "unreachable" in degraded["reason"]
     failed = summarize([shard([model("a", False, "model a: not found"), model("b")],
-                              {"ok": False, "reason": "unreachable"})])
+                              {"ok": False, "reason": "unreachable"})]).to_json()
     assert failed["state"] == "FAILED" and failed["reason"] == "model a: not found"
 
 
@@ -141,10 +141,10 @@ def test_warm_node_fails_a_missing_model_and_skips_gpu_only_work_on_builders(tmp
     seen = []
     result = warm_node(config, builder=True, redis_url="off",
                        progress=lambda *a: seen.append(a))
-    [gone] = result["models"]  # a builder has nothing to do for a DeepGEMM-only model
+    [gone] = result.to_json()["models"]  # a builder has nothing to do for a DeepGEMM-only model
     assert gone["name"] == "gone" and not gone["ok"]
     assert gone["reason"] == f"model gone: model config not found: {tmp_path / 'nowhere'}"
-    assert summarize([result])["state"] == "FAILED" and seen == []
+    assert summarize([result]).state == "FAILED" and seen == []
 
 
 def test_every_metric_is_in_the_docs_table():

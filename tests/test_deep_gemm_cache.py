@@ -329,7 +329,7 @@ def _stand_in_package(base: Path, header: bytes) -> Path:
 
 
 def _fingerprint_with(monkeypatch: pytest.MonkeyPatch, site: Path) -> dict:
-    from warmd.probes import probe_library
+    from warmd.libraries import probe_library
 
     with monkeypatch.context() as mp:
         mp.syspath_prepend(str(site))

@@ -22,7 +22,7 @@ from warmd.libraries.deep_gemm.install import (
     generation_of,
     resolve,
 )
-from warmd.probes import probe_library
+from warmd.libraries import probe_library
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVE = ["--", "vllm", "serve", "tests/data/models/qwen3-235b-a22b-fp8",

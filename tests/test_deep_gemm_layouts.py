@@ -21,7 +21,7 @@ from warmd.libraries.deep_gemm.cache import (
     parse_kernel_source,
 )
 from warmd.libraries.deep_gemm.install import Generation
-from warmd.probes import probe_library
+from warmd.libraries import probe_library
 
 DATA = Path(__file__).parent / "data" / "deep_gemm"
 OLD = sorted(p.name for p in (DATA / "cache").iterdir())

@@ -224,16 +224,17 @@ def test_plan_key_names_the_model_and_the_request(tmp_path):
 
 def _absent_here(monkeypatch, *names: str) -> None:
     """This machine's probes, with `names` reported as not installed."""
-    import warmd.probes as probes
+    import warmd.libraries as registry
+    from warmd.probes import LibraryProbe
 
-    real = probes.probe_library
+    real = registry.probe_library
 
-    def probe(name: str, engine: str | None = None) -> probes.LibraryProbe:
+    def probe(name: str, engine: str | None = None) -> LibraryProbe:
         if name in names:
-            return probes.LibraryProbe(name, False, reason=f"{name} not installed (test)")
+            return LibraryProbe(name, False, reason=f"{name} not installed (test)")
         return real(name, engine)
 
-    monkeypatch.setattr(probes, "probe_library", probe)
+    monkeypatch.setattr(registry, "probe_library", probe)
 
 
 def test_plan_for_a_preset_notes_missing_libraries_it_would_use(monkeypatch):

@@ -8,8 +8,8 @@ import sys
 import pytest
 
 from warmd.errors import WarmdInputError
+from warmd.libraries import probe_libraries, probe_library
 from warmd.mvalues import MSpec, aligned_grouped_m, fast_m_values, parse_mspec, relax_m_values
-from warmd.probes import probe_libraries, probe_library
 from warmd.targets import Target, arch_with_suffix, parse_capability, resolve_target
 
 

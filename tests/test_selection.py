@@ -11,6 +11,7 @@ from warmd.kernels import preferences
 from warmd.kernels.base import Branch, Environment, WrapperKernel
 from warmd.kernels.registry import TritonFp8BlockScaledMMKernel
 from warmd.kernels.selection import ALL_KERNELS, disabled_kernels_from_env, select_kernel
+from warmd.libraries import display_name
 from warmd.libraries.deep_gemm.kernels import DeepGemmFp8BlockScaledMMKernel
 from warmd.libraries.flashinfer.kernels import FlashInferFp8BlockScaledMMKernel
 from warmd.models import Layer, model_shapes
@@ -24,7 +25,7 @@ def libs(*present: str) -> dict[str, LibraryProbe]:
     names = ("deep_gemm", "flashinfer", "cutlass_dsl", "sgl_kernel", "nvcc")
     return {n: LibraryProbe(n, n in present, "1.0" if n in present else None,
                             reason="" if n in present else f"{n} not installed",
-                            can_jit=n in present) for n in names}
+                            can_jit=n in present, display=display_name(n)) for n in names}
 
 
 def env(target: str, *present: str, engine: str = "vllm", disabled=()) -> Environment:

@@ -15,8 +15,15 @@ from warmd import settings
 from warmd.config import parse_config
 from warmd.errors import WarmdInputError
 from warmd.kernels.selection import ALL_KERNELS
-from warmd.libraries import LIBRARIES, cache_roots, resolve
-from warmd.probes import check_library_name, display_name, probe_names, probe_nvcc
+from warmd.libraries import (
+    LIBRARIES,
+    cache_roots,
+    check_library_name,
+    display_name,
+    probe_names,
+    resolve,
+)
+from warmd.probes import probe_nvcc
 
 ROOT = Path(__file__).resolve().parent.parent
 _READ = re.compile(r"os\.getenv\(|environ\.get\(|os\.environ\[[^\]]+\](?!\s*=[^=])")

@@ -17,9 +17,10 @@ from types import SimpleNamespace
 import hardware
 import pytest
 
+from warmd.cache.records import read_record
 from warmd.libraries.flashinfer.cache import FlashInferCacheAdapter, read_ninja_log
 from warmd.plan import PlanRequest, Task, make_plan
-from warmd.warmup import WarmupOptions, read_task_record, run_warmup
+from warmd.warmup import WarmupOptions, run_warmup
 
 pytestmark = pytest.mark.slow  # every test here waits on a real FlashInfer build
 
@@ -98,7 +99,7 @@ def test_parallel_workers_compile_then_hit(warm, tmp_path):
     adapter = FlashInferCacheAdapter(tmp_path / "ws", "9.0a")
     assert [e.name for e in adapter.list_entries()] == ["gelu_and_mul", "gelu_tanh_and_mul"]
     for task in tasks:
-        recorded = read_task_record(adapter.root, task.key)
+        recorded = read_record(adapter.root, task.key).entries
         assert list(recorded) == [task.module] and recorded[task.module] > 0
     warm_run = run_warmup(plan, _options(tmp_path / "ws", workers=2))
     assert (warm_run.counters.local_hits, warm_run.counters.compiled) == (2, 0)

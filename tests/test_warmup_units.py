@@ -60,37 +60,38 @@ def test_cli_bad_input_is_one_line_exit_2(tmp_path):
 def test_one_worker_per_gpu_with_distinct_visible_devices(monkeypatch):
     """On a node with several GPUs each worker process sees exactly one, its own (the GPUs
     here are a FAKE: this machine has none; only the assignment is checked)."""
-    from warmd import warmup
     from warmd.targets import Target
+    from warmd.warmup import sizing
+    from warmd.warmup.workers import gpu_env
 
     fake = Target("NVIDIA H200", (9, 0), 132, count=4, source="fake")
-    monkeypatch.setattr(warmup, "_local_gpus", lambda: (fake,))
+    monkeypatch.setattr(sizing, "_local_gpus", lambda: (fake,))
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    ids = warmup.gpu_ids(warmup.WarmupOptions())
+    ids = sizing.gpu_ids(WarmupOptions())
     assert ids == ["0", "1", "2", "3"]
-    envs = [warmup._gpu_env({"X": "1"}, ids, i) for i in range(4)]
+    envs = [gpu_env({"X": "1"}, ids, i) for i in range(4)]
     assert [e["CUDA_VISIBLE_DEVICES"] for e in envs] == ids
     assert all(e["X"] == "1" for e in envs)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
-    assert warmup.gpu_ids(warmup.WarmupOptions()) == ["2", "3"]
-    assert warmup.gpu_ids(warmup.WarmupOptions(gpu_ids=("1",))) == ["1"]
+    assert sizing.gpu_ids(WarmupOptions()) == ["2", "3"]
+    assert sizing.gpu_ids(WarmupOptions(gpu_ids=("1",))) == ["1"]
 
 
 def test_damaged_or_unwritable_task_records_never_fail_a_task(tmp_path):
     """A record only improves later counts: a damaged one reads as none, and a disk that
     refuses the write is logged, not turned into a failed task."""
-    from warmd.warmup import _record_path, read_task_record, write_task_record
+    from warmd.cache.records import LocalTaskRecord, read_record, record_path, write_record
 
     root = tmp_path / "cache"
-    assert write_task_record(root, "task-a", {"kernel.x": 1.5})
-    assert read_task_record(root, "task-a") == {"kernel.x": 1.5}
-    _record_path(root, "task-a").write_text('{"entries": {"kernel.x": null}}')
-    assert read_task_record(root, "task-a") == {}
-    _record_path(root, "task-a").write_text("[1, 2")
-    assert read_task_record(root, "task-a") == {}
+    assert write_record(root, LocalTaskRecord("task-a", {"kernel.x": 1.5}))
+    assert read_record(root, "task-a").entries == {"kernel.x": 1.5}
+    record_path(root, "task-a").write_text('{"entries": {"kernel.x": null}}')
+    assert read_record(root, "task-a").entries == {}
+    record_path(root, "task-a").write_text("[1, 2")
+    assert read_record(root, "task-a").entries == {}
     blocked = tmp_path / "file"
     blocked.write_text("not a directory")
-    assert write_task_record(blocked, "task-b", {"kernel.y": 2.0}) is False
+    assert write_record(blocked, LocalTaskRecord("task-b", {"kernel.y": 2.0})) is False
     assert not list(tmp_path.glob("**/.*.json.*"))  # no temporary file left behind
 
 

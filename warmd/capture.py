@@ -37,7 +37,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from warmd import settings
-from warmd.cache.base import RECORD_DIR, CacheAdapter, CacheEntry, UnsafeArtifact
+from warmd.cache.base import CacheAdapter, CacheEntry, UnsafeArtifact
+from warmd.cache.records import recorded_entries
 from warmd.stats import F, ids
 
 if TYPE_CHECKING:
@@ -107,18 +108,17 @@ def scope_of(plan, roots: dict[str, Path]) -> CaptureScope:
 def adapters_for(scope: CaptureScope) -> dict[str, CacheAdapter]:
     """Every registered library's cache adapter at the scope's roots, for the libraries
     installed here (nothing else can compile into a cache, or use an installed entry)."""
-    from warmd.libraries import LIBRARIES, resolve
-    from warmd.probes import probe_library
+    from warmd.libraries import LIBRARIES, probe_library
 
     arch = scope.target_object().arch
     found = {}
     for name, library in LIBRARIES.items():
         if not probe_library(name).available:
             continue
-        root = scope.roots.get(name) or str(library.root.default())
+        root = Path(scope.roots.get(name) or library.root.default())
         try:
-            adapter = resolve(library.adapter)(Path(root), arch)
-        except ModuleNotFoundError:
+            adapter = library.make_adapter(root, arch)
+        except ModuleNotFoundError:  # the library's own imports: nothing to watch, no crash
             adapter = None
         if adapter is not None:
             found[name] = adapter
@@ -144,15 +144,6 @@ def learned_rows(indexes: list[dict]) -> list[dict]:
     return [{"plan": i["plan"], "library": i["library"], "entry": name,
              "fingerprint": i["fingerprint"], "missed_by": missed_by(i["library"])}
             for i in indexes for name in i["entries"]]
-
-
-def planned_entries(adapter: CacheAdapter) -> set[str]:
-    """Entries a warmup task produced on this node (its local task records name them)."""
-    names: set[str] = set()
-    for path in (adapter.root / RECORD_DIR).glob("*.json"):
-        with contextlib.suppress(OSError, ValueError, AttributeError):
-            names.update(json.loads(path.read_text()).get("entries", {}))
-    return names
 
 
 def install_learned(shared: SharedCache, adapter: CacheAdapter, plan_key: str) -> list[str]:
@@ -336,7 +327,7 @@ class Capture:
         shared_already: set[str] = set()
         for plan in watched.plans:  # also fixes the cache's fingerprint, in self.env
             shared_already.update(watched.shared.learned(watched.adapter, plan))
-        unplanned = set(present) - planned_entries(watched.adapter) - shared_already
+        unplanned = set(present) - recorded_entries(watched.adapter.root) - shared_already
         self._publish(watched, [present[n] for n in sorted(unplanned)])
 
     def scan(self) -> list[RuntimeJit]:

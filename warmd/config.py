@@ -22,7 +22,7 @@ import yaml
 from warmd import settings
 from warmd.errors import WarmdInputError
 from warmd.examples import EXAMPLES_DIR
-from warmd.plan import PlanRequest, jsonable
+from warmd.request import PlanRequest, jsonable
 
 DEFAULT_CONFIG = EXAMPLES_DIR / "warmd.yaml"
 DEFAULT_METRICS_PORT = 9464

@@ -1,5 +1,6 @@
 """The warmup plan: selected kernels, followed through every wrapper branch, turned into the
-deduplicated JIT tasks the engine will need."""
+deduplicated JIT tasks the engine will need. What a plan is made from, ``PlanRequest``, is
+data of its own (warmd.request): the engines' rules read it without importing the planner."""
 
 from __future__ import annotations
 
@@ -11,6 +12,10 @@ from warmd.kernels.base import Environment, JitWork, Kernel
 from warmd.kernels.selection import Selection, select_kernel
 from warmd.models import ModelShapes
 from warmd.mvalues import MSpec
+from warmd.request import PlanRequest, jsonable
+
+__all__ = ["Plan", "PlanRequest", "Task", "absent_libraries_that_matter", "build_plan",
+           "jsonable", "make_plan"]
 
 
 @dataclass(frozen=True)
@@ -88,15 +93,6 @@ class Plan:
                        for s in self.selections],
             "tasks": [t.to_json() for t in self.tasks],
         }
-
-
-def jsonable(value):
-    """value with every tuple, nested in dicts and lists too, as a list (as JSON reads back)."""
-    if isinstance(value, dict):
-        return {k: jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [jsonable(v) for v in value]
-    return value
 
 
 def _digest(obj) -> str:
@@ -208,42 +204,6 @@ def _choices(plan: Plan) -> tuple:
             tuple(t.key for t in plan.tasks))
 
 
-@dataclass(frozen=True)
-class PlanRequest:
-    """Everything a plan is made from; the CLI flags, a pasted serve command
-    (warmd.engines.launch) and the daemon's config map onto it. None leaves a value to the
-    engine's own rules (warmd.engines.decide)."""
-
-    model: str
-    tp: int = 1
-    ep: int = 1
-    target: str | None = None
-    capability: str | None = None
-    sms: int | None = None
-    with_libs: tuple[str, ...] = ()
-    without_libs: tuple[str, ...] = ()
-    engine: str = "vllm"
-    mode: str | None = None
-    max_tokens: int | None = None
-    m_list: str | None = None
-    quantization: str | None = None
-    disabled_kernels: tuple[str, ...] = ()
-    dp: int = 1
-    chunked_prefill_size: int | None = None
-    engine_version: str | None = None
-    attention_backend: str | None = None
-    moe_a2a_backend: str | None = None
-    # vLLM's --moe-backend / SGLang's --moe-runner-backend (None: the engine's own choice).
-    moe_backend: str | None = None
-    # The engine's environment variables; None: this process's environment.
-    engine_env: tuple[tuple[str, str], ...] | None = None
-    # More of a serve command's arguments that the engine's rules read (warmd.engines.launch
-    # LAUNCH_ARGS: --all2all-backend, --performance-mode, ...), and the ones given that can
-    # change kernels but that warmd does not model (listed by the plan).
-    launch_args: tuple[tuple[str, str], ...] = ()
-    unmodelled_args: tuple[str, ...] = ()
-
-
 def make_plan(request: PlanRequest) -> Plan:
     from warmd.engines.decide import (
         check_expert_parallel,
@@ -258,8 +218,8 @@ def make_plan(request: PlanRequest) -> Plan:
     from warmd.errors import WarmdInputError
     from warmd.kernels.preferences import ENGINES
     from warmd.kernels.selection import check_kernel_names, disabled_kernels_from_env
+    from warmd.libraries import probe_libraries
     from warmd.models import model_shapes
-    from warmd.probes import probe_libraries
     from warmd.targets import resolve_target
 
     if request.engine not in ENGINES:

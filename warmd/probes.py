@@ -1,19 +1,18 @@
-"""Library probes: what this process could import and JIT with, found without importing it.
+"""Library probes, the low-level part: what this process could import and JIT with, found
+without importing it (the planner must stay cheap and work without torch or a GPU).
 
-Every probe runs once per process (cached) and never imports the library it probes: the
-planner must stay cheap and must work on machines without torch or a GPU.
+A probe function here looks at one library; the registry (warmd.libraries) names every
+library and helper with its probe, and runs each once per process (``probe_library``).
 """
 
 from __future__ import annotations
 
 import importlib.metadata as metadata
 import importlib.util
-from dataclasses import dataclass, replace
-from functools import cache
+from dataclasses import dataclass
 from pathlib import Path
 
 from warmd import settings
-from warmd.errors import WarmdInputError
 
 
 @dataclass(frozen=True)
@@ -26,6 +25,11 @@ class LibraryProbe:
     location: str | None = None
     overridden: bool = False
     module: str | None = None  # the import name, where the engine imports another than name
+    display: str = ""  # how messages name the library (the registry sets it); "": its name
+
+    @property
+    def title(self) -> str:
+        return self.display or self.name
 
     def to_json(self) -> dict:
         return {
@@ -38,13 +42,6 @@ class LibraryProbe:
             "overridden": self.overridden,
             "module": self.module,
         }
-
-
-# Libraries that are only probed: the planner asks whether a kernel's helper is there (nvcc,
-# sgl-kernel's AOT kernels, CUTLASS DSL), but they have no JIT cache for warmd to warm, so
-# they are not registered in warmd.libraries (whose every entry has an executor and a cache).
-HELPERS = {"cutlass_dsl": "CUTLASS DSL", "sgl_kernel": "sgl-kernel", "nvcc": "nvcc"}
-_HELPER_ALIASES = {"cutlass": "cutlass_dsl"}
 
 
 def dist_version(candidates: tuple[str, ...]) -> str | None:
@@ -126,83 +123,3 @@ def probe_sgl_kernel() -> LibraryProbe:
                             "sgl_kernel; SGLang's AOT kernels)")
     return LibraryProbe("sgl_kernel", True, dist_version(("sgl-kernel",)),
                         can_jit=True, location=location)
-
-
-_HELPER_PROBES = {
-    "cutlass_dsl": probe_cutlass_dsl,
-    "sgl_kernel": probe_sgl_kernel,
-    "nvcc": probe_nvcc,
-}
-
-
-def _probes() -> dict:
-    """Every probe: the registered JIT libraries', then the helpers'."""
-    from warmd.libraries import LIBRARIES
-
-    return {**{lib.name: lib.probe for lib in LIBRARIES.values()}, **_HELPER_PROBES}
-
-
-def _follows_engine(name: str) -> bool:
-    """Whether the library's probe takes the engine whose import order it follows."""
-    from warmd.libraries import LIBRARIES
-
-    library = LIBRARIES.get(name)
-    return library is not None and library.probe_follows_engine
-
-
-def probe_names() -> tuple[str, ...]:
-    return tuple(_probes())
-
-
-def display_name(name: str) -> str:
-    """How messages name a library: 'DeepGEMM', 'FlashInfer', 'sgl-kernel'."""
-    from warmd.libraries import LIBRARIES
-
-    library = LIBRARIES.get(name)
-    return library.display if library else HELPERS.get(name, name)
-
-
-@cache
-def probe_library(name: str, engine: str | None = None) -> LibraryProbe:
-    """The library as this process (engine None) or the engine would find it."""
-    name = check_library_name(name)
-    probe = _probes()[name]
-    return probe(engine) if engine is not None and _follows_engine(name) else probe()
-
-
-def check_library_name(name: str) -> str:
-    from warmd.libraries import LIBRARIES
-
-    aliases = {**_HELPER_ALIASES, **{alias: lib.name for lib in LIBRARIES.values()
-                                      for alias in lib.aliases}}
-    normal = name.strip().lower().replace("-", "_")
-    normal = aliases.get(normal, normal)
-    if normal not in _probes():
-        raise WarmdInputError(f"unknown library {name!r}; known libraries: "
-                              f"{', '.join(probe_names())}")
-    return normal
-
-
-def probe_libraries(
-    with_libs: tuple[str, ...] = (), without_libs: tuple[str, ...] = (),
-    engine: str | None = None,
-) -> dict[str, LibraryProbe]:
-    """Every library's probe as the engine finds it, with --with/--without overrides
-    applied for planning."""
-    forced_on = {check_library_name(n) for n in with_libs}
-    forced_off = {check_library_name(n) for n in without_libs}
-    both = forced_on & forced_off
-    if both:
-        raise WarmdInputError(f"library {sorted(both)[0]!r} given to both --with and --without")
-    result = {}
-    for name in probe_names():
-        if name in forced_off:
-            result[name] = LibraryProbe(name, False, reason=f"{name} disabled by --without",
-                                        overridden=True)
-        elif name in forced_on:
-            found = probe_library(name, engine)
-            result[name] = replace(found, available=True, can_jit=True, overridden=True,
-                                   reason=f"{name} assumed present by --with")
-        else:
-            result[name] = probe_library(name, engine)
-    return result

@@ -12,6 +12,22 @@ import enum
 from dataclasses import asdict, dataclass, field, fields, make_dataclass
 
 
+class Outcome(str, enum.Enum):
+    """How a kernel (cache entry) a task touched was obtained; the value is its JSON."""
+
+    LOCAL_HIT = "local_hit"  # already in this node's cache
+    REMOTE_HIT = "remote_hit"  # installed from the shared cache in this run
+    COMPILED = "compiled"
+    FAILED = "failed"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def is_hit(self) -> bool:
+        return self in (Outcome.LOCAL_HIT, Outcome.REMOTE_HIT)
+
+
 class F(enum.Flag):
     NONE = 0
     RUN = enum.auto()  # a warmup counts it: a field of Counters
@@ -36,7 +52,7 @@ class Stat:
     id: str
     description: str  # as the text renderings show it
     flags: F = F.NONE
-    outcome: str | None = None  # the executors' outcome name (KERNEL), a Prometheus label
+    outcome: Outcome | None = None  # the kernel outcome it counts (KERNEL), a Prometheus label
     column: str | None = None  # header in `warmd cache stats` tables
 
     def has(self, flag: F) -> bool:
@@ -48,13 +64,13 @@ COUNTERS: tuple[Stat, ...] = (
     # What a warmup counts (Counters fields, in the order the text shows them).
     Stat("tasks", "Tasks", F.RUN),
     Stat("tasks_failed", "failed", F.RUN | F.ERROR | F.DETAIL),
-    Stat("local_hits", "local hits", F.RUN | F.KERNEL | F.HIT | F.DETAIL | _COLS, "local_hit",
+    Stat("local_hits", "local hits", F.RUN | F.KERNEL | F.HIT | F.DETAIL | _COLS, Outcome.LOCAL_HIT,
          "local"),
     Stat("remote_hits", "remote hits", F.RUN | F.KERNEL | F.HIT | F.DETAIL | _COLS,
-         "remote_hit", "remote"),
-    Stat("compiled", "compiled", F.RUN | F.KERNEL | F.DETAIL | F.NODE_COLUMN, "compiled",
+         Outcome.REMOTE_HIT, "remote"),
+    Stat("compiled", "compiled", F.RUN | F.KERNEL | F.DETAIL | F.NODE_COLUMN, Outcome.COMPILED,
          "compiled"),
-    Stat("failed", "failed", F.RUN | F.KERNEL | F.ERROR | F.DETAIL | F.NODE_COLUMN, "failed",
+    Stat("failed", "failed", F.RUN | F.KERNEL | F.ERROR | F.DETAIL | F.NODE_COLUMN, Outcome.FAILED,
          "failed"),
     Stat("compile_seconds", "Compile time", F.RUN | F.TIME),
     Stat("compile_seconds_saved", "Compile time saved", F.RUN | F.TIME | _COLS,

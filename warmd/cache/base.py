@@ -10,9 +10,6 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 
-# Under each cache root: warmup's task records (which entries a task produced, with digests).
-RECORD_DIR = ".warmd/tasks"
-
 
 @dataclass(frozen=True)
 class CacheEntry:

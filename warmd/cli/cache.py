@@ -8,7 +8,6 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from types import SimpleNamespace
 
 import click
 from rich.table import Table
@@ -97,18 +96,15 @@ def cache() -> None:
 # ----------------------------------------------------------------------------- fingerprint
 
 def _adapters(libraries: tuple[str, ...], target):
-    from warmd.libraries import LIBRARIES
-    from warmd.probes import check_library_name
-    from warmd.warmup import WarmupOptions, make_adapter
+    from warmd.libraries import LIBRARIES, check_library_name
 
-    # make_adapter reads only the plan's target
-    plan = SimpleNamespace(env=SimpleNamespace(target=target))
     for name in libraries or LIBRARIES:
         library = check_library_name(name)
         if library not in LIBRARIES:
             raise WarmdInputError(f"{library} has no shared cache; libraries with one: "
                                   f"{', '.join(LIBRARIES)}")
-        yield library, make_adapter(library, plan, WarmupOptions())
+        registered = LIBRARIES[library]
+        yield library, registered.make_adapter(registered.root.default(), target.arch)
 
 
 @cache.command()

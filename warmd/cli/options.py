@@ -7,9 +7,9 @@ import functools
 import click
 
 from warmd.kernels.preferences import ENGINES
+from warmd.libraries import probe_names
 from warmd.mvalues import MODES
 from warmd.plan import PlanRequest
-from warmd.probes import probe_names
 from warmd.targets import PRESETS
 
 

@@ -1,4 +1,10 @@
-"""`warmd warmup`: compile the plan's kernels now, sharing them through the cluster cache."""
+"""`warmd warmup`: compile the plan's kernels now, sharing them through the cluster cache.
+
+Two sources of work, one run and one summary: a plan from the flags (`--model`, or a pasted
+serve command) runs through warmd.warmup.run_warmup with a live display; `--from-config`
+warms every model of a warmd.yaml as a node agent would (warmd.cluster.work.warm_node: the
+node's environment, its builder role, learned entries), each model through run_warmup too.
+Both end in summary_text."""
 
 from __future__ import annotations
 
@@ -26,12 +32,16 @@ from rich.progress import (
 )
 from rich.text import Text
 
-from warmd.cli.from_config import from_config_option, from_config_path, warmup_from_config
 from warmd.cli.options import PLAN_FIELDS, plan_options, require_model
 from warmd.cli.render import make_console, shorten
+from warmd.cluster.state import DEGRADED, FAILED
+from warmd.cluster.work import NodeSummary, NodeWarm, summarize, warm_node
+from warmd.config import WarmdConfig, load_config
 from warmd.errors import WarmdInputError
 from warmd.libraries import LIBRARIES
 from warmd.plan import PlanRequest, Task, make_plan
+from warmd.settings import STORE_OFF
+from warmd.stats import Counters, Outcome
 from warmd.warmup import TaskReport, WarmupOptions, WarmupReport, run_warmup
 
 if TYPE_CHECKING:
@@ -39,6 +49,69 @@ if TYPE_CHECKING:
 
 EXIT_INTERRUPTED = 130
 EXIT_TERMINATED = 143  # 128 + SIGTERM
+
+
+_FROM_CONFIG = "warmd.from_config"
+
+
+def from_config_option(func):
+    """Adds --from-config PATH to `warmd warmup`; the command then calls warmup_from_config
+    (see from_config_path) and needs no --model."""
+
+    def remember(ctx, _param, value):
+        if value is not None and not ctx.resilient_parsing:
+            ctx.meta[_FROM_CONFIG] = value
+        return value
+
+    return click.option(
+        "--from-config", metavar="PATH", is_eager=True, expose_value=False, callback=remember,
+        help="Warm every model of this warmd.yaml on this machine, as a node agent would (the "
+             "pre-join path: run it before `ray start`). Plan options are then taken from "
+             "the file; --redis, --no-shared, --workers and --json still apply.")(func)
+
+
+def from_config_path() -> str | None:
+    """The --from-config PATH of the running command, if given."""
+    ctx = click.get_current_context(silent=True)
+    return ctx.meta.get(_FROM_CONFIG) if ctx is not None else None
+
+
+def warmup_from_config(path: str, *, redis_url: str | None = None, no_shared: bool = False,
+                       workers: int | None = None, as_json: bool = False) -> int:
+    """Warm this machine for every configured model; returns the exit code (0 warm, 1 a model
+    or task failed). A machine without a GPU warms as a builder (FlashInfer modules for
+    builders.target, or each model's target)."""
+    from warmd.targets import detect_local_gpus
+
+    config = load_config(path, redis_url=redis_url)
+    url = STORE_OFF[0] if no_shared else config.redis.url
+
+    def progress(model: str, done: int, total: int) -> None:
+        if total and not as_json:
+            print(f"warmup {model}: {done}/{total} tasks", file=sys.stderr, flush=True)
+
+    result = warm_node(config, builder=not detect_local_gpus(), redis_url=url,
+                       progress=progress, workers=workers)
+    summary = summarize([result])
+    if as_json:
+        print(json.dumps({**summary.to_json(), "models": [m.to_json() for m in result.models],
+                          "seconds": result.seconds, "store": result.store.to_json()},
+                         indent=2))
+    else:
+        print(_render(config, result, summary))
+    return 1 if summary.state == FAILED else 0
+
+
+def _render(config: WarmdConfig, result: NodeWarm, summary: NodeSummary) -> str:
+    notes = []
+    for model in result.models:
+        status = "ok" if model.ok else f"FAILED: {model.reason}"
+        notes.append(f"  {model.name}: plan {model.plan_key or '-'}, {model.tasks} tasks, "
+                     f"{status}")
+    if summary.state == DEGRADED:
+        notes.append(f"  shared cache: {summary.reason}")
+    return summary_text(f"warmup from {config.source}: {len(result.models)} model(s) in "
+                        f"{result.seconds:.1f} s: {summary.state}", summary.counters, notes)
 
 
 @click.command()
@@ -192,7 +265,7 @@ class WarmupDisplay:
     def __init__(self, total: int, console: Console | None = None) -> None:
         self.console = console or make_console(stderr=True)
         self.total = total
-        self.counts = {"compiled": 0, "failed": 0}
+        self.counts = {"compiled": 0, "failed": 0}  # kernels compiled, tasks failed
         self.lock = threading.Lock()
         self.overall = Progress(
             TextColumn("[bold]warmup[/]"), BarColumn(), MofNCompleteColumn(),
@@ -229,7 +302,8 @@ class WarmupDisplay:
     def finished(self, report: TaskReport, done: int, total: int) -> None:
         result = report.result
         with self.lock:
-            self.counts["compiled"] += sum(k.outcome == "compiled" for k in result.kernels)
+            self.counts["compiled"] += sum(k.outcome == Outcome.COMPILED
+                                           for k in result.kernels)
             self.counts["failed"] += 0 if result.ok else 1
             task_id = self.running.pop(report.task.key, None)
             if task_id is not None:
@@ -252,15 +326,20 @@ class WarmupDisplay:
 
 
 def render_summary(report: WarmupReport) -> str:
-    lines = [report.counters.render_text(f"warmup of plan {report.plan_key}: "
-                                         f"{len(report.reports)}/{report.selected} tasks in "
-                                         f"{report.seconds:.1f} s"
-                                         + (" (interrupted)" if report.interrupted else ""))]
-    if report.store is not None and not report.store["ok"]:
-        lines.append(report.store["reason"])
-    for failed in report.failed:
-        lines.append(f"FAILED {failed.task.key}: {failed.result.error}")
-    return "\n".join(lines)
+    notes = []
+    if report.store is not None and not report.store.ok:
+        notes.append(report.store.reason)
+    notes += [f"FAILED {failed.task.key}: {failed.result.error}" for failed in report.failed]
+    return summary_text(f"warmup of plan {report.plan_key}: {len(report.reports)}/"
+                        f"{report.selected} tasks in {report.seconds:.1f} s"
+                        + (" (interrupted)" if report.interrupted else ""),
+                        report.counters, notes)
+
+
+def summary_text(title: str, counters: Counters, notes: list[str]) -> str:
+    """Every warmup's closing summary (of a plan, or of a config's models): the counters
+    under a title, then what went wrong."""
+    return "\n".join([counters.render_text(title), *notes])
 
 
 def register(main: click.Group) -> None:

@@ -21,7 +21,7 @@ from warmd.cluster.decisions import RetryBackoff
 from warmd.cluster.logs import node_logger
 from warmd.cluster.metrics import AgentMetrics
 from warmd.cluster.state import FAILED, WARM_STATES, WARMING, NodeState, node_records
-from warmd.cluster.work import node_env, summarize, warm_node
+from warmd.cluster.work import ModelResult, NodeWarm, node_env, summarize, warm_node
 from warmd.config import WarmdConfig
 
 RETRY_FIRST, RETRY_MAX = 30.0, 600.0  # seconds before a FAILED node warms again, doubling
@@ -40,9 +40,9 @@ def warm_shard(config_json: dict, builder: bool, shard: int, shards: int,
     log.info("warming shard %d/%d", shard + 1, shards, extra={"builder": builder})
     result = warm_node(config, builder=builder, shard=shard, shards=shards,
                        redis_url=redis_url, node_name=node_name, progress=progress)
-    log.info("shard %d/%d done in %.1fs", shard + 1, shards, result["seconds"],
-             extra={"models": [(m["name"], m["ok"]) for m in result["models"]]})
-    return result
+    log.info("shard %d/%d done in %.1fs", shard + 1, shards, result.seconds,
+             extra={"models": [(m.name, m.ok) for m in result.models]})
+    return result.to_json()  # what crosses Ray
 
 
 
@@ -157,7 +157,7 @@ class NodeAgent:
         self._publish()
         started = time.monotonic()
         results = self._run_workers(config, url)
-        summary = summarize(results)
+        summary = summarize(results).to_json()
         with self._lock:
             s = self.state
             s.transition(summary["state"], summary["reason"])
@@ -167,8 +167,7 @@ class NodeAgent:
             s.cache_bytes, s.counters = summary["cache_bytes"], summary["counters"]
             s.warm_seconds = round(time.monotonic() - started, 3)
             s.warmed_at = time.time()
-            s.store = next((r["store"]["reason"] for r in results
-                            if not r.get("store", {}).get("ok", True)), "ok")
+            s.store = next((r.store.reason for r in results if not r.store.ok), "ok")
             s.capture = {**s.capture, "learned": summary["learned"]}
             self._schedule_retry()
         self.metrics.observe_warmup(self.state)
@@ -178,7 +177,7 @@ class NodeAgent:
             "state": self.state.state, "reason": self.state.reason,
             "kernels": self.state.kernels, "seconds": self.state.warm_seconds})
 
-    def _run_workers(self, config: WarmdConfig, url: str | None) -> list[dict]:
+    def _run_workers(self, config: WarmdConfig, url: str | None) -> list[NodeWarm]:
         builder = self.state.gpus <= 0
         # A node whose plan the caches hold is warm without GPU workers: checked here, with
         # the node's GPUs visible (Ray hides them from this num_gpus=0 actor).
@@ -190,8 +189,8 @@ class NodeAgent:
                                  node_name=self.node_name, warm_only=True)
         except Exception:  # only a shortcut: the workers below decide
             self.log.exception("warm check failed")
-            warm = {"warm": False}
-        if warm["warm"]:
+            warm = NodeWarm([], warm=False)
+        if warm.warm:
             return [warm]
         shards = 1 if builder else self.state.gpus
         me = ray_api.current_actor()
@@ -205,8 +204,8 @@ class NodeAgent:
         outcomes = ray_api.run_pinned(warm_shard, self.node_id, calls, 0 if builder else 1,
                                       f"warmd-warm-{self.node_id[:8]}",
                                       config.agent.heartbeat_seconds, tick)
-        return [outcome if not isinstance(outcome, Exception) else _worker_failed(i, outcome)
-                for i, outcome in enumerate(outcomes)]
+        return [NodeWarm.from_json(outcome) if not isinstance(outcome, Exception)
+                else _worker_failed(i, outcome) for i, outcome in enumerate(outcomes)]
 
     # --- capture: entries compiled after READY (warmd.capture) ----------------------------
 
@@ -276,6 +275,6 @@ class NodeAgent:
         self.store.put(snapshot)
 
 
-def _worker_failed(shard: int, exc: Exception) -> dict:
+def _worker_failed(shard: int, exc: Exception) -> NodeWarm:
     reason = f"warm worker {shard} failed: {type(exc).__name__}: {exc}"
-    return {"models": [{"name": f"worker {shard}", "ok": False, "reason": reason[:500]}]}
+    return NodeWarm([ModelResult(f"worker {shard}", ok=False, reason=reason[:500])])

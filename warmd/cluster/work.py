@@ -1,6 +1,8 @@
 """The warm work of one node, shared by the agent's Ray workers and the pre-join path
 (`warmd warmup --from-config`): plan every configured model here, take this worker's share
-of the tasks, run them through `run_warmup` with the shared cache, say what happened.
+of the tasks, run them through `run_warmup` with the shared cache, say what happened
+(``NodeWarm``), and sum the workers' results into the node's outcome (``NodeSummary``).
+Both are dataclasses; JSON only where they cross Ray or reach the CLI's ``--json``.
 
 Everything node-specific is resolved on the node: model paths, cache roots and the key file
 expand `~` and `$VARS` here, and a model that cannot be planned here fails this node only.
@@ -12,12 +14,19 @@ import contextlib
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from warmd import settings
+from warmd.cluster.state import DEGRADED, FAILED, READY
 from warmd.config import ModelConfig, WarmdConfig, expand_path
 from warmd.errors import WarmdInputError
+from warmd.stats import Counters
+from warmd.warmup import StoreHealth
+
+if TYPE_CHECKING:
+    from warmd.capture import CaptureScope
 
 ProgressFn = Callable[[str, int, int], None]  # (model name, tasks done, tasks total)
 
@@ -35,10 +44,64 @@ class ModelResult:
     learned: int = 0  # captured entries of the plan (warmd.capture) present after the warmup
 
     def to_json(self) -> dict:
-        return {"name": self.name, "plan_key": self.plan_key, "tasks": self.tasks,
-                "tasks_failed": self.tasks_failed, "ok": self.ok, "reason": self.reason,
-                "counters": self.counters, "failures": self.failures,
-                "learned": self.learned}
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> ModelResult:
+        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+
+
+@dataclass
+class NodeWarm:
+    """What one worker's warm work did (warm_node)."""
+
+    models: list[ModelResult]
+    store: StoreHealth = field(default_factory=StoreHealth)
+    cache_bytes: dict[str, int] = field(default_factory=dict)  # library -> bytes
+    capture: list[CaptureScope] = field(default_factory=list)  # what the capture watches
+    seconds: float = 0.0
+    # False: warm_only found a task that needs its library (nothing ran for that model)
+    warm: bool = True
+
+    def to_json(self) -> dict:
+        return {"models": [m.to_json() for m in self.models], "store": self.store.to_json(),
+                "cache_bytes": self.cache_bytes,
+                "capture": [scope.to_json() for scope in self.capture],
+                "seconds": self.seconds, "warm": self.warm}
+
+    @classmethod
+    def from_json(cls, data: dict) -> NodeWarm:
+        from warmd.capture import CaptureScope
+
+        return cls([ModelResult.from_json(m) for m in data.get("models", [])],
+                   StoreHealth(**(data.get("store") or {})),
+                   {str(k): int(v) for k, v in (data.get("cache_bytes") or {}).items()},
+                   [CaptureScope.from_json(s) for s in data.get("capture") or []],
+                   float(data.get("seconds", 0.0)), bool(data.get("warm", True)))
+
+
+@dataclass
+class NodeSummary:
+    """One node's outcome from its workers' results (summarize)."""
+
+    state: str  # READY, DEGRADED or FAILED (warmd.cluster.state)
+    reason: str
+    plans: dict[str, str]  # model name -> plan key
+    counters: Counters
+    cache_bytes: dict[str, int]
+    learned: int  # captured entries installed
+    capture: list[CaptureScope]
+
+    def to_json(self) -> dict:
+        c = self.counters
+        return {"state": self.state, "reason": self.reason, "plans": self.plans,
+                "kernels": c.kernel_counts(), "tasks": c.tasks,
+                "tasks_failed": c.tasks_failed,
+                "compile_seconds": round(c.compile_seconds, 3),
+                "saved_seconds": round(c.compile_seconds_saved, 3),
+                "hit_rate": round(c.hit_rate, 4), "cache_bytes": self.cache_bytes,
+                "counters": c.to_json(), "learned": self.learned,
+                "capture": [scope.to_json() for scope in self.capture]}
 
 
 def node_env(config: WarmdConfig, node_name: str | None = None) -> dict[str, str]:
@@ -73,35 +136,32 @@ def _plan(model: ModelConfig, builder_target: str | None):
 def warm_node(config: WarmdConfig, *, builder: bool = False, shard: int = 0, shards: int = 1,
               redis_url: str | None = None, node_name: str | None = None,
               progress: ProgressFn | None = None, workers: int | None = 1,
-              warm_only: bool = False) -> dict:
+              warm_only: bool = False) -> NodeWarm:
     """Warm this worker's share (tasks shard, shard+shards, ...) of every configured model.
 
     Never raises for a model, a task or the store: each model's result says what happened.
     The first worker of a GPU node also installs what other nodes captured for each plan
-    (learned entries, warmd.capture) and says what its capture watches.
-    Returns {"models": [...], "store": {"ok", "reason", "url"}, "cache_bytes": {...},
-    "capture": [CaptureScope json...], "seconds": float, "warm": bool}. With warm_only, a
+    (learned entries, warmd.capture) and says what its capture watches. With warm_only, a
     model whose plan has a task that needs its library (not installed and verified from the
-    caches) runs nothing, and "warm" is False: the caller then runs the real warmup (in GPU
+    caches) runs nothing, and ``warm`` is False: the caller then runs the real warmup (in GPU
     workers).
     """
     from warmd.capture import scope_of
 
     started = time.monotonic()
     learn = shard == 0 and not builder
+    store = StoreHealth()
     with settings.scoped_env(node_env(config, node_name)):
         results, planned = _plan_all(config, builder, shard, shards, progress, workers,
                                      warm_only)
-        store = {"ok": True, "reason": "", "url": None}
         warm = True
         for model, plan, options, result in planned:
             warm &= _warm_model(model, plan, options, result, redis_url, store, progress,
                                 learn)
         sizes = cache_bytes()
-        scopes = [scope_of(plan, options.cache_roots).to_json()
+        scopes = [scope_of(plan, options.cache_roots)
                   for _m, plan, options, result in planned if learn and result.ok]
-    return {"models": [r.to_json() for r in results], "store": store, "cache_bytes": sizes,
-            "capture": scopes, "seconds": round(time.monotonic() - started, 3), "warm": warm}
+    return NodeWarm(results, store, sizes, scopes, round(time.monotonic() - started, 3), warm)
 
 
 def _plan_all(config: WarmdConfig, builder: bool, shard: int, shards: int,
@@ -132,7 +192,7 @@ def _plan_all(config: WarmdConfig, builder: bool, shard: int, shards: int,
     return results, planned
 
 
-def _open_shared(redis_url: str | None, plan, store: dict):
+def _open_shared(redis_url: str | None, plan, store: StoreHealth):
     from warmd.store import open_shared_cache
 
     if settings.store_is_off(redis_url):
@@ -140,14 +200,14 @@ def _open_shared(redis_url: str | None, plan, store: dict):
     try:
         shared = open_shared_cache(redis_url, target=plan.env.target)
     except WarmdInputError as exc:  # unreadable key file, malformed URL
-        store.update(ok=False, reason=f"shared cache not used: {exc}")
+        store.ok, store.reason = False, f"shared cache not used: {exc}"
         return None
-    store["url"] = None if shared.disabled_reason else shared.display_url
+    store.url = None if shared.disabled_reason else shared.display_url
     return shared
 
 
 def _warm_model(model: ModelConfig, plan, options, result: ModelResult, redis_url: str | None,
-                store: dict, progress: ProgressFn | None, learn: bool = False) -> bool:
+                store: StoreHealth, progress: ProgressFn | None, learn: bool = False) -> bool:
     """Run the model's warmup into result; False when warm_only left tasks unrun."""
     from warmd.warmup import run_warmup
 
@@ -194,12 +254,12 @@ def _install_learned(plan, options, shared) -> int:
     return installed
 
 
-def _note_store(shared, store: dict) -> None:
+def _note_store(shared, store: StoreHealth) -> None:
     from warmd.warmup import store_health
 
     health = store_health(shared)
-    if not health["ok"]:
-        store.update(ok=False, reason=health["reason"])
+    if not health.ok:
+        store.ok, store.reason = False, health.reason
 
 
 def _dir_bytes(root: Path) -> int:
@@ -219,38 +279,32 @@ def cache_bytes() -> dict[str, int]:
     return {lib: _dir_bytes(root) for lib, root in roots.items() if root.exists()}
 
 
-def summarize(shards: list[dict]) -> dict:
+def summarize(shards: list[NodeWarm]) -> NodeSummary:
     """One node's outcome from its workers' results: state, reason, counters, plan keys,
     learned entries installed and what the capture watches."""
-    from warmd.stats import Counters
-
     counters = Counters()
-    plans, failures, store_reasons, sizes = {}, [], [], {}
+    plans: dict[str, str] = {}
+    failures: list[str] = []
+    store_reasons: list[str] = []
+    sizes: dict[str, int] = {}
     learned, scopes = 0, []
     for part in shards:
-        scopes += part.get("capture") or []
-        for model in part.get("models", []):
-            learned += int(model.get("learned") or 0)
-            counters.add(model.get("counters") or {})
-            if model.get("plan_key"):
-                plans[model["name"]] = model["plan_key"]
-            if not model.get("ok", True) and model.get("reason") not in failures:
-                failures.append(model["reason"])
-        store = part.get("store") or {}
-        if not store.get("ok", True) and store.get("reason") not in store_reasons:
-            store_reasons.append(store["reason"])
-        for lib, size in (part.get("cache_bytes") or {}).items():
-            sizes[lib] = max(sizes.get(lib, 0), int(size))
+        scopes += part.capture
+        for model in part.models:
+            learned += model.learned
+            counters.add(model.counters)
+            if model.plan_key:
+                plans[model.name] = model.plan_key
+            if not model.ok and model.reason not in failures:
+                failures.append(model.reason)
+        if not part.store.ok and part.store.reason not in store_reasons:
+            store_reasons.append(part.store.reason)
+        for lib, size in part.cache_bytes.items():
+            sizes[lib] = max(sizes.get(lib, 0), size)
     if failures:
-        state, reason = "FAILED", "; ".join(failures)
+        state, reason = FAILED, "; ".join(failures)
     elif store_reasons:
-        state, reason = "DEGRADED", "; ".join(store_reasons)
+        state, reason = DEGRADED, "; ".join(store_reasons)
     else:
-        state, reason = "READY", ""
-    return {"state": state, "reason": reason[:1000], "plans": plans,
-            "kernels": counters.kernel_counts(),
-            "tasks": counters.tasks, "tasks_failed": counters.tasks_failed,
-            "compile_seconds": round(counters.compile_seconds, 3),
-            "saved_seconds": round(counters.compile_seconds_saved, 3),
-            "hit_rate": round(counters.hit_rate, 4), "cache_bytes": sizes,
-            "counters": counters.to_json(), "learned": learned, "capture": scopes}
+        state, reason = READY, ""
+    return NodeSummary(state, reason[:1000], plans, counters, sizes, learned, scopes)

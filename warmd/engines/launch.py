@@ -247,7 +247,7 @@ def launch_request(command: str | list[str] | tuple[str, ...], base=None):
     """The PlanRequest a serve command makes; `base` supplies what the command cannot say
     (target, library overrides, explicit M values)."""
     from warmd.engines.hub import resolve_model
-    from warmd.plan import PlanRequest
+    from warmd.request import PlanRequest
 
     launch = parse_launch(command)
     model = resolve_model(launch.model)

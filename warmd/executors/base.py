@@ -9,8 +9,9 @@ from typing import Protocol
 
 from warmd.cache.base import CacheAdapter
 from warmd.plan import Task
+from warmd.stats import Outcome
 
-OUTCOMES = ("local_hit", "remote_hit", "compiled", "failed")
+OUTCOMES = tuple(Outcome)
 
 
 @dataclass
@@ -18,8 +19,11 @@ class KernelOutcome:
     """One kernel (cache entry) a task touched, and how it was obtained."""
 
     name: str
-    outcome: str  # one of OUTCOMES
+    outcome: Outcome  # a library may pass its value ("compiled"): read as the Outcome
     seconds: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.outcome = Outcome(self.outcome)
 
 
 @dataclass

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import importlib
 import json
 import multiprocessing
 import os
@@ -24,6 +23,7 @@ from pathlib import Path
 from warmd.executors.base import Executor, KernelOutcome, TaskResult
 from warmd.plan import Task
 from warmd.processes import pid_alive
+from warmd.stats import Outcome
 
 STOP_GRACE_SECONDS = 3.0
 MAX_WORKER_LOGS = 20  # logs of finished workers kept in <state dir>/logs, newest first
@@ -33,22 +33,22 @@ def load_executor(library: str, target: str | None = None) -> Executor | str:
     """The library's executor (or the "module:Class" target given instead), checked; or
     the reason it cannot run here."""
     from warmd.libraries import LIBRARIES
+    from warmd.libraries.base import names_module, resolve
 
     registered = LIBRARIES.get(library)
     if registered is None or registered.executor is None:
         return f"no executor for library {library!r}"
     target = target or registered.executor
-    module_name, _, cls_name = target.partition(":")
     try:
-        module = importlib.import_module(module_name)
+        cls = resolve(target)
     except ModuleNotFoundError as exc:
-        if exc.name == module_name:
-            return f"this warmd has no {library} executor ({module_name} is missing)"
+        if names_module(exc, target):
+            return f"this warmd has no {library} executor ({exc.name} is missing)"
         return f"{library} executor cannot be imported: {exc}"
     except Exception as exc:
         return f"{library} executor cannot be imported: {type(exc).__name__}: {exc}"
     try:
-        executor = getattr(module, cls_name)()
+        executor = cls()
         ok, reason = executor.check()
     except Exception as exc:
         return f"{library} executor cannot start: {type(exc).__name__}: {exc}"
@@ -57,7 +57,8 @@ def load_executor(library: str, target: str | None = None) -> Executor | str:
 
 def failed_result(task: Task, reason: str, seconds: float = 0.0) -> TaskResult:
     return TaskResult(task.key, task.library, False, seconds,
-                      [KernelOutcome(task.module or task.kernel, "failed", seconds)], reason)
+                      [KernelOutcome(task.module or task.kernel, Outcome.FAILED, seconds)],
+                      reason)
 
 
 def result_from_json(data: dict) -> TaskResult:

@@ -11,7 +11,7 @@ from typing import ClassVar
 
 from warmd.models import Layer
 from warmd.mvalues import MSpec
-from warmd.probes import LibraryProbe, display_name
+from warmd.probes import LibraryProbe
 from warmd.targets import Target
 
 Check = tuple[bool, str]
@@ -102,9 +102,9 @@ class Kernel:
         if cls.library is not None:
             probe = env.library(cls.library)
             if not probe.available:
-                return False, f"{display_name(cls.library)} unavailable: {probe.reason}"
+                return False, f"{probe.title} unavailable: {probe.reason}"
             if not probe.can_jit:
-                return False, f"{display_name(cls.library)} cannot JIT here: {probe.reason}"
+                return False, f"{probe.title} cannot JIT here: {probe.reason}"
         return OK
 
     @classmethod

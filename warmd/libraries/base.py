@@ -1,9 +1,10 @@
-"""What a JIT library registers with warmd, once, in its package's ``LIBRARY``.
+"""What a JIT library registers with warmd, once, in its package's ``LIBRARY``, and what a
+helper the planner only probes for (nvcc, sgl-kernel, CUTLASS DSL) registers: ``Helper``.
 
 Registering imports no GPU library: the probe finds the library without importing it, and
 the executor, the cache adapter and the worker environment are named as "module:attribute"
 and imported only where they run (the executor in a worker process, the adapter in the
-warmup that needs it).
+warmup that needs it), through ``resolve``.
 """
 
 from __future__ import annotations
@@ -12,11 +13,14 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from warmd import settings
 from warmd.kernels.base import Kernel
 from warmd.probes import LibraryProbe
+
+if TYPE_CHECKING:
+    from warmd.cache.base import CacheAdapter
 
 
 @dataclass(frozen=True)
@@ -65,8 +69,41 @@ class Library:
         """Whether warmd plans and compiles this library's kernels (else: captured only)."""
         return self.executor is not None
 
+    def make_adapter(self, root: Path, arch: str) -> CacheAdapter | None:
+        """Its cache adapter at ``root`` for a target arch: the one way warmd builds one.
+        None when this warmd has no adapter module for it, or the library is not here."""
+        try:
+            factory = resolve(self.adapter)
+        except ModuleNotFoundError as exc:
+            if not names_module(exc, self.adapter):
+                raise
+            return None
+        return factory(Path(root), arch)
+
+    def worker_environment(self, arch: str, root: Path) -> dict[str, str]:
+        """What its worker processes need set before they import it (none: {})."""
+        return dict(resolve(self.worker_env)(arch, root)) if self.worker_env else {}
+
+
+@dataclass(frozen=True)
+class Helper:
+    """A library the planner only probes for (a kernel needs it), with no cache to warm."""
+
+    name: str
+    display: str
+    probe: Callable[[], LibraryProbe]
+    aliases: tuple[str, ...] = ()
+
 
 def resolve(reference: str) -> Any:
-    """The object a "module:attribute" reference names (imports the module)."""
+    """The object a "module:attribute" reference names (imports the module); ValueError for
+    a reference of another form."""
     module_name, _, attribute = reference.partition(":")
+    if not module_name or not attribute:
+        raise ValueError(f"{reference!r} is not 'module.path:attribute'")
     return getattr(importlib.import_module(module_name), attribute)
+
+
+def names_module(exc: ModuleNotFoundError, reference: str) -> bool:
+    """Whether the module missing is the reference's own (not one it imports)."""
+    return exc.name == reference.partition(":")[0]

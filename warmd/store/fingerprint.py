@@ -1,11 +1,13 @@
 """The compatibility fingerprint: everything that decides whether a shared entry can hit here.
 
-It combines the target GPU (arch with suffix, SM count), the CUDA toolkit and the CUDA
-major version the driver serves (a build from toolkit X runs on drivers of major X; a builder
-without a GPU assumes its toolkit's major), what the library's adapter says its cache key
-depends on (version, install path, torch...; where both name a field, the adapter's value
-wins unless it is None, i.e. unknown to the adapter), and the operator's namespace salt.
-Entries live under their fingerprint's digest, so a node only ever sees entries that can hit.
+It starts from what the library's adapter says its cache key depends on (version, install
+path, torch...: ``warmd.cache.records.adapter_inputs``, the inputs this node's own task
+records are fingerprinted by) and adds what sharing between nodes depends on: the target GPU
+(arch with suffix, SM count), the CUDA toolkit and the CUDA major version the driver serves
+(a build from toolkit X runs on drivers of major X; a builder without a GPU assumes its
+toolkit's major), and the operator's namespace salt. Where both name a field the adapter's
+value wins unless it is None (unknown to the adapter). Entries live under their fingerprint's
+digest, so a node only ever sees entries that can hit.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from dataclasses import dataclass
 
 from warmd import settings
 from warmd.cache.base import CacheAdapter
-from warmd.probes import probe_library
+from warmd.cache.records import adapter_inputs
 from warmd.targets import Target
 
 SCHEMA = 1
@@ -66,6 +68,7 @@ def digest_of(inputs: dict) -> str:
 
 def compute_fingerprint(adapter: CacheAdapter, target: Target | None = None) -> Fingerprint:
     """This node's fingerprint for one library's cache."""
+    from warmd.libraries import probe_library  # the registry loads every library's kernels
+
     toolkit = probe_library("nvcc").version
-    return fingerprint_of(adapter.library, dict(adapter.fingerprint_inputs()), target,
-                          toolkit=toolkit)
+    return fingerprint_of(adapter.library, adapter_inputs(adapter), target, toolkit=toolkit)

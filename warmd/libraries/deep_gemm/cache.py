@@ -247,7 +247,7 @@ class DeepGemmCacheAdapter(CacheAdapter):
         one copy hits through vllm.third_party.deep_gemm and through a copy elsewhere). An
         unknown version keeps the path: a needless miss, never a wrong hit. torch is not in
         it: neither the source nor the flags mention it."""
-        from warmd.probes import probe_library
+        from warmd.libraries import probe_library
 
         probe = probe_library("deep_gemm")
         nvcc = probe_library("nvcc")

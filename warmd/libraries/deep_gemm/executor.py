@@ -335,7 +335,7 @@ class DeepGemmRecorder(DeepGemmExecutor):
 
 
 def _environment_problems() -> list[str]:
-    from warmd.probes import probe_library
+    from warmd.libraries import probe_library
 
     problems = []
     probe = probe_library("deep_gemm")

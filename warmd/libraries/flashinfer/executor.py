@@ -13,7 +13,6 @@ the worker process before this executor imports flashinfer; nothing leaks into t
 
 from __future__ import annotations
 
-import importlib
 import importlib.util
 import os
 import shutil
@@ -24,6 +23,7 @@ from pathlib import Path
 
 from warmd import settings
 from warmd.executors.base import Executor, KernelOutcome, TaskResult
+from warmd.libraries.base import resolve
 from warmd.libraries.flashinfer.cache import (
     FlashInferCacheAdapter,
     arch_dir,
@@ -31,6 +31,7 @@ from warmd.libraries.flashinfer.cache import (
     read_ninja_log,
 )
 from warmd.plan import Task
+from warmd.stats import Outcome
 
 LIBRARY = "flashinfer"
 _REASON_CHARS = 600
@@ -111,13 +112,6 @@ def worker_env(target_arch: str, workspace_base: Path) -> dict[str, str]:
     return env
 
 
-def _resolve_generator(path: str):
-    module_name, _, func = path.partition(":")
-    if not module_name or not func:
-        raise ValueError(f"generator {path!r} is not 'module.path:function'")
-    return getattr(importlib.import_module(module_name), func)
-
-
 def _convert_args(args) -> list:
     import torch
 
@@ -193,11 +187,12 @@ class FlashInferExecutor(Executor):
         def failed(reason: str) -> TaskResult:
             elapsed = time.perf_counter() - started
             return TaskResult(task.key, LIBRARY, False, elapsed,
-                              [KernelOutcome(task.module or "?", "failed", elapsed)], reason)
+                              [KernelOutcome(task.module or "?", Outcome.FAILED, elapsed)],
+                              reason)
 
         generator = task.spec.get("generator", "")
         try:
-            spec = _resolve_generator(generator)(*_convert_args(task.spec.get("args")))
+            spec = resolve(generator)(*_convert_args(task.spec.get("args")))
         except Exception as exc:
             return failed(f"FlashInfer generator {generator or '(none)'} failed: "
                           f"{_short_reason(exc)}")
@@ -220,6 +215,6 @@ class FlashInferExecutor(Executor):
         elapsed = time.perf_counter() - started
         after = read_ninja_log(log_path)[1]
         compiled = after != before  # ninja appends a log line for every command it ran
-        outcome = KernelOutcome(spec.name, "compiled" if compiled else "local_hit",
+        outcome = KernelOutcome(spec.name, Outcome.COMPILED if compiled else Outcome.LOCAL_HIT,
                                 elapsed if compiled else 0.0)
         return TaskResult(task.key, LIBRARY, True, elapsed, [outcome])

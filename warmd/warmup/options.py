@@ -1,0 +1,40 @@
+"""What a warmup is asked to do: which tasks, how many compile jobs, which cache roots."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from warmd.errors import WarmdInputError
+from warmd.plan import Task
+
+
+@dataclass
+class WarmupOptions:
+    libraries: tuple[str, ...] = ()  # empty: every library of the plan
+    task_filter: str | None = None  # regex searched in task keys
+    workers: int | None = None  # compile jobs at once; None: sizing.default_workers()
+    gpu_ids: tuple[str, ...] | None = None  # None: the visible GPUs
+    # library -> the cache root its workers compile into; missing: the engine's (settings)
+    cache_roots: dict[str, Path] = field(default_factory=dict)
+    single_flight_timeout: float = 3600.0
+    verify_load: bool = False  # replay warm tasks through the library (loads every kernel)
+    kernel_split: bool = True  # let libraries split cold tasks below the task
+    warm_only: bool = False  # finish only if no task needs a library; else run nothing
+
+    def __post_init__(self) -> None:
+        from warmd.libraries import LIBRARIES  # the registry loads every library's kernels
+
+        self.cache_roots = {**{name: lib.root.default() for name, lib in LIBRARIES.items()},
+                            **{name: Path(root) for name, root in self.cache_roots.items()}}
+
+    def select(self, tasks: tuple[Task, ...]) -> list[Task]:
+        try:
+            pattern = re.compile(self.task_filter) if self.task_filter else None
+        except re.error as exc:
+            raise WarmdInputError(f"invalid --task-filter regex {self.task_filter!r}: "
+                                  f"{exc}") from None
+        return [t for t in tasks
+                if (not self.libraries or t.library in self.libraries)
+                and (pattern is None or pattern.search(t.key))]

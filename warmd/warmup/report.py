@@ -1,0 +1,150 @@
+"""What a warmup reports: per task (TaskReport), per run (WarmupReport, its counters), and
+the shared cache's health as every report gives it (store_health)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
+
+from warmd.executors.base import TaskResult
+from warmd.plan import Task
+from warmd.stats import BY_OUTCOME, Counters, F, Outcome, ids
+
+if TYPE_CHECKING:  # the interface only: warming without a store imports no store client
+    from warmd.store.api import SharedCache
+
+STORE_COUNTERS = ids(F.RUN | F.STORE)  # what warmup reports from the store's counters
+
+
+class Mode(str, enum.Enum):
+    """How a task's hits were counted; the value is its JSON."""
+
+    VERIFIED = "verified"  # from entries verified here alone: no library ran
+    LIBRARY = "library"  # by running its library
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass
+class StoreHealth:
+    """The shared cache as a run found it: every report says it the same way (the URL
+    without credentials; the reason says what failed and why)."""
+
+    ok: bool = True
+    reason: str = ""
+    url: str | None = None
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class TaskReport:
+    task: Task
+    result: TaskResult
+    fetched: list[str] = field(default_factory=list)
+    published: bool = False
+    recorded: dict[str, float] = field(default_factory=dict)  # compile seconds on record
+    mode: Mode = Mode.LIBRARY
+
+    def to_json(self) -> dict:
+        return {"key": self.task.key, "library": self.task.library, "ok": self.result.ok,
+                "seconds": round(self.result.seconds, 3), "error": self.result.error,
+                "fetched": self.fetched, "published": self.published, "mode": self.mode,
+                "kernels": [{"name": k.name, "outcome": k.outcome,
+                             "seconds": round(k.seconds, 3)} for k in self.result.kernels]}
+
+
+@dataclass
+class WarmupReport:
+    plan_key: str
+    selected: int
+    reports: list[TaskReport]
+    counters: Counters
+    seconds: float
+    interrupted: bool = False
+    shared: bool = False
+    store: StoreHealth | None = None  # None: no shared cache
+    store_counts: dict = field(default_factory=dict)  # the shared cache's own counters
+    workers: int = 0  # worker processes started
+    stages: list[dict] = field(default_factory=list)  # what kernel stages did
+    not_warm: list[str] = field(default_factory=list)  # warm_only: tasks left to a library
+
+    def hits_by_mode(self) -> dict[Mode, int]:
+        """Hits counted from verified entries alone, and by running the library."""
+        counts = dict.fromkeys(Mode, 0)
+        for report in self.reports:
+            counts[report.mode] += sum(k.outcome.is_hit for k in report.result.kernels)
+        return counts
+
+    @property
+    def failed(self) -> list[TaskReport]:
+        return [r for r in self.reports if not r.result.ok]
+
+    def to_json(self) -> dict:
+        c = self.counters
+        return {
+            "plan_key": self.plan_key,
+            "tasks": len(self.reports),
+            "tasks_selected": self.selected,
+            "tasks_failed": len(self.failed),
+            "kernels": c.kernel_counts(),
+            "hit_rate": round(c.hit_rate, 4),
+            "seconds": round(self.seconds, 3),
+            "compile_seconds": round(c.compile_seconds, 3),
+            "compile_seconds_saved": round(c.compile_seconds_saved, 3),
+            "hits_by_mode": self.hits_by_mode(),
+            "not_warm": self.not_warm,
+            "workers_started": self.workers,
+            "kernel_stages": self.stages,
+            "interrupted": self.interrupted,
+            "shared": self.shared,
+            "store": {**self.store.to_json(), "counters": self.store_counts}
+            if self.store is not None else None,
+            "task_details": [r.to_json() for r in self.reports],
+        }
+
+
+def count(reports: list[TaskReport]) -> Counters:
+    """The run's counters from its task reports (a hit saved what its record says the
+    compile took)."""
+    counters = Counters(tasks=len(reports))
+    for report in reports:
+        counters.tasks_failed += 0 if report.result.ok else 1
+        if report.mode == Mode.VERIFIED:
+            counters.verify_seconds += report.result.seconds
+        for k in report.result.kernels:
+            if k.outcome == Outcome.COMPILED:
+                counters.compiled += 1
+                counters.compile_seconds += k.seconds
+            elif k.outcome.is_hit:
+                counters.add({BY_OUTCOME[k.outcome].id: 1,
+                              "compile_seconds_saved": report.recorded.get(k.name, 0.0)})
+            else:
+                counters.failed += 1
+    return counters
+
+
+def store_health(shared: SharedCache) -> StoreHealth:
+    """The shared cache's health after a run."""
+    if shared.disabled_reason:
+        return StoreHealth(False, f"shared cache disabled: {shared.disabled_reason}")
+    url = shared.display_url
+    counts = shared.counters
+    trouble = {k: int(counts[k]) for k in ids(F.TROUBLE) if counts.get(k)}
+    if not trouble:
+        return StoreHealth(True, "", url)
+    what = ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in trouble.items())
+    unreachable = any(k in trouble for k in ids(F.TROUBLE | F.DOWN))
+    last = shared.last_error
+    why = ("unreachable" if unreachable else "refused work") + (f": {last}" if last else "")
+    return StoreHealth(False, f"shared cache {url or ''} {why} ({what}); kernels were built "
+                              "locally", url)
+
+
+def store_counters(shared: SharedCache) -> dict:
+    """What only the store can count (bytes moved, entries refused)."""
+    counts = shared.counters
+    return {k: counts[k] for k in STORE_COUNTERS if k in counts}

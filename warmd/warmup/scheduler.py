@@ -1,0 +1,156 @@
+"""The run: prefetch the plan from the shared cache, check each task once, start workers
+only for what is cold, and hand tasks out to worker threads (warmd.warmup.task runs each)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from warmd.executors.pool import Worker
+from warmd.plan import Plan, Task
+from warmd.stats import Counters
+from warmd.warmup.options import WarmupOptions
+from warmd.warmup.report import TaskReport, WarmupReport, count, store_counters, store_health
+from warmd.warmup.state import RunState, StoreAnswer, TaskState
+from warmd.warmup.task import check, run_task
+from warmd.warmup.workers import start_workers
+
+if TYPE_CHECKING:
+    from warmd.store.api import SharedCache
+
+Progress = Callable[[TaskReport, int, int], None]  # (finished task, done, total)
+Started = Callable[[Task], None]  # a worker starts this task (fetch or build)
+
+log = logging.getLogger(__name__)
+
+
+def run_warmup(plan: Plan, options: WarmupOptions, shared: SharedCache | None = None,
+               progress: Progress | None = None, started: Started | None = None
+               ) -> WarmupReport:
+    """Run the plan's selected tasks; Ctrl-C stops the workers (and their compilers) and
+    returns what finished, with ``interrupted`` set. ``started`` hears of each task as a
+    worker takes it, ``progress`` as it finishes (both from worker threads).
+
+    Worker processes start only for tasks that need their library; a plan whose every task
+    is verified warm starts none (and looks for no GPU). With ``warm_only`` a plan that has
+    such tasks runs nothing and lists them in ``not_warm`` (what the shared cache had is
+    installed by then)."""
+    began = time.monotonic()
+    tasks = options.select(plan.tasks)
+    run = RunState(plan, options, shared, tasks)
+    order = _prefetch(run)
+    for state in run.tasks:
+        state.warm = check(run, state)
+    cold = [s.task for s in run.tasks if not s.settled]
+    if options.warm_only and cold:
+        return WarmupReport(plan.key, len(tasks), [], Counters(), time.monotonic() - began,
+                            shared=shared is not None, not_warm=[t.key for t in cold])
+    handout = _Handout(run, order, progress, started)
+    workers: list[Worker] = []
+    interrupted = False
+    try:
+        workers = start_workers(run, cold)
+        handout.run(workers)
+    except KeyboardInterrupt:
+        interrupted = True
+        handout.stop.set()
+        for w in workers:
+            w.stop(kill=True)
+        for stage in run.stages():
+            stage.stop()
+    finally:
+        for w in workers:
+            w.stop()
+        stages = [stage.finish() for stage in run.stages()]
+    counters = count(handout.reports)
+    if shared is not None:
+        # stats are best effort; the store counts its own failures
+        with contextlib.suppress(Exception):
+            shared.record_outcomes(counters.to_json())
+        counters.add(store_counters(shared))
+    reports = sorted(handout.reports, key=lambda r: r.task.key)
+    return WarmupReport(plan.key, len(tasks), reports, counters, time.monotonic() - began,
+                        interrupted, shared is not None,
+                        store_health(shared) if shared is not None else None,
+                        dict(shared.counters) if shared is not None else {},
+                        sum(w.started for w in workers) + sum(
+                            s.get("workers_started", 0) for s in stages), stages)
+
+
+def _prefetch(run: RunState) -> list[TaskState]:
+    """Prefetch the whole plan from the shared cache (each task's answer), then the order
+    this node should start in."""
+    shared = run.shared
+    if shared is None:
+        return list(run.tasks)
+    for library in run.libraries.values():
+        mine = [s for s in run.tasks if s.library is library]
+        if library.adapter is None or not mine:
+            continue
+        keys = [s.task.key for s in mine]
+        try:
+            found = library.installing(lambda adapter, keys=keys: shared.prefetch(adapter,
+                                                                                  keys))
+        except Exception as exc:  # per-task fetches retry; the store counts faults
+            log.warning("shared cache prefetch for %s failed: %s", library.name, exc)
+            continue
+        for state in mine:
+            entries = found.get(state.task.key)
+            state.answer = StoreAnswer(tuple(entries) if entries is not None else None)
+    by_key = {s.task.key: s for s in run.tasks}
+    try:
+        order = shared.shard_order(list(by_key))
+    except Exception:  # ordering is an optimisation; never fail the warmup for it
+        return list(run.tasks)
+    return [by_key[k] for k in order if k in by_key] + \
+        [s for s in run.tasks if s.task.key not in set(order)]
+
+
+class _Handout:
+    """Hands the tasks out, in order, to one thread per worker."""
+
+    def __init__(self, run: RunState, order: list[TaskState], progress: Progress | None,
+                 started: Started | None) -> None:
+        self.run_state, self.progress, self.started = run, progress, started
+        self.total = len(order)
+        self.pending: queue.Queue[TaskState] = queue.Queue()
+        for state in order:
+            self.pending.put(state)
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        self.reports: list[TaskReport] = []
+
+    def run(self, workers: list[Worker]) -> None:
+        threads = [threading.Thread(target=self._loop, args=(w,), daemon=True)
+                   for w in workers]
+        for t in threads:
+            t.start()
+        for t in threads:
+            while t.is_alive():
+                t.join(timeout=0.2)
+
+    def _loop(self, worker: Worker) -> None:
+        while not self.stop.is_set():
+            try:
+                state = self.pending.get_nowait()
+            except queue.Empty:
+                return
+            _notify(self.started, state.task)
+            report = run_task(self.run_state, state, worker)
+            with self.lock:
+                self.reports.append(report)
+                done = len(self.reports)
+            _notify(self.progress, report, done, self.total)
+
+
+def _notify(callback, *args) -> None:
+    if callback is not None:
+        try:
+            callback(*args)
+        except Exception:  # a display problem must not drop this worker's tasks
+            log.exception("progress callback failed")
