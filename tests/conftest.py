@@ -1,4 +1,7 @@
-"""Shared test setup. Ray tests need token auth off; probes are cached per process."""
+"""Shared test setup. The whole session runs in a private HOME (tests/private_home.py: set
+here, when pytest loads this file, before any test module is imported; a run that changes
+the real HOME's caches fails). Ray tests need token auth off; probes are cached per
+process."""
 
 from __future__ import annotations
 
@@ -7,8 +10,10 @@ import os
 import sys
 from pathlib import Path
 
+import private_home
 import pytest
 
+HOME = private_home.enter()
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 
@@ -72,6 +77,13 @@ def caches(request):
 # the GPU libraries and Ray unloading): exit code 139 for a green run. The run's own status
 # is the result, so the process ends with it once pytest is done with everything else.
 def pytest_sessionfinish(session, exitstatus):
+    changes = private_home.leave(HOME)
+    if changes:
+        shown = "\n  ".join(changes[:20]) + ("\n  ..." if len(changes) > 20 else "")
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        say = reporter.write_line if reporter else lambda line: print(line, file=sys.stderr)
+        say(f"FAILED: the test run changed the real HOME ({HOME.real}):\n  {shown}")
+        exitstatus = session.exitstatus = pytest.ExitCode.TESTS_FAILED
     session.config.stash[_EXIT] = int(exitstatus)
 
 

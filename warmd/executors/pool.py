@@ -15,9 +15,11 @@ import json
 import multiprocessing
 import os
 import signal
+import sys
 from collections.abc import Callable
 from dataclasses import asdict
 from multiprocessing.connection import Connection
+from pathlib import Path
 
 from warmd.executors.base import Executor, KernelOutcome, TaskResult
 from warmd.plan import Task
@@ -85,26 +87,47 @@ def _set_parent_death_signal() -> None:
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: die with the parent
 
 
-def _log_output_to_file() -> None:
+def _log_output_to_file() -> Path | None:
     """Compiler and library chatter goes to <state dir>/logs/worker-<pid>.log, not the
-    parent's terminal (failures reach the report with their reasons)."""
+    parent's terminal (failures reach the report with their reasons). Returns the log's path
+    (None when it could not be opened)."""
     from warmd import settings
 
-    log_dir = settings.state_dir() / "logs"
-    with contextlib.suppress(OSError):
-        log_dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(log_dir / f"worker-{os.getpid()}.log",
-                     os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        os.dup2(fd, 1)
-        os.dup2(fd, 2)
-        os.close(fd)
+    path = settings.state_dir() / "logs" / f"worker-{os.getpid()}.log"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    except OSError:
+        return None
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    return path
+
+
+def _drop_if_empty(log: Path | None) -> None:
+    """A worker that said nothing leaves no log (one empty file per worker ever started
+    would pile up in the state dir)."""
+    with contextlib.suppress(OSError, ValueError):
+        sys.stdout.flush()  # Python's own buffered output belongs in it too
+        sys.stderr.flush()
+        if log is not None and log.stat().st_size == 0:
+            log.unlink()
 
 
 def _worker_main(conn: Connection, env: dict[str, str], targets: dict[str, str]) -> None:
     os.setpgrp()
     _set_parent_death_signal()
     os.environ.update(env)
-    _log_output_to_file()
+    log = _log_output_to_file()
+    try:
+        _serve(conn, targets)
+    finally:
+        _drop_if_empty(log)
+
+
+def _serve(conn: Connection, targets: dict[str, str]) -> None:
+    """Run the tasks the pool sends until it sends nothing (or goes away)."""
     executors: dict[str, Executor | str] = {}
     while True:
         try:
