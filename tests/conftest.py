@@ -79,10 +79,15 @@ def caches(request):
 def pytest_sessionfinish(session, exitstatus):
     changes = private_home.leave(HOME)
     if changes:
-        shown = "\n  ".join(changes[:20]) + ("\n  ..." if len(changes) > 20 else "")
+        shown = changes[:20] + (["..."] if len(changes) > 20 else [])
+        message = "\n  ".join([f"FAILED: the test run changed the real HOME ({HOME.real}):",
+                               *shown])
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-        say = reporter.write_line if reporter else lambda line: print(line, file=sys.stderr)
-        say(f"FAILED: the test run changed the real HOME ({HOME.real}):\n  {shown}")
+        if reporter is not None:
+            reporter.ensure_newline()
+            reporter.write_line(message, red=True)
+        else:
+            print(message, file=sys.stderr)
         exitstatus = session.exitstatus = pytest.ExitCode.TESTS_FAILED
     session.config.stash[_EXIT] = int(exitstatus)
 
