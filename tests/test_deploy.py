@@ -445,10 +445,15 @@ def test_generated_secrets_log_in_to_the_shipped_redis(tmp_path, monkeypatch):
 
 # --- systemd ---------------------------------------------------------------------------------
 
-def test_systemd_unit():
+def systemd_unit(name: str) -> configparser.ConfigParser:
     unit = configparser.ConfigParser(strict=False, interpolation=None)
     unit.optionxform = str  # systemd keys are case-sensitive
-    unit.read_string((DEPLOY / "systemd" / "warmd.service").read_text())
+    unit.read_string((DEPLOY / "systemd" / name).read_text())
+    return unit
+
+
+def test_systemd_unit():
+    unit = systemd_unit("warmd.service")
     assert {"Unit", "Service", "Install"} <= set(unit.sections())
     service = unit["Service"]
     assert service["Type"] == "oneshot" and service["RemainAfterExit"] == "yes"
@@ -463,6 +468,32 @@ def test_systemd_unit():
     for line in unit["Service"].get("Environment", "").splitlines() or [""]:
         for name in warmd_env_names(line):
             assert f'"{name}"' in SETTINGS
+
+
+def test_the_units_warmd_requires_are_shipped_and_run_ray_as_ray_takes_it():
+    """Requires=ray-head.service: shipped beside it, running `ray start`/`ray stop` with
+    flags Ray's own CLI has, in the foreground, as the same user as warmd."""
+    from ray.scripts.scripts import cli as ray_cli
+
+    warmd_unit = systemd_unit("warmd.service")
+    required = warmd_unit["Unit"]["Requires"].split()
+    assert required == ["ray-head.service"]
+    assert "ray-head.service" in warmd_unit["Unit"]["After"].split()
+    head = systemd_unit("ray-head.service")
+    service = head["Service"]
+    assert service["Type"] == "simple" and service["User"] == warmd_unit["Service"]["User"]
+    assert head["Install"]["WantedBy"] == "multi-user.target"
+    for key, subcommand in (("ExecStart", "start"), ("ExecStop", "stop")):
+        tokens = shlex.split(service[key])
+        assert Path(tokens[0]).is_absolute() and Path(tokens[0]).name == "ray"
+        assert tokens[1] == subcommand
+        command = ray_cli.commands[subcommand]
+        options = {o for p in command.params for o in [*p.opts, *p.secondary_opts]}
+        for token in tokens[2:]:
+            assert token.split("=", 1)[0] in options, f"`ray {subcommand}` has no {token}"
+    start = shlex.split(service["ExecStart"])
+    assert {"--head", "--block"} <= set(start)  # in the foreground: systemd supervises it
+    assert "--address auto" in warmd_unit["Service"]["ExecStart"]
 
 
 # --- Redis -----------------------------------------------------------------------------------
