@@ -1,4 +1,7 @@
-"""Shared test setup. Ray tests need token auth off; probes are cached per process."""
+"""Shared test setup. The whole session runs in a private HOME (tests/private_home.py: set
+here, when pytest loads this file, before any test module is imported; a run that changes
+the real HOME's caches is reported, and fails with --strict-home). Ray tests need token auth off; probes are cached per
+process."""
 
 from __future__ import annotations
 
@@ -7,8 +10,10 @@ import os
 import sys
 from pathlib import Path
 
+import private_home
 import pytest
 
+HOME = private_home.enter()
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 
@@ -71,7 +76,30 @@ def caches(request):
 # teardown, after every test had passed and the summary was printed (native extensions of
 # the GPU libraries and Ray unloading): exit code 139 for a green run. The run's own status
 # is the result, so the process ends with it once pytest is done with everything else.
+def pytest_addoption(parser):
+    parser.addoption("--strict-home", action="store_true", dest="strict_home",
+                     help="fail the run when the real HOME changed during it")
+
+
 def pytest_sessionfinish(session, exitstatus):
+    changes = private_home.leave(HOME)
+    if changes:
+        # Another program on the machine may write there meanwhile, so by default this is a
+        # warning; --strict-home makes it a failure (tests/test_suite_isolation.py runs the
+        # suite's own writers that way against a HOME nothing else touches).
+        strict = session.config.getoption("strict_home")
+        shown = changes[:20] + (["..."] if len(changes) > 20 else [])
+        verdict = "FAILED" if strict else "WARNING"
+        message = "\n  ".join([f"{verdict}: the real HOME ({HOME.real}) changed during the "
+                               "test run:", *shown])
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.ensure_newline()
+            reporter.write_line(message, red=strict, yellow=not strict)
+        else:
+            print(message, file=sys.stderr)
+        if strict:
+            exitstatus = session.exitstatus = pytest.ExitCode.TESTS_FAILED
     session.config.stash[_EXIT] = int(exitstatus)
 
 

@@ -245,8 +245,8 @@ def test_start_warms_every_selected_node(world):
     # each agent serves Prometheus metrics
     metrics_url = nodes[world.node_id("a")]["metrics_url"]
     text = urllib.request.urlopen(metrics_url, timeout=10).read().decode()
-    nid = world.node_id("a")
-    assert f'warmd_node_state{{node_id="{nid}",state="READY"}} 1.0' in text
+    name = nodes[world.node_id("a")]["name"]  # the stable name, not Ray's id
+    assert f'warmd_node_state{{node="{name}",state="READY"}} 1.0' in text
     assert "warmd_warmup_seconds_count" in text and 'outcome="compiled"' in text
 
     shown = world.cli("status", "--address", world.cluster.address)

@@ -166,37 +166,57 @@ def test_metrics_endpoint(tmp_path):
     from warmd.cluster.metrics import AgentMetrics, metric_name
     from warmd.stats import F, select
 
-    metrics = AgentMetrics("node-1")
+    metrics = AgentMetrics("gpu-a-1f2e3d4c")
     port = metrics.serve(0)
-    busy = AgentMetrics("node-2")
+    busy = AgentMetrics("gpu-b-5a6b7c8d")
     try:
         assert busy.serve(port) != port  # a taken port falls back to a free one
         counters = {"local_hits": 1, "remote_hits": 1, "compiled": 1, "failed": 0,
                     "compile_seconds": 6.0, "compile_seconds_saved": 2.5,
                     "bytes_fetched": 2048, "tasks": 2}
-        node = NodeState("node-1", state=st.READY, warm_seconds=7.5, compile_seconds=6.0,
-                         cache_bytes={"flashinfer": 4096}, counters=counters,
-                         kernels={"total": 3, "local_hits": 1, "remote_hits": 1,
-                                  "compiled": 1, "failed": 0})
+        node = NodeState("0a" * 28, state=st.READY, warm_seconds=7.5, compile_seconds=6.0,
+                         name="gpu-a-1f2e3d4c", cache_bytes={"flashinfer": 4096},
+                         counters=counters, kernels={"total": 3, "local_hits": 1,
+                                                     "remote_hits": 1, "compiled": 1,
+                                                     "failed": 0})
         metrics.observe_warmup(node)
+        metrics.count_capture("runtime_jit", "triton")
         text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics",
                                       timeout=10).read().decode()
     finally:
         metrics.close()
         busy.close()
-    assert 'warmd_node_state{node_id="node-1",state="READY"} 1.0' in text
-    assert 'warmd_node_state{node_id="node-1",state="WARMING"} 0.0' in text
-    assert 'warmd_kernels_total{node_id="node-1",outcome="remote_hit"} 1.0' in text
-    assert 'warmd_cache_bytes{library="flashinfer",node_id="node-1"} 4096.0' in text
-    assert 'warmd_warmup_seconds_sum{node_id="node-1"} 7.5' in text
-    assert 'warmd_compile_seconds_total{node_id="node-1"} 6.0' in text
+    # labelled by the node's stable name, never by Ray's node id (new at every restart)
+    assert 'warmd_node_state{node="gpu-a-1f2e3d4c",state="READY"} 1.0' in text
+    assert 'warmd_node_state{node="gpu-a-1f2e3d4c",state="WARMING"} 0.0' in text
+    assert "0a0a0a" not in text and "node_id" not in text
+    assert 'warmd_kernels_total{node="gpu-a-1f2e3d4c",outcome="remote_hit"} 1.0' in text
+    assert 'warmd_cache_bytes{library="flashinfer",node="gpu-a-1f2e3d4c"} 4096.0' in text
+    assert 'warmd_warmup_seconds_sum{node="gpu-a-1f2e3d4c"} 7.5' in text
+    assert 'warmd_compile_seconds_total{node="gpu-a-1f2e3d4c"} 6.0' in text
+    assert 'warmd_runtime_jit_total{library="triton",node="gpu-a-1f2e3d4c"} 1.0' in text
     # Every counter of a warmup (warmd.stats.COUNTERS, F.RUN) has its metric, units last.
-    assert 'warmd_compile_saved_seconds_total{node_id="node-1"} 2.5' in text
-    assert 'warmd_fetched_bytes_total{node_id="node-1"} 2048.0' in text
-    assert 'warmd_tasks_total{node_id="node-1"} 2.0' in text
+    assert 'warmd_compile_saved_seconds_total{node="gpu-a-1f2e3d4c"} 2.5' in text
+    assert 'warmd_fetched_bytes_total{node="gpu-a-1f2e3d4c"} 2048.0' in text
+    assert 'warmd_tasks_total{node="gpu-a-1f2e3d4c"} 2.0' in text
     for stat in select(F.RUN, without=F.KERNEL):
         name, unit = metric_name(stat)
         assert f"{name}{'_' + unit if unit else ''}_total{{" in text
+    assert "_created" not in text  # no start-time series beside each counter and histogram
+
+
+def test_metric_help_texts_are_sentences():
+    """Each HELP says what is counted in words (not a table label like "failed")."""
+    pytest.importorskip("prometheus_client")
+    from warmd.cluster.metrics import AgentMetrics
+    from warmd.stats import HELP, F, ids
+
+    exported = set(ids(F.RUN, without=F.KERNEL)) | set(ids(F.CAPTURE))
+    assert set(HELP) == exported
+    for metric in AgentMetrics("n").registry.collect():
+        words = metric.documentation.split()
+        assert len(words) >= 4 and metric.documentation[0].isupper(), metric.name
+        assert "(warmups)" not in metric.documentation, metric.name
 
 
 def test_logs_are_json_lines_with_the_node_id():

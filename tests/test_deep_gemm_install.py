@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from warmd.libraries import probe_library
 from warmd.libraries.deep_gemm.compiler import fast_path_problem
 from warmd.libraries.deep_gemm.install import (
     EXTERNAL,
@@ -22,7 +23,6 @@ from warmd.libraries.deep_gemm.install import (
     generation_of,
     resolve,
 )
-from warmd.libraries import probe_library
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVE = ["--", "vllm", "serve", "tests/data/models/qwen3-235b-a22b-fp8",

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from warmd.cache.base import UnsafeArtifact
+from warmd.libraries import probe_library
 from warmd.libraries.deep_gemm import cache as dgc
 from warmd.libraries.deep_gemm.cache import (
     COMMITTED,
@@ -21,7 +22,6 @@ from warmd.libraries.deep_gemm.cache import (
     parse_kernel_source,
 )
 from warmd.libraries.deep_gemm.install import Generation
-from warmd.libraries import probe_library
 
 DATA = Path(__file__).parent / "data" / "deep_gemm"
 OLD = sorted(p.name for p in (DATA / "cache").iterdir())

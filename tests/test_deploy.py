@@ -1,24 +1,32 @@
-"""deploy/: every manifest parses, has what its system requires, and every warmd command in
-it exists in the CLI with those flags; the Redis ACL users load into a real redis-server and
-get exactly the rights they are documented to have."""
+"""deploy/: every manifest validates offline (Kubernetes' own schemas, KubeRay's RayCluster
+CRD), has what its system requires, references only what the repo creates, and every warmd
+command in it exists in the CLI with those flags; the image's Dockerfile installs the project
+as packaged; the Redis ACL users (shipped, and as deploy/kuberay/secrets.sh generates them)
+load into a real redis-server and get exactly the rights they are documented to have."""
 
 from __future__ import annotations
 
 import configparser
 import contextlib
+import json
 import re
 import shlex
 import shutil
 import subprocess
+import sys
 import time
+import zipfile
 from pathlib import Path
 
+import jsonschema
+import kubernetes_validate
 import pytest
 import redis
 import yaml
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from warmd import settings
 from warmd.cli import main
 from warmd.cluster.state import NodeState, node_records
 from warmd.config import parse_config
@@ -69,6 +77,21 @@ def warmd_env_names(text: str) -> set[str]:
 def kuberay():
     docs = list(yaml.safe_load_all((DEPLOY / "kuberay" / "raycluster.yaml").read_text()))
     return {d["kind"]: d for d in docs}
+
+
+def generated_secrets() -> list[dict]:
+    """What `bash deploy/kuberay/secrets.sh | kubectl create -f -` creates."""
+    out = subprocess.run(["bash", str(DEPLOY / "kuberay" / "secrets.sh")], capture_output=True,
+                         text=True, check=True, timeout=30).stdout
+    return list(yaml.safe_load_all(out))
+
+
+def kuberay_objects() -> list[dict]:
+    """Every object the deploy section of docs/daemon.md has you create, in its order."""
+    docs = []
+    for name in ("redis.yaml", "models-pvc.yaml", "raycluster.yaml"):
+        docs += [d for d in yaml.safe_load_all((DEPLOY / "kuberay" / name).read_text()) if d]
+    return docs + generated_secrets()
 
 
 def containers(cluster: dict) -> dict[str, dict]:
@@ -168,12 +191,269 @@ def test_command_checker_catches_what_does_not_exist():
         ["/usr/bin/warmd", "stop", "--address", "x"]]
 
 
+# --- offline validation ----------------------------------------------------------------------
+
+# The oldest Kubernetes the manifests are meant for, and the newest kubernetes-validate knows.
+K8S_VERSIONS = ("1.29.0", kubernetes_validate.latest_version())
+RAYCLUSTER_SCHEMA = ROOT / "tests" / "data" / "kuberay" / "raycluster-v1.schema.json"
+
+
+def strict(schema):
+    """A CRD schema that refuses unknown fields, as `kubectl apply --validate=strict` does
+    (the API server would otherwise drop them without a word)."""
+    if isinstance(schema, list):
+        return [strict(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: strict(v) for k, v in schema.items()}
+    if "properties" in out and "additionalProperties" not in out \
+            and not out.get("x-kubernetes-preserve-unknown-fields"):
+        out["additionalProperties"] = False
+    return out
+
+
+@pytest.fixture(scope="module")
+def raycluster_schema():
+    return strict(json.loads(RAYCLUSTER_SCHEMA.read_text()))
+
+
+def validate(doc: dict, raycluster_schema: dict) -> None:
+    if doc["apiVersion"] == "ray.io/v1":
+        assert doc["kind"] == "RayCluster"
+        jsonschema.validate(doc, raycluster_schema)
+        return
+    for version in K8S_VERSIONS:
+        kubernetes_validate.validate(doc, version, strict=True)
+
+
+def test_every_kubernetes_object_validates_offline(raycluster_schema):
+    docs = kuberay_objects()
+    assert {d["kind"] for d in docs} == {"Namespace", "ConfigMap", "Service", "StatefulSet",
+                                         "PersistentVolumeClaim", "RayCluster", "Secret"}
+    for doc in docs:
+        validate(doc, raycluster_schema)
+
+
+def test_the_validators_refuse_a_misspelled_field(kuberay, raycluster_schema):
+    cluster = json.loads(json.dumps(kuberay["RayCluster"]))
+    container = cluster["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]
+    container["volumeMount"] = container.pop("volumeMounts")
+    with pytest.raises(jsonschema.ValidationError, match="volumeMount"):
+        validate(cluster, raycluster_schema)
+    secret = generated_secrets()[0]
+    secret["stringdata"] = secret.pop("stringData")
+    with pytest.raises(kubernetes_validate.ValidationError):
+        validate(secret, raycluster_schema)
+
+
+def test_the_manifests_reference_only_what_the_repo_creates():
+    """Every Secret (and key), ConfigMap and claim a pod uses is created by the documented
+    steps, in the namespace the pods run in."""
+    docs = kuberay_objects()
+    made = {(d["kind"], d["metadata"]["name"]): d for d in docs}
+    namespace = made["Namespace", "warmd"]["metadata"]["name"]
+    assert all(d["metadata"].get("namespace") == namespace for d in docs if d["kind"] !=
+               "Namespace")
+
+    def keys(kind: str, name: str) -> set[str]:
+        assert (kind, name) in made, f"nothing creates the {kind} {name}"
+        return set(made[kind, name].get("stringData") or made[kind, name].get("data") or {})
+
+    pods = [made["StatefulSet", "redis"]["spec"]["template"]["spec"],
+            *containers(made["RayCluster", "warmd-gpu"]).values()]
+    for pod in pods:
+        for volume in pod["volumes"]:
+            if "secret" in volume:
+                wanted = {i["key"] for i in volume["secret"].get("items", [])}
+                assert wanted <= keys("Secret", volume["secret"]["secretName"])
+            elif "configMap" in volume:
+                keys("ConfigMap", volume["configMap"]["name"])
+            elif "persistentVolumeClaim" in volume:
+                keys("PersistentVolumeClaim", volume["persistentVolumeClaim"]["claimName"])
+        for container in pod["containers"]:
+            for env in container.get("env", []):
+                ref = env.get("valueFrom", {}).get("secretKeyRef")
+                if ref:
+                    assert ref["key"] in keys("Secret", ref["name"])
+
+
+def dockerfile() -> dict:
+    """deploy/docker/Dockerfile's instructions: {"ARG": {name: default}, "COPY": [[...]],
+    "RUN": [...], "USER": ..., "ENTRYPOINT": [...], "FROM": ..., "build": the documented
+    `docker build` command}."""
+    text = (DEPLOY / "docker" / "Dockerfile").read_text()
+    out: dict = {"ARG": {}, "COPY": [], "RUN": []}
+    out["build"] = shlex.split(re.search(r"^#\s+(docker build .*)$", text, re.M).group(1))
+    for line in re.sub(r"\\\n\s*", " ", text).splitlines():
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        word, rest = line.split(None, 1)
+        if word == "ARG":
+            name, _, default = rest.partition("=")
+            out["ARG"][name] = default
+        elif word in ("COPY", "RUN"):
+            out[word].append(rest)
+        elif word == "ENTRYPOINT":
+            out[word] = json.loads(rest)
+        else:
+            out[word] = rest.strip()
+    return out
+
+
+def test_the_dockerfile_builds_the_image_the_manifests_run(kuberay):
+    image = dockerfile()
+    tag = image["build"][image["build"].index("-t") + 1]
+    for pod in containers(kuberay["RayCluster"]).values():
+        assert {c["image"] for c in pod["containers"]} == {tag}
+    # warmd:<the version pyproject.toml builds>
+    version = re.search(r'^version = "(.+)"', (ROOT / "pyproject.toml").read_text(), re.M)
+    assert tag == f"warmd:{version.group(1)}"
+    # Ray's image of the RayCluster's Ray version (a CUDA one: the JIT builds need nvcc)
+    base = image["ARG"]["RAY_IMAGE"]
+    assert image["FROM"] == "${RAY_IMAGE}"
+    ray_version = kuberay["RayCluster"]["spec"]["rayVersion"]
+    assert re.fullmatch(rf"rayproject/ray:{re.escape(ray_version)}-py3\d+-cu\d+", base), base
+    # the pods run as the image's user
+    uid, gid = (int(x) for x in image["USER"].split(":"))
+    for pod in containers(kuberay["RayCluster"]).values():
+        context = pod["securityContext"]
+        assert (context["runAsUser"], context["runAsGroup"], context["fsGroup"]) == (uid, gid,
+                                                                                      gid)
+
+
+def test_the_dockerfile_installs_the_project_as_packaged(tmp_path):
+    """The files the Dockerfile copies are enough to build warmd, whose wheel has every extra
+    the install line asks for and the console script the entrypoint runs."""
+    image = dockerfile()
+    context = tmp_path / "context"
+    for copy in image["COPY"]:
+        args = [a for a in shlex.split(copy) if not a.startswith("--")]
+        *sources, dest = args
+        assert dest.startswith("/home/ray/warmd-src")
+        rel = Path(dest.removeprefix("/home/ray/warmd-src").lstrip("/"))
+        for source in sources:
+            target = context / rel / (Path(source).name if dest.endswith("/") else "")
+            if (ROOT / source).is_dir():
+                shutil.copytree(ROOT / source, target,
+                                ignore=shutil.ignore_patterns("__pycache__"))
+            else:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy(ROOT / source, target)
+    [run] = image["RUN"]
+    install = shlex.split(run.split("&&")[0])
+    assert install[:3] == ["pip", "install", "--no-cache-dir"]
+    requirement = install[3].replace("${EXTRAS}", image["ARG"]["EXTRAS"])
+    path, extras = re.fullmatch(r"(/home/ray/warmd-src)\[(.+)\]", requirement).groups()
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
+                            "--no-build-isolation", "-w", str(tmp_path / "out"),
+                            str(context)], capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stderr
+    [wheel] = (tmp_path / "out").glob("warmd-*.whl")
+    with zipfile.ZipFile(wheel) as whl:
+        names = whl.namelist()
+        info = next(n for n in names if n.endswith(".dist-info/METADATA"))
+        provided = set(re.findall(r"^Provides-Extra: (\S+)$", whl.read(info).decode(), re.M))
+        scripts = configparser.ConfigParser()
+        scripts.read_string(whl.read(info.replace("METADATA", "entry_points.txt")).decode())
+    assert set(extras.split(",")) <= provided
+    assert "cluster" in extras.split(",")  # the node agent: Ray, Prometheus, watchdog
+    assert "warmd/examples/warmd.yaml" in names  # the package data came along
+    [entrypoint] = image["ENTRYPOINT"]
+    assert entrypoint in scripts["console_scripts"]
+    assert scripts["console_scripts"][entrypoint] == "warmd.cli:main"
+
+
+def test_secrets_are_readable_by_the_pods_user_and_no_other(kuberay):
+    """Mounted 0440 with the group the pod runs as (fsGroup): Ray's non-root user reads the
+    key; the default 0644 would let anyone in the container read it, and 0400 (root's, as
+    the kubelet writes it) nobody but root."""
+    statefulset = next(d for d in kuberay_objects() if d["kind"] == "StatefulSet")
+    pods = [statefulset["spec"]["template"]["spec"],
+            *containers(kuberay["RayCluster"]).values()]
+    for pod in pods:
+        secrets = [v["secret"] for v in pod["volumes"] if "secret" in v]
+        assert secrets
+        for secret in secrets:
+            assert secret["defaultMode"] == 0o440, secret
+        context = pod["securityContext"]
+        assert context["runAsUser"] != 0 and context["fsGroup"] == context["runAsGroup"]
+
+
+# --- Redis on Kubernetes ---------------------------------------------------------------------
+
+def redis_directives(text: str) -> dict[str, str]:
+    return dict(line.split(None, 1) for line in text.splitlines()
+                if line.strip() and not line.startswith("#"))
+
+
+def test_the_redis_statefulset_serves_what_the_secrets_point_at():
+    made = {(d["kind"], d["metadata"]["name"]): d for d in kuberay_objects()}
+    shipped = (DEPLOY / "redis" / "redis.conf").read_text()
+    assert made["ConfigMap", "warmd-redis-conf"]["data"]["redis.conf"] == shipped
+    conf = redis_directives(shipped)
+    statefulset = made["StatefulSet", "redis"]
+    pod = statefulset["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert container["command"] == ["redis-server", f"{mounts['conf']}/redis.conf"]
+    [item] = volumes["acl"]["secret"]["items"]
+    assert f"{mounts['acl']}/{item['path']}" == conf["aclfile"]
+    assert mounts["data"] == conf["dir"]
+    assert [t["metadata"]["name"] for t in statefulset["spec"]["volumeClaimTemplates"]] == [
+        "data"]
+    assert container["ports"][0]["containerPort"] == int(conf["port"])
+    maxmemory = int(conf["maxmemory"].removesuffix("gb")) * 2**30
+    limit = container["resources"]["limits"]["memory"]
+    assert int(limit.removesuffix("Gi")) * 2**30 > maxmemory
+    service = made["Service", statefulset["spec"]["serviceName"]]
+    assert service["spec"]["selector"] == pod.get("metadata", statefulset["spec"]["template"][
+        "metadata"])["labels"]
+    host = f"{service['metadata']['name']}.{service['metadata']['namespace']}.svc:" \
+           f"{service['spec']['ports'][0]['port']}"
+    for name in ("warmd-redis", "warmd-redis-reader"):
+        assert f"@{host}/0" in made["Secret", name]["stringData"]["url"]
+
+
+def _local(url: str, port: int) -> str:
+    return re.sub(r"@[^/]+/", f"@127.0.0.1:{port}/", url)
+
+
+def test_generated_secrets_log_in_to_the_shipped_redis(tmp_path, monkeypatch):
+    """secrets.sh's ACL file (hashes only) loaded by a real redis-server with the shipped
+    redis.conf; warmd's URLs log in with their user's rights; the key signs."""
+    first, second = generated_secrets(), generated_secrets()
+    secrets = {d["metadata"]["name"]: d["stringData"] for d in first}
+    assert all(a["stringData"] != b["stringData"] for a, b in zip(first, second, strict=True))
+    writer_url, reader_url = secrets["warmd-redis"]["url"], secrets["warmd-redis-reader"]["url"]
+    acl = secrets["warmd-redis-acl"]["users.acl"]
+    for url in (writer_url, reader_url):
+        assert url.split(":")[2].split("@")[0] not in acl  # the ACL holds hashes only
+    with redis_with_deploy_config(tmp_path, acl) as port:
+        writer = node_records(_local(writer_url, port), "k8s")
+        assert writer.put(NodeState("n1")), writer.last_error
+        reader = node_records(_local(reader_url, port), "k8s")
+        assert not reader.put(NodeState("n2")) and "no permissions" in reader.last_error
+        assert [r.node_id for r in reader.get_all()] == ["n1"]
+        with pytest.raises(redis.exceptions.AuthenticationError):
+            client(port, username="warmd-writer", password="wrong").ping()
+    key_file = tmp_path / "key"
+    key_file.write_text(secrets["warmd-signing-key"]["key"])
+    monkeypatch.setenv("WARMD_SIGNING_KEY_FILE", str(key_file))
+    assert re.fullmatch(rb"[0-9a-f]{64}", settings.signing_key())
+
+
 # --- systemd ---------------------------------------------------------------------------------
 
-def test_systemd_unit():
+def systemd_unit(name: str) -> configparser.ConfigParser:
     unit = configparser.ConfigParser(strict=False, interpolation=None)
     unit.optionxform = str  # systemd keys are case-sensitive
-    unit.read_string((DEPLOY / "systemd" / "warmd.service").read_text())
+    unit.read_string((DEPLOY / "systemd" / name).read_text())
+    return unit
+
+
+def test_systemd_unit():
+    unit = systemd_unit("warmd.service")
     assert {"Unit", "Service", "Install"} <= set(unit.sections())
     service = unit["Service"]
     assert service["Type"] == "oneshot" and service["RemainAfterExit"] == "yes"
@@ -188,6 +468,32 @@ def test_systemd_unit():
     for line in unit["Service"].get("Environment", "").splitlines() or [""]:
         for name in warmd_env_names(line):
             assert f'"{name}"' in SETTINGS
+
+
+def test_the_units_warmd_requires_are_shipped_and_run_ray_as_ray_takes_it():
+    """Requires=ray-head.service: shipped beside it, running `ray start`/`ray stop` with
+    flags Ray's own CLI has, in the foreground, as the same user as warmd."""
+    from ray.scripts.scripts import cli as ray_cli
+
+    warmd_unit = systemd_unit("warmd.service")
+    required = warmd_unit["Unit"]["Requires"].split()
+    assert required == ["ray-head.service"]
+    assert "ray-head.service" in warmd_unit["Unit"]["After"].split()
+    head = systemd_unit("ray-head.service")
+    service = head["Service"]
+    assert service["Type"] == "simple" and service["User"] == warmd_unit["Service"]["User"]
+    assert head["Install"]["WantedBy"] == "multi-user.target"
+    for key, subcommand in (("ExecStart", "start"), ("ExecStop", "stop")):
+        tokens = shlex.split(service[key])
+        assert Path(tokens[0]).is_absolute() and Path(tokens[0]).name == "ray"
+        assert tokens[1] == subcommand
+        command = ray_cli.commands[subcommand]
+        options = {o for p in command.params for o in [*p.opts, *p.secondary_opts]}
+        for token in tokens[2:]:
+            assert token.split("=", 1)[0] in options, f"`ray {subcommand}` has no {token}"
+    start = shlex.split(service["ExecStart"])
+    assert {"--head", "--block"} <= set(start)  # in the foreground: systemd supervises it
+    assert "--address auto" in warmd_unit["Service"]["ExecStart"]
 
 
 # --- Redis -----------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """Worker logs (<state dir>/logs/worker-<pid>.log): one per worker process, rotated, and
-none left behind by a worker that wrote nothing. Real spawned processes."""
+none left behind by a worker that wrote nothing (one empty log per worker ever started
+piled up). Real spawned processes."""
 
 from __future__ import annotations
 
@@ -8,7 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from warmd.executors.pool import MAX_WORKER_LOGS, _rotate_worker_logs
+from store_support import registered_testlib
+from testlib import NAME, ROOT_ENV
+
+from warmd.executors.pool import MAX_WORKER_LOGS, Worker, _rotate_worker_logs
+from warmd.plan import Task
 
 SRC = str(Path(__file__).resolve().parent.parent)
 # A worker process as the pool sets it up (its output redirected to its log), given a
@@ -17,9 +22,10 @@ _WORKER = """
 import sys
 import warmd.executors.pool as pool
 pool.MAX_WORKER_LOGS = int(sys.argv[1])
-pool._log_output_to_file()
+log = pool._log_output_to_file()
 if sys.argv[2]:
-    print(sys.argv[2], flush=True)
+    print(sys.argv[2])
+pool._drop_if_empty(log)
 """
 
 
@@ -76,3 +82,26 @@ def test_a_worker_keeps_at_most_the_default_number_of_logs(tmp_path):
     _worker(tmp_path, MAX_WORKER_LOGS, "the new one")
     assert len(_logs(tmp_path)) == MAX_WORKER_LOGS and "the new one\n" in _logs(
         tmp_path).values()
+
+
+def _run_one(tmp_path: Path, spec: dict) -> list[Path]:
+    state = tmp_path / "state"
+    worker = Worker({"WARMD_STATE_DIR": str(state), ROOT_ENV: str(tmp_path / "cache")})
+    task = Task(key=f"{NAME}/t", library=NAME, kernel="write_entries", spec=spec)
+    try:
+        result = worker.run(task)
+    finally:
+        worker.stop()
+    assert result.ok, result.error
+    return sorted((state / "logs").glob("worker-*.log"))
+
+
+def test_a_quiet_worker_leaves_no_log(tmp_path):
+    with registered_testlib():
+        assert _run_one(tmp_path, {"entries": ["a"]}) == []
+
+
+def test_a_worker_that_printed_keeps_its_log(tmp_path):
+    with registered_testlib():
+        [log] = _run_one(tmp_path, {"entries": ["a"], "say": "nvcc: warning: chatter"})
+    assert log.read_text() == "nvcc: warning: chatter\n"

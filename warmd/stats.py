@@ -121,8 +121,32 @@ COUNTERS: tuple[Stat, ...] = (
     Stat("captured", "Entries captured and shared", F.CAPTURE),
     Stat("capture_refused", "Captured entries refused (unsafe)", F.CAPTURE | F.ERROR),
 )
+# HELP of the Prometheus counters derived from the table (warmd.cluster.metrics): every
+# counter a warmup or a capture counts that is not a kernel outcome (those are one
+# `warmd_kernels_total` by outcome).
+HELP: dict[str, str] = {
+    "tasks": "Warmup tasks run (a task is one JIT module, or one GEMM shape's kernels)",
+    "tasks_failed": "Warmup tasks that failed",
+    "compile_seconds": "Time spent compiling kernels",
+    "compile_seconds_saved": "Compile time saved: what the kernels found in a cache took "
+                             "to compile where they were built",
+    "fetch_seconds": "Time spent reading entries from the shared cache and checking digests",
+    "install_seconds": "Time spent writing fetched entries into the local kernel caches",
+    "verify_seconds": "Time spent checking kernels already on disk against their records",
+    "corrupt_rejected": "Shared-cache entries refused as malformed, mismatched or corrupt",
+    "bytes_fetched": "Bytes fetched from the shared cache",
+    "bytes_published": "Bytes published to the shared cache",
+    "runtime_jit": "Kernels the engine compiled after the node was READY (missed by warmup)",
+    "captured": "Kernels compiled after READY that were captured and shared (or found shared)",
+    "capture_refused": "Kernels compiled after READY refused for sharing (unsafe or too large)",
+}
 BY_ID = {s.id: s for s in COUNTERS}
 BY_OUTCOME = {s.outcome: s for s in COUNTERS if s.outcome}
+
+
+def help_text(stat: Stat) -> str:
+    """The HELP of the counter's Prometheus metric."""
+    return HELP[stat.id]
 
 
 def select(flag: F, without: F = F.NONE) -> tuple[Stat, ...]:

@@ -27,8 +27,10 @@ class TestlibExecutor(Executor):
 
     def run(self, task: Task) -> TaskResult:
         """spec: entries (names), size (bytes each), seconds (each compile takes), log (a
-        file every compile is logged to)."""
+        file every compile is logged to), say (a line printed, as a compiler's chatter)."""
         spec = task.spec
+        if spec.get("say"):
+            print(spec["say"])
         log = Path(spec["log"]) if spec.get("log") else None
         began = time.monotonic()
         present = {e.name for e in self._adapter.list_entries()}

@@ -62,7 +62,7 @@ class NodeAgent:
                                heartbeat=time.time())
         self.store = node_records(redis_url, self.config.redis.namespace,
                                 ttl=max(60.0, 6 * self.config.agent.heartbeat_seconds))
-        self.metrics = AgentMetrics(self.node_id)
+        self.metrics = AgentMetrics(self.node_name)
         port = self.metrics.serve(self.config.agent.metrics_port)
         self.state.metrics_url = f"http://{self.state.ip or '127.0.0.1'}:{port}/metrics"
         self._lock = threading.Lock()

@@ -5,7 +5,13 @@ The counters' metrics are derived from warmd.stats.COUNTERS (what a warmup count
 kernel outcomes (F.KERNEL) are one `warmd_kernels_total` by `outcome`, and every other counter
 is its own Prometheus counter, named after its id with its unit last, as Prometheus names
 units: F.TIME in `_seconds` (compile_seconds_saved: `warmd_compile_saved_seconds_total`),
-F.BYTES in `_bytes` (bytes_fetched: `warmd_fetched_bytes_total`).
+F.BYTES in `_bytes` (bytes_fetched: `warmd_fetched_bytes_total`); their HELP texts are
+warmd.stats.HELP's.
+
+Every series is labelled `node`: the node's stable name (WARMD_NODE_NAME, else the node-id
+file; what `warmd status` shows), not Ray's node id, which changes at every restart and
+would start new series each time. No `_created` series: a counter's start time says nothing
+an operator needs (the heartbeat gauge says the agent is alive).
 """
 
 from __future__ import annotations
@@ -13,10 +19,17 @@ from __future__ import annotations
 import contextlib
 import errno
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    start_http_server,
+)
 
 from warmd.cluster.state import STATES, NodeState
-from warmd.stats import F, Stat, select
+from warmd.stats import F, Stat, help_text, select
 
 # Node counters -> the `outcome` label (the executors' own outcome names).
 OUTCOMES = {s.id: s.outcome for s in select(F.KERNEL)}
@@ -32,59 +45,64 @@ def metric_name(stat: Stat) -> tuple[str, str]:
 
 
 class AgentMetrics:
-    """A private registry per agent (one process may hold several in tests)."""
+    """A private registry per agent (one process may hold several in tests), its series
+    labelled with the node's name."""
 
-    def __init__(self, node_id: str) -> None:
+    def __init__(self, node_name: str) -> None:
+        disable_created_metrics()  # process-wide in prometheus_client: only warmd's here
         self.registry = CollectorRegistry()
-        labels = {"node_id": node_id}
-        self._labels = labels
+        self.node = node_name
         r = self.registry
-        self.state = Gauge("warmd_node_state", "1 for the node's current state",
-                           ["node_id", "state"], registry=r)
+        self.state = Gauge("warmd_node_state",
+                           "Whether the node is in this state (1) or not (0)",
+                           ["node", "state"], registry=r)
         self.warmup_seconds = Histogram(
-            "warmd_warmup_seconds", "Duration of each complete node warmup", ["node_id"],
+            "warmd_warmup_seconds", "Duration of each complete warmup of the node", ["node"],
             buckets=(1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600), registry=r)
-        self.kernels = Counter("warmd_kernels", "Kernels handled by warmups, by outcome",
-                               ["node_id", "outcome"], registry=r)
+        self.kernels = Counter("warmd_kernels", "Kernels the node's warmups handled, by outcome",
+                               ["node", "outcome"], registry=r)
         self.counters = {stat.id: _counter(stat, r) for stat in select(F.RUN, without=F.KERNEL)}
-        self.cache_bytes = Gauge("warmd_cache_bytes", "Bytes in this node's kernel caches",
-                                 ["node_id", "library"], registry=r)
-        self.progress = Gauge("warmd_progress_tasks", "Tasks of the current warmup",
-                              ["node_id", "kind"], registry=r)
-        self.store_ok = Gauge("warmd_shared_cache_up",
-                              "1 when the last warmup reached the shared cache", ["node_id"],
-                              registry=r)
+        self.cache_bytes = Gauge("warmd_cache_bytes", "Bytes in the node's kernel caches",
+                                 ["node", "library"], registry=r)
+        self.progress = Gauge("warmd_progress_tasks",
+                              "Tasks of the current warmup: done so far, and in total",
+                              ["node", "kind"], registry=r)
+        self.store_ok = Gauge(
+            "warmd_shared_cache_up",
+            "Whether the node's last warmup reached the shared cache (1) or not (0)", ["node"],
+            registry=r)
         self.heartbeat = Gauge("warmd_agent_heartbeat_timestamp_seconds",
-                               "Unix time of the agent's last heartbeat", ["node_id"], registry=r)
+                               "Unix time of the node agent's last heartbeat", ["node"],
+                               registry=r)
         # the capture's counters (stats.COUNTERS with F.CAPTURE): warmd_runtime_jit_total...
-        self.capture = {stat.id: Counter(f"warmd_{stat.id}", stat.description,
-                                         ["node_id", "library"], registry=r)
+        self.capture = {stat.id: Counter(f"warmd_{stat.id}", help_text(stat),
+                                         ["node", "library"], registry=r)
                         for stat in select(F.CAPTURE)}
         self._server = None
 
     def observe_state(self, node: NodeState) -> None:
-        nid = self._labels["node_id"]
+        name = self.node
         for state in STATES:
-            self.state.labels(nid, state).set(1 if node.state == state else 0)
-        self.progress.labels(nid, "done").set(node.progress_done)
-        self.progress.labels(nid, "total").set(node.progress_total)
-        self.heartbeat.labels(nid).set(node.heartbeat)
+            self.state.labels(name, state).set(1 if node.state == state else 0)
+        self.progress.labels(name, "done").set(node.progress_done)
+        self.progress.labels(name, "total").set(node.progress_total)
+        self.heartbeat.labels(name).set(node.heartbeat)
         for library, size in node.cache_bytes.items():
-            self.cache_bytes.labels(nid, library).set(size)
+            self.cache_bytes.labels(name, library).set(size)
 
     def observe_warmup(self, node: NodeState) -> None:
         """Once per finished warmup: its duration, outcomes and compile time."""
-        nid = self._labels["node_id"]
-        self.warmup_seconds.labels(nid).observe(node.warm_seconds)
+        name = self.node
+        self.warmup_seconds.labels(name).observe(node.warm_seconds)
         for counter, outcome in OUTCOMES.items():
-            self.kernels.labels(nid, outcome).inc(node.counters.get(counter, 0))
+            self.kernels.labels(name, outcome).inc(node.counters.get(counter, 0))
         for counter, metric in self.counters.items():
-            metric.labels(nid).inc(node.counters.get(counter, 0))
-        self.store_ok.labels(nid).set(1 if node.store == "ok" else 0)
+            metric.labels(name).inc(node.counters.get(counter, 0))
+        self.store_ok.labels(name).set(1 if node.store == "ok" else 0)
         self.observe_state(node)
 
     def count_capture(self, counter: str, library: str, amount: int = 1) -> None:
-        self.capture[counter].labels(self._labels["node_id"], library).inc(amount)
+        self.capture[counter].labels(self.node, library).inc(amount)
 
     def serve(self, port: int, host: str = "0.0.0.0") -> int:
         """Start the HTTP endpoint; a taken port falls back to any free one. Returns the port."""
@@ -106,5 +124,4 @@ class AgentMetrics:
 
 def _counter(stat: Stat, registry: CollectorRegistry) -> Counter:
     name, unit = metric_name(stat)
-    return Counter(name, f"{stat.description} (warmups)", ["node_id"], unit=unit,
-                   registry=registry)
+    return Counter(name, help_text(stat), ["node"], unit=unit, registry=registry)

@@ -9,12 +9,12 @@ Executors are created in the worker with no arguments, from the environment it w
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import json
 import multiprocessing
 import os
 import signal
+import sys
 from collections.abc import Callable
 from dataclasses import asdict
 from multiprocessing.connection import Connection
@@ -90,23 +90,26 @@ def _set_parent_death_signal() -> None:
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: die with the parent
 
 
-def _log_output_to_file() -> None:
+def _log_output_to_file() -> Path | None:
     """Compiler and library chatter goes to <state dir>/logs/worker-<pid>.log, not the
     parent's terminal (failures reach the report with their reasons). Logs are rotated
     first (``_rotate_worker_logs``); a log this worker wrote nothing to is removed when it
-    exits (or, if it was killed, by the next worker's rotation)."""
+    exits (``_drop_if_empty``; if it was killed, by the next worker's rotation). Returns
+    the log's path (None when it could not be opened)."""
     from warmd import settings
 
     log_dir = settings.state_dir() / "logs"
-    with contextlib.suppress(OSError):
+    path = log_dir / f"worker-{os.getpid()}.log"
+    try:
         log_dir.mkdir(parents=True, exist_ok=True)
         _rotate_worker_logs(log_dir, MAX_WORKER_LOGS)
-        path = log_dir / f"worker-{os.getpid()}.log"
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        os.dup2(fd, 1)
-        os.dup2(fd, 2)
-        os.close(fd)
-        atexit.register(_remove_if_empty, path)
+    except OSError:
+        return None
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    return path
 
 
 def _rotate_worker_logs(log_dir: Path, keep: int) -> None:
@@ -136,11 +139,29 @@ def _remove_if_empty(path: Path) -> None:
             path.unlink()
 
 
+def _drop_if_empty(log: Path | None) -> None:
+    """A worker that said nothing leaves no log (one empty file per worker ever started
+    would pile up in the state dir)."""
+    with contextlib.suppress(OSError, ValueError):
+        sys.stdout.flush()  # Python's own buffered output belongs in it too
+        sys.stderr.flush()
+    if log is not None:
+        _remove_if_empty(log)
+
+
 def _worker_main(conn: Connection, env: dict[str, str], targets: dict[str, str]) -> None:
     os.setpgrp()
     _set_parent_death_signal()
     os.environ.update(env)
-    _log_output_to_file()
+    log = _log_output_to_file()
+    try:
+        _serve(conn, targets)
+    finally:
+        _drop_if_empty(log)
+
+
+def _serve(conn: Connection, targets: dict[str, str]) -> None:
+    """Run the tasks the pool sends until it sends nothing (or goes away)."""
     executors: dict[str, Executor | str] = {}
     while True:
         try:

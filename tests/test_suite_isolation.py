@@ -1,0 +1,104 @@
+"""The suite runs in a private HOME (tests/private_home.py, entered by conftest.py): every
+cache and state directory warmd or an engine writes by default lands there, and a run that
+changes the real HOME's caches fails."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import private_home
+import pytest
+
+from warmd import settings
+
+TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent
+# Read, never written, by warmd (models given as hub ids resolve there; nothing downloads).
+READ_ONLY = {"HF_HOME", "HF_HUB_CACHE"}
+
+
+def test_this_process_and_its_children_see_the_private_home():
+    home = Path(os.environ["HOME"])
+    assert home.name.startswith("warmd-test-home-")
+    assert settings.state_dir() == home / ".cache" / "warmd"
+    assert settings.deep_gemm_cache_dir() == home / ".cache" / "vllm" / "deep_gemm"
+    child = subprocess.run([sys.executable, "-c", "import os; print(os.path.expanduser('~'))"],
+                           capture_output=True, text=True, check=True)
+    assert child.stdout.strip() == str(home)
+
+
+def test_every_default_cache_under_home_is_watched(monkeypatch, tmp_path):
+    """Every path knob whose default lies under HOME names a directory the real HOME's
+    snapshot covers (unless it is HOME or ~/.cache itself, or only read)."""
+    for name in private_home.redirected_variables():
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for knob in settings.KNOBS:
+        default = knob.get() if knob.kind == settings.PATH else None
+        if default is None or not Path(default).is_relative_to(tmp_path):
+            continue
+        rel = Path(default).relative_to(tmp_path)
+        if rel in (Path("."), Path(".cache")) or knob.env in READ_ONLY:
+            continue
+        assert any(rel.is_relative_to(w) for w in private_home.WATCHED), (knob.env, rel)
+
+
+def test_a_running_daemons_live_files_are_what_the_snapshot_skips(tmp_path):
+    """The Quickstart runs the suite with its daemon up: the daemon's embedded store and
+    Ray head write all the time, and only there."""
+    from warmd.store.embedded import embedded_dir
+
+    state = Path(".cache") / "warmd"
+    assert str(embedded_dir(state)) in private_home.LIVE
+    (tmp_path / state / "redis").mkdir(parents=True)
+    (tmp_path / state / "node-id").write_text("n")
+    (tmp_path / state / "ray-head.log").write_text("")  # opened when the daemon started
+    before = private_home.snapshot(tmp_path)
+    (tmp_path / state / "redis" / "appendonly.aof").write_text("x")
+    (tmp_path / state / "ray-head.log").write_text("ray: warning")
+    assert private_home.compare(before, private_home.snapshot(tmp_path)) == []
+    (tmp_path / state / "node-id").write_text("changed")
+    assert private_home.compare(before, private_home.snapshot(tmp_path)) == [
+        "changed ~/.cache/warmd/node-id"]
+
+
+def _pytest(home: Path, cwd: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    """pytest in a child whose "real" HOME is `home` (tests/conftest.py applies to the
+    files under tests/; `-p conftest` loads it for others)."""
+    environ = {**os.environ, "HOME": str(home), **env,
+               "PYTHONPATH": os.pathsep.join([str(TESTS), str(ROOT)])}
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           *args], cwd=cwd, env=environ, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_a_run_that_writes_into_the_real_home_fails(tmp_path):
+    home = tmp_path / "home"
+    (home / ".cache" / "warmd").mkdir(parents=True)
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "test_probe.py").write_text(
+        "import os\n"
+        "def test_writes():\n"
+        "    open(os.environ['PROBE'], 'w').write('x')\n")
+    probe = home / ".cache" / "warmd" / "node-id"
+    done = _pytest(home, tmp_path / "t", "-p", "conftest", "--strict-home", "test_probe.py",
+                   PROBE=str(probe))
+    assert done.returncode == pytest.ExitCode.TESTS_FAILED, done.stdout + done.stderr
+    assert "1 passed" in done.stdout
+    assert f"FAILED: the real HOME ({home}) changed during the test run" in done.stdout
+    assert "added ~/.cache/warmd/node-id" in done.stdout
+
+
+def test_the_suites_writers_leave_the_real_home_alone(tmp_path):
+    """What wrote into the real HOME before it was private: compile workers (their logs),
+    a CLI run given WARMD_SIGNING_KEY (its 0600 key file), node names (node-id)."""
+    home = tmp_path / "home"
+    home.mkdir()
+    done = _pytest(home, ROOT, "--strict-home", "tests/test_worker_logs.py",
+                   "tests/test_store_cli.py::test_export_import_roundtrip_verifies_and_refuses")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert " passed" in done.stdout and "failed" not in done.stdout
+    assert list(home.iterdir()) == []
