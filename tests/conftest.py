@@ -1,7 +1,7 @@
 """Shared test setup. The whole session runs in a private HOME (tests/private_home.py: set
 here, when pytest loads this file, before any test module is imported; a run that changes
-the real HOME's caches is reported, and fails with --strict-home). Ray tests need token auth off; probes are cached per
-process."""
+the real HOME's caches is reported, and fails with --strict-home). Ray tests need token auth
+off; probes are cached per process."""
 
 from __future__ import annotations
 
