@@ -183,20 +183,14 @@ def publish_learned(shared: SharedCache, adapter: CacheAdapter, plan_keys: list[
     took (published now or by another node before)."""
     taken = []
     for entry in entries:
-        before = _published(shared)
-        for plan in plan_keys:
-            shared.publish_task(adapter, learned_task(plan, entry.name), [entry], seconds)
-        if _published(shared) > before:
+        done = [shared.publish_task(adapter, learned_task(plan, entry.name), [entry], seconds)
+                for plan in plan_keys]
+        if any(publication.stored for publication in done):
             taken.append(entry.name)
     if taken:
         for plan in plan_keys:
             shared.add_learned(adapter, plan, taken)
     return taken
-
-
-def _published(shared: SharedCache) -> float:
-    counts = shared.counters
-    return counts.get("published", 0) + counts.get("already_published", 0)
 
 
 @dataclass
