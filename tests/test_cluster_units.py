@@ -164,7 +164,7 @@ def test_every_metric_is_in_the_docs_table():
 def test_metrics_endpoint(tmp_path):
     pytest.importorskip("prometheus_client")
     from warmd.cluster.metrics import AgentMetrics, metric_name
-    from warmd.stats import F, select
+    from warmd.stats import CounterFlag, select
 
     metrics = AgentMetrics("node-1")
     port = metrics.serve(0)
@@ -190,11 +190,11 @@ def test_metrics_endpoint(tmp_path):
     assert 'warmd_cache_bytes{library="flashinfer",node_id="node-1"} 4096.0' in text
     assert 'warmd_warmup_seconds_sum{node_id="node-1"} 7.5' in text
     assert 'warmd_compile_seconds_total{node_id="node-1"} 6.0' in text
-    # Every counter of a warmup (warmd.stats.COUNTERS, F.RUN) has its metric, units last.
+    # Every counter of a warmup (warmd.stats.COUNTERS, CounterFlag.RUN) has its metric, units last.
     assert 'warmd_compile_saved_seconds_total{node_id="node-1"} 2.5' in text
     assert 'warmd_fetched_bytes_total{node_id="node-1"} 2048.0' in text
     assert 'warmd_tasks_total{node_id="node-1"} 2.0' in text
-    for stat in select(F.RUN, without=F.KERNEL):
+    for stat in select(CounterFlag.RUN, without=CounterFlag.KERNEL):
         name, unit = metric_name(stat)
         assert f"{name}{'_' + unit if unit else ''}_total{{" in text
 

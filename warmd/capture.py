@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 
 from warmd import settings
 from warmd.cache.base import RECORD_DIR, CacheAdapter, CacheEntry, UnsafeArtifact
-from warmd.stats import F, ids
+from warmd.stats import CounterFlag, ids
 
 if TYPE_CHECKING:
     from warmd.store.api import SharedCache
@@ -207,8 +207,9 @@ class _Watched:
 
 
 JitCallback = Callable[[RuntimeJit], None]
-# (counter of stats.COUNTERS with F.CAPTURE, library, amount): runtime_jit, captured (published
-# as learned, or found published), capture_refused (unsafe or oversize: never published)
+# (counter of stats.COUNTERS with CounterFlag.CAPTURE, library, amount): runtime_jit,
+# captured (published as learned, or found published), capture_refused (unsafe or
+# oversize: never published)
 CountCallback = Callable[[str, str, int], None]
 
 
@@ -227,7 +228,7 @@ class Capture:
         self.on_count = on_count
         self.inotify = inotify
         self.poll_seconds = poll_seconds
-        self.counts: dict[str, dict[str, int]] = {i: {} for i in ids(F.CAPTURE)}
+        self.counts: dict[str, dict[str, int]] = {i: {} for i in ids(CounterFlag.CAPTURE)}
         self.events: list[RuntimeJit] = []
         self._watched = self._watch_list(scopes, open_shared)
         self._dirty = threading.Event()

@@ -42,7 +42,7 @@ from warmd.errors import WarmdInputError
 from warmd.executors.base import KernelOutcome, KernelStage, TaskResult
 from warmd.executors.pool import Worker, failed_result
 from warmd.plan import Plan, Task
-from warmd.stats import BY_OUTCOME, Counters, F, ids
+from warmd.stats import BY_OUTCOME, CounterFlag, Counters, ids
 
 if TYPE_CHECKING:  # the interface only: warming without a store imports no store client
     from warmd.store.api import SharedCache
@@ -51,7 +51,8 @@ GPU_WORKERS_PER_GPU = 4  # processes sharing one GPU (each holds a CUDA context 
 GIB_PER_COMPILE = 2  # memory one nvcc or ninja job may take
 # How a task's hits were counted: from verified entries alone, or by running its library.
 VERIFIED, LIBRARY = "verified", "library"
-STORE_COUNTERS = ids(F.RUN | F.STORE)  # what warmup reports from the store's counters
+# what warmup reports from the store's counters
+STORE_COUNTERS = ids(CounterFlag.RUN | CounterFlag.STORE)
 
 log = logging.getLogger(__name__)
 
@@ -582,7 +583,7 @@ class _Run:
                 if k.outcome == "compiled":
                     counters.compiled += 1
                     counters.compile_seconds += k.seconds
-                elif k.outcome in BY_OUTCOME and BY_OUTCOME[k.outcome].has(F.HIT):
+                elif k.outcome in BY_OUTCOME and BY_OUTCOME[k.outcome].has(CounterFlag.HIT):
                     counters.add({BY_OUTCOME[k.outcome].id: 1,
                                   "compile_seconds_saved": recorded.get(k.name, 0.0)})
                 else:
@@ -719,11 +720,11 @@ def store_health(shared: SharedCache) -> dict:
                 "reason": f"shared cache disabled: {shared.disabled_reason}"}
     url = shared.display_url
     counts = shared.counters
-    trouble = {k: int(counts[k]) for k in ids(F.TROUBLE) if counts.get(k)}
+    trouble = {k: int(counts[k]) for k in ids(CounterFlag.TROUBLE) if counts.get(k)}
     if not trouble:
         return {"ok": True, "url": url, "reason": ""}
     what = ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in trouble.items())
-    unreachable = any(k in trouble for k in ids(F.TROUBLE | F.DOWN))
+    unreachable = any(k in trouble for k in ids(CounterFlag.TROUBLE | CounterFlag.DOWN))
     last = shared.last_error
     why = ("unreachable" if unreachable else "refused work") + (f": {last}" if last else "")
     return {"ok": False, "url": url,

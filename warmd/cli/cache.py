@@ -16,8 +16,8 @@ from rich.table import Table
 from warmd.cli.render import Col, fitted_table, make_console
 from warmd.errors import WarmdInputError
 from warmd.stats import (
+    CounterFlag,
     Counters,
-    F,
     format_bytes,
     format_seconds,
     format_value,
@@ -175,15 +175,15 @@ def stats(redis_url, as_json) -> None:
         console.print(_fp_table(data["fingerprints"]))
 
 
-def _counter_columns(column: F) -> list[tuple[str, Callable[[dict], str]]]:
+def _counter_columns(column: CounterFlag) -> list[tuple[str, Callable[[dict], str]]]:
     """(header, cell of a counter dict) for a stats table's counter columns (the counters
     flagged `column`), with the hit rate after the kernel outcomes when all are shown."""
     out: list[tuple[str, Callable[[dict], str]]] = []
-    every_outcome = select(column | F.KERNEL) == select(F.KERNEL)
+    every_outcome = select(column | CounterFlag.KERNEL) == select(CounterFlag.KERNEL)
     for stat in select(column):
         out.append((stat.column or stat.id,
                     lambda c, stat=stat: format_value(stat, c.get(stat.id, 0))))
-        if every_outcome and stat == select(F.KERNEL)[-1]:
+        if every_outcome and stat == select(CounterFlag.KERNEL)[-1]:
             out.append(("hit rate", _rate))
     return out
 
@@ -194,7 +194,7 @@ def _rate(counters: dict) -> str:
 
 
 def _node_table(nodes: dict) -> Table:
-    counter_cols = _counter_columns(F.NODE_COLUMN)
+    counter_cols = _counter_columns(CounterFlag.NODE_COLUMN)
     columns = [Col("node", "id"), *(Col(h, justify="right") for h, _ in counter_cols),
                Col("last seen", justify="right")]
     rows = []
@@ -206,7 +206,7 @@ def _node_table(nodes: dict) -> Table:
 
 
 def _fp_table(fps: dict) -> Table:
-    counter_cols = _counter_columns(F.FP_COLUMN)
+    counter_cols = _counter_columns(CounterFlag.FP_COLUMN)
     columns = [Col("fingerprint", "id"), Col("library"), Col("namespace", "id"),
                Col("entries", justify="right"), *(Col(h, justify="right") for h, _ in counter_cols)]
     rows = [[fp, info["library"], str(info["namespace"] or "-"), str(info["entries"]),
@@ -402,7 +402,7 @@ def import_cmd(path, redis_url, as_json) -> None:
     if as_json:
         _echo_json(counts)
     else:
-        refused = sum(counts[s.id] for s in select(F.REFUSAL | F.ERROR))
+        refused = sum(counts[s.id] for s in select(CounterFlag.REFUSAL | CounterFlag.ERROR))
         click.echo(f"imported {counts['imported']} entries ({counts['already_present']} "
                    f"already present), {counts['tasks']} task records; refused {refused}")
 

@@ -13,7 +13,7 @@ import time
 import click
 
 from warmd.config import load_config
-from warmd.stats import F, format_bytes, ids
+from warmd.stats import CounterFlag, format_bytes, ids
 
 
 class _Seconds(click.ParamType):
@@ -137,7 +137,7 @@ def start_seconds(started: dict, waited: float, total: float, snap: dict) -> dic
                             "compiled": (n.get("kernels") or {}).get("compiled"),
                             "bytes_fetched": (n.get("counters") or {}).get("bytes_fetched"),
                             **{i: (n.get("counters") or {}).get(i)
-                               for i in ids(F.RUN | F.TIME)}}
+                               for i in ids(CounterFlag.RUN | CounterFlag.TIME)}}
              for n in snap.get("nodes", [])}
     return {**started, "wait_nodes": round(waited, 3), "total": round(total, 3),
             "nodes": nodes}

@@ -1,11 +1,12 @@
 """Each agent's Prometheus endpoint: warmup seconds, the last warmups' counters, cache bytes,
 state.
 
-The counters' metrics are derived from warmd.stats.COUNTERS (what a warmup counts, F.RUN):
-kernel outcomes (F.KERNEL) are one `warmd_kernels_total` by `outcome`, and every other counter
-is its own Prometheus counter, named after its id with its unit last, as Prometheus names
-units: F.TIME in `_seconds` (compile_seconds_saved: `warmd_compile_saved_seconds_total`),
-F.BYTES in `_bytes` (bytes_fetched: `warmd_fetched_bytes_total`).
+The counters' metrics are derived from warmd.stats.COUNTERS (what a warmup counts,
+CounterFlag.RUN): kernel outcomes (KERNEL) are one `warmd_kernels_total` by `outcome`, and
+every other counter is its own Prometheus counter, named after its id with its unit last, as
+Prometheus names units: TIME in `_seconds` (compile_seconds_saved:
+`warmd_compile_saved_seconds_total`), BYTES in `_bytes` (bytes_fetched:
+`warmd_fetched_bytes_total`).
 """
 
 from __future__ import annotations
@@ -16,11 +17,11 @@ import errno
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from warmd.cluster.state import STATES, NodeState
-from warmd.stats import F, Stat, select
+from warmd.stats import CounterFlag, Stat, select
 
 # Node counters -> the `outcome` label (the executors' own outcome names).
-OUTCOMES = {s.id: s.outcome for s in select(F.KERNEL)}
-_UNITS = {F.TIME: "seconds", F.BYTES: "bytes"}
+OUTCOMES = {s.id: s.outcome for s in select(CounterFlag.KERNEL)}
+_UNITS = {CounterFlag.TIME: "seconds", CounterFlag.BYTES: "bytes"}
 
 
 def metric_name(stat: Stat) -> tuple[str, str]:
@@ -46,7 +47,8 @@ class AgentMetrics:
             buckets=(1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600), registry=r)
         self.kernels = Counter("warmd_kernels", "Kernels handled by warmups, by outcome",
                                ["node_id", "outcome"], registry=r)
-        self.counters = {stat.id: _counter(stat, r) for stat in select(F.RUN, without=F.KERNEL)}
+        self.counters = {stat.id: _counter(stat, r)
+                         for stat in select(CounterFlag.RUN, without=CounterFlag.KERNEL)}
         self.cache_bytes = Gauge("warmd_cache_bytes", "Bytes in this node's kernel caches",
                                  ["node_id", "library"], registry=r)
         self.progress = Gauge("warmd_progress_tasks", "Tasks of the current warmup",
@@ -56,10 +58,10 @@ class AgentMetrics:
                               registry=r)
         self.heartbeat = Gauge("warmd_agent_heartbeat_timestamp_seconds",
                                "Unix time of the agent's last heartbeat", ["node_id"], registry=r)
-        # the capture's counters (stats.COUNTERS with F.CAPTURE): warmd_runtime_jit_total...
+        # the capture's counters (COUNTERS with CounterFlag.CAPTURE): warmd_runtime_jit_total...
         self.capture = {stat.id: Counter(f"warmd_{stat.id}", stat.description,
                                          ["node_id", "library"], registry=r)
-                        for stat in select(F.CAPTURE)}
+                        for stat in select(CounterFlag.CAPTURE)}
         self._server = None
 
     def observe_state(self, node: NodeState) -> None:

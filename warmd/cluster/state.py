@@ -16,7 +16,7 @@ import time
 from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING
 
-from warmd.stats import F, hit_rate, ids
+from warmd.stats import CounterFlag, hit_rate, ids
 
 if TYPE_CHECKING:
     from warmd.store import NodeRecords
@@ -31,7 +31,8 @@ _NEXT = {
     DEGRADED: {WARMING},
     FAILED: {WARMING},
 }
-KERNEL_COUNTS = ("total", *ids(F.KERNEL))  # a node record's kernels: what `warmd status` shows
+# a node record's kernels: what `warmd status` shows
+KERNEL_COUNTS = ("total", *ids(CounterFlag.KERNEL))
 
 
 class BadTransition(RuntimeError):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import tarfile
 from pathlib import Path
 
-from warmd.stats import F, ids
+from warmd.stats import CounterFlag, ids
 from warmd.store import layout
 from warmd.store.admin import archive
 from warmd.store.admin.archive import UnsafeArchive
@@ -31,7 +31,7 @@ def import_archive(cache: RedisSharedCache, path: Path) -> dict:
         fps = {archive.member_fields("fp", m)[0]: archive.json_member(tar, m)
                for m in found["fp"]}
         counts = {"imported": 0, "already_present": 0, "tasks": 0, "tasks_skipped": 0,
-                  **dict.fromkeys(ids(F.REFUSAL), 0)}
+                  **dict.fromkeys(ids(CounterFlag.REFUSAL), 0)}
         accepted: dict[str, set[str]] = {}
         for member in found["man"]:
             fp, name = archive.member_fields("man", member)
