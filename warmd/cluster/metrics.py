@@ -16,7 +16,7 @@ import errno
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from warmd.cluster.state import STATES, NodeState
+from warmd.cluster.state import NodeState, NodeStatus
 from warmd.stats import CounterFlag, Stat, select
 
 # Node counters -> the `outcome` label (the executors' own outcome names).
@@ -66,7 +66,7 @@ class AgentMetrics:
 
     def observe_state(self, node: NodeState) -> None:
         nid = self._labels["node_id"]
-        for state in STATES:
+        for state in NodeStatus:
             self.state.labels(nid, state).set(1 if node.state == state else 0)
         self.progress.labels(nid, "done").set(node.progress_done)
         self.progress.labels(nid, "total").set(node.progress_total)
