@@ -14,14 +14,14 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from store_support import DirAdapter, make_plan, module_server, start_test_server, warm
+from store_support import DirAdapter, module_server, start_test_server, task_entries, warm
 
 from warmd.cache.artifacts import MAX_MEMBERS, check_artifact, pack_members
 from warmd.cache.base import CacheEntry, IncompatibleHere, UnsafeArtifact
 from warmd.cli import main
 from warmd.store import layout
 
-PLAN = make_plan(2, per_task=2)
+PLAN = task_entries(2, per_task=2)
 
 
 @pytest.fixture

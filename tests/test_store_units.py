@@ -196,7 +196,7 @@ def test_the_counter_table_is_the_one_source_of_counter_names():
     from warmd.cluster.state import KERNEL_COUNTS
     from warmd.executors.base import OUTCOMES
     from warmd.stats import CounterFlag
-    from warmd.store.stats import STORE_OWNED, WARMUP_OWNED, StoreStats
+    from warmd.store.counters import STORE_OWNED, WARMUP_OWNED, StoreStats
 
     assert len(stats.BY_ID) == len(stats.COUNTERS)  # every id once
     assert [f.name for f in fields(stats.Counters)] == list(stats.ids(CounterFlag.RUN))

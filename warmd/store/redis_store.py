@@ -4,7 +4,7 @@
     entries.py    fetch: task records, manifests, blobs; verify, install, quarantine
     leases.py     single flight
     publish.py    pack and publish a task's entries and record
-    stats.py      this process's counters and the per-node / per-fingerprint stats
+    counters.py   this process's counters and the per-node / per-fingerprint stats
     session.py    what the parts share (settings, fingerprints, learnt state)
 
 Every public method degrades instead of raising: a store that is down, slow, out of memory,
@@ -26,13 +26,13 @@ from warmd.store import layout
 from warmd.store.api import Publication, SharedCache, StoreFailed
 from warmd.store.breaker import CircuitBreaker
 from warmd.store.connection import CONNECT_TIMEOUT, StoreURL
+from warmd.store.counters import StoreStats
 from warmd.store.entries import Entries
 from warmd.store.fingerprint import Fingerprint
 from warmd.store.layout import Manifest, StoredTaskRecord
 from warmd.store.leases import Leases
 from warmd.store.publish import Publisher
 from warmd.store.session import Session, StaleRecords
-from warmd.store.stats import StoreStats
 from warmd.store.transport import RedisTransport
 from warmd.targets import Target
 

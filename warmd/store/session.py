@@ -13,9 +13,9 @@ from warmd.cache.base import CacheAdapter
 from warmd.store import layout
 from warmd.store.api import StoreFailed
 from warmd.store.connection import classify
+from warmd.store.counters import StoreStats
 from warmd.store.fingerprint import Fingerprint, compute_fingerprint
 from warmd.store.signing import key_proof
-from warmd.store.stats import StoreStats
 from warmd.store.transport import RedisTransport
 from warmd.targets import Target
 
