@@ -267,7 +267,9 @@ def _start(ray_api, config: WarmdConfig, address: str | None) -> Started:
     controller = ray_api.get_controller()
     created = controller is None
     if created:
-        controller = ray_api.create_controller(config.to_json(), url, info)
+        from warmd.cluster.controller import Controller
+
+        controller = ray_api.create_controller(Controller, config.to_json(), url, info)
         config_hash = _call(lambda: controller.ping(120.0), "start")
     else:
         config_hash = _call(lambda: controller.apply(config.to_json(), url, info, 120.0),

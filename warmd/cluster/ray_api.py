@@ -86,10 +86,8 @@ def _pinned(node_id: str) -> NodeAffinitySchedulingStrategy:
 
 
 @functools.cache
-def _agent_class():
-    from warmd.cluster.agent import NodeAgent
-
-    return ray.remote(NodeAgent)
+def _actor_class(cls: type):
+    return ray.remote(cls)
 
 
 class AgentHandle:
@@ -99,10 +97,12 @@ class AgentHandle:
         self.actor = actor
 
     @classmethod
-    def spawn(cls, node: RayNode, config_json: dict, redis_url: str | None) -> AgentHandle:
-        """The node's detached, named agent pinned to it (an alive one of that name is
-        reused, so a restarted controller never starts twins)."""
-        actor = _agent_class().options(
+    def spawn(cls, agent: type, node: RayNode, config_json: dict, redis_url: str | None
+              ) -> AgentHandle:
+        """The node's detached, named agent (an instance of `agent`, the NodeAgent class)
+        pinned to it (an alive one of that name is reused, so a restarted controller never
+        starts twins)."""
+        actor = _actor_class(agent).options(
             name=agent_name(node.node_id), namespace=RAY_NAMESPACE, lifetime="detached",
             get_if_exists=True, num_cpus=0, num_gpus=0, max_restarts=0,
             scheduling_strategy=_pinned(node.node_id),
@@ -176,13 +176,12 @@ def get_controller() -> ControllerHandle | None:
         return None
 
 
-def create_controller(config_json: dict, redis_url: str | None, info: dict
-                      ) -> ControllerHandle:
-    """The detached, named controller, preferably on the head node."""
-    from warmd.cluster.controller import Controller
-
+def create_controller(controller: type, config_json: dict, redis_url: str | None,
+                      info: dict) -> ControllerHandle:
+    """The detached, named controller (an instance of `controller`, the Controller class),
+    preferably on the head node."""
     head = next((n.node_id for n in list_nodes() if n.is_head and n.alive), current_node_id())
-    actor = ray.remote(Controller).options(
+    actor = _actor_class(controller).options(
         name=CONTROLLER_NAME, namespace=RAY_NAMESPACE, lifetime="detached",
         # No restarts: a restarted actor would get its first config back, not the last
         # one applied. A new `warmd start` recreates it; the agents keep running.
