@@ -1,4 +1,4 @@
-"""Store hardening (issue 13) against a real redis-server: values poisoned with a plain Redis
+"""Poisoned store values, against a real redis-server: values poisoned with a plain Redis
 client, as an attacker with a writer account would, never fail a task, never get installed,
 are counted, and the next correct publish heals them for every node."""
 

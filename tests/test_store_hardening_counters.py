@@ -1,4 +1,4 @@
-"""Issue 13, class 6: faults are counted where operators look. Counters a store could not
+"""Faults are counted where operators look. Counters a store could not
 take (paused, full) are kept locally and reach `warmd cache stats` once it is back; one
 installed entry is one hit; a node-local refusal is remembered; archives are limited to a
 member count that fits real modules."""

@@ -1,4 +1,4 @@
-"""Issue 13, class 4: chunk reads are bounded by the manifests' declared sizes. A process
+"""Chunk reads are bounded by the manifests' declared sizes. A process
 fetching entries whose chunks an attacker grew to hundreds of MB keeps its peak RSS within a
 fixed margin of where it started (measured in a separate process, with a real server)."""
 

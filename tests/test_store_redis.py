@@ -62,7 +62,7 @@ def test_publish_then_fetch_installs_verified_entries(server, rclient, caches, t
     assert counters["remote_hits"] == 2 and counters["tasks_hit"] == 1
     assert counters["bytes_fetched"] > 2_500_000 and counters["compile_seconds_saved"] == 2.0
     assert reader.fetch_task(b, "testlib/unknown") is None
-    # Already installed by this process: nothing fetched again, and (issue 13) not counted
+    # Already installed by this process: nothing fetched again, and not counted
     # again either: one installed entry is one remote hit, not also a local hit.
     assert reader.fetch_task(b, "testlib/t1") == ["kernel.x.0001", big]
     assert "local_hits" not in reader.counters and reader.counters["remote_hits"] == 2

@@ -100,7 +100,7 @@ COUNTERS: tuple[Stat, ...] = (
     Stat("lease_takeovers", "Leases taken over", _F.STORE | _F.SHOWN),
     Stat("lease_timeouts", "Waits timed out", _F.STORE | _F.ERROR | _F.SHOWN),
     Stat("lease_lost", "Leases lost while compiling", _F.STORE | _F.ERROR),
-    # Hardening (issue 13): what happened to entries this node refused.
+    # What happened to entries this node refused.
     Stat("replaced", "Refused entries replaced", _F.STORE | _F.SHOWN),
     Stat("publish_blocked", "Replace refused (no key)",
          _F.STORE | _F.ERROR | _F.SHOWN),
