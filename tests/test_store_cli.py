@@ -96,6 +96,19 @@ def test_stats_and_ls(url, tmp_path):
     assert "Entries of" in run("cache", "ls", "--fingerprint", fp, "--redis", url).output
 
 
+def test_stats_tables_at_80_columns_keep_every_header_and_name_whole(url, tmp_path):
+    """Columns are left out (the JSON has them all) before a header or a node name is cut;
+    a fingerprint is shortened in the middle, its head and tail kept."""
+    _fill(url, tmp_path)
+    result = CliRunner(env={"COLUMNS": "80"}).invoke(main, ["cache", "stats", "--redis", url])
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    headers = " ".join(line for line in lines if line.startswith("┃"))
+    assert "…" not in headers and "node" in headers and "hit rate" in headers
+    assert any("filler" in line for line in lines if line.startswith("│"))
+
+
 def test_verify_finds_and_quarantines_corruption(url, server, tmp_path):
     fp = _fill(url, tmp_path)
     assert "6 entries checked: 6 ok, 0 bad" in run("cache", "verify", "--redis", url).output

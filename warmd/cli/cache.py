@@ -195,8 +195,9 @@ def _rate(counters: dict) -> str:
 
 def _node_table(nodes: dict) -> Table:
     counter_cols = _counter_columns(CounterFlag.NODE_COLUMN)
-    columns = [Col("node", "id"), *(Col(h, justify="right") for h, _ in counter_cols),
-               Col("last seen", justify="right")]
+    columns = [Col("node", "id"), *(Col(h, justify="right", dropped=h != "hit rate")
+                                    for h, _ in counter_cols),
+               Col("last seen", justify="right", dropped=True)]
     rows = []
     for node, c in sorted(nodes.items()):
         counters = Counters.from_json(c).to_json()
@@ -207,8 +208,9 @@ def _node_table(nodes: dict) -> Table:
 
 def _fp_table(fps: dict) -> Table:
     counter_cols = _counter_columns(CounterFlag.FP_COLUMN)
-    columns = [Col("fingerprint", "id"), Col("library"), Col("namespace", "id"),
-               Col("entries", justify="right"), *(Col(h, justify="right") for h, _ in counter_cols)]
+    columns = [Col("fingerprint", "id", whole=False), Col("library"),
+               Col("namespace", "id", dropped=True), Col("entries", justify="right"),
+               *(Col(h, justify="right", dropped=True) for h, _ in counter_cols)]
     rows = [[fp, info["library"], str(info["namespace"] or "-"), str(info["entries"]),
              *(cell(info["counters"]) for _h, cell in counter_cols)]
             for fp, info in sorted(fps.items())]

@@ -66,12 +66,14 @@ class Col:
     """One table column. kind: "id" (never wrapped, shortened in the middle), "text"
     (wraps at spaces, gets the width left over) or "fixed" (short values, shown whole).
     A column that may be `dropped` is left out, rightmost first, when the table cannot show
-    every identifier whole otherwise (--json has every value)."""
+    every identifier whole otherwise (--json has every value); an identifier that need not
+    stay `whole` for that (a digest: its head and tail say enough) is shortened instead."""
 
     header: str
     kind: str = "fixed"
     justify: str = "left"
     dropped: bool = False
+    whole: bool = True
 
 
 def _overhead(count: int, boxed: bool) -> int:
@@ -152,7 +154,8 @@ def shown_columns(columns: Sequence[Col], rows: Sequence[Sequence[str | Text]], 
     """The indices of the columns to show: all, or without the rightmost droppable ones
     while the others' values (text columns at their floor) do not fit whole."""
     cells = [[row[i] for row in rows] for i in range(len(columns))]
-    need = [MIN_TEXT_WIDTH if c.kind == "text" else _natural(c, cells[i])
+    need = [MIN_TEXT_WIDTH if c.kind == "text" else
+            min(_natural(c, cells[i]), MIN_ID_WIDTH) if not c.whole else _natural(c, cells[i])
             for i, c in enumerate(columns)]
     shown = list(range(len(columns)))
     droppable = [i for i, c in enumerate(columns) if c.dropped]
