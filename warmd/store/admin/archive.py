@@ -15,12 +15,14 @@ from warmd.store.layout import BadRecord
 
 EXPORT_FORMAT = "warmd-cache-export"
 HEADER = "warmd-export.json"
+# kind -> (what a member of that kind is named, the pattern its name must match)
 _MEMBERS = {
-    "meta": re.compile(r"^warmd-export\.json$"),
-    "fp": re.compile(r"^fp/([0-9a-f]{8,64})\.json$"),
-    "man": re.compile(r"^man/([0-9a-f]{8,64})/([A-Za-z0-9_][A-Za-z0-9_.+=-]{0,254})\.json$"),
-    "task": re.compile(r"^task/([0-9a-f]{8,64})/([0-9a-f]{64})\.json$"),
-    "blob": re.compile(r"^blob/([0-9a-f]{64})$"),
+    "meta": (HEADER, re.compile(r"^warmd-export\.json$")),
+    "fp": ("fp/{}.json", re.compile(r"^fp/([0-9a-f]{8,64})\.json$")),
+    "man": ("man/{}/{}.json",
+            re.compile(r"^man/([0-9a-f]{8,64})/([A-Za-z0-9_][A-Za-z0-9_.+=-]{0,254})\.json$")),
+    "task": ("task/{}/{}.json", re.compile(r"^task/([0-9a-f]{8,64})/([0-9a-f]{64})\.json$")),
+    "blob": ("blob/{}", re.compile(r"^blob/([0-9a-f]{64})$")),
 }
 
 
@@ -38,26 +40,18 @@ def check_header(data: dict) -> None:
         raise UnsafeArchive("not a warmd cache export (format/version)")
 
 
-def fingerprint_member(fp: str) -> str:
-    return f"fp/{fp}.json"
-
-
-def manifest_member(fp: str, name: str) -> str:
-    return f"man/{fp}/{name}.json"
-
-
-def task_member(fp: str, task: str) -> str:
-    return f"task/{fp}/{layout.sha256(task.encode())}.json"
-
-
-def blob_member(digest: str) -> str:
-    return f"blob/{digest}"
+def member_name(kind: str, *parts: str) -> str:
+    """The name of a member: ("fp", fp), ("man", fp, entry name), ("task", fp, task key:
+    stored under its SHA-256), ("blob", digest)."""
+    if kind == "task":
+        parts = (parts[0], layout.sha256(parts[1].encode()))
+    return _MEMBERS[kind][0].format(*parts)
 
 
 def member_fields(kind: str, member: tarfile.TarInfo) -> tuple[str, ...]:
     """What a member's name holds: (fp,) for "fp" and "task", (fp, entry name) for "man",
     (digest,) for "blob"; checked by scan() already."""
-    groups = _MEMBERS[kind].match(member.name).groups()
+    groups = _MEMBERS[kind][1].match(member.name).groups()
     return groups[:1] if kind == "task" else groups
 
 
@@ -72,7 +66,8 @@ def scan(tar: tarfile.TarFile, max_blob: int) -> dict[str, list[tarfile.TarInfo]
     name, type and size before anything is read or written; raises UnsafeArchive."""
     found: dict[str, list] = {kind: [] for kind in _MEMBERS}
     for member in tar.getmembers():
-        kind = next((k for k, rx in _MEMBERS.items() if rx.match(member.name)), None)
+        kind = next((k for k, (_name, rx) in _MEMBERS.items() if rx.match(member.name)),
+                    None)
         if kind is None or ".." in member.name:
             raise UnsafeArchive(f"unexpected member {member.name!r} (an export holds only "
                                 "warmd-export.json, fp/, man/, task/ and blob/ files)")

@@ -47,7 +47,7 @@ def _write(cache: RedisSharedCache, tmp: Path, fps: list[str], meta: dict,
                 counts["skipped"] += meta[fp]["entries"]
                 continue
             counts["fingerprints"] += 1
-            archive.add(tar, archive.fingerprint_member(fp), json.dumps(
+            archive.add(tar, archive.member_name("fp", fp), json.dumps(
                 {"library": meta[fp]["library"], "digest": fp,
                  "inputs": meta[fp]["inputs"]}).encode())
             exported = _export_entries(cache, tar, fp, counts)
@@ -75,10 +75,10 @@ def _export_entries(cache: RedisSharedCache, tar: tarfile.TarFile, fp: str,
                 counts["skipped"] += 1
                 continue
             if man.digest not in blobs_done:
-                archive.add(tar, archive.blob_member(man.digest), blob)
+                archive.add(tar, archive.member_name("blob", man.digest), blob)
                 blobs_done.add(man.digest)
                 counts["bytes"] += len(blob)
-            archive.add(tar, archive.manifest_member(fp, man.name), raw)
+            archive.add(tar, archive.member_name("man", fp, man.name), raw)
             exported.add(man.name)
             counts["entries"] += 1
     return exported
@@ -96,5 +96,5 @@ def _export_tasks(cache: RedisSharedCache, tar: tarfile.TarFile, fp: str, export
         except BadRecord:
             continue
         if set(rec.entries) <= exported:
-            archive.add(tar, archive.task_member(fp, rec.task), raw)
+            archive.add(tar, archive.member_name("task", fp, rec.task), raw)
             counts["tasks"] += 1
