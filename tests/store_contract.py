@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from store_support import DirAdapter, compile_entry, make_plan
+from store_support import DirAdapter, compile_entry, task_entries
 
 from warmd.store import NodeRecords, SharedCache
 
@@ -104,7 +104,7 @@ class StoreContract:
     def test_prefetch_answers_like_fetch_per_task(self, backend: Backend, tmp_path: Path):
         a = DirAdapter(tmp_path / "a")
         writer = backend.open()
-        plan = make_plan(4)
+        plan = task_entries(4)
         for task, names in list(plan.items())[:3]:
             publish(writer, a, task, names)
         got = backend.open().prefetch(DirAdapter(tmp_path / "b"), list(plan))

@@ -22,14 +22,13 @@ from testlib import LIBRARY_MODULE, NAME
 from testlib.cache import DEFAULT_SIZE, DirAdapter, compile_entry, entry_bytes
 
 from warmd import libraries, settings
-from warmd.plan import Plan, PlanRequest, Task
-from warmd.plan import make_plan as make_warmup_plan
+from warmd.plan import Plan, PlanRequest, Task, make_plan
 from warmd.store import ServerProcess, start_server
 from warmd.store.api import SharedCache
 from warmd.warmup import WarmupOptions, run_warmup
 
 SRC = str(Path(__file__).resolve().parent.parent)
-__all__ = ["SRC", "DirAdapter", "compile_entry", "compiles", "entry_bytes", "make_plan",
+__all__ = ["SRC", "DirAdapter", "compile_entry", "compiles", "entry_bytes", "task_entries",
            "run_worker", "start_test_server", "registered_testlib", "warm"]
 
 
@@ -55,7 +54,7 @@ def registered_testlib() -> Iterator[None]:
 @functools.lru_cache(maxsize=1)
 def _any_plan() -> Plan:
     """A real plan, whose tasks `warm` replaces with the test library's."""
-    return make_warmup_plan(PlanRequest(model="qwen3-30b-a3b-fp8", target="h200",
+    return make_plan(PlanRequest(model="qwen3-30b-a3b-fp8", target="h200",
                                         engine="sglang", without_libs=("sgl_kernel",)))
 
 
@@ -85,7 +84,8 @@ def warm(cache: SharedCache, adapter: DirAdapter, plan: dict[str, list[str]],
     return {key: kernels[key] for key in ("local_hits", "remote_hits", "compiled")}
 
 
-def make_plan(tasks: int, per_task: int = 2, prefix: str = "k") -> dict[str, list[str]]:
+def task_entries(tasks: int, per_task: int = 2, prefix: str = "k") -> dict[str, list[str]]:
+    """A synthetic plan for the testlib adapter: task key -> the entry names it produces."""
     return {f"testlib/gemm/{t}": [f"kernel.{prefix}{t}_{i}.{t:04x}{i:04x}"
                                   for i in range(per_task)] for t in range(tasks)}
 

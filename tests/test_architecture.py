@@ -5,10 +5,7 @@ daemon above the warmup, the warmup above its stages, click only in the CLI."""
 from __future__ import annotations
 
 import ast
-import warnings
 from pathlib import Path
-
-import pytest
 
 ROOT = Path(__file__).resolve().parent.parent / "warmd"
 
@@ -109,31 +106,13 @@ def _cycles(graph: dict[str, set[str]]) -> list[frozenset[str]]:
 EAGER = {name: {m for m in eager if m in MODULES} for name, (eager, _) in IMPORTS.items()}
 EVERY = {name: {m for m in every if m in MODULES} for name, (_, every) in IMPORTS.items()}
 
-# Cycles (through imports inside functions) in files other work is changing at the same time;
-# reported, not failed on, until the lead reconciles them. Any other cycle fails.
-REPORTED = {
-    frozenset({"warmd.cluster.agent", "warmd.cluster.controller", "warmd.cluster.ray_api"}),
-    frozenset({"warmd.engines.environment", "warmd.engines.launch",
-               "warmd.engines.moe_backends"}),
-}
-
-
 def test_no_import_cycle_at_module_level():
     assert _cycles(EAGER) == []
 
 
 def test_no_import_cycle_at_any_level():
-    cycles = _cycles(EVERY)
-    for cycle in cycles:
-        if cycle in REPORTED:
-            warnings.warn(f"import cycle left to reconcile: {' <-> '.join(sorted(cycle))}",
-                          stacklevel=1)
-    assert [sorted(c) for c in cycles if c not in REPORTED] == []
-
-
-@pytest.mark.xfail(strict=True, reason="import cycles left to reconcile: see REPORTED")
-def test_the_reported_cycles_are_gone():
-    assert not REPORTED & set(_cycles(EVERY))
+    """Imports inside functions count too: a circle there is still a circle."""
+    assert [sorted(c) for c in _cycles(EVERY)] == []
 
 
 def test_the_cli_is_on_top_and_click_only_in_it():

@@ -26,22 +26,24 @@ def records() -> list[NodeState]:
 
 
 def test_status_shows_runtime_jit_per_node_and_in_total():
-    from warmd.cli.daemon import render_status, status_code, status_json
+    from warmd.cli.daemon import render_status, status_code
+    from warmd.cluster.status import StatusSnapshot
 
-    snap = {"running": True, "source": "ray", "ray_address": "10.0.0.1:6379",
+    data = {"running": True, "source": "ray", "ray_address": "10.0.0.1:6379",
             "nodes": [r.to_json() for r in records()], "controller": {"node_id": "c" * 56},
             "store_size": None}
+    snap = StatusSnapshot.from_json(data)
     text = render_status(snap, 200)
     # a note under the table for each node that had any (the table keeps its width)
     assert f"gpu-1 aaaaaaaa READY: runtime JIT: 2 (last: triton {'A' * 52} at " in text
     assert "gpu-2 bbbbbbbb READY: runtime JIT" not in text
     assert any(line.startswith("Runtime JIT (after READY)") and line.endswith(" 2")
                for line in text.splitlines())
-    summary = status_json(snap)
-    assert status_code(snap, None, fail_on_runtime_jit=False) == 0
-    assert status_code(snap, None, fail_on_runtime_jit=True) == 1
-    clean = {**snap, "nodes": snap["nodes"][1:]}
-    assert status_code(clean, None, fail_on_runtime_jit=True) == 0
+    summary = snap.to_json()
+    assert status_code(snap, fail_on_runtime_jit=False) == 0
+    assert status_code(snap, fail_on_runtime_jit=True) == 1
+    clean = StatusSnapshot.from_json({**data, "nodes": data["nodes"][1:]})
+    assert status_code(clean, fail_on_runtime_jit=True) == 0
     assert summary["totals"]["runtime_jit"] == 2
     assert [(e["library"], e["node"]) for e in summary["runtime_jit"]] == [
         ("flashinfer", "gpu-1"), ("triton", "gpu-1")]

@@ -36,13 +36,14 @@ from tests.cluster_support import (  # noqa: E402
 )
 from warmd.cluster import CONTROLLER_NAME, RAY_NAMESPACE, agent_name  # noqa: E402
 from warmd.cluster.state import node_records  # noqa: E402
-from warmd.stats import F, ids  # noqa: E402
+from warmd.stats import CounterFlag, ids  # noqa: E402
 from warmd.store import free_port, start_server  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
 NAMESPACE = "daemon-test"
-TIMES = ids(F.RUN | F.TIME)  # a node's seconds counters: compile, fetch, install, verify
+# a node's seconds counters: compile, fetch, install, verify
+TIMES = ids(CounterFlag.RUN | CounterFlag.TIME)
 FAKE_GPU = {"num_gpus": 1, "resources": {"accelerator_type:H200": 1}}  # no real GPU here
 
 

@@ -104,3 +104,11 @@ def test_retry_backoff_doubles_up_to_the_maximum_and_resets_on_success():
     retry.succeeded()
     assert retry.failed() == 30.0  # a later failure starts over
     assert retry.retry_at == clock.now + 30.0
+
+
+def test_controller_reconciles_early_only_when_the_alive_nodes_change():
+    from warmd.cluster.decisions import nodes_changed
+
+    assert not nodes_changed({"a", "b"}, ["b", "a"])
+    assert nodes_changed({"a", "b"}, ["a", "b", "c"])  # a node joined
+    assert nodes_changed({"a", "b"}, ["a"])  # one left

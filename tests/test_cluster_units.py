@@ -12,7 +12,7 @@ import urllib.request
 import pytest
 
 from warmd.cluster import state as st
-from warmd.cluster.client import node_matches, reachable, resolve_address
+from warmd.cluster.client import reachable, resolve_address
 from warmd.cluster.logs import node_logger
 from warmd.cluster.nodes import RayNode, wanted_nodes
 from warmd.cluster.state import NodeState, node_records
@@ -164,7 +164,7 @@ def test_every_metric_is_in_the_docs_table():
 def test_metrics_endpoint(tmp_path):
     pytest.importorskip("prometheus_client")
     from warmd.cluster.metrics import AgentMetrics, metric_name
-    from warmd.stats import F, select
+    from warmd.stats import CounterFlag, select
 
     metrics = AgentMetrics("gpu-a-1f2e3d4c")
     port = metrics.serve(0)
@@ -195,11 +195,11 @@ def test_metrics_endpoint(tmp_path):
     assert 'warmd_warmup_seconds_sum{node="gpu-a-1f2e3d4c"} 7.5' in text
     assert 'warmd_compile_seconds_total{node="gpu-a-1f2e3d4c"} 6.0' in text
     assert 'warmd_runtime_jit_total{library="triton",node="gpu-a-1f2e3d4c"} 1.0' in text
-    # Every counter of a warmup (warmd.stats.COUNTERS, F.RUN) has its metric, units last.
+    # Every counter of a warmup (warmd.stats.COUNTERS, CounterFlag.RUN): its metric, units last.
     assert 'warmd_compile_saved_seconds_total{node="gpu-a-1f2e3d4c"} 2.5' in text
     assert 'warmd_fetched_bytes_total{node="gpu-a-1f2e3d4c"} 2048.0' in text
     assert 'warmd_tasks_total{node="gpu-a-1f2e3d4c"} 2.0' in text
-    for stat in select(F.RUN, without=F.KERNEL):
+    for stat in select(CounterFlag.RUN, without=CounterFlag.KERNEL):
         name, unit = metric_name(stat)
         assert f"{name}{'_' + unit if unit else ''}_total{{" in text
     assert "_created" not in text  # no start-time series beside each counter and histogram
@@ -209,9 +209,10 @@ def test_metric_help_texts_are_sentences():
     """Each HELP says what is counted in words (not a table label like "failed")."""
     pytest.importorskip("prometheus_client")
     from warmd.cluster.metrics import AgentMetrics
-    from warmd.stats import HELP, F, ids
+    from warmd.stats import HELP, CounterFlag, ids
 
-    exported = set(ids(F.RUN, without=F.KERNEL)) | set(ids(F.CAPTURE))
+    exported = (set(ids(CounterFlag.RUN, without=CounterFlag.KERNEL))
+                | set(ids(CounterFlag.CAPTURE)))
     assert set(HELP) == exported
     for metric in AgentMetrics("n").registry.collect():
         words = metric.documentation.split()
@@ -229,7 +230,8 @@ def test_logs_are_json_lines_with_the_node_id():
 
 
 def test_status_rendering_and_matching():
-    from warmd.cli.daemon import render_status, status_json
+    from warmd.cli.daemon import render_status
+    from warmd.cluster.status import StatusSnapshot
 
     nodes = [NodeState("a" * 56, ip="10.0.0.7", gpus=8, gpu_type="H200", state=st.READY,
                        kernels={"total": 2, "local_hits": 1, "remote_hits": 1, "compiled": 0,
@@ -245,15 +247,16 @@ def test_status_rendering_and_matching():
                            "redis": "redis://w:***@r:6379/0", "config": {"redis": {
                                "namespace": "prod"}}},
             "store_size": {"used_memory": 3 << 20, "keys": 42}}
+    snap = StatusSnapshot.from_json(snap)
     text = render_status(snap)
     assert "aaaaaaaa  10.0.0.7  8x H200  READY" in text
     assert "bbbbbbbb FAILED: model m: model config not found: /m" in text
     assert "no heartbeat for 600s" in text or "no heartbeat for 601s" in text
     assert "Hit rate                       100.0 %" in text and "3.0 MiB, 42 keys" in text
-    summary = status_json(snap)
+    summary = snap.to_json()
     assert summary["ready"] is False and summary["totals"]["compile_seconds_saved"] == 9.0
-    assert node_matches(nodes[0], "aaaa") and node_matches(nodes[0], "10.0.0.7")
-    assert not node_matches(nodes[0], "10.0.0.8")
+    assert snap.nodes[0].matches("aaaa") and snap.nodes[0].matches("10.0.0.7")
+    assert not snap.nodes[0].matches("10.0.0.8")
 
 
 def test_ray_addresses_are_checked_before_connecting():
@@ -300,41 +303,54 @@ def test_node_name_is_stable_per_state_dir(tmp_path, monkeypatch):
 
 
 def test_status_tables_fit_the_terminal_and_never_break_ids():
-    from warmd.cli.daemon import clip, render_status, table_lines
+    from warmd.cli.daemon import render_status
+    from warmd.cli.render import Col, table_lines
+    from warmd.cluster.status import StatusSnapshot
 
-    head = ("NODE", "RAY ID", "STATE")
+    head = (Col("NODE", "id"), Col("RAY ID"), Col("STATE"))
     rows = [("a-very-long-stable-machine-name-0123456789", "deadbeef", "READY")]
     wide = table_lines(head, rows, 200)
     assert rows[0][0] in wide[1]
     narrow = table_lines(head, rows, 40)
     assert all(len(line) <= 40 for line in narrow)
-    assert "a-very-long-stable-ma…" in narrow[1] and "…" in narrow[1]
+    # a name too long for the line on its own is shortened in the middle, never wrapped
+    assert narrow[1].split()[0] == "a-very-lon…0123456789"
     assert "deadbeef" in narrow[1] and "READY" in narrow[1]  # cut, never wrapped
-    assert clip("abc", 3) == "abc" and clip("abcd", 3) == "ab…"
+    with_more = (*head, Col("LAST WARM", dropped=True))
+    dropped = table_lines(with_more, [(*rows[0], "12:00:00 (3.0s)")], 70)
+    assert rows[0][0] in dropped[1] and "LAST WARM" not in dropped[0]  # a column goes first
 
     record = NodeState("e" * 56, name="host-with-a-rather-long-name-1234", ip="10.0.0.9",
                        state=st.FAILED, reason="model m: " + "x" * 200).to_json()
-    snap = {"running": True, "source": "ray", "ray_address": "10.0.0.1:6379",
-            "nodes": [record], "controller": {"node_id": "c" * 56}, "store_size": None}
+    snap = StatusSnapshot.from_json({
+        "running": True, "source": "ray", "ray_address": "10.0.0.1:6379", "nodes": [record],
+        "controller": {"node_id": "c" * 56}, "store_size": None})
     for width in (60, 100, 160):
         table = render_status(snap, width).split("Nodes (")[1].split("Cluster totals")[0]
         assert all(len(line) <= width for line in table.splitlines()), width
         [row] = [line for line in table.splitlines() if line.startswith(" host")]
         assert "eeeeeeee" in row and "FAILED" in row  # ids and states are never cut
+        assert "10.0.0.9" in row
+        if width >= 80:
+            assert "host-with-a-rather-long-name-1234" in row  # columns go, names stay
+        reason = "".join(line.strip() for line in table.splitlines() if "x" * 10 in line)
+        assert reason.count("x") == 200  # the reason whole, wrapped
 
 
 def test_status_of_a_stopped_daemon_is_two_lines(tmp_path):
     from warmd.cli.daemon import render_stopped
+    from warmd.cluster.status import StatusSnapshot
 
     base = {"running": False, "source": "none", "nodes": [], "controller": None,
             "ray_address": None}
-    text = render_stopped({**base, "redis": "redis://h:6379/0",
-                           "store_size": {"used_memory": 2 << 20, "keys": 7}})
+    text = render_stopped(StatusSnapshot.from_json(
+        {**base, "redis": "redis://h:6379/0", "store_size": {"used_memory": 2 << 20,
+                                                             "keys": 7}}))
     assert text.splitlines() == [
         "warmd is not running (no Ray cluster found); start it with `warmd start`",
         "shared cache redis://h:6379/0: 7 keys, 2.0 MiB; its counters: `warmd cache stats`"]
-    kept = render_stopped({**base, "redis": None, "store_size": None,
-                           "embedded_dir": str(tmp_path)})
+    kept = render_stopped(StatusSnapshot.from_json({**base, "redis": None, "store_size": None,
+                                                    "embedded_dir": str(tmp_path)}))
     assert f"its data is kept in {tmp_path}" in kept.splitlines()[1]
 
 

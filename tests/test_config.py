@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -19,6 +20,7 @@ from warmd.config import (
     load_config,
     parse_config,
     read_config_file,
+    schema_keys,
 )
 from warmd.errors import WarmdInputError
 
@@ -224,3 +226,39 @@ def test_warmd_config_env_with_a_bad_file_is_exit_2_in_a_real_process(tmp_path):
     assert done.returncode == 2
     assert len(done.stderr.strip().splitlines()) == 1
     assert "not valid YAML" in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("data, expected", [
+    ({"models": [{"path": "x"}], "modles": []},
+     "w.yaml: config: unknown key 'modles' (did you mean 'models'?)"),
+    ({"models": [{"path": "x", "tpp": 8}]}, "models[0]: unknown key 'tpp' (did you mean 'tp'?)"),
+    ({"models": [{"path": "x", "with_libs": []}]}, "(did you mean 'with'?)"),
+    ({**MINIMAL, "cache": {"triton_dir": "/t"}}, "(did you mean 'triton_cache_dir'?)"),
+    ({**MINIMAL, "agent": {"metric_port": 1}}, "(did you mean 'metrics_port'?)"),
+    ({**MINIMAL, "zzz": 1}, "unknown key 'zzz' (known: "),  # nothing close: every key
+])
+def test_a_mistyped_key_names_the_one_it_resembles(data, expected):
+    assert expected in error_of(data)
+
+
+def test_cli_says_did_you_mean_in_one_line_exit_2(tmp_path):
+    bad = write(tmp_path, {**MINIMAL, "redis": {"namspace": "x"}})
+    result = CliRunner().invoke(main, ["status", "--config", str(bad)])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.strip().splitlines() == [
+        f"warmd: error: {bad}: redis: unknown key 'namspace' (did you mean 'namespace'?)"]
+
+
+def test_the_docs_table_is_every_config_key_and_nothing_else():
+    """docs/daemon.md's "every key" table, held to the schema written in warmd/config.py."""
+    docs = (Path(__file__).resolve().parent.parent / "docs" / "daemon.md").read_text()
+    table = docs.split("every key:", 1)[1].split("\n\n", 2)[1]
+    documented = [line.split("`")[1] for line in table.splitlines() if line.startswith("| `")]
+    assert documented == list(schema_keys())
+    assert {"models[].engine_command", "models[].env", "cache.triton_cache_dir"} <= set(
+        documented)
+    # every key of the embedded example is in the schema
+    example = yaml.safe_load(DEFAULT_CONFIG.read_text())
+    flat = {f"models[].{k}" for m in example["models"] for k in m}
+    flat |= {f"{s}.{k}" for s, v in example.items() if isinstance(v, dict) for k in v}
+    assert flat <= set(documented)

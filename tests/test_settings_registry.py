@@ -96,6 +96,31 @@ def test_knob_types_and_defaults(monkeypatch, tmp_path):
     assert settings.deep_gemm_cache_dir() == tmp_path / "v" / "deep_gemm"
 
 
+def test_code_reads_a_named_knob_through_its_accessor():
+    """settings.get(ENV) with the name written out belongs in settings.py (the accessor);
+    elsewhere get() takes names held as data (a library's cache root)."""
+    literal = re.compile(r"settings\.get\(\s*[\"']")
+    offenders = [f"{path.relative_to(ROOT)}:{number}"
+                 for path in sorted((ROOT / "warmd").rglob("*.py"))
+                 for number, line in enumerate(path.read_text().splitlines(), 1)
+                 if literal.search(line)]
+    assert offenders == []
+
+
+def test_visible_devices_are_parsed_once(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", " 2, GPU-ab12 ,,0")
+    assert settings.visible_gpu_ids() == ("2", "GPU-ab12", "0")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert settings.visible_gpu_ids() == ()
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert settings.visible_gpu_ids() is None
+    splits = [f"{path.relative_to(ROOT)}:{number}"
+              for path in sorted((ROOT / "warmd").rglob("*.py")) if path.name != "settings.py"
+              for number, line in enumerate(path.read_text().splitlines(), 1)
+              if "visible_devices()" in line]
+    assert splits == []  # everything else takes the parsed ids
+
+
 def test_store_is_off():
     for url in ("off", " OFF ", "none", "Disabled"):
         assert settings.store_is_off(url)

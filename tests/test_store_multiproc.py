@@ -11,7 +11,7 @@ import time
 from collections import Counter
 
 import pytest
-from store_support import SRC, compiles, make_plan, run_worker, start_test_server
+from store_support import SRC, compiles, run_worker, start_test_server, task_entries
 
 
 @pytest.fixture
@@ -35,7 +35,7 @@ def _result(proc: subprocess.Popen) -> dict:
 
 
 def test_second_process_compiles_nothing(server, tmp_path):
-    plan = make_plan(6)
+    plan = task_entries(6)
     first = _result(_spawn(server, tmp_path, "node-a", plan))
     assert first["counts"]["compiled"] == 12
     second = _result(_spawn(server, tmp_path, "node-b", plan))
@@ -46,7 +46,7 @@ def test_second_process_compiles_nothing(server, tmp_path):
 
 
 def test_concurrent_cold_warmups_compile_each_kernel_once(server, tmp_path):
-    plan = make_plan(8)
+    plan = task_entries(8)
     procs = [_spawn(server, tmp_path, f"node-{i}", plan, seconds=0.3) for i in range(3)]
     results = [_result(p) for p in procs]
     built = compiles(tmp_path / "compiles.log")
@@ -58,7 +58,7 @@ def test_concurrent_cold_warmups_compile_each_kernel_once(server, tmp_path):
 
 
 def test_killed_lease_holder_is_taken_over(server, tmp_path):
-    plan = make_plan(1, per_task=1)
+    plan = task_entries(1, per_task=1)
     (name,) = next(iter(plan.values()))
     holder = _spawn(server, tmp_path, "holder", plan, seconds=60, lease_seconds=1.5)
     log = tmp_path / "compiles.log"

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from store_support import DirAdapter, compile_entry, make_plan, start_test_server, warm
+from store_support import DirAdapter, compile_entry, start_test_server, task_entries, warm
 
 from warmd.store import admin, layout
 from warmd.store.breaker import CircuitBreaker
@@ -62,7 +62,7 @@ def test_publish_then_fetch_installs_verified_entries(server, rclient, caches, t
     assert counters["remote_hits"] == 2 and counters["tasks_hit"] == 1
     assert counters["bytes_fetched"] > 2_500_000 and counters["compile_seconds_saved"] == 2.0
     assert reader.fetch_task(b, "testlib/unknown") is None
-    # Already installed by this process: nothing fetched again, and (issue 13) not counted
+    # Already installed by this process: nothing fetched again, and not counted
     # again either: one installed entry is one remote hit, not also a local hit.
     assert reader.fetch_task(b, "testlib/t1") == ["kernel.x.0001", big]
     assert "local_hits" not in reader.counters and reader.counters["remote_hits"] == 2
@@ -76,7 +76,7 @@ def test_publish_then_fetch_installs_verified_entries(server, rclient, caches, t
 def test_prefetch_a_plan_and_ttl_refresh(server, rclient, caches, tmp_path):
     a, b = DirAdapter(tmp_path / "a"), DirAdapter(tmp_path / "b")
     writer = caches(server.url, ttl_seconds=3600)
-    plan = make_plan(12)
+    plan = task_entries(12)
     for task, names in plan.items():
         _publish(writer, a, task, names, size=20_000)
     fp = _fp(writer, a)
@@ -285,7 +285,7 @@ def test_store_down_before_warmup(tmp_path, caches):
     cache = caches(f"redis://:secret-pw@127.0.0.1:{free_port()}/0")
     adapter = DirAdapter(tmp_path / "a")
     start = time.monotonic()
-    counts = warm(cache, adapter, make_plan(5))
+    counts = warm(cache, adapter, task_entries(5))
     assert time.monotonic() - start < 3
     assert counts["compiled"] == 10 and len(adapter.list_entries()) == 10
     assert cache.counters["store_errors"] >= 1 and cache.counters["store_skipped"] >= 5
@@ -297,7 +297,7 @@ def test_store_lost_mid_run_then_back(tmp_path, caches):
     try:
         cache = caches(srv.url, breaker=CircuitBreaker(cooldown=0.3))
         adapter = DirAdapter(tmp_path / "a")
-        plan = make_plan(6)
+        plan = task_entries(6)
         first = dict(list(plan.items())[:3])
         assert warm(cache, adapter, first)["compiled"] == 6
         assert cache.counters["published"] == 6
@@ -311,7 +311,7 @@ def test_store_lost_mid_run_then_back(tmp_path, caches):
         try:
             time.sleep(0.4)
             fresh = DirAdapter(tmp_path / "b")
-            extra = make_plan(2, prefix="later")
+            extra = task_entries(2, prefix="later")
             warm(cache, fresh, extra)
             assert cache.counters["published"] == 10
         finally:
@@ -357,14 +357,14 @@ def test_out_of_memory_and_read_only_stores_keep_reads_working(tmp_path, caches)
         client.config_set("maxmemory-policy", "noeviction")
         client.config_set("maxmemory", "1")
         full = caches(srv.url)
-        assert warm(full, b, make_plan(2))["compiled"] == 4
+        assert warm(full, b, task_entries(2))["compiled"] == 4
         assert full.counters["publish_failed"] >= 1 and "published" not in full.counters
         assert full.fetch_task(b, "testlib/old") == ["kernel.old.0001"]
         client.config_set("maxmemory", "0")
         client.replicaof("127.0.0.1", free_port())  # a replica is read-only
         replica = caches(srv.url)
         c = DirAdapter(tmp_path / "c")
-        assert warm(replica, c, make_plan(2, prefix="ro"))["compiled"] == 4
+        assert warm(replica, c, task_entries(2, prefix="ro"))["compiled"] == 4
         # Learnt from the refused lease: nothing is even tried to publish.
         assert replica.read_only and replica.counters["publish_skipped"] == 2
         assert replica.fetch_task(c, "testlib/old") == ["kernel.old.0001"]
@@ -418,7 +418,7 @@ def test_single_flight_waiter_times_out(server, rclient, caches, tmp_path):
 
 def test_stats_per_node_and_fingerprint(server, rclient, caches, tmp_path):
     one, two = caches(server.url, node="alpha"), caches(server.url, node="beta")
-    plan = make_plan(3)
+    plan = task_entries(3)
     warm(one, DirAdapter(tmp_path / "a"), plan)
     warm(two, DirAdapter(tmp_path / "b"), plan)
     one.record_outcomes({"failed": 1, "testlib.failed": 1, "corrupt_rejected": 99})

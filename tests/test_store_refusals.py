@@ -135,8 +135,8 @@ def test_incompatible_entry_is_refused_here_only(server, rclient, caches, tmp_pa
 
 def test_unsigned_garbage_under_a_key_is_quarantined_only_by_the_clusters_key(
         server, rclient, caches, tmp_path):
-    # Issue 13 made the old behaviour (never quarantined) wrong: a planted unsigned manifest
-    # blocked sharing for good. A node with another key still leaves it alone.
+    # Never quarantining it would be wrong: a planted unsigned manifest would block sharing
+    # for good. A node with another key still leaves it alone.
     a = DirAdapter(tmp_path / "a")
     writer = caches(server.url, signing_key=b"k")
     writer.publish_task(a, "t", [compile_entry(a, "kernel.x.0001", 10_000)], 1.0)

@@ -195,13 +195,13 @@ def test_the_counter_table_is_the_one_source_of_counter_names():
     from warmd import stats
     from warmd.cluster.state import KERNEL_COUNTS
     from warmd.executors.base import OUTCOMES
-    from warmd.stats import F
-    from warmd.store.stats import STORE_OWNED, WARMUP_OWNED, StoreStats
+    from warmd.stats import CounterFlag
+    from warmd.store.counters import STORE_OWNED, WARMUP_OWNED, StoreStats
 
     assert len(stats.BY_ID) == len(stats.COUNTERS)  # every id once
-    assert [f.name for f in fields(stats.Counters)] == list(stats.ids(F.RUN))
-    assert {s.outcome for s in stats.select(F.KERNEL)} == set(OUTCOMES)
-    assert ("total", *stats.ids(F.KERNEL)) == KERNEL_COUNTS
+    assert [f.name for f in fields(stats.Counters)] == list(stats.ids(CounterFlag.RUN))
+    assert {s.outcome for s in stats.select(CounterFlag.KERNEL)} == set(OUTCOMES)
+    assert ("total", *stats.ids(CounterFlag.KERNEL)) == KERNEL_COUNTS
     assert not WARMUP_OWNED & STORE_OWNED and "corrupt_rejected" in STORE_OWNED
     counters = stats.Counters(local_hits=1, remote_hits=2, compiled=1)
     assert counters.kernel_counts() == {"total": 4, "local_hits": 1, "remote_hits": 2,

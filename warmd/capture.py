@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING
 from warmd import settings
 from warmd.cache.base import CacheAdapter, CacheEntry, UnsafeArtifact
 from warmd.cache.records import recorded_entries
-from warmd.stats import F, ids
+from warmd.stats import CounterFlag, ids
 
 if TYPE_CHECKING:
     from warmd.store.api import SharedCache
@@ -174,20 +174,14 @@ def publish_learned(shared: SharedCache, adapter: CacheAdapter, plan_keys: list[
     took (published now or by another node before)."""
     taken = []
     for entry in entries:
-        before = _published(shared)
-        for plan in plan_keys:
-            shared.publish_task(adapter, learned_task(plan, entry.name), [entry], seconds)
-        if _published(shared) > before:
+        done = [shared.publish_task(adapter, learned_task(plan, entry.name), [entry], seconds)
+                for plan in plan_keys]
+        if any(publication.stored for publication in done):
             taken.append(entry.name)
     if taken:
         for plan in plan_keys:
             shared.add_learned(adapter, plan, taken)
     return taken
-
-
-def _published(shared: SharedCache) -> float:
-    counts = shared.counters
-    return counts.get("published", 0) + counts.get("already_published", 0)
 
 
 @dataclass
@@ -204,8 +198,9 @@ class _Watched:
 
 
 JitCallback = Callable[[RuntimeJit], None]
-# (counter of stats.COUNTERS with F.CAPTURE, library, amount): runtime_jit, captured (published
-# as learned, or found published), capture_refused (unsafe or oversize: never published)
+# (counter of stats.COUNTERS with CounterFlag.CAPTURE, library, amount): runtime_jit,
+# captured (published as learned, or found published), capture_refused (unsafe or
+# oversize: never published)
 CountCallback = Callable[[str, str, int], None]
 
 
@@ -224,7 +219,7 @@ class Capture:
         self.on_count = on_count
         self.inotify = inotify
         self.poll_seconds = poll_seconds
-        self.counts: dict[str, dict[str, int]] = {i: {} for i in ids(F.CAPTURE)}
+        self.counts: dict[str, dict[str, int]] = {i: {} for i in ids(CounterFlag.CAPTURE)}
         self.events: list[RuntimeJit] = []
         self._watched = self._watch_list(scopes, open_shared)
         self._dirty = threading.Event()

@@ -8,12 +8,13 @@ node's FAILED state instead of stopping the whole cluster.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import math
 import os
 import re
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import MISSING, Field, asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,37 +29,67 @@ DEFAULT_CONFIG = EXAMPLES_DIR / "warmd.yaml"
 DEFAULT_METRICS_PORT = 9464
 
 
+def _key(types, doc: str, default: Any = MISSING, *, yaml: str | None = None,
+        request: str | None = None) -> Any:
+    """A config key, written once: the dataclass field, the YAML types it accepts, what it
+    means (docs/daemon.md's table holds to these), its YAML name when not the field's, and
+    the PlanRequest field it becomes (models only)."""
+    meta = {"types": types, "doc": doc, "yaml": yaml, "request": request}
+    if isinstance(default, tuple | dict):
+        return field(default_factory=lambda: default, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def yaml_keys(cls) -> dict[str, Field]:
+    """A config dataclass's keys as warmd.yaml spells them."""
+    return {f.metadata.get("yaml") or f.name: f for f in fields(cls) if "types" in f.metadata}
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """One model to keep warm; maps onto a PlanRequest made on each node."""
 
-    path: str
-    name: str = ""
-    tp: int = 1
-    ep: int = 1
-    engine: str = "vllm"
-    mode: str | None = None  # None: what the engine's own warmup does
-    max_tokens: int | None = None
-    m_list: str | None = None
-    target: str | None = None
-    with_libs: tuple[str, ...] = ()
-    without_libs: tuple[str, ...] = ()
-    quantization: str | None = None
-    disable_kernels: tuple[str, ...] = ()
-    libraries: tuple[str, ...] = ()  # only these libraries' tasks; empty: every library
-    task_filter: str | None = None  # only tasks whose key matches this regex
-    engine_command: tuple[str, ...] = ()  # the serve command; replaces path/tp/ep/engine/...
-    env: tuple[tuple[str, str], ...] = ()  # the engine's environment variables
+    path: str = _key(str, "config.json, a directory with one, or a bundled example; `~` "
+                          "and `$VARS` expand **on each node**", request="model")
+    name: str = _key(str, "the model's name in status and plans (default: the path's last "
+                          "part)", "")
+    tp: int = _key(int, "tensor parallel size", 1, request="tp")
+    ep: int = _key(int, "expert parallel size", 1, request="ep")
+    engine: str = _key(str, "vllm, sglang: whose kernel choices to follow", "vllm",
+                       request="engine")
+    mode: str | None = _key(str, "full, relax, fast: which M values to warm (default: what "
+                                 "the engine's own warmup does)", None, request="mode")
+    max_tokens: int | None = _key(int, "largest M (vLLM: --max-num-batched-tokens)", None,
+                                  request="max_tokens")
+    m_list: str | None = _key((str, list), "explicit M values instead of `mode` (a list or "
+                                           "`1,2,4`)", None, request="m_list")
+    target: str | None = _key(str, "GPU preset to plan for instead of the node's GPU", None,
+                              request="target")
+    with_libs: tuple[str, ...] = _key(list, "libraries to plan as present", (), yaml="with",
+                                      request="with_libs")
+    without_libs: tuple[str, ...] = _key(list, "libraries to plan as absent", (),
+                                         yaml="without", request="without_libs")
+    quantization: str | None = _key(str, "override the checkpoint's quantization "
+                                         "(fp8_block, bf16...)", None, request="quantization")
+    disable_kernels: tuple[str, ...] = _key(list, "kernels never to select", (),
+                                            request="disabled_kernels")
+    libraries: tuple[str, ...] = _key(list, "warm only these libraries' tasks (deep_gemm, "
+                                            "flashinfer...); empty: every library", ())
+    task_filter: str | None = _key(str, "warm only tasks whose key matches this regex", None)
+    engine_command: tuple[str, ...] = _key((str, list), "the engine's serve command (a "
+                                                        "string or a list); replaces path, "
+                                                        "tp, ep, engine...", ())
+    env: tuple[tuple[str, str], ...] = _key((dict, list), "the engine's environment "
+                                                          "variables (VLLM_*, SGL_*...)", (),
+                                            request="engine_env")
 
     def plan_request(self, target: str | None = None) -> PlanRequest:
         """The plan request on this node: `~` and `$VARS` in the path expand here."""
-        request = PlanRequest(model=expand_path(self.path), tp=self.tp, ep=self.ep,
-                              target=self.target or target, with_libs=self.with_libs,
-                              without_libs=self.without_libs, engine=self.engine,
-                              mode=self.mode, max_tokens=self.max_tokens, m_list=self.m_list,
-                              quantization=self.quantization,
-                              disabled_kernels=self.disable_kernels,
-                              engine_env=self.env or None)
+        values = {f.metadata["request"]: getattr(self, f.name) for f in fields(self)
+                  if f.metadata.get("request")}
+        request = PlanRequest(**{**values, "model": expand_path(self.path),
+                                 "target": self.target or target,
+                                 "engine_env": self.env or None})
         if self.engine_command:
             from warmd.engines.launch import launch_request
 
@@ -68,8 +99,10 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class RedisConfig:
-    url: str | None = None  # None: the embedded server (single machine only)
-    namespace: str = "default"
+    url: str | None = _key(str, "`redis://`, `rediss://`, `unix://`, `redis+cluster://`; "
+                                "`null`: embedded server; `off`: no shared cache", None)
+    namespace: str = _key(str, "salt of every cache fingerprint and of the node records: "
+                               "change it to disown a cache", "default")
 
 
 @dataclass(frozen=True)
@@ -103,8 +136,9 @@ class NodeSelector:
     """Which Ray nodes get an agent: GPU nodes matching labels and GPU types, plus nodes
     without GPUs when builders are enabled."""
 
-    labels: tuple[tuple[str, str], ...] = ()
-    gpu_types: tuple[str, ...] = ()
+    labels: tuple[tuple[str, str], ...] = _key(dict, "Ray node labels that must all match", ())
+    gpu_types: tuple[str, ...] = _key(list, "Ray accelerator types (`H200`, `H100`...), "
+                                            "case-insensitive; empty: any GPU", ())
 
     def matches(self, labels: dict[str, str], gpus: int, gpu_type: str | None,
                 builders: bool) -> bool:
@@ -121,27 +155,32 @@ class NodeSelector:
 class BuilderConfig:
     """Nodes without GPUs build FlashInfer modules for `target` (no GPU needed)."""
 
-    enabled: bool = False
-    target: str | None = None
+    enabled: bool = _key(bool, "nodes without GPUs build FlashInfer modules", False)
+    target: str | None = _key(str, "the GPU preset builders build for (DeepGEMM needs a GPU)",
+                              None)
 
 
 @dataclass(frozen=True)
 class AgentConfig:
-    reconcile_seconds: float = 2.0
-    heartbeat_seconds: float = 5.0
-    metrics_port: int = DEFAULT_METRICS_PORT  # 0: any free port
+    reconcile_seconds: float = _key((int, float), "how often the controller looks for new "
+                                                  "and dead nodes (default 2)", 2.0)
+    heartbeat_seconds: float = _key((int, float), "how often each agent reports health "
+                                                  "(default 5)", 5.0)
+    metrics_port: int = _key(int, "Prometheus endpoint of each agent (default 9464; `0`: any "
+                                  "free port)", DEFAULT_METRICS_PORT)
 
 
 @dataclass(frozen=True)
 class WarmdConfig:
-    models: tuple[ModelConfig, ...]
-    redis: RedisConfig = field(default_factory=RedisConfig)
-    cache: CacheConfig = field(default_factory=CacheConfig)
-    signing_key_file: str | None = None
-    nodes: NodeSelector = field(default_factory=NodeSelector)
-    builders: BuilderConfig = field(default_factory=BuilderConfig)
-    agent: AgentConfig = field(default_factory=AgentConfig)
-    source: str = "<defaults>"
+    models: tuple[ModelConfig, ...] = _key(list, "the models to keep warm")
+    redis: RedisConfig = _key(dict, "the shared cache", RedisConfig())
+    cache: CacheConfig = _key(dict, "cache roots for the warm workers", CacheConfig())
+    signing_key_file: str | None = _key(str, "HMAC key for shared-cache records (required on "
+                                             "every node when set)", None)
+    nodes: NodeSelector = _key(dict, "which GPU nodes get an agent", NodeSelector())
+    builders: BuilderConfig = _key(dict, "nodes without GPUs", BuilderConfig())
+    agent: AgentConfig = _key(dict, "the node agents", AgentConfig())
+    source: str = "<defaults>"  # where it was read (not a key)
 
     def to_json(self) -> dict:
         data = asdict(self)
@@ -183,21 +222,41 @@ def redact_url(url: str | None) -> str | None:
 
 # --- parsing and validation ---------------------------------------------------------------
 
-_MODEL_KEYS = {"path": str, "name": str, "tp": int, "ep": int, "engine": str, "mode": str,
-               "max_tokens": int, "m_list": (str, list), "target": str, "with": list,
-               "without": list, "quantization": str, "disable_kernels": list,
-               "libraries": list, "task_filter": str, "engine_command": (str, list),
-               "env": (dict, list)}
-_SECTIONS: dict[str, dict[str, Any]] = {
-    "redis": {"url": str, "namespace": str},
-    "cache": {},  # one string per registered library cache root: see _section_keys
-    "nodes": {"labels": dict, "gpu_types": list},
-    "builders": {"enabled": bool, "target": str},
-    "agent": {"reconcile_seconds": (int, float), "heartbeat_seconds": (int, float),
-              "metrics_port": int},
-}
-_TOP_KEYS = {"version", "models", "signing_key_file", *_SECTIONS}
-_RENAMES = {"with": "with_libs", "without": "without_libs"}
+_SECTIONS: dict[str, type] = {"redis": RedisConfig, "cache": CacheConfig,
+                               "nodes": NodeSelector, "builders": BuilderConfig,
+                               "agent": AgentConfig}
+_RENAMES = {name: f.name for name, f in yaml_keys(ModelConfig).items() if name != f.name}
+
+
+def _model_keys() -> dict[str, Any]:
+    return {name: f.metadata["types"] for name, f in yaml_keys(ModelConfig).items()}
+
+
+def _top_keys() -> set[str]:
+    return {"version", *yaml_keys(WarmdConfig)}
+
+
+def schema_keys() -> dict[str, str]:
+    """Every warmd.yaml key, dotted as docs/daemon.md's table names it, with its meaning."""
+    out = {"version": "the config format (1)"}
+    for name, top in yaml_keys(WarmdConfig).items():
+        if name == "models":
+            out.update({f"models[].{k}": f.metadata["doc"]
+                        for k, f in yaml_keys(ModelConfig).items()})
+        elif name in _SECTIONS:
+            out.update({f"{name}.{k}": doc for k, doc in _section_docs(name).items()})
+        else:
+            out[name] = top.metadata["doc"]
+    return out
+
+
+def _section_docs(name: str) -> dict[str, str]:
+    if name == "cache":
+        from warmd.libraries import cache_roots
+
+        return {root.config_key: f"cache root for the warm workers (`{root.env}`); `null` "
+                                 "keeps the node's environment" for root in cache_roots()}
+    return {k: f.metadata["doc"] for k, f in yaml_keys(_SECTIONS[name]).items()}
 
 
 def _fail(where: str, message: str) -> WarmdInputError:
@@ -221,9 +280,12 @@ def _check_type(where: str, value, kind) -> None:
 def _check_keys(where: str, data, known) -> None:
     if not isinstance(data, dict):
         raise _fail(where, f"expected a mapping, got {data!r}")
-    for key in data:
-        if key not in known:
-            raise _fail(where, f"unknown key {key!r} (known: {', '.join(sorted(known))})")
+    for name in data:
+        if name not in known:
+            close = difflib.get_close_matches(str(name), sorted(known), n=1, cutoff=0.6)
+            hint = (f"did you mean {close[0]!r}?" if close
+                    else f"known: {', '.join(sorted(known))}")
+            raise _fail(where, f"unknown key {name!r} ({hint})")
 
 
 def _str_list(where: str, value) -> tuple[str, ...]:
@@ -241,12 +303,13 @@ def _parse_model(where: str, data) -> ModelConfig:
     from warmd.kernels.preferences import ENGINES
     from warmd.mvalues import MODES
 
-    _check_keys(where, data, _MODEL_KEYS)
+    model_keys = _model_keys()
+    _check_keys(where, data, model_keys)
     if "path" not in data and not data.get("engine_command"):
         raise _fail(where, "missing required key 'path' (or 'engine_command')")
-    for key, value in data.items():
-        if value is not None or key == "path":
-            _check_type(f"{where}.{key}", value, _MODEL_KEYS[key])
+    for name, value in data.items():
+        if value is not None or name == "path":
+            _check_type(f"{where}.{name}", value, model_keys[name])
     values = {_RENAMES.get(k, k): v for k, v in data.items() if v is not None}
     for key in ("engine_command", "env"):  # empty ones (as to_json writes them) are absent
         if not values.get(key, True):
@@ -291,10 +354,8 @@ def _parse_model(where: str, data) -> ModelConfig:
 
 def _section_keys(name: str) -> dict[str, Any]:
     if name == "cache":
-        from warmd.libraries import cache_roots
-
-        return {root.config_key: str for root in cache_roots()}
-    return _SECTIONS[name]
+        return dict.fromkeys(_section_docs("cache"), str)
+    return {k: f.metadata["types"] for k, f in yaml_keys(_SECTIONS[name]).items()}
 
 
 def _engine_command(where: str, value) -> tuple[str, ...]:
@@ -356,7 +417,7 @@ def parse_config(data, source: str = "<config>") -> WarmdConfig:
 def _parse(data) -> WarmdConfig:
     if data is None:
         data = {}
-    _check_keys("config", data, _TOP_KEYS)
+    _check_keys("config", data, _top_keys())
     if data.get("version", 1) != 1:
         raise _fail("version", f"unsupported config version {data['version']!r} (known: 1)")
     models = data.get("models")

@@ -1,9 +1,15 @@
 """Every knob warmd reads from the environment, in one table, with the engines' own names.
 
 ``KNOBS`` is the reference (README's Environment table follows it; a test holds them equal):
-each knob has its variable, a type, a default and a line of documentation, and ``Knob.get``
-is the only place in warmd that reads the environment. Writing variables for child
-processes (worker environments) happens elsewhere; reading never does.
+each knob has its variable, a type, its default (here and nowhere else) and a line of
+documentation, and ``Knob.get`` is the only place in warmd that reads the environment.
+
+One way to read a knob: code that names a variable calls its accessor below
+(``settings.state_dir()``), which is ``get(ENV)`` and nothing more, or a value derived
+from several knobs (``cuda_home()``); ``get(env)`` itself is for code that holds a
+variable's name as data (a library's cache root, an engine's variables). A test holds warmd
+to that. Writing variables for child processes (worker environments) happens elsewhere;
+reading never does.
 """
 
 from __future__ import annotations
@@ -80,10 +86,10 @@ def _home() -> Path:
     return Path(os.path.expanduser("~"))
 
 
-def _engine(env: str, doc: str) -> Knob:
+def _engine(env: str, doc: str, default: str | None = None) -> Knob:
     """A variable of an engine or toolchain that warmd reads only to put into a cache
     fingerprint (it changes the compiler's command or its cache key)."""
-    return Knob(env, STRING, None, doc)
+    return Knob(env, STRING, default, doc)
 
 
 # DeepGEMM knobs that change its compiler signature or flags, hence every kernel's cache key.
@@ -115,6 +121,7 @@ _TOOLCHAIN = {
                  "toolkit of the nvcc on PATH)",
     "CUDA_PATH": "CUDA toolkit root when CUDA_HOME is unset",
 }
+_TOOLCHAIN_DEFAULTS = {"CXX": "c++"}
 
 KNOBS: tuple[Knob, ...] = (
     # warmd's own
@@ -123,7 +130,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob("WARMD_REDIS_URL", STRING, None,
          "shared cache (`redis://`, `rediss://`, `unix://`, a Redis Cluster URL; `off`, "
          "`none` or `disabled`: no shared cache); unset: the embedded server"),
-    Knob("WARMD_NAMESPACE", STRING, None,
+    Knob("WARMD_NAMESPACE", STRING, "default",
          "salt of every fingerprint (default `default`): change it to disown a whole set of "
          "entries; overrides the config file's `redis.namespace`"),
     Knob("WARMD_SIGNING_KEY_FILE", PATH, None,
@@ -161,8 +168,9 @@ KNOBS: tuple[Knob, ...] = (
     Knob("HF_HOME", PATH, lambda: xdg_cache_home() / "huggingface",
          "Hugging Face home (default `$XDG_CACHE_HOME/huggingface`): models given as hub ids "
          "resolve in its `hub/` cache"),
-    Knob("HF_HUB_CACHE", PATH, lambda: get("HF_HOME") / "hub",
-         "Hugging Face hub cache (default `$HF_HOME/hub`; warmd never downloads)"),
+    Knob("HF_HUB_CACHE", PATH, lambda: get("HUGGINGFACE_HUB_CACHE") or get("HF_HOME") / "hub",
+         "Hugging Face hub cache (default `$HUGGINGFACE_HUB_CACHE`, else `$HF_HOME/hub`; "
+         "warmd never downloads)"),
     Knob("HUGGINGFACE_HUB_CACHE", PATH, None, "older name of `HF_HUB_CACHE`"),
     Knob("DG_JIT_CACHE_DIR", PATH, lambda: vllm_cache_root() / "deep_gemm",
          "DeepGEMM's cache root (default `$VLLM_CACHE_ROOT/deep_gemm`, as vLLM sets it)"),
@@ -173,7 +181,8 @@ KNOBS: tuple[Knob, ...] = (
     Knob("FLASHINFER_CUDA_ARCH_LIST", STRING, None,
          "arch FlashInfer builds for (default: the plan's target)"),
     *(_engine(env, _TOOLCHAIN.get(env, "FlashInfer build knob (in the FlashInfer "
-                                       "fingerprint)")) for env in FLASHINFER_COMMAND_ENV),
+                                       "fingerprint)"), _TOOLCHAIN_DEFAULTS.get(env))
+      for env in FLASHINFER_COMMAND_ENV),
     Knob("FLASHINFER_AUTOTUNE_CACHE_DIR", PATH,
          lambda: flashinfer_workspace_base() / ".cache" / "flashinfer" / "autotune",
          "FlashInfer's managed autotune store (default "
@@ -201,7 +210,8 @@ _BY_ENV = {knob.env: knob for knob in KNOBS}
 
 
 def get(env: str) -> Any:
-    """The value of the knob for this variable (its default when unset)."""
+    """The value of the knob for this variable (its default when unset); for a variable
+    named in code, call its accessor instead."""
     return _BY_ENV[env].get()
 
 
@@ -280,7 +290,7 @@ def flashinfer_arch_list() -> str | None:
 
 
 def cxx() -> str:
-    return get("CXX") or "c++"
+    return get("CXX")
 
 
 def cuda_home() -> Path:
@@ -304,6 +314,15 @@ def visible_devices() -> str | None:
     return get("CUDA_VISIBLE_DEVICES")
 
 
+def visible_gpu_ids() -> tuple[str, ...] | None:
+    """CUDA_VISIBLE_DEVICES parsed (the one place that does): its ids (indices or UUIDs)
+    in order; None when unset (every GPU is visible), () when set and empty (none is)."""
+    visible = visible_devices()
+    if visible is None:
+        return None
+    return tuple(part.strip() for part in visible.split(",") if part.strip())
+
+
 def disabled_kernels() -> frozenset[str]:
     """WARMD_DISABLED_KERNELS (the engine's own VLLM_DISABLED_KERNELS is an engine variable:
     warmd.engines.environment)."""
@@ -312,8 +331,7 @@ def disabled_kernels() -> frozenset[str]:
 
 def hub_cache_dir() -> Path:
     """huggingface_hub's cache: HF_HUB_CACHE, HUGGINGFACE_HUB_CACHE, else $HF_HOME/hub."""
-    explicit = _BY_ENV["HF_HUB_CACHE"].raw() or _BY_ENV["HUGGINGFACE_HUB_CACHE"].raw()
-    return Path(explicit).expanduser() if explicit else get("HF_HUB_CACHE").expanduser()
+    return get("HF_HUB_CACHE").expanduser()
 
 
 def columns() -> str:
@@ -338,12 +356,12 @@ def store_is_off(url: str | None) -> bool:
 
 def namespace() -> str:
     """Salt of every shared-cache fingerprint: change it to disown a whole set of entries."""
-    return namespace_override() or "default"
+    return get("WARMD_NAMESPACE")
 
 
 def namespace_override() -> str | None:
     """WARMD_NAMESPACE when set (the daemon's config file is overridden only then)."""
-    return get("WARMD_NAMESPACE")
+    return namespace() if is_set("WARMD_NAMESPACE") else None
 
 
 # WARMD_SIGNING_KEY=<this><path>: the key was moved into that 0600 file (warmd.store.credentials)
@@ -355,12 +373,17 @@ def signing_key_file() -> str | None:
     return str(path) if path else None
 
 
+def signing_key_text() -> str | None:
+    """WARMD_SIGNING_KEY as set: the key, or where it was moved (SECRET_FILE_PREFIX)."""
+    return get("WARMD_SIGNING_KEY")
+
+
 def signing_key() -> bytes | None:
     """HMAC key for manifests, from WARMD_SIGNING_KEY_FILE or WARMD_SIGNING_KEY."""
     path = signing_key_file()
     if path:
         return Path(path).read_bytes().strip()
-    value = get("WARMD_SIGNING_KEY")
+    value = signing_key_text()
     if value and value.startswith(SECRET_FILE_PREFIX):  # moved out of the environment
         return Path(value[len(SECRET_FILE_PREFIX):]).read_bytes().strip()
     return value.encode() if value else None
@@ -388,7 +411,7 @@ def node_name() -> str:
     import socket
     import uuid
 
-    if get("WARMD_NODE_NAME"):
+    if get("WARMD_NODE_NAME"):  # an accessor's own variable (node_name is its accessor)
         return get("WARMD_NODE_NAME")
     path = state_dir() / "node-id"
     try:
@@ -430,3 +453,23 @@ def config_path() -> Path | None:
 def metrics_port() -> str | None:
     """WARMD_METRICS_PORT: port of each node agent's Prometheus endpoint (0: any free port)."""
     return get("WARMD_METRICS_PORT")
+
+
+def compile_nice() -> int:
+    """WARMD_COMPILE_NICE: nice increment of DeepGEMM's kernel-stage nvcc runs (0: none)."""
+    return get("WARMD_COMPILE_NICE")
+
+
+def library_packages() -> tuple[str, ...]:
+    """WARMD_LIBRARY_PACKAGES: more packages that each register a JIT library."""
+    return get("WARMD_LIBRARY_PACKAGES")
+
+
+def deep_gemm_nvcc() -> str | None:
+    """DG_JIT_NVCC_COMPILER: the nvcc DeepGEMM's JIT runs, when the operator chose one."""
+    return get("DG_JIT_NVCC_COMPILER")
+
+
+def vllm_flashinfer_autotune_dir() -> Path | None:
+    """VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR when set (else vLLM's versioned default)."""
+    return get("VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR")

@@ -28,7 +28,9 @@ class Outcome(str, enum.Enum):
         return self in (Outcome.LOCAL_HIT, Outcome.REMOTE_HIT)
 
 
-class F(enum.Flag):
+class CounterFlag(enum.Flag):
+    """What a counter is and where it shows (a counter has several)."""
+
     NONE = 0
     RUN = enum.auto()  # a warmup counts it: a field of Counters
     STORE = enum.auto()  # only the store can count it; warmup's reports of it are ignored
@@ -51,75 +53,77 @@ class F(enum.Flag):
 class Stat:
     id: str
     description: str  # as the text renderings show it
-    flags: F = F.NONE
+    flags: CounterFlag = CounterFlag.NONE
     outcome: Outcome | None = None  # the kernel outcome it counts (KERNEL), a Prometheus label
     column: str | None = None  # header in `warmd cache stats` tables
 
-    def has(self, flag: F) -> bool:
+    def has(self, flag: CounterFlag) -> bool:
         return bool(self.flags & flag)
 
 
-_COLS = F.NODE_COLUMN | F.FP_COLUMN
+# The table spells CounterFlag as _F, so that each counter reads on one line.
+_F = CounterFlag
+_COLS = _F.NODE_COLUMN | _F.FP_COLUMN
 COUNTERS: tuple[Stat, ...] = (
     # What a warmup counts (Counters fields, in the order the text shows them).
-    Stat("tasks", "Tasks", F.RUN),
-    Stat("tasks_failed", "failed", F.RUN | F.ERROR | F.DETAIL),
-    Stat("local_hits", "local hits", F.RUN | F.KERNEL | F.HIT | F.DETAIL | _COLS, Outcome.LOCAL_HIT,
-         "local"),
-    Stat("remote_hits", "remote hits", F.RUN | F.KERNEL | F.HIT | F.DETAIL | _COLS,
+    Stat("tasks", "Tasks", _F.RUN),
+    Stat("tasks_failed", "failed", _F.RUN | _F.ERROR | _F.DETAIL),
+    Stat("local_hits", "local hits", _F.RUN | _F.KERNEL | _F.HIT | _F.DETAIL | _COLS,
+         Outcome.LOCAL_HIT, "local"),
+    Stat("remote_hits", "remote hits", _F.RUN | _F.KERNEL | _F.HIT | _F.DETAIL | _COLS,
          Outcome.REMOTE_HIT, "remote"),
-    Stat("compiled", "compiled", F.RUN | F.KERNEL | F.DETAIL | F.NODE_COLUMN, Outcome.COMPILED,
-         "compiled"),
-    Stat("failed", "failed", F.RUN | F.KERNEL | F.ERROR | F.DETAIL | F.NODE_COLUMN, Outcome.FAILED,
-         "failed"),
-    Stat("compile_seconds", "Compile time", F.RUN | F.TIME),
-    Stat("compile_seconds_saved", "Compile time saved", F.RUN | F.TIME | _COLS,
+    Stat("compiled", "compiled", _F.RUN | _F.KERNEL | _F.DETAIL | _F.NODE_COLUMN,
+         Outcome.COMPILED, "compiled"),
+    Stat("failed", "failed", _F.RUN | _F.KERNEL | _F.ERROR | _F.DETAIL | _F.NODE_COLUMN,
+         Outcome.FAILED, "failed"),
+    Stat("compile_seconds", "Compile time", _F.RUN | _F.TIME),
+    Stat("compile_seconds_saved", "Compile time saved", _F.RUN | _F.TIME | _COLS,
          column="saved"),
     # Where a warm path spends its time: reading entries from the store (records, manifests,
     # blobs, their digests checked), writing them into the local cache, and checking entries
     # already on disk against this node's task records.
-    Stat("fetch_seconds", "Fetch time", F.RUN | F.STORE | F.TIME),
-    Stat("install_seconds", "Install time", F.RUN | F.STORE | F.TIME),
-    Stat("verify_seconds", "Verify time", F.RUN | F.TIME),
+    Stat("fetch_seconds", "Fetch time", _F.RUN | _F.STORE | _F.TIME),
+    Stat("install_seconds", "Install time", _F.RUN | _F.STORE | _F.TIME),
+    Stat("verify_seconds", "Verify time", _F.RUN | _F.TIME),
     Stat("corrupt_rejected", "Corrupt entries rejected",
-         F.RUN | F.STORE | F.ERROR | F.REFUSAL | _COLS, column="rejected"),
-    Stat("bytes_fetched", "Fetched", F.RUN | F.STORE | F.BYTES | _COLS, column="fetched"),
-    Stat("bytes_published", "Published", F.RUN | F.STORE | F.BYTES | F.NODE_COLUMN,
+         _F.RUN | _F.STORE | _F.ERROR | _F.REFUSAL | _COLS, column="rejected"),
+    Stat("bytes_fetched", "Fetched", _F.RUN | _F.STORE | _F.BYTES | _COLS, column="fetched"),
+    Stat("bytes_published", "Published", _F.RUN | _F.STORE | _F.BYTES | _F.NODE_COLUMN,
          column="published"),
     # What only the store counts (its per-node and per-fingerprint stats).
     Stat("signature_rejected", "bad or missing signature",
-         F.STORE | F.ERROR | F.REFUSAL | F.DETAIL | F.SHOWN),
+         _F.STORE | _F.ERROR | _F.REFUSAL | _F.DETAIL | _F.SHOWN),
     Stat("unsafe_rejected", "unsafe archive",
-         F.STORE | F.ERROR | F.REFUSAL | F.DETAIL | F.SHOWN),
-    Stat("refused_here", "Entries this node cannot use", F.STORE | F.REFUSAL),
-    Stat("quarantined", "Entries quarantined", F.STORE | F.SHOWN),
-    Stat("published", "Entries published", F.STORE | F.SHOWN | F.FP_COLUMN, column="published"),
-    Stat("already_published", "Entries another node had published", F.STORE),
-    Stat("imported", "Entries imported", F.STORE),
-    Stat("publish_denied", "Publish refused (ACL)", F.STORE | F.ERROR | F.TROUBLE | F.SHOWN),
-    Stat("publish_failed", "Publish failed", F.STORE | F.ERROR | F.TROUBLE | F.SHOWN),
-    Stat("publish_skipped", "Publish skipped (store off or read-only)", F.STORE),
-    Stat("store_errors", "Store errors", F.STORE | F.ERROR | F.TROUBLE | F.DOWN | F.SHOWN),
-    Stat("store_skipped", "Skipped (breaker open)", F.STORE | F.TROUBLE | F.DOWN | F.SHOWN),
-    Stat("install_failed", "Installs failed here", F.STORE | F.ERROR),
-    Stat("fetch_failed", "Fetches failed (bug)", F.STORE | F.ERROR | F.SHOWN),
-    Stat("tasks_hit", "Tasks found complete", F.STORE),
-    Stat("tasks_missed", "Tasks not found", F.STORE),
-    Stat("leases_acquired", "Leases acquired", F.STORE),
-    Stat("lease_waits", "Waited for another node", F.STORE | F.SHOWN),
-    Stat("lease_waits_satisfied", "Waits ended by a publication", F.STORE),
-    Stat("published_meanwhile", "Published before the lease was asked", F.STORE),
-    Stat("lease_takeovers", "Leases taken over", F.STORE | F.SHOWN),
-    Stat("lease_timeouts", "Waits timed out", F.STORE | F.ERROR | F.SHOWN),
-    Stat("lease_lost", "Leases lost while compiling", F.STORE | F.ERROR),
-    # Hardening (issue 13): what happened to entries this node refused.
-    Stat("replaced", "Refused entries replaced", F.STORE | F.SHOWN),
+         _F.STORE | _F.ERROR | _F.REFUSAL | _F.DETAIL | _F.SHOWN),
+    Stat("refused_here", "Entries this node cannot use", _F.STORE | _F.REFUSAL),
+    Stat("quarantined", "Entries quarantined", _F.STORE | _F.SHOWN),
+    Stat("published", "Entries published", _F.STORE | _F.SHOWN | _F.FP_COLUMN, column="published"),
+    Stat("already_published", "Entries another node had published", _F.STORE),
+    Stat("imported", "Entries imported", _F.STORE),
+    Stat("publish_denied", "Publish refused (ACL)", _F.STORE | _F.ERROR | _F.TROUBLE | _F.SHOWN),
+    Stat("publish_failed", "Publish failed", _F.STORE | _F.ERROR | _F.TROUBLE | _F.SHOWN),
+    Stat("publish_skipped", "Publish skipped (store off or read-only)", _F.STORE),
+    Stat("store_errors", "Store errors", _F.STORE | _F.ERROR | _F.TROUBLE | _F.DOWN | _F.SHOWN),
+    Stat("store_skipped", "Skipped (breaker open)", _F.STORE | _F.TROUBLE | _F.DOWN | _F.SHOWN),
+    Stat("install_failed", "Installs failed here", _F.STORE | _F.ERROR),
+    Stat("fetch_failed", "Fetches failed (bug)", _F.STORE | _F.ERROR | _F.SHOWN),
+    Stat("tasks_hit", "Tasks found complete", _F.STORE),
+    Stat("tasks_missed", "Tasks not found", _F.STORE),
+    Stat("leases_acquired", "Leases acquired", _F.STORE),
+    Stat("lease_waits", "Waited for another node", _F.STORE | _F.SHOWN),
+    Stat("lease_waits_satisfied", "Waits ended by a publication", _F.STORE),
+    Stat("published_meanwhile", "Published before the lease was asked", _F.STORE),
+    Stat("lease_takeovers", "Leases taken over", _F.STORE | _F.SHOWN),
+    Stat("lease_timeouts", "Waits timed out", _F.STORE | _F.ERROR | _F.SHOWN),
+    Stat("lease_lost", "Leases lost while compiling", _F.STORE | _F.ERROR),
+    # What happened to entries this node refused.
+    Stat("replaced", "Refused entries replaced", _F.STORE | _F.SHOWN),
     Stat("publish_blocked", "Replace refused (no key)",
-         F.STORE | F.ERROR | F.SHOWN),
+         _F.STORE | _F.ERROR | _F.SHOWN),
     # What a node's capture counts after READY (node records, Prometheus `warmd_<id>_total`).
-    Stat("runtime_jit", "Runtime JIT (after READY)", F.CAPTURE | F.ERROR),
-    Stat("captured", "Entries captured and shared", F.CAPTURE),
-    Stat("capture_refused", "Captured entries refused (unsafe)", F.CAPTURE | F.ERROR),
+    Stat("runtime_jit", "Runtime JIT (after READY)", _F.CAPTURE | _F.ERROR),
+    Stat("captured", "Entries captured and shared", _F.CAPTURE),
+    Stat("capture_refused", "Captured entries refused (unsafe)", _F.CAPTURE | _F.ERROR),
 )
 # HELP of the Prometheus counters derived from the table (warmd.cluster.metrics): every
 # counter a warmup or a capture counts that is not a kernel outcome (those are one
@@ -149,19 +153,20 @@ def help_text(stat: Stat) -> str:
     return HELP[stat.id]
 
 
-def select(flag: F, without: F = F.NONE) -> tuple[Stat, ...]:
+def select(flag: CounterFlag, without: CounterFlag = CounterFlag.NONE) -> tuple[Stat, ...]:
     """The counters with every flag in `flag` and none in `without`, in table order."""
     return tuple(s for s in COUNTERS if s.flags & flag == flag and not s.flags & without)
 
 
-def ids(flag: F, without: F = F.NONE) -> tuple[str, ...]:
+def ids(flag: CounterFlag, without: CounterFlag = CounterFlag.NONE) -> tuple[str, ...]:
     return tuple(s.id for s in select(flag, without))
 
 
 def hit_rate(values: dict) -> float | None:
     """Hits over kernels of any counter mapping; None when there were no kernels."""
-    total = sum(values.get(i, 0) for i in ids(F.KERNEL))
-    return sum(values.get(i, 0) for i in ids(F.KERNEL | F.HIT)) / total if total else None
+    total = sum(values.get(i, 0) for i in ids(CounterFlag.KERNEL))
+    hits = sum(values.get(i, 0) for i in ids(CounterFlag.KERNEL | CounterFlag.HIT))
+    return hits / total if total else None
 
 
 class _CountersBase:
@@ -172,13 +177,13 @@ class _CountersBase:
         values = other.to_json() if isinstance(other, _CountersBase) else other
         for f in fields(self):
             if f.name in values and values[f.name] is not None:
-                cast = float if BY_ID[f.name].has(F.TIME) else int
+                cast = float if BY_ID[f.name].has(CounterFlag.TIME) else int
                 setattr(self, f.name, getattr(self, f.name) + cast(values[f.name]))
         return self
 
     @property
     def kernels(self) -> int:
-        return sum(getattr(self, i) for i in ids(F.KERNEL))
+        return sum(getattr(self, i) for i in ids(CounterFlag.KERNEL))
 
     @property
     def hit_rate(self) -> float:
@@ -187,11 +192,11 @@ class _CountersBase:
 
     def kernel_counts(self) -> dict[str, int]:
         """{"total": kernels, and each outcome}: what a node record and `warmd status` show."""
-        return {"total": self.kernels, **{i: getattr(self, i) for i in ids(F.KERNEL)}}
+        return {"total": self.kernels, **{i: getattr(self, i) for i in ids(CounterFlag.KERNEL)}}
 
     def to_json(self) -> dict:
         data = asdict(self)
-        for name in ids(F.RUN | F.TIME):
+        for name in ids(CounterFlag.RUN | CounterFlag.TIME):
             data[name] = round(data[name], 3)
         return data
 
@@ -202,13 +207,14 @@ class _CountersBase:
     def render_text(self, title: str = "warmd cache statistics") -> str:
         total = self.kernels
         rows = []
-        for stat in select(F.RUN):
-            if stat.id == ids(F.KERNEL)[0]:
+        for stat in select(CounterFlag.RUN):
+            if stat.id == ids(CounterFlag.KERNEL)[0]:
                 rows.append(("Kernels", f"{total}", ""))
             value = getattr(self, stat.id)
-            share = f"({100.0 * value / total:5.1f}%)" if stat.has(F.KERNEL) and total else ""
+            kernel = stat.has(CounterFlag.KERNEL)
+            share = f"({100.0 * value / total:5.1f}%)" if kernel and total else ""
             rows.append((_label(stat), format_value(stat, value), share))
-            if stat.id == ids(F.KERNEL)[-1]:
+            if stat.id == ids(CounterFlag.KERNEL)[-1]:
                 rows.append(("Hit rate", f"{100.0 * self.hit_rate:.1f} %", ""))
         width = max(len(r[0]) for r in rows) + 2
         lines = [title]
@@ -218,8 +224,9 @@ class _CountersBase:
 
 Counters = make_dataclass(
     "Counters",
-    [(s.id, float if s.has(F.TIME) else int, field(default=0.0 if s.has(F.TIME) else 0))
-     for s in select(F.RUN)],
+    [(s.id, float if s.has(CounterFlag.TIME) else int,
+      field(default=0.0 if s.has(CounterFlag.TIME) else 0))
+     for s in select(CounterFlag.RUN)],
     bases=(_CountersBase,))
 Counters.__module__ = __name__
 Counters.__doc__ = "One set of cache counters, for a warmup run and the cluster totals alike."
@@ -227,17 +234,17 @@ Counters.__doc__ = "One set of cache counters, for a warmup run and the cluster 
 
 def render_details(totals: dict) -> list[str]:
     """The store counters `warmd cache stats` lists under the Counters summary."""
-    return [f"{_label(s):<26}{int(totals.get(s.id, 0)):>12}" for s in select(F.SHOWN)]
+    return [f"{_label(s):<26}{int(totals.get(s.id, 0)):>12}" for s in select(CounterFlag.SHOWN)]
 
 
 def _label(stat: Stat) -> str:
-    return f"  {stat.description}" if stat.has(F.DETAIL) else stat.description
+    return f"  {stat.description}" if stat.has(CounterFlag.DETAIL) else stat.description
 
 
 def format_value(stat: Stat, value: float) -> str:
-    if stat.has(F.TIME):
+    if stat.has(CounterFlag.TIME):
         return format_seconds(float(value))
-    if stat.has(F.BYTES):
+    if stat.has(CounterFlag.BYTES):
         return format_bytes(int(value))
     return f"{int(value)}"
 

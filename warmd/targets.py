@@ -163,15 +163,10 @@ def detect_local_gpus() -> tuple[Target, ...]:
 
 
 def _visible_indices(total: int) -> list[int]:
-    visible = settings.visible_devices()
+    visible = settings.visible_gpu_ids()
     if visible is None:
         return list(range(total))
-    indices = []
-    for part in visible.split(","):
-        part = part.strip()
-        if part.isdigit() and int(part) < total:
-            indices.append(int(part))
-    return indices
+    return [int(part) for part in visible if part.isdigit() and int(part) < total]
 
 
 def _group(found: list[Target]) -> list[Target]:

@@ -15,8 +15,8 @@ from rich.table import Table
 from warmd.cli.render import Col, fitted_table, make_console
 from warmd.errors import WarmdInputError
 from warmd.stats import (
+    CounterFlag,
     Counters,
-    F,
     format_bytes,
     format_seconds,
     format_value,
@@ -171,15 +171,15 @@ def stats(redis_url, as_json) -> None:
         console.print(_fp_table(data["fingerprints"]))
 
 
-def _counter_columns(column: F) -> list[tuple[str, Callable[[dict], str]]]:
+def _counter_columns(column: CounterFlag) -> list[tuple[str, Callable[[dict], str]]]:
     """(header, cell of a counter dict) for a stats table's counter columns (the counters
     flagged `column`), with the hit rate after the kernel outcomes when all are shown."""
     out: list[tuple[str, Callable[[dict], str]]] = []
-    every_outcome = select(column | F.KERNEL) == select(F.KERNEL)
+    every_outcome = select(column | CounterFlag.KERNEL) == select(CounterFlag.KERNEL)
     for stat in select(column):
         out.append((stat.column or stat.id,
                     lambda c, stat=stat: format_value(stat, c.get(stat.id, 0))))
-        if every_outcome and stat == select(F.KERNEL)[-1]:
+        if every_outcome and stat == select(CounterFlag.KERNEL)[-1]:
             out.append(("hit rate", _rate))
     return out
 
@@ -190,9 +190,10 @@ def _rate(counters: dict) -> str:
 
 
 def _node_table(nodes: dict) -> Table:
-    counter_cols = _counter_columns(F.NODE_COLUMN)
-    columns = [Col("node", "id"), *(Col(h, justify="right") for h, _ in counter_cols),
-               Col("last seen", justify="right")]
+    counter_cols = _counter_columns(CounterFlag.NODE_COLUMN)
+    columns = [Col("node", "id"), *(Col(h, justify="right", dropped=h != "hit rate")
+                                    for h, _ in counter_cols),
+               Col("last seen", justify="right", dropped=True)]
     rows = []
     for node, c in sorted(nodes.items()):
         counters = Counters.from_json(c).to_json()
@@ -202,9 +203,10 @@ def _node_table(nodes: dict) -> Table:
 
 
 def _fp_table(fps: dict) -> Table:
-    counter_cols = _counter_columns(F.FP_COLUMN)
-    columns = [Col("fingerprint", "id"), Col("library"), Col("namespace", "id"),
-               Col("entries", justify="right"), *(Col(h, justify="right") for h, _ in counter_cols)]
+    counter_cols = _counter_columns(CounterFlag.FP_COLUMN)
+    columns = [Col("fingerprint", "id", whole=False), Col("library"),
+               Col("namespace", "id", dropped=True), Col("entries", justify="right"),
+               *(Col(h, justify="right", dropped=True) for h, _ in counter_cols)]
     rows = [[fp, info["library"], str(info["namespace"] or "-"), str(info["entries"]),
              *(cell(info["counters"]) for _h, cell in counter_cols)]
             for fp, info in sorted(fps.items())]
@@ -398,7 +400,7 @@ def import_cmd(path, redis_url, as_json) -> None:
     if as_json:
         _echo_json(counts)
     else:
-        refused = sum(counts[s.id] for s in select(F.REFUSAL | F.ERROR))
+        refused = sum(counts[s.id] for s in select(CounterFlag.REFUSAL | CounterFlag.ERROR))
         click.echo(f"imported {counts['imported']} entries ({counts['already_present']} "
                    f"already present), {counts['tasks']} task records; refused {refused}")
 

@@ -5,15 +5,21 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import shutil
 import signal
 import sys
 import time
 
 import click
 
+from warmd.cli.status_view import (
+    render_start_summary,
+    render_status,
+    render_stopped,
+    start_seconds,
+)
+from warmd.cluster.state import WARM_STATES, NodeStatus
+from warmd.cluster.status import StatusSnapshot
 from warmd.config import load_config
-from warmd.stats import F, format_bytes, ids
 
 
 class _Seconds(click.ParamType):
@@ -118,7 +124,7 @@ def start(config_path, redis_url, namespace, address, metrics_port, wait, timeou
     elif wait:
         snap, code = _wait_for_nodes(None, config, timeout, started.address, interval=0.25)
         if as_json:
-            summary["status"] = status_json(snap)
+            summary["status"] = snap.to_json()
             summary["seconds"] = start_seconds(started.seconds, time.monotonic() - waited,
                                                time.monotonic() - began, snap)
         else:
@@ -128,38 +134,17 @@ def start(config_path, redis_url, namespace, address, metrics_port, wait, timeou
     sys.exit(code)
 
 
-def start_seconds(started: dict, waited: float, total: float, snap: dict) -> dict:
-    """Where a `start` spent its time: starting or joining Ray, creating the controller,
-    waiting for the nodes, and each node's own warmup, split by its seconds counters
-    (warmd.stats, TIME: compile, fetch from the store, install, verify on disk)."""
-    nodes = {n["node_id"]: {"warm": n.get("warm_seconds"), "state": n.get("state"),
-                            "remote_hits": (n.get("kernels") or {}).get("remote_hits"),
-                            "compiled": (n.get("kernels") or {}).get("compiled"),
-                            "bytes_fetched": (n.get("counters") or {}).get("bytes_fetched"),
-                            **{i: (n.get("counters") or {}).get(i)
-                               for i in ids(F.RUN | F.TIME)}}
-             for n in snap.get("nodes", [])}
-    return {**started, "wait_nodes": round(waited, 3), "total": round(total, 3),
-            "nodes": nodes}
-
-
-def _wait_for_nodes(node_id, config, timeout: float, address, interval: float = 1.0):
+def _wait_for_nodes(node_id, config, timeout: float, address, interval: float = 1.0
+                    ) -> tuple[StatusSnapshot, int]:
     """Poll until the target nodes settle; (last snapshot, exit code)."""
     from warmd.cluster import client
-    from warmd.cluster.state import FAILED, WARM_STATES
 
     deadline = time.monotonic() + timeout
     while True:
         snap = client.snapshot(address, config)
-        nodes = [n for n in snap["nodes"] if node_id is None or client.node_matches(n, node_id)]
-        reconciled = (snap.get("controller") or {}).get("counters", {}).get("reconciles", 0)
-        if node_id is None and snap["running"] and reconciled and not snap["nodes"]:
-            return snap, 0  # nothing selected: nothing to wait for
-        current = (snap.get("controller") or {}).get("config_hash")
-        settled = [n for n in nodes if n["state"] in WARM_STATES | {FAILED}
-                   and (not current or n.get("config_hash") == current)]
-        if nodes and len(settled) == len(nodes):  # warm or failed for the current config
-            return snap, 0 if all(n["state"] in WARM_STATES for n in nodes) else 1
+        settled = snap.settled(node_id)
+        if settled is not None:
+            return snap, 0 if settled else 1
         if time.monotonic() >= deadline:
             return snap, 1
         time.sleep(interval)
@@ -233,28 +218,27 @@ def _show_status(address, config, as_json: bool, watch: bool,
     from warmd.cluster import client
 
     snap = client.snapshot(address, config)
-    no_node = (snap.get("controller") or {}).get("no_node") if snap["running"] else None
     if as_json:
-        click.echo(json.dumps(status_json(snap), indent=None if watch else 2))
-    elif not snap["running"] and not snap["nodes"]:
+        click.echo(json.dumps(snap.to_json(), indent=None if watch else 2))
+    elif not snap.running and not snap.nodes:
         click.echo(render_stopped(snap))
     else:
         if watch:
             click.clear()
         click.echo(render_status(snap))
-    if no_node and not watch:
-        click.echo(f"warmd: {no_node}", err=True)
-    jit = runtime_jit_total(snap["nodes"])
-    if fail_on_runtime_jit and jit and not watch:
-        click.echo(f"warmd: {jit} kernel(s) compiled after READY (runtime JIT)", err=True)
-    return status_code(snap, no_node, fail_on_runtime_jit)
+    if snap.no_node and not watch:
+        click.echo(f"warmd: {snap.no_node}", err=True)
+    if fail_on_runtime_jit and snap.runtime_jit and not watch:
+        click.echo(f"warmd: {snap.runtime_jit} kernel(s) compiled after READY (runtime JIT)",
+                   err=True)
+    return status_code(snap, fail_on_runtime_jit)
 
 
-def status_code(snap: dict, no_node: str | None, fail_on_runtime_jit: bool) -> int:
+def status_code(snap: StatusSnapshot, fail_on_runtime_jit: bool) -> int:
     """0 when every selected node is READY (and, when asked, none compiled after READY)."""
-    if fail_on_runtime_jit and runtime_jit_total(snap["nodes"]):
+    if fail_on_runtime_jit and snap.runtime_jit:
         return 1
-    return 0 if _ready(snap) and not no_node else 1
+    return 0 if snap.ready and not snap.no_node else 1
 
 
 class _WatchStopped(Exception):
@@ -284,12 +268,6 @@ def _stop_on_signals():
         sys.exit(stopped.code)
 
 
-def _ready(snap: dict) -> bool:
-    from warmd.cluster.state import READY
-
-    return snap["running"] and all(n["state"] == READY for n in snap["nodes"])
-
-
 # --- warmd wait-ready -----------------------------------------------------------------------
 
 @click.command("wait-ready")
@@ -309,250 +287,32 @@ def wait_ready(address, node_id, all_nodes, timeout, config_path, redis_url, nam
     reachable). Exit code 0 when warm, 1 when a node FAILED, the config selects no node or
     the time ran out.
     """
-    from warmd.cluster.state import WARM_STATES
     from warmd.errors import WarmdInputError
 
     if node_id and all_nodes:
         raise WarmdInputError("use either --node-id or --all, not both")
     config = _load(config_path, redis_url, namespace)
     snap, code = _wait_for_nodes(node_id, config, timeout, address, interval=0.5)
-    from warmd.cluster import client
-
-    nodes = [n for n in snap["nodes"] if node_id is None or client.node_matches(n, node_id)]
+    nodes = snap.matching(node_id)
     if code == 0 and nodes:
-        degraded = [n for n in nodes if n["state"] != "READY"]
+        degraded = [n for n in nodes if n.state != NodeStatus.READY]
         click.echo(f"ready: {len(nodes)} node(s) warm"
                    + (f" ({len(degraded)} DEGRADED)" if degraded else ""))
     elif code == 0:  # nothing selected: a probe must not pass on a cluster warming nothing
-        no_node = (snap.get("controller") or {}).get("no_node") or "the config selects no node"
+        no_node = (snap.controller.no_node if snap.controller else None) or \
+            "the config selects no node"
         click.echo(f"not ready: {no_node}", err=True)
         code = 1
-    elif not snap["running"]:
+    elif not snap.running:
         click.echo("not ready: warmd is not running", err=True)
     elif not nodes:
         click.echo(f"not ready: no node {node_id!r} (yet)", err=True)
     else:
         for n in nodes:
-            if n["state"] not in WARM_STATES:
-                reason = f": {n['reason']}" if n.get("reason") else ""
-                click.echo(f"not ready: node {n['node_id'][:8]} {n['state']}{reason}", err=True)
+            if n.state not in WARM_STATES:
+                reason = f": {n.reason}" if n.reason else ""
+                click.echo(f"not ready: node {n.node_id[:8]} {n.state}{reason}", err=True)
     sys.exit(code)
-
-
-# --- rendering ------------------------------------------------------------------------------
-
-def totals(nodes: list[dict]):
-    from warmd.stats import Counters
-
-    total = Counters()
-    for node in nodes:
-        total.add(node.get("counters") or {})
-    return total
-
-
-def runtime_jit_total(nodes: list[dict]) -> int:
-    return sum(int(v) for n in nodes for v in (n.get("runtime_jit") or {}).values())
-
-
-def runtime_jit_events(nodes: list[dict]) -> list[dict]:
-    """Every node's recorded runtime JIT events (library, entry, node, at), oldest first."""
-    return sorted((e for n in nodes for e in n.get("runtime_jit_events") or []),
-                  key=lambda e: e.get("at") or 0)
-
-
-def status_json(snap: dict) -> dict:
-    counters = totals(snap["nodes"])
-    summary = counters.to_json()
-    summary["kernels"] = counters.kernels
-    summary["hit_rate"] = round(counters.hit_rate, 4)
-    summary["runtime_jit"] = runtime_jit_total(snap["nodes"])
-    summary["store_size"] = snap.get("store_size")
-    return {"running": snap["running"], "source": snap["source"],
-            "ray_address": snap.get("ray_address"), "ready": _ready(snap),
-            "controller": snap.get("controller"), "nodes": snap["nodes"], "totals": summary,
-            "runtime_jit": runtime_jit_events(snap["nodes"])}
-
-
-def _when(ts: float | None) -> str:
-    return time.strftime("%H:%M:%S", time.localtime(ts)) if ts else "-"
-
-
-def _gpus(node: dict) -> str:
-    if node.get("gpus"):
-        return f"{node['gpus']}x {node.get('gpu_type') or 'GPU'}"
-    return "builder" if node.get("role") == "builder" else "-"
-
-
-def terminal_width() -> int:
-    return shutil.get_terminal_size((100, 24)).columns
-
-
-def clip(text: str, width: int) -> str:
-    """text in at most width characters: cut with an ellipsis, never wrapped mid-word."""
-    return text if len(text) <= width else text[:max(width - 1, 0)] + "…"
-
-
-def render_status(snap: dict, width: int | None = None) -> str:
-    width = width or terminal_width()
-    lines = [f"======== warmd status: {time.strftime('%Y-%m-%d %H:%M:%S')} ========"]
-    ctl = snap.get("controller") or {}
-    if snap["running"]:
-        up = time.time() - ctl.get("started_at", time.time())
-        lines.append(f"Controller: running on node {ctl.get('node_id', '?')[:8]} for "
-                     f"{up / 60:.0f} min; config {ctl.get('config_hash', '?')}; "
-                     f"Ray {snap.get('ray_address')}")
-        lines.append(f"Shared cache: {ctl.get('redis') or 'off'} "
-                     f"(namespace {ctl.get('config', {}).get('redis', {}).get('namespace')})")
-    else:
-        where = f"Ray {snap['ray_address']}" if snap.get("ray_address") else "no Ray cluster"
-        lines.append(f"Controller: not running ({where}); node records from Redis "
-                     f"{snap.get('redis') or '(none)'}"
-                     + (f": {snap['redis_error']}" if snap.get("redis_error") else ""))
-    lines += ["", *_node_table(snap["nodes"], width, ctl.get("no_node")), ""]
-    counters = totals(snap["nodes"])
-    lines.append(counters.render_text("Cluster totals"))
-    lines.append(_runtime_jit_line(snap["nodes"]))
-    lines.append(_store_size_line(snap.get("store_size")))
-    return "\n".join(lines)
-
-
-_LABEL_WIDTH = len("Corrupt entries rejected") + 2
-
-
-def _runtime_jit_line(nodes: list[dict]) -> str:
-    from warmd.stats import BY_ID
-
-    return f"{BY_ID['runtime_jit'].description:<{_LABEL_WIDTH}}" \
-        f"{runtime_jit_total(nodes):>12}"
-
-
-def _runtime_jit_note(node: dict) -> str | None:
-    """'runtime JIT: 2 (last: triton ABC... at 12:00:01)' for a node that had any."""
-    count = runtime_jit_total([node])
-    if not count:
-        return None
-    events = node.get("runtime_jit_events") or []
-    last = (f" (last: {events[-1]['library']} {events[-1]['entry']} at "
-            f"{_when(events[-1].get('at'))})" if events else "")
-    return f"runtime JIT: {count}{last}"
-
-
-def _store_size_line(size: dict | None) -> str:
-    value = (f"{format_bytes(int(size.get('used_memory') or 0))}, {size.get('keys', 0)} keys"
-             if size else "unknown")
-    return f"{'Store size':<{_LABEL_WIDTH}}{value:>12}"
-
-
-def render_stopped(snap: dict) -> str:
-    """`warmd status` with no controller and no node records: two lines, not a table of
-    zeros. Says where the kernel cache's own statistics are."""
-    where = (f"no warmd controller on Ray {snap['ray_address']}" if snap.get("ray_address")
-             else "no Ray cluster found")
-    lines = [f"warmd is not running ({where}); start it with `warmd start`"]
-    size, url = snap.get("store_size"), snap.get("redis")
-    if url and size:
-        lines.append(f"shared cache {url}: {size.get('keys', 0)} keys, "
-                     f"{format_bytes(int(size.get('used_memory') or 0))}; "
-                     "its counters: `warmd cache stats`")
-    elif snap.get("embedded_dir"):
-        lines.append(f"the embedded shared cache is stopped; its data is kept in "
-                     f"{snap['embedded_dir']} (`warmd cache server start`, then "
-                     "`warmd cache stats`)")
-    elif url:
-        lines.append(f"shared cache {url} is unreachable"
-                     + (f": {snap['redis_error']}" if snap.get("redis_error") else ""))
-    else:
-        lines.append("no shared cache is configured or kept on this machine")
-    return "\n".join(lines)
-
-
-def render_start_summary(snap: dict, seconds: float, code: int) -> str:
-    """What `warmd start` says once the nodes settle: a short summary (the full view is
-    `warmd status`)."""
-    nodes = snap["nodes"]
-    counts: dict[str, int] = {}
-    for n in nodes:
-        counts[n["state"]] = counts.get(n["state"], 0) + 1
-    states = ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) or "no node"
-    kernels = totals(nodes)
-    verdict = "warm" if code == 0 else "not warm"
-    lines = [f"{len(nodes)} node(s) {verdict} after {seconds:.0f}s ({states}); "
-             f"{kernels.kernels} kernel(s): {kernels.compiled} compiled, "
-             f"{kernels.remote_hits} from the shared cache, {kernels.local_hits} already here"]
-    width = terminal_width()
-    lines += [clip(f"  {_label(n)} {n['state']}: {n['reason']}", width)
-              for n in nodes if n["state"] != "READY" and n.get("reason")]
-    lines.append("details: warmd status")
-    return "\n".join(lines)
-
-
-def _label(node: dict) -> str:
-    return f"{node.get('name') or ''} {node['node_id'][:8]}".strip()
-
-
-def _node_table(nodes: list[dict], width: int, no_node: str | None = None) -> list[str]:
-    from warmd.cluster.state import READY
-
-    counts: dict[str, int] = {}
-    for n in nodes:
-        counts[n["state"]] = counts.get(n["state"], 0) + 1
-    summary = ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) or "none selected"
-    out = [clip(f"Nodes ({len(nodes)}: {summary})" + (f": {no_node}" if no_node else ""),
-                width)]
-    if not nodes:
-        return out
-    head = ("NODE", "RAY ID", "IP", "GPUS", "STATE", "PROGRESS", "KERNELS", "HIT RATE",
-            "LAST WARM")
-    rows = []
-    for n in nodes:
-        progress = (f"{n.get('progress_done', 0)}/{n['progress_total']}"
-                    if n.get("progress_total") else "-")
-        kernels = n.get("kernels") or {}
-        total = kernels.get("total", 0)
-        rate = f"{100 * n.get('hit_rate', 0):.1f}%" if total else "-"
-        last = (f"{_when(n.get('warmed_at'))} ({n.get('warm_seconds', 0):.1f}s)"
-                if n.get("warmed_at") else "-")
-        rows.append((n.get("name") or "-", n["node_id"][:8], n.get("ip") or "-", _gpus(n),
-                     n["state"], progress, str(total), rate, last))
-    out += table_lines(head, rows, width, fixed=frozenset({1, 4}))  # ray id, state
-    now = time.time()
-    for n in nodes:
-        notes = []
-        if n["state"] != READY and n.get("reason"):
-            notes.append(n["reason"])
-        beat = n.get("heartbeat") or 0
-        if beat and now - beat > 60:
-            notes.append(f"no heartbeat for {now - beat:.0f}s")
-        jit = _runtime_jit_note(n)
-        if jit:
-            notes.append(jit)
-        out += [clip(f"  {_label(n)} {n['state']}: {note}", width) for note in notes]
-    return out
-
-
-def table_lines(head: tuple[str, ...], rows: list[tuple[str, ...]], width: int,
-                fixed: frozenset[int] = frozenset()) -> list[str]:
-    """Left-aligned columns that fit in width, never wrapped: the widest columns are cut
-    first, with an ellipsis, down to their header's width (columns in `fixed`, ids, never);
-    when that is not enough, the last columns are left out (--json has every value)."""
-    shown = len(head)
-    while True:
-        widths = [max(len(r[i]) for r in [head, *rows]) for i in range(shown)]
-        floor = [w if i in fixed else min(w, max(len(head[i]), 4)) for i, w in enumerate(widths)]
-        while _line_width(widths) > width:
-            i = max(range(shown), key=lambda c: widths[c] - floor[c])
-            if widths[i] <= floor[i]:
-                break
-            widths[i] -= 1
-        if _line_width(widths) <= width or shown <= 1:
-            break
-        shown -= 1
-    return [" " + "  ".join(clip(c, w).ljust(w) for c, w in zip(row[:shown], widths, strict=True)
-                            ).rstrip() for row in [head, *rows]]
-
-
-def _line_width(widths: list[int]) -> int:
-    return 1 + sum(widths) + 2 * (len(widths) - 1)
 
 
 def register(main: click.Group) -> None:

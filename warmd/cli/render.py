@@ -11,7 +11,9 @@ at spaces and take what is left; a word too long for them ends in an ellipsis, n
 
 from __future__ import annotations
 
+import io
 import os
+import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -62,11 +64,22 @@ def shorten(value: str, width: int) -> str:
 @dataclass(frozen=True)
 class Col:
     """One table column. kind: "id" (never wrapped, shortened in the middle), "text"
-    (wraps at spaces, gets the width left over) or "fixed" (short values, shown whole)."""
+    (wraps at spaces, gets the width left over) or "fixed" (short values, shown whole).
+    A column that may be `dropped` is left out, rightmost first, when the table cannot show
+    every identifier whole otherwise (--json has every value); an identifier that need not
+    stay `whole` for that (a digest: its head and tail say enough) is shortened instead."""
 
     header: str
     kind: str = "fixed"
     justify: str = "left"
+    dropped: bool = False
+    whole: bool = True
+
+
+def _overhead(count: int, boxed: bool) -> int:
+    """Characters a table of `count` columns spends outside its cells: borders and padding
+    (boxed), or one leading space and two between columns (plain)."""
+    return 3 * count + 1 if boxed else 2 * count
 
 
 def _lines(cell: str | Text) -> list[str]:
@@ -83,7 +96,7 @@ def _longest_word(col: Col, cells: list[str | Text]) -> int:
 
 
 def column_widths(columns: Sequence[Col], rows: Sequence[Sequence[str | Text]],
-                  width: int) -> list[int]:
+                  width: int, boxed: bool = True) -> list[int]:
     """Each column's width so that the table fits `width` (borders and padding included).
     Every column starts at its minimum (fixed: its natural width; identifier and text: a
     small floor); the room left then goes first to identifier columns, up to their natural
@@ -93,7 +106,7 @@ def column_widths(columns: Sequence[Col], rows: Sequence[Sequence[str | Text]],
     floor = {"id": MIN_ID_WIDTH, "text": MIN_TEXT_WIDTH}
     widths = [natural[i] if c.kind == "fixed" else min(natural[i], floor[c.kind])
               for i, c in enumerate(columns)]
-    left = width - (3 * len(columns) + 1) - sum(widths)
+    left = width - _overhead(len(columns), boxed) - sum(widths)
     if left < 0:  # a very narrow terminal: every shrinkable column gives up its share
         left = _shrink(widths, [i for i, c in enumerate(columns) if c.kind != "fixed"], -left)
     text = [i for i, c in enumerate(columns) if c.kind == "text"]
@@ -136,14 +149,36 @@ def _cell(cell: str | Text, col: Col, width: int) -> str | Text:
     return Text("\n".join(shorten(line, width) for line in _lines(cell)))
 
 
-def fitted_table(title: str, columns: Sequence[Col], rows: Sequence[Sequence[str | Text]],
-                 width: int | None = None) -> Table:
+def shown_columns(columns: Sequence[Col], rows: Sequence[Sequence[str | Text]], width: int,
+                  boxed: bool = True) -> list[int]:
+    """The indices of the columns to show: all, or without the rightmost droppable ones
+    while the others' values (text columns at their floor) do not fit whole."""
+    cells = [[row[i] for row in rows] for i in range(len(columns))]
+    need = [MIN_TEXT_WIDTH if c.kind == "text" else
+            min(_natural(c, cells[i]), MIN_ID_WIDTH) if not c.whole else _natural(c, cells[i])
+            for i, c in enumerate(columns)]
+    shown = list(range(len(columns)))
+    droppable = [i for i, c in enumerate(columns) if c.dropped]
+    while droppable and sum(need[i] for i in shown) + _overhead(len(shown), boxed) > width:
+        shown.remove(droppable.pop())
+    return shown
+
+
+def fitted_table(title: str | None, columns: Sequence[Col],
+                 rows: Sequence[Sequence[str | Text]], width: int | None = None,
+                 boxed: bool = True) -> Table:
     """A rich Table for `width` (default: console_width()) whose identifiers stay whole or
-    are shortened in the middle, never broken. Plain str cells are not read as markup."""
+    are shortened in the middle, never broken (columns that may be dropped go first).
+    Plain str cells are not read as markup. boxed=False: no borders, two spaces between
+    columns (a table inside a text report)."""
     width = width or console_width()
-    rows = [[c if isinstance(c, Text) else Text(c) for c in row] for row in rows]
-    widths = column_widths(columns, rows, width)
-    table = Table(title=title)
+    keep = shown_columns(columns, rows, width, boxed)
+    columns = [columns[i] for i in keep]
+    rows = [[c if isinstance(c, Text) else Text(c) for c in (row[i] for i in keep)]
+            for row in rows]
+    widths = column_widths(columns, rows, width, boxed)
+    table = (Table(title=title) if boxed else
+             Table(title=title, box=None, padding=(0, 1), show_edge=False))
     for col, w in zip(columns, widths, strict=True):
         table.add_column(col.header, justify=col.justify, no_wrap=col.kind != "text",
                          overflow="ellipsis", width=w if col.kind != "text" else None,
@@ -152,3 +187,22 @@ def fitted_table(title: str, columns: Sequence[Col], rows: Sequence[Sequence[str
     for row in rows:
         table.add_row(*(_cell(c, col, w) for c, col, w in zip(row, columns, widths, strict=True)))
     return table
+
+
+def table_lines(columns: Sequence[Col], rows: Sequence[Sequence[str | Text]],
+                width: int | None = None) -> list[str]:
+    """A borderless fitted_table as plain text lines (for reports built as text)."""
+    width = width or console_width()
+    out = io.StringIO()
+    console = Console(file=out, width=width, color_system=None, soft_wrap=False,
+                      highlight=False)
+    console.print(fitted_table(None, columns, rows, width, boxed=False))
+    return [line.rstrip() for line in out.getvalue().splitlines()]
+
+
+def wrapped(text: str, width: int | None = None, indent: str = "") -> list[str]:
+    """Prose in lines of at most width (default: console_width()), wrapped at spaces and
+    never cut: continuation lines indented two more than the first."""
+    width = width or console_width()
+    return textwrap.wrap(text, width, initial_indent=indent,
+                         subsequent_indent=indent + "  ") or [indent]

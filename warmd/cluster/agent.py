@@ -20,7 +20,7 @@ from warmd.cluster import ray_api
 from warmd.cluster.decisions import RetryBackoff
 from warmd.cluster.logs import node_logger
 from warmd.cluster.metrics import AgentMetrics
-from warmd.cluster.state import FAILED, WARM_STATES, WARMING, NodeState, node_records
+from warmd.cluster.state import WARM_STATES, NodeState, NodeStatus, node_records
 from warmd.cluster.work import ModelResult, NodeWarm, node_env, summarize, warm_node
 from warmd.config import WarmdConfig
 
@@ -137,10 +137,10 @@ class NodeAgent:
         been passing: a worker lost with its node's memory, a file not there yet)."""
         if self.state.config_hash != self.target_hash:
             return True
-        return self.state.state == FAILED and self.retry.due()
+        return self.state.state == NodeStatus.FAILED and self.retry.due()
 
     def _schedule_retry(self) -> None:
-        if self.state.state == FAILED:
+        if self.state.state == NodeStatus.FAILED:
             self.retry.failed()
         else:
             self.retry.succeeded()
@@ -150,8 +150,8 @@ class NodeAgent:
         with self._lock:
             config, url, target = self.config, self.redis_url, self.target_hash
             self._progress.clear()
-            if self.state.state != WARMING:
-                self.state.transition(WARMING)
+            if self.state.state != NodeStatus.WARMING:
+                self.state.transition(NodeStatus.WARMING)
             self.state.progress_done = self.state.progress_total = 0
             self.state.config_hash = target
         self._publish()
@@ -262,9 +262,9 @@ class NodeAgent:
 
     def _finish_failed(self, reason: str) -> None:
         with self._lock:
-            if self.state.state != WARMING:
-                self.state.transition(WARMING)
-            self.state.transition(FAILED, reason)
+            if self.state.state != NodeStatus.WARMING:
+                self.state.transition(NodeStatus.WARMING)
+            self.state.transition(NodeStatus.FAILED, reason)
             self._schedule_retry()
 
     def _publish(self) -> None:

@@ -14,7 +14,6 @@ import contextlib
 import fcntl
 import importlib.util
 import json
-import logging
 import os
 import re
 import signal
@@ -26,8 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from warmd import settings
-from warmd.cluster import RAY_NAMESPACE
 from warmd.cluster.state import node_records
+from warmd.cluster.status import ControllerView, StatusSnapshot, StoreSize
 from warmd.config import WarmdConfig, redact_url
 from warmd.errors import WarmdInputError
 from warmd.processes import pid_alive
@@ -41,13 +40,15 @@ _ADDRESS_LINE = re.compile(r"ray start --address='([^']+)'")
 
 # --- Ray connection -----------------------------------------------------------------------
 
-def _require_ray():
-    try:
-        import ray
-    except ModuleNotFoundError:
+def _ray_api():
+    """warmd.cluster.ray_api (every Ray call goes through it); bad input when Ray is not
+    installed here."""
+    if importlib.util.find_spec("ray") is None:
         raise WarmdInputError("the daemon runs on Ray, which is not installed here: "
-                              "pip install 'warmd[cluster]'") from None
-    return ray
+                              "pip install 'warmd[cluster]'")
+    from warmd.cluster import ray_api
+
+    return ray_api
 
 
 def _host_port(address: str) -> tuple[str, int]:
@@ -83,12 +84,11 @@ def _recorded_cluster() -> str | None:
     """The cluster a `ray start` on this machine recorded in Ray's temp dir (RAY_TMPDIR),
     if it is reachable. Running Ray processes are not searched: a cluster another warmd
     state dir started is that daemon's, not this one's."""
-    with contextlib.suppress(Exception):
-        from ray._private.utils import read_ray_address
-
-        address = read_ray_address()
-        if address and reachable(address, timeout=1.0) is None:
-            return address
+    if importlib.util.find_spec("ray") is None:
+        return None
+    address = _ray_api().recorded_address()
+    if address and reachable(address, timeout=1.0) is None:
+        return address
     return None
 
 
@@ -110,40 +110,6 @@ def resolve_address(address: str | None) -> str | None:
     with contextlib.suppress(WarmdInputError):
         return _own_cluster() or _recorded_cluster()
     return None
-
-
-@contextlib.contextmanager
-def _stderr_captured():
-    """Ray's C++ core writes its connection retries straight to fd 2; keep them out of a
-    command's output (a failed connect is reported in one line instead)."""
-    import tempfile
-
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile() as sink:
-        os.dup2(sink.fileno(), 2)
-        try:
-            yield
-        finally:
-            sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
-
-
-def ray_init(address: str) -> None:
-    ray = _require_ray()
-
-    if ray.is_initialized():
-        return
-    try:
-        with _stderr_captured():
-            ray.init(address=address, namespace=RAY_NAMESPACE, logging_level=logging.ERROR,
-                     log_to_driver=False)
-    except Exception as exc:  # a version mismatch, a non-Ray server at that port...
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        detail = "" if address in first else f": {first[:300]}"
-        raise WarmdInputError(f"cannot connect to the Ray cluster at {address}{detail}"
-                              ) from None
 
 
 # --- local services (what `warmd start` started on this machine) ---------------------------
@@ -276,13 +242,12 @@ class Started:
 def start(config: WarmdConfig, address: str | None) -> Started:
     """Connect (or start a local cluster), then create or update the controller; one
     `start` at a time per state dir."""
-    _require_ray()
+    ray_api = _ray_api()
     with daemon_lock():
-        return _start(config, address)
+        return _start(ray_api, config, address)
 
 
-def _start(config: WarmdConfig, address: str | None) -> Started:
-    from warmd.cluster import ray_api
+def _start(ray_api, config: WarmdConfig, address: str | None) -> Started:
     from warmd.cluster.nodes import selection_problem
 
     resolved = resolve_address(address)
@@ -294,7 +259,7 @@ def _start(config: WarmdConfig, address: str | None) -> Started:
     began = time.monotonic()
     if started_local:
         resolved = start_local_head()
-    ray_init(resolved)
+    ray_api.connect(resolved)
     ray_seconds = time.monotonic() - began
     nodes = ray_api.list_nodes()
     warnings = _start_warnings(config, url, embedded, nodes)
@@ -302,10 +267,12 @@ def _start(config: WarmdConfig, address: str | None) -> Started:
     controller = ray_api.get_controller()
     created = controller is None
     if created:
-        controller = ray_api.create_controller(config.to_json(), url, info)
-        config_hash = _call(controller.ping.remote(), "start")
+        from warmd.cluster.controller import Controller
+
+        controller = ray_api.create_controller(Controller, config.to_json(), url, info)
+        config_hash = _call(lambda: controller.ping(120.0), "start")
     else:
-        config_hash = _call(controller.apply.remote(config.to_json(), url, info),
+        config_hash = _call(lambda: controller.apply(config.to_json(), url, info, 120.0),
                             "update")["config_hash"]
     seconds = {"ray": round(ray_seconds, 3),
                "controller": round(time.monotonic() - began - ray_seconds, 3)}
@@ -313,11 +280,9 @@ def _start(config: WarmdConfig, address: str | None) -> Started:
                    warnings, selection_problem(nodes, config), seconds)
 
 
-def _call(ref, what: str, timeout: float = 120.0):
-    from warmd.cluster import ray_api
-
+def _call(ask, what: str):
     try:
-        return ray_api.wait_for(ref, timeout)
+        return ask()
     except Exception as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise WarmdInputError(f"could not {what} the warmd controller: {first[:300]}") from None
@@ -342,27 +307,24 @@ def _start_warnings(config: WarmdConfig, url: str | None, embedded: bool, nodes)
 def stop(address: str | None, keep_services: bool = False) -> dict:
     """Remove the controller and every agent (the caches stay), then the local services
     this state dir's `warmd start` started, unless keep_services."""
-    _require_ray()
+    ray_api = _ray_api()
     with daemon_lock():
-        return _stop(address, keep_services)
+        return _stop(ray_api, address, keep_services)
 
 
-def _stop(address: str | None, keep_services: bool) -> dict:
+def _stop(ray_api, address: str | None, keep_services: bool) -> dict:
     result = {"controller": False, "agents_stopped": 0, "services_stopped": []}
     resolved = resolve_address(address)
     if resolved is not None:
-        from warmd.cluster import ray_api
-
-        ray_init(resolved)
+        ray_api.connect(resolved)
         controller = ray_api.get_controller()
         if controller is not None:
             with contextlib.suppress(Exception):
-                done = ray_api.wait_for(controller.shutdown.remote(), 60)
-                result["agents_stopped"] = done["agents_stopped"]
-            ray_api.kill_actor(controller)
+                result["agents_stopped"] = controller.shutdown(60)["agents_stopped"]
+            controller.kill()
             result["controller"] = True
         result["agents_stopped"] += ray_api.kill_orphan_agents()
-        _require_ray().shutdown()
+        ray_api.disconnect()
     if not keep_services:
         result["services_stopped"] = stop_local_services()
     return result
@@ -370,30 +332,30 @@ def _stop(address: str | None, keep_services: bool) -> dict:
 
 # --- status ---------------------------------------------------------------------------------
 
-def snapshot(address: str | None, config: WarmdConfig | None) -> dict:
+def snapshot(address: str | None, config: WarmdConfig | None) -> StatusSnapshot:
     """The daemon's view: from the controller over Ray when there is one, else the node
-    records in Redis. {"source", "running", "controller", "nodes", "store_size"}."""
+    records in Redis."""
     if importlib.util.find_spec("ray") is None:  # a machine that only reaches Redis
         return _snapshot_from_redis(None, config)
     resolved = resolve_address(address)
     if resolved is not None:
-        from warmd.cluster import ray_api
-
-        ray_init(resolved)
+        ray_api = _ray_api()
+        ray_api.connect(resolved)
         controller = ray_api.get_controller()
         if controller is not None:
             try:
-                snap = ray_api.wait_for(controller.snapshot.remote(), 30)
+                snap = controller.snapshot(30)
             except Exception as exc:
                 raise WarmdInputError(f"the warmd controller did not answer: "
                                       f"{type(exc).__name__}: {exc}"[:300]) from None
-            return {"source": "ray", "running": True, "ray_address": resolved,
-                    "controller": snap["controller"], "nodes": snap["nodes"],
-                    "store_size": snap["controller"].get("store_size")}
+            return StatusSnapshot.from_json({
+                "source": "ray", "running": True, "ray_address": resolved,
+                "controller": snap["controller"], "nodes": snap["nodes"],
+                "store_size": snap["controller"].get("store_size")})
     return _snapshot_from_redis(resolved, config)
 
 
-def _snapshot_from_redis(resolved: str | None, config: WarmdConfig | None) -> dict:
+def _snapshot_from_redis(resolved: str | None, config: WarmdConfig | None) -> StatusSnapshot:
     url = config.redis.url if config else None
     kept = None  # the stopped embedded server's data directory
     if not url:
@@ -408,14 +370,9 @@ def _snapshot_from_redis(resolved: str | None, config: WarmdConfig | None) -> di
     daemon = store.get_daemon()
     size = store.server_size()
     store.close()
-    return {"source": "redis" if records is not None else "none", "running": False,
-            "ray_address": resolved, "controller": daemon, "nodes": [
-                r.to_json() for r in records or []], "store_size": size,
-            "redis": redact_url(url), "redis_error": store.last_error, "embedded_dir": kept}
-
-
-def node_matches(record: dict, wanted: str) -> bool:
-    """--node-id takes a node id, a unique prefix of one, the node's IP address or its
-    stable name."""
-    return (record["node_id"].startswith(wanted) or record.get("ip") == wanted
-            or record.get("name") == wanted)
+    return StatusSnapshot(
+        running=False, source="redis" if records is not None else "none",
+        nodes=tuple(records or ()), controller=ControllerView.from_json(daemon),
+        ray_address=resolved, store_size=StoreSize.from_json(size), redis=redact_url(url),
+        redis_error=store.last_error or None, embedded_dir=kept,
+        records=tuple(r.to_json() for r in records or ()))

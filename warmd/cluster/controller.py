@@ -172,7 +172,9 @@ class Controller:
             self._spawn(action.node, config, url)
 
     def _spawn(self, node: RayNode, config: WarmdConfig, url: str | None) -> None:
-        handle = ray_api.AgentHandle.spawn(node, config.public_json(), url)
+        from warmd.cluster.agent import NodeAgent  # the agents' code: loaded when one starts
+
+        handle = ray_api.AgentHandle.spawn(NodeAgent, node, config.public_json(), url)
         with self._lock:
             self.agents[node.node_id] = handle
             if node.node_id not in self.records:

@@ -1,12 +1,12 @@
 """Each agent's Prometheus endpoint: warmup seconds, the last warmups' counters, cache bytes,
 state.
 
-The counters' metrics are derived from warmd.stats.COUNTERS (what a warmup counts, F.RUN):
-kernel outcomes (F.KERNEL) are one `warmd_kernels_total` by `outcome`, and every other counter
-is its own Prometheus counter, named after its id with its unit last, as Prometheus names
-units: F.TIME in `_seconds` (compile_seconds_saved: `warmd_compile_saved_seconds_total`),
-F.BYTES in `_bytes` (bytes_fetched: `warmd_fetched_bytes_total`); their HELP texts are
-warmd.stats.HELP's.
+The counters' metrics are derived from warmd.stats.COUNTERS (what a warmup counts,
+CounterFlag.RUN): kernel outcomes (KERNEL) are one `warmd_kernels_total` by `outcome`, and
+every other counter is its own Prometheus counter, named after its id with its unit last, as
+Prometheus names units: TIME in `_seconds` (compile_seconds_saved:
+`warmd_compile_saved_seconds_total`), BYTES in `_bytes` (bytes_fetched:
+`warmd_fetched_bytes_total`); their HELP texts are warmd.stats.HELP's.
 
 Every series is labelled `node`: the node's stable name (WARMD_NODE_NAME, else the node-id
 file; what `warmd status` shows), not Ray's node id, which changes at every restart and
@@ -28,12 +28,12 @@ from prometheus_client import (
     start_http_server,
 )
 
-from warmd.cluster.state import STATES, NodeState
-from warmd.stats import F, Stat, help_text, select
+from warmd.cluster.state import NodeState, NodeStatus
+from warmd.stats import CounterFlag, Stat, help_text, select
 
 # Node counters -> the `outcome` label (the executors' own outcome names).
-OUTCOMES = {s.id: s.outcome for s in select(F.KERNEL)}
-_UNITS = {F.TIME: "seconds", F.BYTES: "bytes"}
+OUTCOMES = {s.id: s.outcome for s in select(CounterFlag.KERNEL)}
+_UNITS = {CounterFlag.TIME: "seconds", CounterFlag.BYTES: "bytes"}
 
 
 def metric_name(stat: Stat) -> tuple[str, str]:
@@ -61,7 +61,8 @@ class AgentMetrics:
             buckets=(1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600), registry=r)
         self.kernels = Counter("warmd_kernels", "Kernels the node's warmups handled, by outcome",
                                ["node", "outcome"], registry=r)
-        self.counters = {stat.id: _counter(stat, r) for stat in select(F.RUN, without=F.KERNEL)}
+        self.counters = {stat.id: _counter(stat, r)
+                         for stat in select(CounterFlag.RUN, without=CounterFlag.KERNEL)}
         self.cache_bytes = Gauge("warmd_cache_bytes", "Bytes in the node's kernel caches",
                                  ["node", "library"], registry=r)
         self.progress = Gauge("warmd_progress_tasks",
@@ -74,15 +75,15 @@ class AgentMetrics:
         self.heartbeat = Gauge("warmd_agent_heartbeat_timestamp_seconds",
                                "Unix time of the node agent's last heartbeat", ["node"],
                                registry=r)
-        # the capture's counters (stats.COUNTERS with F.CAPTURE): warmd_runtime_jit_total...
+        # the capture's counters (CounterFlag.CAPTURE): warmd_runtime_jit_total...
         self.capture = {stat.id: Counter(f"warmd_{stat.id}", help_text(stat),
                                          ["node", "library"], registry=r)
-                        for stat in select(F.CAPTURE)}
+                        for stat in select(CounterFlag.CAPTURE)}
         self._server = None
 
     def observe_state(self, node: NodeState) -> None:
         name = self.node
-        for state in STATES:
+        for state in NodeStatus:
             self.state.labels(name, state).set(1 if node.state == state else 0)
         self.progress.labels(name, "done").set(node.progress_done)
         self.progress.labels(name, "total").set(node.progress_total)

@@ -5,8 +5,13 @@ these functions and the AgentHandle wrapper, so their logic is tested without a 
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable
+import logging
+import os
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
 
 import ray
 from ray.exceptions import ActorDiedError, GetTimeoutError
@@ -15,6 +20,52 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from warmd.cluster import CONTROLLER_NAME, RAY_NAMESPACE, agent_name
 from warmd.cluster.decisions import BUSY, DEAD, HEALTHY, UNAVAILABLE, Health
 from warmd.cluster.nodes import RayNode
+from warmd.errors import WarmdInputError
+
+# --- the connection (the CLI's processes) ---------------------------------------------------
+
+def connect(address: str) -> None:
+    """Join the cluster at address as a driver (once per process); a failure is one line."""
+    if ray.is_initialized():
+        return
+    try:
+        with _stderr_captured():
+            ray.init(address=address, namespace=RAY_NAMESPACE, logging_level=logging.ERROR,
+                     log_to_driver=False)
+    except Exception as exc:  # a version mismatch, a non-Ray server at that port...
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        detail = "" if address in first else f": {first[:300]}"
+        raise WarmdInputError(f"cannot connect to the Ray cluster at {address}{detail}"
+                              ) from None
+
+
+def disconnect() -> None:
+    ray.shutdown()
+
+
+def recorded_address() -> str | None:
+    """The address a `ray start` on this machine recorded in Ray's temp dir, if any."""
+    with contextlib.suppress(Exception):
+        from ray._private.utils import read_ray_address
+
+        return read_ray_address() or None
+    return None
+
+
+@contextlib.contextmanager
+def _stderr_captured() -> Iterator[None]:
+    """Ray's C++ core writes its connection retries straight to fd 2; keep them out of a
+    command's output (a failed connect is reported in one line instead)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as sink:
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
 
 
 def list_nodes() -> list[RayNode]:
@@ -35,10 +86,8 @@ def _pinned(node_id: str) -> NodeAffinitySchedulingStrategy:
 
 
 @functools.cache
-def _agent_class():
-    from warmd.cluster.agent import NodeAgent
-
-    return ray.remote(NodeAgent)
+def _actor_class(cls: type):
+    return ray.remote(cls)
 
 
 class AgentHandle:
@@ -48,10 +97,12 @@ class AgentHandle:
         self.actor = actor
 
     @classmethod
-    def spawn(cls, node: RayNode, config_json: dict, redis_url: str | None) -> AgentHandle:
-        """The node's detached, named agent pinned to it (an alive one of that name is
-        reused, so a restarted controller never starts twins)."""
-        actor = _agent_class().options(
+    def spawn(cls, agent: type, node: RayNode, config_json: dict, redis_url: str | None
+              ) -> AgentHandle:
+        """The node's detached, named agent (an instance of `agent`, the NodeAgent class)
+        pinned to it (an alive one of that name is reused, so a restarted controller never
+        starts twins)."""
+        actor = _actor_class(agent).options(
             name=agent_name(node.node_id), namespace=RAY_NAMESPACE, lifetime="detached",
             get_if_exists=True, num_cpus=0, num_gpus=0, max_restarts=0,
             scheduling_strategy=_pinned(node.node_id),
@@ -93,36 +144,50 @@ def shutdown_agents(agents: dict[str, AgentHandle], timeout: float) -> None:
         handle.kill()
 
 
-def wait_for(ref, timeout: float):
-    """The result of one call, waiting at most `timeout` seconds."""
-    return ray.get(ref, timeout=timeout)
+class ControllerHandle:
+    """The controller's actor, as the CLI uses it: each call waits at most `timeout`."""
+
+    def __init__(self, actor) -> None:
+        self.actor = actor
+
+    def ping(self, timeout: float) -> str:
+        return ray.get(self.actor.ping.remote(), timeout=timeout)
+
+    def apply(self, config_json: dict, redis_url: str | None, info: dict,
+              timeout: float) -> dict:
+        return ray.get(self.actor.apply.remote(config_json, redis_url, info), timeout=timeout)
+
+    def snapshot(self, timeout: float) -> dict:
+        return ray.get(self.actor.snapshot.remote(), timeout=timeout)
+
+    def shutdown(self, timeout: float) -> dict:
+        return ray.get(self.actor.shutdown.remote(), timeout=timeout)
+
+    def kill(self) -> None:
+        ray.kill(self.actor, no_restart=True)
 
 
 # --- the controller, as the CLI finds, creates and removes it -----------------------------
 
-def get_controller():
+def get_controller() -> ControllerHandle | None:
     try:
-        return ray.get_actor(CONTROLLER_NAME, namespace=RAY_NAMESPACE)
+        return ControllerHandle(ray.get_actor(CONTROLLER_NAME, namespace=RAY_NAMESPACE))
     except ValueError:
         return None
 
 
-def create_controller(config_json: dict, redis_url: str | None, info: dict):
-    """The detached, named controller, preferably on the head node."""
-    from warmd.cluster.controller import Controller
-
+def create_controller(controller: type, config_json: dict, redis_url: str | None,
+                      info: dict) -> ControllerHandle:
+    """The detached, named controller (an instance of `controller`, the Controller class),
+    preferably on the head node."""
     head = next((n.node_id for n in list_nodes() if n.is_head and n.alive), current_node_id())
-    actor = ray.remote(Controller).options(
+    actor = _actor_class(controller).options(
         name=CONTROLLER_NAME, namespace=RAY_NAMESPACE, lifetime="detached",
         # No restarts: a restarted actor would get its first config back, not the last
         # one applied. A new `warmd start` recreates it; the agents keep running.
         get_if_exists=True, num_cpus=0, max_restarts=0,
         scheduling_strategy=NodeAffinitySchedulingStrategy(head, soft=True))
-    return actor.remote(config_json, redis_url, info)
-
-
-def kill_actor(actor) -> None:
-    ray.kill(actor, no_restart=True)
+    return ControllerHandle(actor.remote(config_json, redis_url, info))
 
 
 def kill_orphan_agents() -> int:

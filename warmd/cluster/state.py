@@ -12,17 +12,35 @@ be planned on this node (its path is missing here, say) or a task failed; the re
 
 from __future__ import annotations
 
+import enum
 import time
 from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING
 
-from warmd.stats import F, hit_rate, ids
+from warmd.stats import CounterFlag, hit_rate, ids
 
 if TYPE_CHECKING:
     from warmd.store import NodeRecords
 
-PENDING, WARMING, READY, DEGRADED, FAILED = "PENDING", "WARMING", "READY", "DEGRADED", "FAILED"
-STATES = (PENDING, WARMING, READY, DEGRADED, FAILED)
+
+
+class NodeStatus(str, enum.Enum):
+    """A node's state (its value is what records, JSON and the tables show)."""
+
+    PENDING = "PENDING"
+    WARMING = "WARMING"
+    READY = "READY"
+    DEGRADED = "DEGRADED"
+    FAILED = "FAILED"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+# The members by their short names (the state machine below reads them so).
+PENDING, WARMING, READY, DEGRADED, FAILED = (NodeStatus.PENDING, NodeStatus.WARMING,
+                                             NodeStatus.READY, NodeStatus.DEGRADED,
+                                             NodeStatus.FAILED)
 WARM_STATES = frozenset({READY, DEGRADED})
 _NEXT = {
     PENDING: {WARMING, FAILED},
@@ -31,7 +49,8 @@ _NEXT = {
     DEGRADED: {WARMING},
     FAILED: {WARMING},
 }
-KERNEL_COUNTS = ("total", *ids(F.KERNEL))  # a node record's kernels: what `warmd status` shows
+# a node record's kernels: what `warmd status` shows
+KERNEL_COUNTS = ("total", *ids(CounterFlag.KERNEL))
 
 
 class BadTransition(RuntimeError):
@@ -49,7 +68,7 @@ class NodeState:
     gpus: int = 0
     gpu_type: str | None = None
     role: str = "gpu"
-    state: str = PENDING
+    state: NodeStatus = PENDING
     reason: str = ""
     progress_done: int = 0
     progress_total: int = 0
@@ -77,7 +96,16 @@ class NodeState:
     def runtime_jit_total(self) -> int:
         return sum(int(v) for v in self.runtime_jit.values())
 
-    def transition(self, new: str, reason: str = "") -> None:
+    def __post_init__(self) -> None:
+        self.state = NodeStatus(self.state)  # read back from JSON as its value
+
+    def matches(self, wanted: str) -> bool:
+        """--node-id takes a node id, a unique prefix of one, the node's IP address or its
+        stable name."""
+        return self.node_id.startswith(wanted) or wanted in (self.ip, self.name)
+
+    def transition(self, new: NodeStatus, reason: str = "") -> None:
+        new = NodeStatus(new)
         if new not in _NEXT.get(self.state, set()):
             raise BadTransition(f"node {self.node_id[:8]}: {self.state} -> {new}")
         self.state, self.reason, self.changed_at = new, reason, time.time()

@@ -148,7 +148,7 @@ def probe_libraries(
 def _register_all() -> None:
     for package in sorted(m.name for m in pkgutil.iter_modules(__path__) if m.ispkg):
         register(f"{__name__}.{package}")
-    for package in settings.get("WARMD_LIBRARY_PACKAGES"):
+    for package in settings.library_packages():
         try:
             register(package)
         except WarmdInputError as exc:  # one library missing must not stop warmd

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from warmd.cache.base import CacheAdapter, CacheEntry
@@ -35,6 +36,21 @@ class StoreFailed(Exception):
     def __init__(self, kind: str, message: str = "") -> None:
         super().__init__(message or kind)
         self.kind = kind
+
+
+@dataclass(frozen=True)
+class Publication:
+    """What one publish_task did: entries it wrote, entries another node had published
+    already (both now in the store), or why it published nothing (`skipped`)."""
+
+    written: int = 0
+    already_published: int = 0
+    skipped: str | None = None
+
+    @property
+    def stored(self) -> bool:
+        """Whether the store now holds the task's entries (by this call or before it)."""
+        return self.skipped is None and self.written + self.already_published > 0
 
 
 class SharedCache(ABC):
@@ -82,9 +98,9 @@ class SharedCache(ABC):
 
     @abstractmethod
     def publish_task(self, adapter: CacheAdapter, task_key: str, entries: list[CacheEntry],
-                     compile_seconds: float) -> None:
+                     compile_seconds: float) -> Publication:
         """Publish the entries a task produced (once per entry cluster-wide) and the task's
-        record naming them."""
+        record naming them; says what it did."""
 
     # -- learned entries: what the engine compiled that no plan named (warmd.capture) ---------
 

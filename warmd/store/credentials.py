@@ -69,7 +69,7 @@ def _protect_environment() -> None:
         safe = url_without_secrets(url)
         if safe != url:
             os.environ["WARMD_REDIS_URL"] = safe
-    key = settings.get("WARMD_SIGNING_KEY")
+    key = settings.signing_key_text()
     if key and not key.startswith(settings.SECRET_FILE_PREFIX):
         # Rewritten in place (not moved to WARMD_SIGNING_KEY_FILE), so whoever set the variable
         # in this process also restores it.

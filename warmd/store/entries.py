@@ -17,8 +17,8 @@ from warmd.store import layout
 from warmd.store.api import StoreFailed
 from warmd.store.connection import classify
 from warmd.store.fingerprint import Fingerprint
-from warmd.store.layout import BadRecord, Manifest, TaskRecord
-from warmd.store.session import Session
+from warmd.store.layout import BadRecord, Manifest, StoredTaskRecord
+from warmd.store.session import Session, StaleRecords
 from warmd.store.signing import check as check_signature
 
 log = logging.getLogger("warmd.store")
@@ -28,8 +28,9 @@ INSTALL_THREADS = 8
 
 
 class Entries:
-    def __init__(self, session: Session) -> None:
-        self.s = session
+    def __init__(self, session: Session, stale: StaleRecords) -> None:
+        self.session = session
+        self.stale = stale  # written here: records found but not usable
         self.op = session.transport.op
         self.count = session.stats.count
         # (library, entry) -> compile seconds its manifest recorded, for what this process
@@ -43,13 +44,13 @@ class Entries:
         tasks = list(dict.fromkeys(task_keys))
         result: dict[str, list[str] | None] = dict.fromkeys(tasks)
         try:
-            fp = self.s.fingerprint(adapter)
+            fp = self.session.fingerprint(adapter)
         except Exception as exc:  # the adapter could not describe itself
-            self.s.warn_once(f"fp:{adapter.library}", "shared cache: no fingerprint for %s "
+            self.session.warn_once(f"fp:{adapter.library}", "shared cache: no fingerprint for %s "
                              "(%s); not sharing it", adapter.library, exc)
             return result
         for task in tasks:
-            self.s.task_fp[task] = fp.digest
+            self.session.task_fp[task] = fp.digest
         try:
             with self._timed("fetch_seconds", fp.digest):
                 records = self._read_records(fp.digest, tasks)
@@ -78,7 +79,7 @@ class Entries:
                 result[task] = list(rec.entries)
                 self._count_task(fp.digest, task, "tasks_hit")
             else:
-                self.s.stale[task] = raw
+                self.stale.note(task, raw)
                 self._count_task(fp.digest, task, "tasks_missed")
         return result
 
@@ -95,10 +96,10 @@ class Entries:
     def _count_hits(self, counter: str, fp: str, names: Iterable[str]) -> None:
         """Count entries as hits, each once per process (warmup fetches a task again after
         the plan's prefetch installed it: that is not a second hit)."""
-        self.count(counter, len(self.s.first_hits(fp, names)), fp)
+        self.count(counter, len(self.session.first_hits(fp, names)), fp)
 
     def _count_task(self, fp: str, task: str, outcome: str) -> None:
-        if self.s.first_task_outcome(fp, task, outcome):
+        if self.session.first_task_outcome(fp, task, outcome):
             self.count(outcome, fp=fp)
 
     # -- task records and manifests --------------------------------------------------------
@@ -120,7 +121,7 @@ class Entries:
         def run(client):
             pipe = client.pipeline(transaction=False)
             for key in keys:
-                pipe.pexpire(key, self.s.ttl_ms)
+                pipe.pexpire(key, self.session.ttl_ms)
             if extra is not None:
                 extra(pipe)
             return pipe.execute(raise_on_error=False)
@@ -129,7 +130,7 @@ class Entries:
             with contextlib.suppress(StoreFailed):
                 self.op(run, "touch")
 
-    def _read_records(self, fp: str, tasks: list[str]) -> dict[str, tuple[TaskRecord, bytes]]:
+    def _read_records(self, fp: str, tasks: list[str]) -> dict[str, tuple[StoredTaskRecord, bytes]]:
         replies = self._get([layout.task_key(fp, task) for task in tasks])
         out = {}
         for task, reply in zip(tasks, replies, strict=True):
@@ -137,10 +138,10 @@ class Entries:
             if raw is None:
                 continue
             try:
-                out[task] = (layout.accept_record(raw, key=self.s.signing_key, fp=fp,
+                out[task] = (layout.accept_record(raw, key=self.session.signing_key, fp=fp,
                                                   task=task), raw)
             except BadRecord as exc:
-                self.s.stale[task] = raw  # not a publication: the lease is still taken
+                self.stale.note(task, raw)  # not a publication: the lease is still taken
                 self.reject(exc.counter, fp, f"task record {task}", str(exc))
         return out
 
@@ -163,7 +164,7 @@ class Entries:
                 pipe.zadd(layout.index_key(fp.digest), dict.fromkeys(out, time.time()),
                           xx=True)
             pipe.zadd(layout.FPS_KEY, {fp.digest: time.time()})
-            pipe.pexpire(layout.fp_meta_key(fp.digest), self.s.ttl_ms)
+            pipe.pexpire(layout.fp_meta_key(fp.digest), self.session.ttl_ms)
 
         self.touch([layout.task_key(fp.digest, t) for t in records]
                    + [layout.manifest_key(fp.digest, n) for n in out],
@@ -175,12 +176,12 @@ class Entries:
         which no decoder accepts; other errors raise StoreFailed."""
         if isinstance(reply, Exception) and classify(reply) == "error":
             return layout.WRONG_TYPE
-        return self.s.transport.checked(reply, "fetch")
+        return self.session.transport.checked(reply, "fetch")
 
     def _accept_manifest(self, fp: Fingerprint, name: str, raw: bytes) -> Manifest | None:
         try:
-            return layout.accept_manifest(raw, key=self.s.signing_key,
-                                          max_size=self.s.max_artifact_bytes, fp=fp.digest,
+            return layout.accept_manifest(raw, key=self.session.signing_key,
+                                          max_size=self.session.max_artifact_bytes, fp=fp.digest,
                                           name=name, library=fp.library)
         except layout.RefusedHere as exc:
             self.refused_here(fp.digest, name, str(exc))
@@ -197,7 +198,7 @@ class Entries:
         counter = counter or problem.counter
         if counter == "corrupt_rejected" and not self._signed_ok(raw):
             counter = "signature_rejected"  # unsigned garbage under a signing key
-        if self.s.holds_cluster_key():
+        if self.session.holds_cluster_key():
             self.quarantine(fp, name, raw, str(problem), counter=counter)
         else:
             self.reject(counter, fp, f"entry {name}", f"{problem}; left in place (this "
@@ -205,10 +206,10 @@ class Entries:
 
     def _signed_ok(self, raw: bytes) -> bool:
         """True without a signing key, or when raw is a JSON object validly signed."""
-        if not self.s.signing_key:
+        if not self.session.signing_key:
             return True
         try:
-            return check_signature(layout.load_record(raw), self.s.signing_key) is None
+            return check_signature(layout.load_record(raw), self.session.signing_key) is None
         except BadRecord:
             return False
 
@@ -222,12 +223,12 @@ class Entries:
 
         def one(man: Manifest, raw: bytes, blob) -> None:
             if isinstance(blob, BadRecord):
-                self.quarantine(fp, man.name, raw, str(blob), man.digest)
+                self.quarantine(fp, man.name, raw, str(blob))
             elif blob is not None and self._install(adapter, fp, man, raw, blob):
                 installed.add(man.name)
 
         wanted = [(man, raw) for man, raw in manifests.values()
-                  if (fp, man.name, man.digest) not in self.s.refused_entries]
+                  if (fp, man.name, man.digest) not in self.session.refused_entries]
         with ThreadPoolExecutor(INSTALL_THREADS, thread_name_prefix="warmd-install") as pool:
             for batch in layout.size_batches(wanted, BLOB_BATCH_BYTES):
                 with self._timed("fetch_seconds", fp):
@@ -271,7 +272,7 @@ class Entries:
         for i, reply in enumerate(chunks):
             if isinstance(reply, Exception):
                 if classify(reply) != "error":
-                    raise self.s.transport.failure(reply, "fetch")
+                    raise self.session.transport.failure(reply, "fetch")
                 return BadRecord(f"chunk {i} is unreadable: {reply}")  # e.g. WRONGTYPE
         try:
             return layout.check_blob(man, chunks)
@@ -280,7 +281,7 @@ class Entries:
 
     def _install(self, adapter: CacheAdapter, fp: str, man: Manifest, raw: bytes,
                  blob: bytes) -> bool:
-        limit = min(self.s.max_artifact_bytes, settings.max_artifact_bytes())
+        limit = min(self.session.max_artifact_bytes, settings.max_artifact_bytes())
         if unpacks_over(blob, limit):
             self.refused_here(fp, man.name, f"unpacks to more than this node's {limit}-byte "
                               "limit", man.digest)
@@ -291,7 +292,7 @@ class Entries:
             self.refused_here(fp, man.name, str(exc), man.digest)
             return False
         except UnsafeArtifact as exc:
-            self.quarantine(fp, man.name, raw, f"unsafe artifact: {exc}", man.digest,
+            self.quarantine(fp, man.name, raw, f"unsafe artifact: {exc}",
                             counter="unsafe_rejected")
             return False
         except Exception as exc:  # a local problem (disk full, permissions): not the entry's
@@ -309,7 +310,7 @@ class Entries:
 
     def reject(self, counter: str, fp: str, what: str, why: str) -> None:
         """Count and log a refused record or entry (left where it is)."""
-        self.s.stats.count_refusal(counter, fp)
+        self.session.stats.count_refusal(counter, fp)
         log.warning("shared cache: refused %s (fingerprint %s): %s", what, fp, why)
 
     def refused_here(self, fp: str, name: str, why: str, digest: str | None = None) -> None:
@@ -317,31 +318,34 @@ class Entries:
         never quarantined, so nodes that can use the entry keep it. Given the blob's
         digest, remembered: this process does not fetch and check that blob again."""
         if digest is not None:
-            self.s.refused_entries[(fp, name, digest)] = why
+            self.session.refused_entries[(fp, name, digest)] = why
         self.count("refused_here", fp=fp)
         log.warning("shared cache: not using entry %s here (fingerprint %s): %s", name, fp, why)
 
-    def quarantine(self, fp: str, name: str, raw: bytes, why: str, digest: str | None = None,
-                   counter: str = "corrupt_rejected") -> None:
+    def quarantine(self, fp: str, name: str, raw: bytes, why: str,
+                   counter: str = "corrupt_rejected") -> bool:
         """Move a bad manifest aside so the entry is rebuilt and republished; best effort
-        (a read-only user cannot). Its blob's chunks stay: other manifests (under any
-        fingerprint) may share them, a republication overwrites them, and `prune` removes
-        them once nothing references them. `digest` is accepted for callers' symmetry."""
+        (a read-only user cannot). Returns whether it was moved (False: the store refused,
+        or the manifest had changed meanwhile). Its blob's chunks stay: other manifests
+        (under any fingerprint) may share them, a republication overwrites them, and
+        `prune` removes them once nothing references them."""
         self.reject(counter, fp, f"entry {name}", f"{why}; quarantining it")
-        value = layout.quarantine_note(raw, why, self.s.node)
+        value = layout.quarantine_note(raw, why, self.session.node)
 
         def run(client):
-            return self.s.transport.script(
+            return self.session.transport.script(
                 "quarantine", client,
                 keys=[layout.manifest_key(fp, name), layout.quarantine_key(fp, name),
                       layout.index_key(fp)],
                 args=[raw, value, layout.QUARANTINE_TTL_MS, name])
 
         try:
-            if self.op(run, "quarantine"):
-                self.count("quarantined", fp=fp)
+            moved = bool(self.op(run, "quarantine"))
         except StoreFailed:
-            pass
+            return False
+        if moved:
+            self.count("quarantined", fp=fp)
+        return moved
 
 
 def unpacks_over(blob: bytes, limit: int) -> bool:

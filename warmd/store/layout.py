@@ -20,6 +20,10 @@ Keys that must live together in Redis Cluster share a hash tag: every chunk of o
     warmd:v1:nodes:<ns>:<node id>     the daemon's JSON node record (expires unless rewritten)
     warmd:v1:nodes:<ns>               SET of node ids with a record
     warmd:v1:daemon:<ns>              JSON: the running controller's config summary
+    warmd:v1:learned:{<fp>}:<plan>    ZSET of entries nodes captured for a plan (warmd.capture)
+    warmd:v1:arrivals:<plan digest>   counter of nodes that began a plan (shard order)
+
+Every key is built, matched (SCAN patterns) and parsed here and nowhere else.
 """
 
 from __future__ import annotations
@@ -43,6 +47,8 @@ STORE_ID_KEY = f"{PREFIX}store-id"
 QUARANTINE_TTL_MS = 7 * 86400 * 1000
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+=-]{0,254}$")
+_BLOB_KEY = re.compile(rf"^{re.escape(PREFIX)}blob:\{{([0-9a-f]{{64}})\}}:\d+$")
+_LEARNED_KEY = re.compile(rf"^{re.escape(PREFIX)}learned:\{{([^}}]*)\}}:(.*)$", re.DOTALL)
 # Bounds of the one decoder every stored record goes through (checked before json.loads).
 MAX_RECORD_BYTES = 1 << 20
 MAX_DEPTH = 32  # manifests and task records are 2 deep; fingerprint inputs a few more
@@ -74,6 +80,42 @@ def learned_key(fp: str, plan: str) -> str:
     """The set of entries captured on nodes running a plan (names; each entry has its own
     signed task record, so this index only says what to fetch)."""
     return f"{PREFIX}learned:{{{fp}}}:{plan}"
+
+
+def learned_keys_pattern(plan: str | None = None) -> str:
+    """SCAN pattern of the learned indexes of one plan (None: of every plan), under any
+    fingerprint."""
+    return f"{PREFIX}learned:*:{plan or '*'}"
+
+
+def parse_learned_key(key: bytes | str) -> tuple[str, str] | None:
+    """(fingerprint, plan) of a learned index key; None for any other key."""
+    found = _LEARNED_KEY.match(_key_text(key))
+    return (found.group(1), found.group(2)) if found else None
+
+
+def arrivals_key(plan_digest: str) -> str:
+    return f"{PREFIX}arrivals:{plan_digest}"
+
+
+def blob_keys_pattern() -> str:
+    """SCAN pattern of every blob chunk."""
+    return f"{PREFIX}blob:*"
+
+
+def parse_blob_key(key: bytes | str) -> str | None:
+    """The blob digest of a chunk key; None for any other key."""
+    found = _BLOB_KEY.match(_key_text(key))
+    return found.group(1) if found else None
+
+
+def task_keys_pattern(fp: str) -> str:
+    """SCAN pattern of every task record of one fingerprint."""
+    return task_key(fp, "*")
+
+
+def _key_text(key: bytes | str) -> str:
+    return key.decode(errors="replace") if isinstance(key, bytes) else key
 
 
 def lease_key(fp: str, task: str) -> str:
@@ -215,7 +257,10 @@ class Manifest:
 
 
 @dataclass(frozen=True)
-class TaskRecord:
+class StoredTaskRecord:
+    """What the store keeps per (fingerprint, task): the entries one plan task produced
+    (the local record of a task is warmd.cache's)."""
+
     fingerprint: str
     task: str
     entries: tuple[str, ...]
@@ -236,7 +281,7 @@ class TaskRecord:
         return json_bytes(self.to_json())
 
     @classmethod
-    def decode(cls, raw: bytes | str) -> TaskRecord:
+    def decode(cls, raw: bytes | str) -> StoredTaskRecord:
         f = Fields(load_record(raw), "task record")
         entries = f.value("entries", list)
         if len(entries) > MAX_TASK_ENTRIES or not all(is_entry_name(e) for e in entries):
@@ -352,9 +397,9 @@ def accept_manifest(raw: bytes, *, key: bytes | None, max_size: int, fp: str, na
     return man
 
 
-def accept_record(raw: bytes, *, key: bytes | None, fp: str, task: str) -> TaskRecord:
+def accept_record(raw: bytes, *, key: bytes | None, fp: str, task: str) -> StoredTaskRecord:
     """The task record stored for (fp, task) if it may be used; raises like accept_manifest."""
-    rec = TaskRecord.decode(raw)
+    rec = StoredTaskRecord.decode(raw)
     refused = check_signature(rec.to_json(), key)
     if refused:
         raise SignatureRefused(refused)

@@ -15,20 +15,21 @@ from typing import Any
 from warmd.store import layout
 from warmd.store.api import StoreFailed
 from warmd.store.connection import STORE_ERRORS
-from warmd.store.session import Session
+from warmd.store.session import Session, StaleRecords
 
 log = logging.getLogger("warmd.store")
 
 
 class Leases:
-    def __init__(self, session: Session) -> None:
-        self.s = session
+    def __init__(self, session: Session, stale: StaleRecords) -> None:
+        self.session = session
+        self.stale = stale  # read here: a stale record is no publication
         self.op = session.transport.op
         self.count = session.stats.count
 
     @contextlib.contextmanager
     def single_flight(self, task_key: str, timeout: float) -> Iterator[bool]:
-        fp = self.s.task_fp.get(task_key, "-")
+        fp = self.session.task_fp.get(task_key, "-")
         lease = None
         try:
             should_compile, lease = self._claim(fp, task_key, timeout)
@@ -41,8 +42,8 @@ class Leases:
             yield True
 
     def _claim(self, fp: str, task: str, timeout: float) -> tuple[bool, Lease | None]:
-        token = f"{self.s.node}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
-        stale = self.s.stale.get(task, b"")
+        token = f"{self.session.node}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+        stale = self.stale.of(task)
         state, holder = self._try_claim(fp, task, token, stale)
         if state != "held":
             return self._claimed(state, fp, task, token, waited=False)
@@ -58,7 +59,7 @@ class Leases:
                     log.warning("shared cache: waited %.0f s for %s (held by %s); compiling it "
                                 "here", timeout, task, holder)
                     return True, None
-                wait(min(self.s.poll_interval, remaining))
+                wait(min(self.session.poll_interval, remaining))
                 state, holder = self._try_claim(fp, task, token, stale)
         return self._claimed(state, fp, task, token, waited=True)
 
@@ -69,20 +70,20 @@ class Leases:
             return False, None
         if state == "acquired":
             self.count("lease_takeovers" if waited else "leases_acquired", fp=fp)
-            return True, Lease(self.s, fp, task, token)
+            return True, Lease(self.session, fp, task, token)
         return True, None  # "free": a read-only user and nobody compiling: we do
 
     def _try_claim(self, fp: str, task: str, token: str, stale: bytes) -> tuple[str, str]:
         rec_key, lease_key = layout.task_key(fp, task), layout.lease_key(fp, task)
-        if not self.s.read_only:
+        if not self.session.read_only:
             try:
-                state, holder = self.op(lambda c: self.s.transport.script(
+                state, holder = self.op(lambda c: self.session.transport.script(
                     "claim", c, keys=[rec_key, lease_key],
-                    args=[token, self.s.lease_ms, stale]), "lease")
+                    args=[token, self.session.lease_ms, stale]), "lease")
             except StoreFailed as failed:
                 if failed.kind not in ("denied", "readonly"):
                     raise
-                self.s.note_read_only(failed)
+                self.session.note_read_only(failed)
             else:
                 return {2: "published", 1: "acquired"}.get(int(state), "held"), _text(holder)
 
@@ -132,7 +133,7 @@ class Lease:
     (compare-and-delete) with a notice on the task's channel so waiters look again at once."""
 
     def __init__(self, session: Session, fp: str, task: str, token: str) -> None:
-        self.s, self.fp, self.task, self.token = session, fp, task, token
+        self.session, self.fp, self.task, self.token = session, fp, task, token
         self.key = layout.lease_key(fp, task)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._renew, daemon=True,
@@ -145,7 +146,7 @@ class Lease:
     def __exit__(self, *exc: Any) -> None:
         self._stop.set()
         self._thread.join()
-        transport = self.s.transport
+        transport = self.session.transport
 
         def run(client):
             transport.script("release", client, keys=[self.key], args=[self.token])
@@ -155,7 +156,7 @@ class Lease:
             transport.op(run, "lease release")
 
     def _renew(self) -> None:
-        transport, lease_ms = self.s.transport, self.s.lease_ms
+        transport, lease_ms = self.session.transport, self.session.lease_ms
         every = lease_ms / 3000
         while not self._stop.wait(every):
             try:
@@ -164,7 +165,7 @@ class Lease:
             except StoreFailed:
                 continue
             if not held:
-                self.s.stats.count("lease_lost", fp=self.fp)
+                self.session.stats.count("lease_lost", fp=self.fp)
                 log.warning("shared cache: lost the lease on %s (it expired); finishing the "
                             "compile anyway", self.task)
                 return

@@ -8,52 +8,54 @@ import time
 
 from warmd.cache.base import CacheAdapter, CacheEntry
 from warmd.store import layout
-from warmd.store.api import StoreFailed
+from warmd.store.api import Publication, StoreFailed
 from warmd.store.connection import classify
 from warmd.store.fingerprint import Fingerprint
-from warmd.store.layout import BadRecord, Manifest, TaskRecord
-from warmd.store.session import Session
+from warmd.store.layout import BadRecord, Manifest, StoredTaskRecord
+from warmd.store.session import Session, StaleRecords
 from warmd.store.signing import sign
 
 log = logging.getLogger("warmd.store")
 
 
 class Publisher:
-    def __init__(self, session: Session) -> None:
-        self.s = session
+    def __init__(self, session: Session, stale: StaleRecords) -> None:
+        self.session = session
+        self.stale = stale  # cleared here: this node's record replaced it
         self.op = session.transport.op
         self.count = session.stats.count
 
     def publish_task(self, adapter: CacheAdapter, task_key: str, entries: list[CacheEntry],
-                     compile_seconds: float) -> None:
+                     compile_seconds: float) -> Publication:
         if not entries:
-            return
+            return Publication(skipped="no entries")
         try:
-            fp = self.s.fingerprint(adapter)
-        except Exception:
-            return
-        if self.s.transport.disabled_reason or self.s.read_only:
+            fp = self.session.fingerprint(adapter)
+        except Exception as exc:  # the adapter could not describe itself
+            return Publication(skipped=f"no fingerprint: {exc}")
+        if self.session.transport.disabled_reason or self.session.read_only:
             self.count("publish_skipped", fp=fp.digest)
-            return
-        self.s.holds_cluster_key()  # the first keyed publisher sets the cluster's key
+            return Publication(skipped=self.session.transport.disabled_reason or "read-only")
+        self.session.holds_cluster_key()  # the first keyed publisher sets the cluster's key
         packed = self._pack(adapter, fp, entries, compile_seconds)
         if packed is None:
-            return
-        rec = TaskRecord(fp.digest, task_key, tuple(m.name for m, _ in packed), self.s.node,
-                         float(compile_seconds))
-        rec_raw = layout.json_bytes(sign(rec.to_json(), self.s.signing_key))
+            return Publication(skipped="an entry could not be packed")
+        rec = StoredTaskRecord(fp.digest, task_key, tuple(m.name for m, _ in packed),
+                               self.session.node, float(compile_seconds))
+        rec_raw = layout.json_bytes(sign(rec.to_json(), self.session.signing_key))
         try:
             new = self.write_entries(fp, packed)
             self._write_record(fp, task_key, rec_raw)
         except StoreFailed as failed:
             self._publish_failed(failed, fp.digest)
-            return
-        self.s.stale.pop(task_key, None)
+            return Publication(skipped=f"store {failed.kind}: {failed}")
+        self.stale.clear(task_key)
         self.count("published", len(new), fp.digest)
         self.count("already_published", len(packed) - len(new), fp.digest)
         self.count("bytes_published", sum(len(b) for _m, b in new), fp.digest)
         self.count("compile_seconds", float(compile_seconds), fp.digest)
-        self.s.stats.maybe_flush()
+        self.session.stats.maybe_flush()
+        return Publication(written=len(new), already_published=len(packed) - len(new))
 
     def _pack(self, adapter: CacheAdapter, fp: Fingerprint, entries: list[CacheEntry],
               compile_seconds: float) -> list[tuple[Manifest, bytes]] | None:
@@ -66,14 +68,14 @@ class Publisher:
                 self.count("publish_failed", fp=fp.digest)
                 log.warning("shared cache: cannot pack %s: %s", entry.name, exc)
                 return None
-            if len(blob) > self.s.max_artifact_bytes or not layout.is_entry_name(entry.name):
+            if len(blob) > self.session.max_artifact_bytes or not layout.is_entry_name(entry.name):
                 self.count("publish_failed", fp=fp.digest)
                 log.warning("shared cache: not publishing %s (%d bytes): too large or a bad "
                             "name", entry.name, len(blob))
                 return None
             man = Manifest(adapter.library, entry.name, fp.digest, layout.sha256(blob),
-                           len(blob), self.s.node, share, time.time())
-            signed = sign(man.to_json(), self.s.signing_key)
+                           len(blob), self.session.node, share, time.time())
+            signed = sign(man.to_json(), self.session.signing_key)
             packed.append((Manifest(**signed), blob))
         return packed
 
@@ -92,7 +94,7 @@ class Publisher:
             elif self._replaceable(fp.digest, man.name, raw, "entry"):
                 new.append((man, blob))
                 replaced[man.name] = raw
-        ttl_ms = self.s.ttl_ms
+        ttl_ms = self.session.ttl_ms
 
         def chunks(client):
             pipe = client.pipeline(transaction=False)
@@ -137,7 +139,7 @@ class Publisher:
             if isinstance(reply, Exception) and classify(reply) == "error":
                 out.append(layout.WRONG_TYPE)
             else:
-                out.append(self.s.transport.checked(reply, "publish"))
+                out.append(self.session.transport.checked(reply, "publish"))
         return out
 
     def _replaceable(self, fp: str, name: str, raw: bytes, what: str,
@@ -147,15 +149,15 @@ class Publisher:
         holds the cluster's key. One this node may not touch is counted."""
         try:
             if task is None:
-                layout.accept_manifest(raw, key=self.s.signing_key, max_size=1 << 62, fp=fp,
+                layout.accept_manifest(raw, key=self.session.signing_key, max_size=1 << 62, fp=fp,
                                        name=name)
                 return False  # a valid entry: published once, never overwritten
-            layout.accept_record(raw, key=self.s.signing_key, fp=fp, task=task)
+            layout.accept_record(raw, key=self.session.signing_key, fp=fp, task=task)
             return True
         except layout.RefusedHere:
             return False  # e.g. a newer format: not ours to judge
         except BadRecord as exc:
-            if self.s.holds_cluster_key():
+            if self.session.holds_cluster_key():
                 return True
             self.count("publish_blocked", fp=fp)
             log.warning("shared cache: not replacing %s %s (fingerprint %s), refused here "
@@ -165,14 +167,14 @@ class Publisher:
 
     def _replace(self, client, key: str, old: bytes | None, new: bytes) -> None:
         """Compare-and-set key from old (None: absent) to new."""
-        self.s.transport.script("replace", client, keys=[key],
-                                args=[old or b"", new, self.s.ttl_ms, "1" if old is None
+        self.session.transport.script("replace", client, keys=[key],
+                                args=[old or b"", new, self.session.ttl_ms, "1" if old is None
                                       else "0"])
 
     def _note_replaced(self, fp: str, name: str, raw: bytes) -> None:
         """Keep what a replacement overwrote under the quarantine key, for operators."""
         note = layout.quarantine_note(raw, "refused here; replaced by a verified publish",
-                                      self.s.node)
+                                      self.session.node)
 
         def run(client):
             client.set(layout.quarantine_key(fp, name), note, px=layout.QUARANTINE_TTL_MS)
@@ -199,11 +201,12 @@ class Publisher:
     def _publish_failed(self, failed: StoreFailed, fp: str) -> None:
         if failed.kind == "denied":
             self.count("publish_denied", fp=fp)
-            self.s.note_read_only(failed)
+            self.session.note_read_only(failed)
             return
         self.count("publish_failed", fp=fp)
         if failed.kind in ("oom", "readonly"):
-            self.s.warn_once(failed.kind, "shared cache %s cannot store new entries (%s); "
-                             "warmup continues, results stay local", self.s.transport.display_url,
-                             "out of memory: see docs/redis.md on maxmemory"
-                             if failed.kind == "oom" else "read-only replica")
+            why = ("out of memory: see docs/redis.md on maxmemory" if failed.kind == "oom"
+                   else "read-only replica")
+            self.session.warn_once(failed.kind, "shared cache %s cannot store new entries "
+                                   "(%s); warmup continues, results stay local",
+                                   self.session.transport.display_url, why)

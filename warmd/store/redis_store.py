@@ -4,34 +4,35 @@
     entries.py    fetch: task records, manifests, blobs; verify, install, quarantine
     leases.py     single flight
     publish.py    pack and publish a task's entries and record
-    stats.py      this process's counters and the per-node / per-fingerprint stats
+    counters.py   this process's counters and the per-node / per-fingerprint stats
     session.py    what the parts share (settings, fingerprints, learnt state)
 
 Every public method degrades instead of raising: a store that is down, slow, out of memory,
 read-only or refusing this user's writes turns into misses and skipped publications, counted
 in `counters` and in the store's per-node and per-fingerprint stats. Operator commands
-(warmd.store.admin) use the parts directly and see StoreFailed.
+(warmd.store.admin) use the operator surface at the end of the class and see StoreFailed.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from warmd import settings
 from warmd.cache.base import CacheAdapter, CacheEntry
 from warmd.store import layout
-from warmd.store.api import SharedCache, StoreFailed
+from warmd.store.api import Publication, SharedCache, StoreFailed
 from warmd.store.breaker import CircuitBreaker
 from warmd.store.connection import CONNECT_TIMEOUT, StoreURL
+from warmd.store.counters import StoreStats
 from warmd.store.entries import Entries
 from warmd.store.fingerprint import Fingerprint
+from warmd.store.layout import Manifest, StoredTaskRecord
 from warmd.store.leases import Leases
 from warmd.store.publish import Publisher
-from warmd.store.session import Session
-from warmd.store.stats import StoreStats
+from warmd.store.session import Session, StaleRecords
 from warmd.store.transport import RedisTransport
 from warmd.targets import Target
 
@@ -59,9 +60,10 @@ class RedisSharedCache(SharedCache):
             ttl_ms=int((ttl_seconds or settings.cache_ttl_seconds()) * 1000),
             lease_ms=int(lease_seconds * 1000), poll_interval=poll_interval,
             max_artifact_bytes=max_artifact_bytes or settings.max_artifact_bytes())
-        self.entries = Entries(self.session)
-        self.leases = Leases(self.session)
-        self.publisher = Publisher(self.session)
+        stale = StaleRecords()  # Entries notes them, Leases reads them, Publisher clears them
+        self.entries = Entries(self.session, stale)
+        self.leases = Leases(self.session, stale)
+        self.publisher = Publisher(self.session, stale)
         self.embedded = embedded  # the embedded server this cache uses, if any
 
     # -- SharedCache -------------------------------------------------------------------------
@@ -81,8 +83,8 @@ class RedisSharedCache(SharedCache):
         return self.leases.single_flight(task_key, timeout)
 
     def publish_task(self, adapter: CacheAdapter, task_key: str, entries: list[CacheEntry],
-                     compile_seconds: float) -> None:
-        self.publisher.publish_task(adapter, task_key, entries, compile_seconds)
+                     compile_seconds: float) -> Publication:
+        return self.publisher.publish_task(adapter, task_key, entries, compile_seconds)
 
     def add_learned(self, adapter: CacheAdapter, plan_key: str, names: list[str]) -> bool:
         if not names or self.session.read_only:
@@ -123,7 +125,7 @@ class RedisSharedCache(SharedCache):
         if len(keys) < 2:
             return keys
         plan = layout.sha256("\n".join(sorted(keys)).encode())[:16]
-        arrivals = f"{layout.PREFIX}arrivals:{plan}"
+        arrivals = layout.arrivals_key(plan)
 
         def run(client):
             pipe = client.pipeline(transaction=False)
@@ -186,3 +188,28 @@ class RedisSharedCache(SharedCache):
 
     def fingerprint(self, adapter: CacheAdapter) -> Fingerprint:
         return self.session.fingerprint(adapter)
+
+    # -- the operator surface (warmd.store.admin): store errors raise StoreFailed ------------
+
+    def op(self, fn: Callable[[Any], Any], what: str) -> Any:
+        """fn(client) through the transport (timeouts, breaker, classification)."""
+        return self.transport.op(fn, what)
+
+    def accept_manifest(self, raw: bytes, fp: str, name: str) -> Manifest:
+        """The manifest stored for (fp, name) if a fetch here would use it (this node's
+        signing key and size limit); raises BadRecord or one of its kinds."""
+        return layout.accept_manifest(raw, key=self.session.signing_key,
+                                      max_size=self.session.max_artifact_bytes, fp=fp,
+                                      name=name)
+
+    def accept_record(self, raw: bytes, fp: str, task: str) -> StoredTaskRecord:
+        return layout.accept_record(raw, key=self.session.signing_key, fp=fp, task=task)
+
+    @property
+    def ttl_ms(self) -> int:
+        """How long a stored key lives after its last use."""
+        return self.session.ttl_ms
+
+    @property
+    def max_artifact_bytes(self) -> int:
+        return self.session.max_artifact_bytes

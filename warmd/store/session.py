@@ -1,5 +1,6 @@
 """What the parts of one Redis shared cache share: its settings, transport and counters, and
-what it learns while running (fingerprints, stale records, whether it may write)."""
+what it learns while running (fingerprints, whether it may write); and the stale task
+records, which pass from the fetching part to the leasing part to the publishing one."""
 
 from __future__ import annotations
 
@@ -12,13 +13,39 @@ from warmd.cache.base import CacheAdapter
 from warmd.store import layout
 from warmd.store.api import StoreFailed
 from warmd.store.connection import classify
+from warmd.store.counters import StoreStats
 from warmd.store.fingerprint import Fingerprint, compute_fingerprint
 from warmd.store.signing import key_proof
-from warmd.store.stats import StoreStats
 from warmd.store.transport import RedisTransport
 from warmd.targets import Target
 
 log = logging.getLogger("warmd.store")
+
+
+class StaleRecords:
+    """Task records a fetch found but could not use (refused, or naming entries that did not
+    install): the store holds a record, yet the task is not published for this node.
+
+    Entries writes them (`note`), Leases reads them (`of`: a claim treats exactly those
+    bytes as "not published", so the lease is still taken) and Publisher clears them
+    (`clear`) once its own record replaced them. Each part is handed this object."""
+
+    def __init__(self) -> None:
+        self._by_task: dict[str, bytes] = {}
+        self._lock = threading.Lock()
+
+    def note(self, task: str, raw: bytes) -> None:
+        with self._lock:
+            self._by_task[task] = raw
+
+    def of(self, task: str) -> bytes:
+        """The stale record's bytes (b"": none)."""
+        with self._lock:
+            return self._by_task.get(task, b"")
+
+    def clear(self, task: str) -> None:
+        with self._lock:
+            self._by_task.pop(task, None)
 
 
 @dataclass
@@ -33,7 +60,6 @@ class Session:
     poll_interval: float
     max_artifact_bytes: int
     read_only: bool = False  # learnt from the first write the store's ACL refuses
-    stale: dict[str, bytes] = field(default_factory=dict)  # task -> record that did not install
     task_fp: dict[str, str] = field(default_factory=dict)  # task -> fingerprint digest
     cluster_key: bool | None = None  # whether signing_key is the cluster's (None: not known)
     # What this process counted already, so a fetch repeated per task counts nothing twice:

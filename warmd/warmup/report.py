@@ -9,12 +9,13 @@ from typing import TYPE_CHECKING
 
 from warmd.executors.base import TaskResult
 from warmd.plan import Task
-from warmd.stats import BY_OUTCOME, Counters, F, Outcome, ids
+from warmd.stats import BY_OUTCOME, CounterFlag, Counters, Outcome, ids
 
 if TYPE_CHECKING:  # the interface only: warming without a store imports no store client
     from warmd.store.api import SharedCache
 
-STORE_COUNTERS = ids(F.RUN | F.STORE)  # what warmup reports from the store's counters
+# what warmup reports from the store's counters
+STORE_COUNTERS = ids(CounterFlag.RUN | CounterFlag.STORE)
 
 
 class Mode(str, enum.Enum):
@@ -133,11 +134,11 @@ def store_health(shared: SharedCache) -> StoreHealth:
         return StoreHealth(False, f"shared cache disabled: {shared.disabled_reason}")
     url = shared.display_url
     counts = shared.counters
-    trouble = {k: int(counts[k]) for k in ids(F.TROUBLE) if counts.get(k)}
+    trouble = {k: int(counts[k]) for k in ids(CounterFlag.TROUBLE) if counts.get(k)}
     if not trouble:
         return StoreHealth(True, "", url)
     what = ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in trouble.items())
-    unreachable = any(k in trouble for k in ids(F.TROUBLE | F.DOWN))
+    unreachable = any(k in trouble for k in ids(CounterFlag.TROUBLE | CounterFlag.DOWN))
     last = shared.last_error
     why = ("unreachable" if unreachable else "refused work") + (f": {last}" if last else "")
     return StoreHealth(False, f"shared cache {url or ''} {why} ({what}); kernels were built "

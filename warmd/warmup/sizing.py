@@ -21,10 +21,10 @@ def gpu_ids(options: WarmupOptions) -> list[str]:
     """The GPUs the workers share out: the options', else the visible ones."""
     if options.gpu_ids is not None:
         return list(options.gpu_ids)
-    visible = settings.visible_devices()
+    visible = settings.visible_gpu_ids()
     total = sum(g.count for g in _local_gpus())
     if visible is not None:
-        return [p.strip() for p in visible.split(",") if p.strip()][:total]
+        return list(visible[:total])
     return [str(i) for i in range(total)]
 
 

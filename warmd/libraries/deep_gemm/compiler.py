@@ -88,7 +88,7 @@ log = logging.getLogger(__name__)
 
 def real_nvcc() -> str:
     """The compiler DeepGEMM would run: DG_JIT_NVCC_COMPILER, else CUDA_HOME's nvcc."""
-    chosen = settings.get("DG_JIT_NVCC_COMPILER")
+    chosen = settings.deep_gemm_nvcc()
     return str(chosen) if chosen else str(settings.cuda_home() / "bin" / "nvcc")
 
 
@@ -150,7 +150,7 @@ class DeepGemmKernelStage:
         self.gpu_ids = list(gpu_ids)
         self.env = dict(env)
         self.nvcc = real_nvcc()
-        self.nice = settings.get("WARMD_COMPILE_NICE")
+        self.nice = settings.compile_nice()
         # DeepGEMM's own scratch directory: same filesystem, never read as entries.
         self.run = self.root / "tmp" / f"warmd-{uuid.uuid4().hex[:12]}"
         self.pool = ThreadPoolExecutor(self.jobs, thread_name_prefix="dg-nvcc")

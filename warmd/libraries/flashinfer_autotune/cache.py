@@ -88,7 +88,7 @@ class FlashInferAutotuneAdapter(CacheAdapter):
         self._root = Path(root) if root is not None else settings.vllm_cache_root()
         self.arch = arch
         self.version = version or flashinfer_version() or "unknown"
-        override = settings.get("VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR")
+        override = settings.vllm_flashinfer_autotune_dir()
         self.vllm_dir = Path(override) if override else (
             self._root / "flashinfer_autotune_cache" / self.version / arch_dir(arch))
         v2_base = Path(v2_root) if v2_root is not None else settings.flashinfer_autotune_dir()

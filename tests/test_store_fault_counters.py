@@ -1,4 +1,4 @@
-"""Issue 13, class 6: faults are counted where operators look. Counters a store could not
+"""Faults are counted where operators look. Counters a store could not
 take (paused, full) are kept locally and reach `warmd cache stats` once it is back; one
 installed entry is one hit; a node-local refusal is remembered; archives are limited to a
 member count that fits real modules."""
@@ -14,14 +14,14 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from store_support import DirAdapter, make_plan, module_server, start_test_server, warm
+from store_support import DirAdapter, module_server, start_test_server, task_entries, warm
 
 from warmd.cache.artifacts import MAX_MEMBERS, check_artifact, pack_members
 from warmd.cache.base import CacheEntry, IncompatibleHere, UnsafeArtifact
 from warmd.cli import main
 from warmd.store import layout
 
-PLAN = make_plan(2, per_task=2)
+PLAN = task_entries(2, per_task=2)
 
 
 @pytest.fixture

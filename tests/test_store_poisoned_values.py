@@ -1,4 +1,4 @@
-"""Store hardening (issue 13) against a real redis-server: values poisoned with a plain Redis
+"""Poisoned store values, against a real redis-server: values poisoned with a plain Redis
 client, as an attacker with a writer account would, never fail a task, never get installed,
 are counted, and the next correct publish heals them for every node."""
 
@@ -8,7 +8,7 @@ import json
 
 import pytest
 from click.testing import CliRunner
-from store_support import DirAdapter, compiles, make_plan, module_server, warm
+from store_support import DirAdapter, compiles, module_server, task_entries, warm
 
 from warmd.cli import main
 from warmd.store import layout
@@ -21,7 +21,7 @@ server = module_server("harden-pw")
 
 
 CACHE_DEFAULTS = {"poll_interval": 0.05, "lease_seconds": 5.0}
-PLAN = make_plan(1, per_task=2)
+PLAN = task_entries(1, per_task=2)
 TASK = next(iter(PLAN))
 NAMES = PLAN[TASK]
 

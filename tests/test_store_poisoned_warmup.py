@@ -1,4 +1,4 @@
-"""Issue 13 end to end, with real FlashInfer builds and a real redis-server: a manifest
+"""Poisoned store values end to end, with real FlashInfer builds and a real redis-server: a manifest
 poisoned with a plain Redis client never fails `warmd warmup` (exit 0, the module compiled
 here, the refusal counted in --json), and the next publish heals it for the next node, whose
 installed module counts as one hit in the per-fingerprint stats."""

@@ -1,4 +1,4 @@
-"""Issue 13, class 5: store URLs whose userinfo holds an unencoded delimiter are refused, and
+"""Store URLs whose userinfo holds an unencoded delimiter are refused, and
 no child of warmd (a warmup worker, what it runs: ninja, nvcc) carries the store password in
 its environment, while a child that opens the store still can."""
 

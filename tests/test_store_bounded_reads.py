@@ -1,4 +1,4 @@
-"""Issue 13, class 4: chunk reads are bounded by the manifests' declared sizes. A process
+"""Chunk reads are bounded by the manifests' declared sizes. A process
 fetching entries whose chunks an attacker grew to hundreds of MB keeps its peak RSS within a
 fixed margin of where it started (measured in a separate process, with a real server)."""
 
@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from store_support import SRC, DirAdapter, make_plan, module_server, warm
+from store_support import SRC, DirAdapter, module_server, task_entries, warm
 
 from warmd.store import layout
 
@@ -50,7 +50,7 @@ def _fetch_in_child(url: str, root: Path, task: str) -> dict:
 @pytest.mark.parametrize("where", ["first", "last"])
 def test_oversized_chunks_are_refused_without_being_read(where, server, rclient, caches,
                                                          tmp_path):
-    plan = make_plan(1, per_task=2)
+    plan = task_entries(1, per_task=2)
     (task, names), = plan.items()
     writer = caches(server.url, node="writer")
     adapter = DirAdapter(tmp_path / "a")

@@ -19,7 +19,7 @@ import uuid
 from pathlib import Path
 
 from warmd import settings
-from warmd.stats import BY_ID, F, ids
+from warmd.stats import BY_ID, CounterFlag, ids
 from warmd.store import layout
 from warmd.store.api import StoreFailed
 from warmd.store.transport import RedisTransport
@@ -27,9 +27,9 @@ from warmd.store.transport import RedisTransport
 FLUSH_INTERVAL = 10.0
 # Counters warmup reports itself (warmd.stats.Counters via record_outcomes): the store's own
 # view of them goes to the per-fingerprint stats only, so a node's totals count nothing twice.
-WARMUP_OWNED = frozenset(ids(F.RUN, without=F.STORE))
+WARMUP_OWNED = frozenset(ids(CounterFlag.RUN, without=CounterFlag.STORE))
 # Counters only the store can know: what warmup reports under these names is ignored.
-STORE_OWNED = frozenset(ids(F.STORE))
+STORE_OWNED = frozenset(ids(CounterFlag.STORE))
 # Failures after which pending counters are kept (the store may take them later); a user the
 # ACL refuses ("denied") never will.
 _KEEP_ON = ("down", "open", "auth", "oom", "readonly")

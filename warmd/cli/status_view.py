@@ -1,0 +1,160 @@
+"""What `warmd status` and `warmd start` print: the daemon's StatusSnapshot as text, tables
+through warmd.cli.render (the terminal's or $COLUMNS' width, identifiers never cut while a
+column can be left out instead, reasons wrapped whole)."""
+
+from __future__ import annotations
+
+import time
+
+from warmd.cli.render import Col, console_width, table_lines, wrapped
+from warmd.cluster.state import NodeState, NodeStatus
+from warmd.cluster.status import StatusSnapshot, StoreSize
+from warmd.stats import BY_ID, CounterFlag, format_bytes, ids
+
+_LABEL_WIDTH = len("Corrupt entries rejected") + 2
+NODE_COLUMNS = (Col("NODE", "id"), Col("RAY ID"), Col("IP"), Col("GPUS", dropped=True),
+                Col("STATE"), Col("PROGRESS", dropped=True), Col("KERNELS", dropped=True),
+                Col("HIT RATE", dropped=True), Col("LAST WARM", dropped=True))
+
+
+def render_status(snap: StatusSnapshot, width: int | None = None) -> str:
+    width = width or console_width()
+    lines = [f"======== warmd status: {time.strftime('%Y-%m-%d %H:%M:%S')} ========"]
+    ctl = snap.controller
+    if snap.running and ctl is not None:
+        up = time.time() - (ctl.started_at or time.time())
+        lines.append(f"Controller: running on node {ctl.node_id[:8]} for {up / 60:.0f} min; "
+                     f"config {ctl.config_hash or '?'}; Ray {snap.ray_address}")
+        lines.append(f"Shared cache: {ctl.redis or 'off'} (namespace {ctl.namespace})")
+    else:
+        where = f"Ray {snap.ray_address}" if snap.ray_address else "no Ray cluster"
+        lines.append(f"Controller: not running ({where}); node records from Redis "
+                     f"{snap.redis or '(none)'}"
+                     + (f": {snap.redis_error}" if snap.redis_error else ""))
+    no_node = ctl.no_node if ctl else None
+    lines += ["", *_node_table(snap.nodes, width, no_node), ""]
+    lines.append(snap.totals().render_text("Cluster totals"))
+    lines.append(f"{BY_ID['runtime_jit'].description:<{_LABEL_WIDTH}}{snap.runtime_jit:>12}")
+    lines.append(_store_size_line(snap.store_size))
+    return "\n".join(lines)
+
+
+def render_stopped(snap: StatusSnapshot) -> str:
+    """`warmd status` with no controller and no node records: two lines, not a table of
+    zeros. Says where the kernel cache's own statistics are."""
+    where = (f"no warmd controller on Ray {snap.ray_address}" if snap.ray_address
+             else "no Ray cluster found")
+    lines = [f"warmd is not running ({where}); start it with `warmd start`"]
+    size, url = snap.store_size, snap.redis
+    if url and size:
+        lines.append(f"shared cache {url}: {size.keys} keys, {format_bytes(size.used_memory)}; "
+                     "its counters: `warmd cache stats`")
+    elif snap.embedded_dir:
+        lines.append(f"the embedded shared cache is stopped; its data is kept in "
+                     f"{snap.embedded_dir} (`warmd cache server start`, then "
+                     "`warmd cache stats`)")
+    elif url:
+        lines.append(f"shared cache {url} is unreachable"
+                     + (f": {snap.redis_error}" if snap.redis_error else ""))
+    else:
+        lines.append("no shared cache is configured or kept on this machine")
+    return "\n".join(lines)
+
+
+def render_start_summary(snap: StatusSnapshot, seconds: float, code: int) -> str:
+    """What `warmd start` says once the nodes settle: a short summary (the full view is
+    `warmd status`)."""
+    kernels = snap.totals()
+    verdict = "warm" if code == 0 else "not warm"
+    lines = [f"{len(snap.nodes)} node(s) {verdict} after {seconds:.0f}s "
+             f"({_state_counts(snap.nodes) or 'no node'}); "
+             f"{kernels.kernels} kernel(s): {kernels.compiled} compiled, "
+             f"{kernels.remote_hits} from the shared cache, {kernels.local_hits} already here"]
+    for n in snap.nodes:
+        if n.state != NodeStatus.READY and n.reason:
+            lines += wrapped(f"{_label(n)} {n.state}: {n.reason}", console_width(), "  ")
+    lines.append("details: warmd status")
+    return "\n".join(lines)
+
+
+def start_seconds(started: dict, waited: float, total: float, snap: StatusSnapshot) -> dict:
+    """Where a `start` spent its time: starting or joining Ray, creating the controller,
+    waiting for the nodes, and each node's own warmup, split by its seconds counters
+    (warmd.stats, TIME: compile, fetch from the store, install, verify on disk)."""
+    nodes = {n.node_id: {"warm": n.warm_seconds, "state": n.state,
+                         "remote_hits": n.kernels.get("remote_hits"),
+                         "compiled": n.kernels.get("compiled"),
+                         "bytes_fetched": n.counters.get("bytes_fetched"),
+                         **{i: n.counters.get(i) for i in ids(CounterFlag.RUN |
+                                                              CounterFlag.TIME)}}
+             for n in snap.nodes}
+    return {**started, "wait_nodes": round(waited, 3), "total": round(total, 3),
+            "nodes": nodes}
+
+
+def _state_counts(nodes: tuple[NodeState, ...]) -> str:
+    counts: dict[str, int] = {}
+    for n in nodes:
+        counts[n.state] = counts.get(n.state, 0) + 1
+    return ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
+
+
+def _when(ts: float | None) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(ts)) if ts else "-"
+
+
+def _gpus(node: NodeState) -> str:
+    if node.gpus:
+        return f"{node.gpus}x {node.gpu_type or 'GPU'}"
+    return "builder" if node.role == "builder" else "-"
+
+
+def _label(node: NodeState) -> str:
+    return f"{node.name} {node.node_id[:8]}".strip()
+
+
+def _row(n: NodeState) -> list[str]:
+    progress = f"{n.progress_done}/{n.progress_total}" if n.progress_total else "-"
+    total = n.kernels.get("total", 0)
+    rate = f"{100 * n.hit_rate:.1f}%" if total else "-"
+    last = f"{_when(n.warmed_at)} ({n.warm_seconds:.1f}s)" if n.warmed_at else "-"
+    return [n.name or "-", n.node_id[:8], n.ip or "-", _gpus(n), n.state, progress,
+            str(total), rate, last]
+
+
+def _node_table(nodes: tuple[NodeState, ...], width: int,
+                no_node: str | None = None) -> list[str]:
+    out = wrapped(f"Nodes ({len(nodes)}: {_state_counts(nodes) or 'none selected'})"
+                  + (f": {no_node}" if no_node else ""), width)
+    if not nodes:
+        return out
+    out += table_lines(NODE_COLUMNS, [_row(n) for n in nodes], width)
+    now = time.time()
+    for n in nodes:
+        notes = []
+        if n.state != NodeStatus.READY and n.reason:
+            notes.append(n.reason)
+        if n.heartbeat and now - n.heartbeat > 60:
+            notes.append(f"no heartbeat for {now - n.heartbeat:.0f}s")
+        jit = _runtime_jit_note(n)
+        if jit:
+            notes.append(jit)
+        for note in notes:
+            out += wrapped(f"{_label(n)} {n.state}: {note}", width, "  ")
+    return out
+
+
+def _runtime_jit_note(node: NodeState) -> str | None:
+    """'runtime JIT: 2 (last: triton ABC... at 12:00:01)' for a node that had any."""
+    count = node.runtime_jit_total
+    if not count:
+        return None
+    events = node.runtime_jit_events
+    last = (f" (last: {events[-1]['library']} {events[-1]['entry']} at "
+            f"{_when(events[-1].get('at'))})" if events else "")
+    return f"runtime JIT: {count}{last}"
+
+
+def _store_size_line(size: StoreSize | None) -> str:
+    value = f"{format_bytes(size.used_memory)}, {size.keys} keys" if size else "unknown"
+    return f"{'Store size':<{_LABEL_WIDTH}}{value:>12}"

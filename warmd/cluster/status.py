@@ -1,0 +1,131 @@
+"""What `warmd status`, `wait-ready` and `start --wait` look at: one typed snapshot of the
+daemon, from the controller over Ray or from the node records in Redis. The controller's
+answer and the stored records arrive as JSON (the Ray and Redis edges) and are read into
+these types once; `to_json` is what `--json` prints."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from warmd.cluster.state import WARM_STATES, NodeState, NodeStatus
+from warmd.stats import Counters
+
+
+@dataclass(frozen=True)
+class StoreSize:
+    used_memory: int
+    keys: int
+
+    @classmethod
+    def from_json(cls, data: dict | None) -> StoreSize | None:
+        if not data:
+            return None
+        return cls(int(data.get("used_memory") or 0), int(data.get("keys") or 0))
+
+
+@dataclass(frozen=True)
+class ControllerView:
+    """The running controller (over Ray) or the summary it last stored (in Redis)."""
+
+    record: dict  # as received: what --json prints
+    node_id: str = "?"
+    started_at: float | None = None
+    config_hash: str | None = None
+    redis: str | None = None
+    namespace: str | None = None
+    no_node: str | None = None
+    reconciles: int = 0
+
+    @classmethod
+    def from_json(cls, data: dict | None) -> ControllerView | None:
+        if data is None:
+            return None
+        config = data.get("config") or {}
+        return cls(record=data, node_id=data.get("node_id") or "?",
+                   started_at=data.get("started_at"), config_hash=data.get("config_hash"),
+                   redis=data.get("redis"), namespace=(config.get("redis") or {}).get(
+                       "namespace"), no_node=data.get("no_node") or None,
+                   reconciles=int((data.get("counters") or {}).get("reconciles", 0)))
+
+
+@dataclass(frozen=True)
+class StatusSnapshot:
+    running: bool  # a controller answered over Ray
+    source: str  # "ray", "redis" (node records) or "none"
+    nodes: tuple[NodeState, ...] = ()
+    controller: ControllerView | None = None
+    ray_address: str | None = None
+    store_size: StoreSize | None = None
+    redis: str | None = None  # where the records were read (not running)
+    redis_error: str | None = None
+    embedded_dir: str | None = None  # a stopped embedded server's data directory
+    records: tuple[dict, ...] = field(default=(), repr=False)  # the nodes as received
+
+    @classmethod
+    def from_json(cls, data: dict) -> StatusSnapshot:
+        records = tuple(data.get("nodes") or ())
+        return cls(running=bool(data.get("running")), source=data.get("source", "none"),
+                   nodes=tuple(NodeState.from_json(r) for r in records),
+                   controller=ControllerView.from_json(data.get("controller")),
+                   ray_address=data.get("ray_address"),
+                   store_size=StoreSize.from_json(data.get("store_size")),
+                   redis=data.get("redis"), redis_error=data.get("redis_error") or None,
+                   embedded_dir=data.get("embedded_dir"), records=records)
+
+    @property
+    def no_node(self) -> str | None:
+        """Why the running controller's config selects no node (None: it selects some)."""
+        return self.controller.no_node if self.running and self.controller else None
+
+    @property
+    def ready(self) -> bool:
+        return self.running and all(n.state == NodeStatus.READY for n in self.nodes)
+
+    def matching(self, wanted: str | None) -> list[NodeState]:
+        """The nodes `--node-id wanted` names (every node for None)."""
+        return [n for n in self.nodes if wanted is None or n.matches(wanted)]
+
+    def totals(self) -> Counters:
+        total = Counters()
+        for node in self.nodes:
+            total.add(node.counters or {})
+        return total
+
+    @property
+    def runtime_jit(self) -> int:
+        return sum(n.runtime_jit_total for n in self.nodes)
+
+    def runtime_jit_events(self) -> list[dict]:
+        """Every node's recorded runtime JIT events (library, entry, node, at), oldest
+        first."""
+        return sorted((e for n in self.nodes for e in n.runtime_jit_events),
+                      key=lambda e: e.get("at") or 0)
+
+    def settled(self, wanted: str | None) -> bool | None:
+        """Whether the nodes waited for are warm (True), one failed (False), or they are
+        not settled yet for the current config (None)."""
+        nodes = self.matching(wanted)
+        if wanted is None and self.running and self.controller and \
+                self.controller.reconciles and not self.nodes:
+            return True  # nothing selected: nothing to wait for
+        current = self.controller.config_hash if self.controller else None
+        done = [n for n in nodes if n.state in WARM_STATES | {NodeStatus.FAILED}
+                and (not current or n.config_hash == current)]
+        if nodes and len(done) == len(nodes):  # warm or failed for the current config
+            return all(n.state in WARM_STATES for n in nodes)
+        return None
+
+    def to_json(self) -> dict:
+        counters = self.totals()
+        summary = counters.to_json()
+        summary["kernels"] = counters.kernels
+        summary["hit_rate"] = round(counters.hit_rate, 4)
+        summary["runtime_jit"] = self.runtime_jit
+        summary["store_size"] = (None if self.store_size is None else
+                                 {"used_memory": self.store_size.used_memory,
+                                  "keys": self.store_size.keys})
+        return {"running": self.running, "source": self.source,
+                "ray_address": self.ray_address, "ready": self.ready,
+                "controller": self.controller.record if self.controller else None,
+                "nodes": list(self.records), "totals": summary,
+                "runtime_jit": self.runtime_jit_events()}

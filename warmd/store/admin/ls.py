@@ -1,0 +1,54 @@
+"""`warmd cache ls`: fingerprints with their entry counts and bytes, the entries of one,
+and the learned indexes (warmd.capture)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from warmd.store import layout
+from warmd.store.admin.reads import entries, fingerprint_meta, fingerprints, scan, text
+from warmd.store.layout import Manifest
+from warmd.store.redis_store import RedisSharedCache
+
+
+def listing(cache: RedisSharedCache, selected: Iterable[str] = ()) -> list[dict]:
+    """Fingerprints with entry counts and bytes (all, or the selected ones)."""
+    fps = list(selected) or fingerprints(cache)
+    meta = fingerprint_meta(cache, fps)
+    for fp in fps:
+        items = entries(cache, fp)
+        meta[fp]["bytes"] = sum(i["manifest"].size for i in items if i["manifest"])
+        meta[fp]["last_used"] = max((i["last_used"] for i in items), default=None)
+    return [meta[fp] for fp in fps]
+
+
+def entry_json(item: dict) -> dict:
+    man: Manifest | None = item["manifest"]
+    data = {"name": item["name"], "last_used": item["last_used"],
+            "state": "ok" if man else ("missing" if item["raw"] is None else "malformed")}
+    if man is not None:
+        data.update({"library": man.library, "digest": man.digest, "size": man.size,
+                     "producer": man.producer, "compile_seconds": man.compile_seconds,
+                     "created": man.created, "signed": man.sig is not None})
+    return data
+
+
+def learned_indexes(cache: RedisSharedCache, plan_key: str | None = None) -> list[dict]:
+    """Every learned index (warmd.capture), or those of one plan, under any fingerprint:
+    {"fingerprint", "plan", "library", "entries": [names]}, by plan then library."""
+    keys = [(key, layout.parse_learned_key(key))
+            for key in scan(cache, layout.learned_keys_pattern(plan_key), "ls")]
+    found = [(key, *parsed) for key, parsed in keys if parsed]
+
+    def run(client):
+        pipe = client.pipeline(transaction=False)
+        for key, _fp, _plan in found:
+            pipe.zrange(key, 0, -1)
+        return pipe.execute()
+
+    members = cache.op(run, "ls") if found else []
+    meta = fingerprint_meta(cache, sorted({fp for _key, fp, _plan in found}))
+    out = [{"fingerprint": fp, "plan": plan, "library": meta[fp]["library"],
+            "entries": sorted(text(n) for n in names)}
+           for (_key, fp, plan), names in zip(found, members, strict=True)]
+    return sorted(out, key=lambda i: (i["plan"], i["library"], i["fingerprint"]))
