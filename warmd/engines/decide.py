@@ -147,6 +147,14 @@ def _vllm_max_tokens(request, env: EngineEnv, target: Target, notes: list[str]) 
     return tokens
 
 
+def vllm_all2all(request) -> str:
+    """The all2all backend vLLM's MoE runs (FusedMoEParallelConfig.use_all2all_kernels: expert
+    parallel with DP > 1; rule vllm-moe-activation-format), else "none"."""
+    if request.ep > 1 and request.dp > 1:
+        return _launch_arg(request, "all2all_backend") or "allgather_reducescatter"
+    return "none"
+
+
 def _decide_vllm(request, env: EngineEnv, target: Target) -> Decisions:
     warmup = env.get("VLLM_DEEP_GEMM_WARMUP")
     mode = request.mode or ("full" if warmup == "full" else "relax")
@@ -161,7 +169,7 @@ def _decide_vllm(request, env: EngineEnv, target: Target) -> Decisions:
     mspec = MSpec(mspec.mode, mspec.max_tokens, mspec.explicit, moe_tokens,
                   vllm_relax_block_ms(env.version))
     out = Decisions(mspec, deep_gemm_e8m0=env.get("VLLM_USE_DEEP_GEMM_E8M0") is not False,
-                    notes=notes)
+                    notes=notes, moe_a2a_backend=vllm_all2all(request))
     if request.mode is None and env.is_set("VLLM_DEEP_GEMM_WARMUP"):
         extra = "; warmd still warms the relax set" if warmup == "skip" else ""
         out.notes.append(_explain(env, "VLLM_DEEP_GEMM_WARMUP", warmup,
