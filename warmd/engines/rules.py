@@ -60,6 +60,33 @@ RULES: tuple[Rule, ...] = (
          "_deepgemm_grouped_fp8_gemm_nt_contiguous_warmup",
          "the warmup calls the grouped GEMM in the plain contiguous layout (no psum) inside "
          "mk_alignment_scope(A), for both GEMMs at the rows of its relax token set"),
+    Rule("vllm-linear-backend", "vllm", _V034, _LINEAR, "_resolve_backend_kernels",
+         "--linear-backend keeps only its kernels (_LINEAR_BACKEND_KERNEL_MAP) in each linear "
+         "kernel list that has one; a list without one stays whole"),
+    Rule("vllm-cutedsl-router-gemm", "vllm", _V034,
+         "vllm/model_executor/layers/fused_moe/router/gate_linear.py", "GateLinear.__init__",
+         "the MoE router GEMM runs CuTe-DSL ll_bf16/ll_fp32w kernels (dot product up to M 4, "
+         "split-K above) on sm90/sm100 with CuTe DSL when the router computes in FP32; "
+         "compiled by the engine"),
+    Rule("vllm-moe-activation-format", "vllm", _V033,
+         "vllm/model_executor/layers/fused_moe/config.py", "FusedMoEConfig.activation_format",
+         "the DeepEP low-latency and NIXL EP all2all (expert parallel with DP > 1) hand the "
+         "experts the batched format: only batched kernels (BATCHED_DEEPGEMM, BATCHED_TRITON)"),
+    Rule("vllm-batched-deepgemm", "vllm", _V033,
+         "vllm/model_executor/layers/fused_moe/experts/batched_deep_gemm_moe.py",
+         "BatchedDeepGemmExperts.estimate_expected_m",
+         "masked grouped GEMM at expected_m = DP tokens x topk / global experts rounded up to "
+         "16, in [16, max_num_batched_tokens x EP]; that capacity without DP metadata; not "
+         "in vLLM's own warmup"),
+    Rule("vllm-fi-moe-static-tensor", "vllm", _V033,
+         "vllm/model_executor/layers/fused_moe/experts/flashinfer_cutlass_moe.py",
+         "FlashInferExperts._supports_quant_scheme",
+         "FlashInfer CUTLASS fused MoE takes per-tensor FP8 with static activation scales "
+         "from sm90 (block FP8 on sm90 only); the TRT-LLM-gen one (sm100) takes both"),
+    Rule("vllm-fp8-activation-scheme", "vllm", _ALL,
+         "vllm/model_executor/layers/quantization/fp8.py", "Fp8Config.__init__",
+         "activation_scheme static or dynamic (else refused); block FP8 only dynamic; static "
+         "per-tensor scales make kFp8StaticTensorSym activations"),
     Rule("vllm-token-budget", "vllm", _V033, _ARG_UTILS, "EngineArgs.get_batch_defaults",
          "vllm serve's max_num_batched_tokens: 16384 on GPUs with >= 160 GiB, 8192 from "
          "70 GiB (not A100, not GB10), else 2048"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from warmd.engines.moe_backends import BATCHED_ALL2ALL
 from warmd.engines.versions import parse_version
 from warmd.errors import WarmdInputError
 from warmd.kernels.base import (
@@ -254,6 +255,50 @@ class DeepEPDeepGemmExperts(DeepGemmExperts):
         return work
 
 
+def batched_expected_m(layer: Layer, mspec: MSpec) -> list[int]:
+    """The expected_m values vLLM's BatchedDeepGemmExperts passes the masked grouped GEMM
+    (estimate_expected_m, rule vllm-batched-deepgemm): the tokens of every DP rank x topk /
+    global experts, rounded up to 16, between 16 and the per-expert capacity
+    (max_num_batched_tokens x EP ranks); the capacity itself where no DP metadata is there."""
+    budget = mspec.max_tokens
+    total = mspec.moe_tokens or budget  # DP x budget
+    ranks = int(layer.param.get("ep") or 1)
+    experts = (layer.num_groups or 1) * ranks
+    capacity = budget * ranks
+    top = min(capacity, max(16, -(-(total * (layer.topk or 1) // experts) // 16) * 16))
+    return sorted({*range(16, top + 1, 16), capacity})
+
+
+class BatchedDeepGemmExperts(Kernel):
+    """vLLM's BATCHED_DEEPGEMM (fused_moe/experts/batched_deep_gemm_moe.py): DeepGEMM's masked
+    grouped GEMM for the batched format of the DeepEP low-latency and NIXL EP all2all. vLLM's
+    own warmup does not visit it (deep_gemm_warmup.py warms DeepGemmExperts and
+    TritonOrDeepGemmExperts only): its kernels compile in traffic unless warmd warms them."""
+
+    name = "BatchedDeepGemmExperts"
+    op = "moe"
+    library = "deep_gemm"
+    capabilities = DEEP_GEMM_CAPABILITIES
+    schemes = ("fp8_block",)
+
+    @classmethod
+    def is_supported(cls, env: Environment) -> Check:
+        if env.moe_a2a_backend not in BATCHED_ALL2ALL:
+            return False, ("runs the batched format only (vLLM --all2all-backend "
+                           "deepep_low_latency or nixl_ep, with expert parallel and DP > 1)")
+        return super().is_supported(env)
+
+    @classmethod
+    def can_implement(cls, layer: Layer, env: Environment) -> Check:
+        return fp8_block_128(layer)
+
+    @classmethod
+    def jit_work(cls, layer: Layer, env: Environment, mspec: MSpec, m_range: MRange):
+        return [JitWork("deep_gemm", "m_grouped_fp8_gemm_nt_masked", layer.n, layer.k,
+                        layer.num_groups, tuple(batched_expected_m(layer, mspec)),
+                        spec=_deep_gemm_spec(env))]
+
+
 class TritonOrDeepGemmExperts(WrapperKernel):
     """vLLM's MoE experts with E8M0 scales off: Triton below DeepGEMM's 128-row alignment,
     DeepGEMM from there."""
@@ -275,5 +320,5 @@ class TritonOrDeepGemmExperts(WrapperKernel):
 
 KERNELS: tuple[type[Kernel], ...] = (
     DeepGemmFp8BlockScaledMMKernel, DeepGemmExperts, DeepEPDeepGemmExperts,
-    TritonOrDeepGemmExperts,
+    TritonOrDeepGemmExperts, BatchedDeepGemmExperts,
 )
