@@ -26,8 +26,9 @@ from warmd.plan import (
               help="Also list the plan's learned entries: kernels nodes compiled after READY "
                    "that no task names (read from the shared cache; installed with the plan).")
 @click.option("--redis", "redis_url", metavar="URL",
-              help="With --learned: the shared cache (default: WARMD_REDIS_URL, else the "
-                   "embedded server).")
+              help="With --learned: the shared cache (default: WARMD_REDIS_URL, else "
+                   "WARMD_CONFIG's, else the running daemon's, else the embedded server if "
+                   "it runs).")
 def plan(request: PlanRequest, as_json: bool, learned: bool, redis_url: str | None) -> None:
     """Show the kernel each layer will dispatch to and the JIT tasks a warmup would run.
 
@@ -62,10 +63,11 @@ def plan(request: PlanRequest, as_json: bool, learned: bool, redis_url: str | No
 
 def _learned(plan_key: str, redis_url: str | None) -> list[dict]:
     """The plan's learned indexes in the shared cache (exit 1 when it cannot be read)."""
-    from warmd.cli.cache import _open, _run
+    from warmd.cli.cache import opened_store
     from warmd.store import admin
 
-    return _run(_open(redis_url), admin.learned_indexes, plan_key)
+    with opened_store(None, redis_url) as store:
+        return admin.learned_indexes(store, plan_key)
 
 
 def note_absent_libraries(result: Plan) -> None:

@@ -35,6 +35,12 @@ class ControllerView:
     namespace: str | None = None
     no_node: str | None = None
     reconciles: int = 0
+    reconciled_hash: str | None = None  # the config its last reconcile ran with
+
+    @property
+    def reconciled(self) -> bool:
+        """Whether a reconcile ran with the current config (its nodes are that config's)."""
+        return bool(self.config_hash) and self.reconciled_hash == self.config_hash
 
     @classmethod
     def from_json(cls, data: dict | None) -> ControllerView | None:
@@ -45,7 +51,8 @@ class ControllerView:
                    started_at=data.get("started_at"), config_hash=data.get("config_hash"),
                    redis=data.get("redis"), namespace=(config.get("redis") or {}).get(
                        "namespace"), no_node=data.get("no_node") or None,
-                   reconciles=int((data.get("counters") or {}).get("reconciles", 0)))
+                   reconciles=int((data.get("counters") or {}).get("reconciles", 0)),
+                   reconciled_hash=data.get("reconciled_hash") or None)
 
 
 @dataclass(frozen=True)
@@ -74,8 +81,10 @@ class StatusSnapshot:
 
     @property
     def no_node(self) -> str | None:
-        """Why the running controller's config selects no node (None: it selects some)."""
-        return self.controller.no_node if self.running and self.controller else None
+        """Why the running controller's config selects no node (None: it selects some, or
+        no reconcile ran with it yet)."""
+        ctl = self.controller
+        return ctl.no_node if self.running and ctl and ctl.reconciled else None
 
     @property
     def ready(self) -> bool:
@@ -106,8 +115,8 @@ class StatusSnapshot:
         not settled yet for the current config (None)."""
         nodes = self.matching(wanted)
         if wanted is None and self.running and self.controller and \
-                self.controller.reconciles and not self.nodes:
-            return True  # nothing selected: nothing to wait for
+                self.controller.reconciled and not self.nodes:
+            return True  # the current config selects nothing: nothing to wait for
         current = self.controller.config_hash if self.controller else None
         done = [n for n in nodes if n.state in WARM_STATES | {NodeStatus.FAILED}
                 and (not current or n.config_hash == current)]
