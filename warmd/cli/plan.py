@@ -37,8 +37,8 @@ def plan(request: PlanRequest, as_json: bool, learned: bool, redis_url: str | No
     --target they may only repeat the preset's values), and the libraries with
     --with/--without. Libraries are otherwise those installed here: a plan for another
     GPU notes on stderr each missing library that would change it. Tables follow the
-    terminal's width; long keys are shortened in the middle (their digest tail works as
-    --task-filter), --json has them whole.
+    terminal's width: too narrow for a table, each layer and task is a block of lines;
+    names and keys are never cut (a key's digest, its last part, works as --task-filter).
     """
     result = make_plan(request)
     note_absent_libraries(result)
