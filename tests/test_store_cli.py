@@ -332,3 +332,22 @@ def test_stop_ends_the_embedded_server_warmd_started_not_the_users(state_dir):
         assert embedded_status().pid == started["pid"]
     finally:
         stop_embedded()
+
+
+def test_stats_say_what_they_count_and_show_the_stores_capacity(url, server, tmp_path):
+    _fill(url, tmp_path)
+    client = server.client()
+    client.config_set("maxmemory", str(64 << 20))
+    data = json.loads(run("cache", "stats", "--json", "--redis", url).output)
+    assert data["store_size"]["maxmemory"] == 64 << 20 and data["store_size"]["keys"] > 0
+    result = CliRunner(env={"COLUMNS": "200"}).invoke(main, ["cache", "stats", "--redis", url])
+    text = result.stdout
+    assert "Totals (every warmup since the store began)" in text
+    assert "64.0 MiB maxmemory" in text and "% used" in text
+    # one meaning per name: "published" is bytes (the node table, the Published line); the
+    # fingerprint table counts entries as "publications"
+    headers = [line for line in text.splitlines() if line.startswith("┃")]
+    assert "published" in headers[0] and "publications" in headers[1]
+    client.config_set("maxmemory", "0")
+    assert "no limit (maxmemory 0)" in run("cache", "stats", "--redis", url).output
+    client.close()

@@ -29,6 +29,7 @@ from warmd.stats import (
 )
 
 if TYPE_CHECKING:
+    from warmd.cluster.client import CommandStore
     from warmd.store import SharedCache
 
 STORE_HELP = ("Shared cache URL: redis://[user:password@]host:port/db, rediss:// for TLS, "
@@ -56,15 +57,20 @@ def json_option(func):
     return click.option("--json", "as_json", is_flag=True, help="Print JSON.")(func)
 
 
-@contextlib.contextmanager
-def opened_store(config_path: str | None, redis_url: str | None) -> Iterator[SharedCache]:
+def opened_store(config_path: str | None, redis_url: str | None
+                 ) -> contextlib.AbstractContextManager[SharedCache]:
     """The daemon's shared cache (warmd.cluster.client.command_store: never started here),
     open, with the daemon's namespace and signing key. Exit 1 with one line when there is
     none, when it is unreachable, or when a store command fails."""
     from warmd.cluster.client import command_store
+
+    return _opened(command_store(config_path, redis_url))
+
+
+@contextlib.contextmanager
+def _opened(store: CommandStore) -> Iterator[SharedCache]:
     from warmd.store import StoreFailed
 
-    store = command_store(config_path, redis_url)
     if store.url is None:
         _fail(store.problem or "no shared cache")
     with settings.scoped_env(store.env()):
@@ -182,19 +188,29 @@ def fingerprint(libraries, target, capability, sms, config_path, as_json) -> Non
 @store_options
 @json_option
 def stats(config_path, redis_url, as_json) -> None:
-    """Cluster-wide counters, per node and per fingerprint (sccache style)."""
+    """Cluster-wide counters, per node and per fingerprint (sccache style): every warmup
+    that used the store, summed per machine since the store began (`warmd status` sums
+    each selected node's last warmup instead), and the store's size and capacity."""
+    from warmd.cli.status_view import store_lines
+    from warmd.cluster.client import command_store, store_size
     from warmd.store import admin
 
-    with opened_store(config_path, redis_url) as store:
+    target = command_store(config_path, redis_url)
+    with _opened(target) as store:
         data = admin.read_stats(store)
+    size = store_size(target)
+    data["store_size"] = size.to_json() if size else None
     if as_json:
         _echo_json(data)
         return
     totals = data["totals"]
     summary = Counters.from_json(totals)
-    click.echo(summary.render_text(f"Shared cache {data['store']}: {len(data['nodes'])} nodes, "
-                                   f"{len(data['fingerprints'])} fingerprints"))
+    click.echo(f"Shared cache {data['store']}: {len(data['nodes'])} machine(s), "
+               f"{len(data['fingerprints'])} fingerprint(s)")
+    click.echo(summary.render_text("Totals (every warmup since the store began)"))
     for line in render_details(totals):
+        click.echo(line)
+    for line in store_lines(size):
         click.echo(line)
     console = make_console()
     if data["nodes"]:
@@ -279,8 +295,9 @@ def ls_cmd(fingerprint_, learned, plan_key, config_path, redis_url, as_json) -> 
         if as_json:
             _echo_json(items)
             return
-        columns = [Col("name", "id"), Col("size"), Col("producer", "id"), Col("compile"),
-                   Col("created"), Col("last used"), Col("state")]
+        columns = [Col("name", "id"), Col("size", justify="right"), Col("producer", "id"),
+                   Col("compile", justify="right"), Col("created", dropped=True),
+                   Col("last used", dropped=True), Col("state")]
         rows = [[i["name"], format_bytes(i.get("size", 0)), i.get("producer", "-"),
                  format_seconds(i.get("compile_seconds", 0.0)), _ago(i.get("created")),
                  _ago(i["last_used"]), i["state"]] for i in items]
@@ -289,9 +306,10 @@ def ls_cmd(fingerprint_, learned, plan_key, config_path, redis_url, as_json) -> 
     if as_json:
         _echo_json(rows)
         return
-    columns = [Col("fingerprint", "id"), Col("library"), Col("version", "id"), Col("arch"),
-               Col("sms"), Col("namespace", "id"), Col("entries"), Col("bytes"),
-               Col("last used")]
+    columns = [Col("fingerprint", "id"), Col("library"), Col("version", "id"),
+               Col("arch", dropped=True), Col("sms", dropped=True),
+               Col("namespace", "id", dropped=True), Col("entries", justify="right"),
+               Col("bytes", justify="right"), Col("last used", dropped=True)]
     cells = []
     for r in rows:
         inputs = r["inputs"]

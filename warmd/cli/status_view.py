@@ -12,6 +12,9 @@ from warmd.cluster.status import StatusSnapshot, StoreSize
 from warmd.stats import BY_ID, CounterFlag, format_bytes, ids
 
 _LABEL_WIDTH = len("Corrupt entries rejected") + 2
+# What status sums (the nodes' records) differs from what `warmd cache stats` sums (every
+# warmup the store counted, per machine, since it began): each says which.
+TOTALS_TITLE = "Cluster totals (each selected node's last warmup)"
 NODE_COLUMNS = (Col("NODE", "id"), Col("RAY ID"), Col("IP"), Col("GPUS", dropped=True),
                 Col("STATE"), Col("PROGRESS", dropped=True), Col("KERNELS", dropped=True),
                 Col("HIT RATE", dropped=True), Col("LAST WARM", dropped=True))
@@ -33,9 +36,9 @@ def render_status(snap: StatusSnapshot, width: int | None = None) -> str:
                      + (f": {snap.redis_error}" if snap.redis_error else ""))
     no_node = ctl.no_node if ctl else None
     lines += ["", *_node_table(snap.nodes, width, no_node), ""]
-    lines.append(snap.totals().render_text("Cluster totals"))
+    lines.append(snap.totals().render_text(TOTALS_TITLE))
     lines.append(f"{BY_ID['runtime_jit'].description:<{_LABEL_WIDTH}}{snap.runtime_jit:>12}")
-    lines.append(_store_size_line(snap.store_size))
+    lines += store_lines(snap.store_size)
     return "\n".join(lines)
 
 
@@ -47,8 +50,9 @@ def render_stopped(snap: StatusSnapshot) -> str:
     lines = [f"warmd is not running ({where}); start it with `warmd start`"]
     size, url = snap.store_size, snap.redis
     if url and size:
-        lines.append(f"shared cache {url}: {size.keys} keys, {format_bytes(size.used_memory)}; "
-                     "its counters: `warmd cache stats`")
+        limit = f" of {format_bytes(size.maxmemory)}" if size.maxmemory else ""
+        lines.append(f"shared cache {url}: {size.keys} keys, {format_bytes(size.used_memory)}"
+                     f"{limit}; its counters: `warmd cache stats`")
     elif snap.embedded_dir:
         lines.append(f"the embedded shared cache is stopped; its data is kept in "
                      f"{snap.embedded_dir} (`warmd cache server start`, then "
@@ -155,6 +159,17 @@ def _runtime_jit_note(node: NodeState) -> str | None:
     return f"runtime JIT: {count}{last}"
 
 
-def _store_size_line(size: StoreSize | None) -> str:
-    value = f"{format_bytes(size.used_memory)}, {size.keys} keys" if size else "unknown"
-    return f"{'Store size':<{_LABEL_WIDTH}}{value:>12}"
+def store_lines(size: StoreSize | None) -> list[str]:
+    """The store's size and capacity, as `warmd status` and `warmd cache stats` show them."""
+    if size is None:
+        return [f"{'Store size':<{_LABEL_WIDTH}}{'unknown':>12}"]
+    lines = [f"{'Store size':<{_LABEL_WIDTH}}{format_bytes(size.used_memory):>12}, "
+             f"{size.keys} keys"]
+    if size.maxmemory:
+        used = 100 * size.used_memory / size.maxmemory
+        policy = f" ({size.maxmemory_policy})" if size.maxmemory_policy else ""
+        lines.append(f"{'Store capacity':<{_LABEL_WIDTH}}{format_bytes(size.maxmemory):>12} "
+                     f"maxmemory, {used:.1f}% used{policy}")
+    else:
+        lines.append(f"{'Store capacity':<{_LABEL_WIDTH}}{'no limit':>12} (maxmemory 0)")
+    return lines

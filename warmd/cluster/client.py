@@ -289,6 +289,15 @@ def _embedded_store(namespace: str, key_file: str | None) -> CommandStore:
                         "with --redis or --config", kept)
 
 
+def store_size(store: CommandStore) -> StoreSize | None:
+    """The store's size and capacity (None when unknown or unreachable)."""
+    records = node_records(store.url, store.namespace)
+    try:
+        return StoreSize.from_json(records.server_size())
+    finally:
+        records.close()
+
+
 def _record_store(config: WarmdConfig, url: str | None, embedded: bool) -> None:
     """What the daemon runs with, for the commands that read its store (command_store)."""
     record = {"url": None if embedded else url, "namespace": config.redis.namespace,

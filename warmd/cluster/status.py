@@ -13,14 +13,24 @@ from warmd.stats import Counters
 
 @dataclass(frozen=True)
 class StoreSize:
+    """The store's memory and keys, and its capacity: maxmemory (0: none set) and what the
+    server evicts when full."""
+
     used_memory: int
     keys: int
+    maxmemory: int = 0
+    maxmemory_policy: str = ""
 
     @classmethod
     def from_json(cls, data: dict | None) -> StoreSize | None:
         if not data:
             return None
-        return cls(int(data.get("used_memory") or 0), int(data.get("keys") or 0))
+        return cls(int(data.get("used_memory") or 0), int(data.get("keys") or 0),
+                   int(data.get("maxmemory") or 0), str(data.get("maxmemory_policy") or ""))
+
+    def to_json(self) -> dict:
+        return {"used_memory": self.used_memory, "keys": self.keys,
+                "maxmemory": self.maxmemory, "maxmemory_policy": self.maxmemory_policy}
 
 
 @dataclass(frozen=True)
@@ -130,9 +140,7 @@ class StatusSnapshot:
         summary["kernels"] = counters.kernels
         summary["hit_rate"] = round(counters.hit_rate, 4)
         summary["runtime_jit"] = self.runtime_jit
-        summary["store_size"] = (None if self.store_size is None else
-                                 {"used_memory": self.store_size.used_memory,
-                                  "keys": self.store_size.keys})
+        summary["store_size"] = None if self.store_size is None else self.store_size.to_json()
         return {"running": self.running, "source": self.source,
                 "ray_address": self.ray_address, "ready": self.ready,
                 "controller": self.controller.record if self.controller else None,
