@@ -351,3 +351,16 @@ def test_stats_say_what_they_count_and_show_the_stores_capacity(url, server, tmp
     client.config_set("maxmemory", "0")
     assert "no limit (maxmemory 0)" in run("cache", "stats", "--redis", url).output
     client.close()
+
+
+def test_ls_at_80_columns_keeps_fingerprints_and_entry_names_whole(url, tmp_path):
+    fp = _fill(url, tmp_path)
+    names = [n for ns in task_entries(3).values() for n in ns]
+    narrow = CliRunner(env={"COLUMNS": "80"})
+    for args, wanted in ((["cache", "ls"], [fp]), (["cache", "ls", "--fingerprint", fp], names)):
+        result = narrow.invoke(main, [*args, "--redis", url])
+        assert result.exit_code == 0, result.output
+        lines = result.stdout.splitlines()
+        assert max(len(line) for line in lines) <= 80 and "…" not in result.stdout
+        for name in wanted:
+            assert any(f" {name} " in line for line in lines), (name, result.stdout)

@@ -11,6 +11,7 @@ import time
 
 import click
 
+from warmd.cli.render import console_width, wrapped
 from warmd.cli.status_view import (
     render_start_summary,
     render_status,
@@ -113,9 +114,10 @@ def start(config_path, redis_url, namespace, address, metrics_port, wait, timeou
     if not as_json:
         verb = "started" if started.created else "already running; configuration applied"
         local = " (local cluster started)" if started.started_local_ray else ""
-        click.echo(f"warmd controller {verb} on Ray {started.address}{local}; "
-                   f"config {started.config_hash} from {config.source}; "
-                   f"shared cache {started.redis or 'off'}")
+        for line in wrapped(f"warmd controller {verb} on Ray {started.address}{local}; "
+                            f"config {started.config_hash} from {config.source}; "
+                            f"shared cache {started.redis or 'off'}", console_width()):
+            click.echo(line)
     code = 0
     waited = time.monotonic()
     if started.no_node:
@@ -320,7 +322,9 @@ def wait_ready(address, node_id, all_nodes, timeout, config_path, redis_url, nam
         for n in nodes:
             if n.state not in WARM_STATES:
                 reason = f": {n.reason}" if n.reason else ""
-                click.echo(f"not ready: node {n.node_id[:8]} {n.state}{reason}", err=True)
+                for line in wrapped(f"not ready: node {n.name or n.node_id[:8]} {n.state}"
+                                    f"{reason}", console_width()):
+                    click.echo(line, err=True)
     sys.exit(code)
 
 

@@ -283,7 +283,16 @@ def table_lines(columns: Sequence[Col], rows: Sequence[Sequence[str | Text]],
 
 def wrapped(text: str, width: int | None = None, indent: str = "") -> list[str]:
     """Prose in lines of at most width (default: console_width()), wrapped at spaces and
-    never cut: continuation lines indented two more than the first."""
+    never cut: continuation lines indented two more than the first; a word longer than a
+    line (a path, a task key) wraps after one of its separators (fold)."""
     width = width or console_width()
-    return textwrap.wrap(text, width, initial_indent=indent,
-                         subsequent_indent=indent + "  ") or [indent]
+    lines = textwrap.wrap(text, width, initial_indent=indent, subsequent_indent=indent + "  ",
+                          break_long_words=False, break_on_hyphens=False) or [indent]
+    out = []
+    for line in lines:
+        if cell_len(line) <= width:
+            out.append(line)
+            continue
+        lead = line[:len(line) - len(line.lstrip(" "))]
+        out += [lead + part for part in fold(line[len(lead):], width - len(lead))]
+    return out

@@ -26,14 +26,15 @@ def render_status(snap: StatusSnapshot, width: int | None = None) -> str:
     ctl = snap.controller
     if snap.running and ctl is not None:
         up = time.time() - (ctl.started_at or time.time())
-        lines.append(f"Controller: running on node {ctl.node_id[:8]} for {up / 60:.0f} min; "
-                     f"config {ctl.config_hash or '?'}; Ray {snap.ray_address}")
-        lines.append(f"Shared cache: {ctl.redis or 'off'} (namespace {ctl.namespace})")
+        lines += wrapped(f"Controller: running on node {ctl.node_id[:8]} for {up / 60:.0f} "
+                         f"min; config {ctl.config_hash or '?'}; Ray {snap.ray_address}", width)
+        lines += wrapped(f"Shared cache: {ctl.redis or 'off'} (namespace "
+                         f"{ctl.namespace or '?'})", width)
     else:
         where = f"Ray {snap.ray_address}" if snap.ray_address else "no Ray cluster"
-        lines.append(f"Controller: not running ({where}); node records from Redis "
-                     f"{snap.redis or '(none)'}"
-                     + (f": {snap.redis_error}" if snap.redis_error else ""))
+        lines += wrapped(f"Controller: not running ({where}); node records from Redis "
+                         f"{snap.redis or '(none)'}"
+                         + (f": {snap.redis_error}" if snap.redis_error else ""), width)
     no_node = ctl.no_node if ctl else None
     lines += ["", *_node_table(snap.nodes, width, no_node), ""]
     lines.append(snap.totals().render_text(TOTALS_TITLE))
@@ -70,10 +71,11 @@ def render_start_summary(snap: StatusSnapshot, seconds: float, code: int) -> str
     `warmd status`)."""
     kernels = snap.totals()
     verdict = "warm" if code == 0 else "not warm"
-    lines = [f"{len(snap.nodes)} node(s) {verdict} after {seconds:.0f}s "
-             f"({_state_counts(snap.nodes) or 'no node'}); "
-             f"{kernels.kernels} kernel(s): {kernels.compiled} compiled, "
-             f"{kernels.remote_hits} from the shared cache, {kernels.local_hits} already here"]
+    lines = wrapped(f"{len(snap.nodes)} node(s) {verdict} after {seconds:.0f}s "
+                    f"({_state_counts(snap.nodes) or 'no node'}); "
+                    f"{kernels.kernels} kernel(s): {kernels.compiled} compiled, "
+                    f"{kernels.remote_hits} from the shared cache, {kernels.local_hits} "
+                    "already here", console_width())
     for n in snap.nodes:
         if n.state != NodeStatus.READY and n.reason:
             lines += wrapped(f"{_label(n)} {n.state}: {n.reason}", console_width(), "  ")
