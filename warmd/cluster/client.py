@@ -282,11 +282,11 @@ def _embedded_store(namespace: str, key_file: str | None) -> CommandStore:
     if server is not None:
         return CommandStore(server.url, namespace, key_file, chosen_by)
     kept = str(embedded_dir()) if embedded_dir().is_dir() else None
-    where = f" (its data is kept in {kept})" if kept else ""
+    where = f" (data kept in {kept})" if kept else ""
     return CommandStore(None, namespace, key_file, chosen_by,
-                        f"no shared cache is running: {chosen_by} is stopped{where}; start "
-                        "it with `warmd cache server start` or `warmd start`, or name one "
-                        "with --redis or --config", kept)
+                        f"no shared cache is running: the embedded server is stopped{where}; "
+                        "start it with `warmd cache server start` or `warmd start`, or name "
+                        "a store with --redis or --config", kept)
 
 
 def store_size(store: CommandStore) -> StoreSize | None:
