@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 import click
-from rich.table import Table
+from rich.console import RenderableType
 
 from warmd import settings
 from warmd.cli.render import Col, fitted_table, make_console
@@ -237,7 +237,7 @@ def _rate(counters: dict) -> str:
     return "-" if rate is None else f"{100 * rate:.1f} %"
 
 
-def _node_table(nodes: dict) -> Table:
+def _node_table(nodes: dict) -> RenderableType:
     counter_cols = _counter_columns(CounterFlag.NODE_COLUMN)
     columns = [Col("node", "id"), *(Col(h, justify="right", dropped=h != "hit rate")
                                     for h, _ in counter_cols),
@@ -250,7 +250,7 @@ def _node_table(nodes: dict) -> Table:
     return fitted_table("Per node", columns, rows)
 
 
-def _fp_table(fps: dict) -> Table:
+def _fp_table(fps: dict) -> RenderableType:
     counter_cols = _counter_columns(CounterFlag.FP_COLUMN)
     columns = [Col("fingerprint", "id"), Col("library"),
                Col("namespace", "id", dropped=True), Col("entries", justify="right"),
