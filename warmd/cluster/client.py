@@ -245,17 +245,15 @@ def command_store(config_path: str | None = None, redis_url: str | None = None,
     embedded server of this state dir, when it runs."""
     explicit = config_path or redis_url or settings.redis_url() or settings.config_path()
     recorded = None if explicit else read_services().get(STORE_RECORD)
-    if recorded:
-        url = recorded.get("url")
-        chosen_by = f"the running daemon's config ({recorded.get('config', '?')})"
-        ns = namespace or settings.namespace_override() or recorded.get("namespace") or \
-            settings.namespace()
-        key_file = settings.signing_key_file() or recorded.get("signing_key_file")
-    else:
+    if not recorded:
         config = load_config(config_path, redis_url=redis_url, namespace=namespace)
         return config_store(config, "--redis" if redis_url else "WARMD_REDIS_URL"
                             if settings.redis_url() else f"config {config.source}")
-    return _store(url, ns, key_file, chosen_by)
+    ns = namespace or settings.namespace_override() or recorded.get("namespace") or \
+        settings.namespace()
+    key_file = settings.signing_key_file() or recorded.get("signing_key_file")
+    return _store(recorded.get("url"), ns, key_file,
+                  f"the running daemon's config ({recorded.get('config', '?')})")
 
 
 def config_store(config: WarmdConfig, chosen_by: str | None = None) -> CommandStore:
