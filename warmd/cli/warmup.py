@@ -263,10 +263,10 @@ def describe_task(task: Task) -> str:
 class WarmupDisplay:
     """A warmup's progress on stderr. On a terminal: the overall bar, and under it one live
     line per task being warmed (what, for how long: it may be fetched from the shared cache
-    or built). Elsewhere (a log, a pipe): one line when a task starts and one when it
-    ends. A failure is always a line of its own, printed above the
-    live lines, never glued onto the bar. Once the run is stopping (Ctrl-C, SIGTERM), a
-    task that ends unfinished is interrupted, not failed: the summary counts it nowhere."""
+    or built). Elsewhere (a log, a pipe): one line when a task starts and one when it ends.
+    A failure is always a line of its own, printed above the live lines, never glued onto
+    the bar. Once the run is stopping (Ctrl-C, SIGTERM), a task that ends unfinished is
+    interrupted, not failed: the summary counts it nowhere."""
 
     def __init__(self, total: int, console: Console | None = None) -> None:
         self.console = console or make_console(stderr=True)
