@@ -11,7 +11,7 @@ import time
 
 import click
 
-from warmd.cli.render import console_width, wrapped
+from warmd.cli.render import wrapped
 from warmd.cli.status_view import (
     render_start_summary,
     render_status,
@@ -116,7 +116,7 @@ def start(config_path, redis_url, namespace, address, metrics_port, wait, timeou
         local = " (local cluster started)" if started.started_local_ray else ""
         for line in wrapped(f"warmd controller {verb} on Ray {started.address}{local}; "
                             f"config {started.config_hash} from {config.source}; "
-                            f"shared cache {started.redis or 'off'}", console_width()):
+                            f"shared cache {started.redis or 'off'}"):
             click.echo(line)
     code = 0
     waited = time.monotonic()
@@ -323,7 +323,7 @@ def wait_ready(address, node_id, all_nodes, timeout, config_path, redis_url, nam
             if n.state not in WARM_STATES:
                 reason = f": {n.reason}" if n.reason else ""
                 for line in wrapped(f"not ready: node {n.name or n.node_id[:8]} {n.state}"
-                                    f"{reason}", console_width()):
+                                    f"{reason}"):
                     click.echo(line, err=True)
     sys.exit(code)
 

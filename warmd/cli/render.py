@@ -30,6 +30,7 @@ FALLBACK_WIDTH = 120
 ELLIPSIS = "…"
 MIN_ID_WIDTH = 16  # an identifier column keeps at least this much: a head, "…", a digest
 MIN_TEXT_WIDTH = 12
+NO_WRAP = 1 << 16  # the prose width of output that goes to no terminal
 STACK_INDENT = "   "  # a stacked row's cells, under its first cell
 _SEPARATORS = "/_.-,: "  # where an identifier longer than a line may wrap (after one)
 
@@ -45,6 +46,20 @@ def console_width() -> int:
         except OSError:
             continue
     return FALLBACK_WIDTH
+
+
+def prose_width() -> int:
+    """The width prose (reports, reasons, notes) wraps at: $COLUMNS, else the terminal's on
+    stdout or stderr; a pipe or a log with neither gets its lines whole (NO_WRAP)."""
+    columns = settings.columns()
+    if columns.isdigit() and int(columns) > 0:
+        return int(columns)
+    for fd in (1, 2):
+        try:
+            return os.get_terminal_size(fd).columns
+        except OSError:
+            continue
+    return NO_WRAP
 
 
 def make_console(stderr: bool = False) -> Console:
@@ -282,10 +297,10 @@ def table_lines(columns: Sequence[Col], rows: Sequence[Sequence[str | Text]],
 
 
 def wrapped(text: str, width: int | None = None, indent: str = "") -> list[str]:
-    """Prose in lines of at most width (default: console_width()), wrapped at spaces and
+    """Prose in lines of at most width (default: prose_width()), wrapped at spaces and
     never cut: continuation lines indented two more than the first; a word longer than a
     line (a path, a task key) wraps after one of its separators (fold)."""
-    width = width or console_width()
+    width = width or prose_width()
     lines = textwrap.wrap(text, width, initial_indent=indent, subsequent_indent=indent + "  ",
                           break_long_words=False, break_on_hyphens=False) or [indent]
     out = []

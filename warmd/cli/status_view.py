@@ -75,10 +75,10 @@ def render_start_summary(snap: StatusSnapshot, seconds: float, code: int) -> str
                     f"({_state_counts(snap.nodes) or 'no node'}); "
                     f"{kernels.kernels} kernel(s): {kernels.compiled} compiled, "
                     f"{kernels.remote_hits} from the shared cache, {kernels.local_hits} "
-                    "already here", console_width())
+                    "already here")
     for n in snap.nodes:
         if n.state != NodeStatus.READY and n.reason:
-            lines += wrapped(f"{_label(n)} {n.state}: {n.reason}", console_width(), "  ")
+            lines += wrapped(f"{_label(n)} {n.state}: {n.reason}", indent="  ")
     lines.append("details: warmd status")
     return "\n".join(lines)
 

@@ -34,7 +34,7 @@ from rich.progress import (
 from rich.text import Text
 
 from warmd.cli.options import PLAN_FIELDS, plan_options, require_model
-from warmd.cli.render import console_width, make_console, shorten, wrapped
+from warmd.cli.render import make_console, prose_width, shorten, wrapped
 from warmd.cluster.state import DEGRADED, FAILED
 from warmd.cluster.work import NodeSummary, NodeWarm, summarize, warm_node
 from warmd.config import WarmdConfig, load_config
@@ -375,7 +375,7 @@ def summary_text(title: str, counters: Counters, notes: list[str]) -> str:
     """Every warmup's closing summary (of a plan, or of a config's models): the counters
     under a title, then what went wrong, each note whole, wrapped at the terminal's width
     (its indentation kept, its next lines two further in)."""
-    width = console_width()
+    width = prose_width()
     lines = [line for note in notes for line in _wrapped_note(note, width)]
     return "\n".join([counters.render_text(title), *lines])
 
