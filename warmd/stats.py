@@ -97,7 +97,9 @@ COUNTERS: tuple[Stat, ...] = (
          _F.STORE | _F.ERROR | _F.REFUSAL | _F.DETAIL | _F.SHOWN),
     Stat("refused_here", "Entries this node cannot use", _F.STORE | _F.REFUSAL),
     Stat("quarantined", "Entries quarantined", _F.STORE | _F.SHOWN),
-    Stat("published", "Entries published", _F.STORE | _F.SHOWN | _F.FP_COLUMN, column="published"),
+    # "published" alone, as a column or a label, is bytes (bytes_published) everywhere
+    Stat("published", "Entries published", _F.STORE | _F.SHOWN | _F.FP_COLUMN,
+         column="publications"),
     Stat("already_published", "Entries another node had published", _F.STORE),
     Stat("imported", "Entries imported", _F.STORE),
     Stat("publish_denied", "Publish refused (ACL)", _F.STORE | _F.ERROR | _F.TROUBLE | _F.SHOWN),

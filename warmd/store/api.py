@@ -213,7 +213,8 @@ class NodeRecords(ABC):
 
     @abstractmethod
     def server_size(self) -> dict | None:
-        """{"used_memory": bytes, "keys": count} of the store; None when not known."""
+        """{"used_memory": bytes, "keys": count, "maxmemory": bytes (0: no limit),
+        "maxmemory_policy"} of the store; None when not known."""
 
     @abstractmethod
     def close(self) -> None: ...
