@@ -147,9 +147,10 @@ class Rederiver:
     def __init__(self, scopes: list[CaptureScope],
                  open_shared: Callable[[Target], SharedCache | None],
                  on_count: CountCallback | None = None, env: dict[str, str] | None = None,
-                 poll_seconds: float = POLL_SECONDS) -> None:
+                 poll_seconds: float = POLL_SECONDS,
+                 on_result: Callable[[ClaimResult], None] | None = None) -> None:
         self.scopes, self.open_shared = scopes, open_shared
-        self.on_count, self.env = on_count, env or {}
+        self.on_count, self.env, self.on_result = on_count, env or {}, on_result
         self.poll_seconds = poll_seconds
         self.results: list[ClaimResult] = []
         self._given_up: set[tuple[str, str]] = set()  # failed here once: not retried
@@ -205,6 +206,8 @@ class Rederiver:
 
     def _note(self, result: ClaimResult) -> None:
         self.results.append(result)
+        if self.on_result is not None:
+            self.on_result(result)
         counter = {"rederived": "rederived", "refused": "rederive_refused",
                    "failed": "capture_failed"}.get(result.outcome)
         if result.outcome == "failed" or (result.outcome == "kept"

@@ -246,13 +246,19 @@ class NodeAgent:
         from warmd.rederive import Rederiver
 
         try:
-            rederiver = Rederiver(scopes, open_shared, on_count=self._capture_count, env=env)
+            rederiver = Rederiver(scopes, open_shared, on_count=self._capture_count, env=env,
+                                  on_result=self._rederived)
             rederiver.start()
         except Exception:
             self.log.exception("re-derivation did not start")
             return
         self.rederiver = rederiver
         self.log.info("re-deriving captured entries (a trusted producer)")
+
+    def _rederived(self, result) -> None:
+        """Each claim's outcome in the node's log (the counters are in its record)."""
+        self.log.info("re-derivation: %s %s %s", result.outcome, result.library, result.name,
+                      extra={"identical": result.identical, "why": result.why[:300]})
 
     def _stop_capture(self) -> None:
         capture, self.capture = self.capture, None
