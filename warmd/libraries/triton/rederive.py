@@ -11,8 +11,10 @@ ttgir, LLVM IR, PTX, cubin and metadata (its ``hash``, the engine's key that nam
 directory, taken from the claim and checked against the name).
 
 Measured (tests/test_capture_rederive.py, triton 3.9, sm_90 on a CPU machine): the rebuild
-reproduces every stage byte for byte; the metadata differs only in ``hash`` (an IR compile
-keys on the IR, the engine's on the Python source), which is why the claim's is kept.
+reproduces every stage byte for byte when it sees the engine's Triton tool knobs (importing
+FlashInfer sets TRITON_PTXAS_BLACKWELL_PATH, which changes the cubin: this node's own knobs
+are kept); the metadata differs only in ``hash`` (an IR compile keys on the IR, the
+engine's on the Python source), which is why the claim's is kept.
 
 What is not re-derived: the key itself, a hash of the kernel's Python source and Triton's,
 which the cache does not hold; and host modules (``cuda_utils``, launchers: one ``.so``,
@@ -59,6 +61,10 @@ _OPTIONS = {
     "launch_pdl": lambda v: isinstance(v, bool),
 }
 _ENV = re.compile(r"^TRITON_[A-Z0-9_]{1,64}$")
+# Knobs that dump, override or relocate what Triton reads and writes: never in a rebuild
+# (this node's tool paths, TRITON_PTXAS_*_PATH among them, are kept: they shape the cubin).
+_UNSAFE_ENV = re.compile(r"^TRITON_(CACHE|HOME|DUMP|OVERRIDE|KERNEL_DUMP|KERNEL_OVERRIDE|"
+                         r"ALWAYS_COMPILE|INTERPRET|STORE_BINARY_ONLY)")
 _LIBPATH = re.compile(r'libpath\s*=\s*"([^"]*)"')
 
 
@@ -162,9 +168,11 @@ def _options(meta: dict) -> dict:
 
 
 def _rebuild_env(meta: dict, cache: Path) -> dict[str, str]:
-    """This process's environment with the claim's cache-invalidating Triton knobs (as
-    Triton records them: short strings) and a scratch cache."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TRITON_")}
+    """This process's environment (this node's own Triton knobs too: line info, for one,
+    is not in a kernel's metadata and changes its cubin), the claim's cache-invalidating
+    knobs (as Triton records them: short strings) over it, and a scratch cache; never
+    the knobs that dump, override or relocate what Triton reads and writes."""
+    env = {k: v for k, v in os.environ.items() if not _UNSAFE_ENV.match(k)}
     for key, value in meta.items():
         if _ENV.match(key) and isinstance(value, str) and len(value) <= 64 \
                 and re.fullmatch(r"[A-Za-z0-9_.,:-]*", value):
