@@ -23,9 +23,12 @@ import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from warmd.cache.base import CacheAdapter, CacheEntry
+
+if TYPE_CHECKING:
+    from warmd.store.layout import PendingClaim
 
 
 class StoreFailed(Exception):
@@ -113,6 +116,28 @@ class SharedCache(ABC):
     def learned(self, adapter: CacheAdapter, plan_key: str) -> list[str]:
         """The entry names in the plan's learned index (empty when none or unreachable)."""
         return []
+
+    # -- the pending tier: captured entries until a trusted producer re-derives them --------
+
+    def submit_claim(self, adapter: CacheAdapter, plans: list[str], name: str,
+                     artifact: bytes, compile_seconds: float = 0.0) -> bool:
+        """Store what a node captured as a pending claim (unsigned, never installed by any
+        node); False when the store did not take it (or keeps no pending tier)."""
+        return False
+
+    def pending(self, adapter: CacheAdapter) -> list[str]:
+        """The names of the pending claims under the adapter's fingerprint, oldest first."""
+        return []
+
+    def read_claim(self, adapter: CacheAdapter, name: str
+                   ) -> tuple[PendingClaim, bytes] | None:
+        """A pending claim and its artifact, checked against the claim's digest; None when
+        absent or unreachable. Raises warmd.store.layout.BadRecord for a malformed claim."""
+        return None
+
+    def drop_claim(self, adapter: CacheAdapter, name: str, chunks: int = 0) -> bool:
+        """Remove a pending claim (re-derived and published, or refused)."""
+        return False
 
     def shard_order(self, task_keys: list[str]) -> list[str]:
         """The order this node should try the tasks in, so nodes warming the same plan

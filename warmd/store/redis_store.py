@@ -29,8 +29,9 @@ from warmd.store.connection import CONNECT_TIMEOUT, StoreURL
 from warmd.store.counters import StoreStats
 from warmd.store.entries import Entries
 from warmd.store.fingerprint import Fingerprint
-from warmd.store.layout import Manifest, StoredTaskRecord
+from warmd.store.layout import Manifest, PendingClaim, StoredTaskRecord
 from warmd.store.leases import Leases
+from warmd.store.pending import PendingClaims
 from warmd.store.publish import Publisher
 from warmd.store.session import Session, StaleRecords
 from warmd.store.transport import RedisTransport
@@ -64,6 +65,7 @@ class RedisSharedCache(SharedCache):
         self.entries = Entries(self.session, stale)
         self.leases = Leases(self.session, stale)
         self.publisher = Publisher(self.session, stale)
+        self.claims = PendingClaims(self.session)
         self.embedded = embedded  # the embedded server this cache uses, if any
 
     # -- SharedCache -------------------------------------------------------------------------
@@ -116,6 +118,20 @@ class RedisSharedCache(SharedCache):
             return []
         decoded = [n.decode() if isinstance(n, bytes) else str(n) for n in names or []]
         return [n for n in decoded if layout.is_entry_name(n)]
+
+    def submit_claim(self, adapter: CacheAdapter, plans: list[str], name: str,
+                     artifact: bytes, compile_seconds: float = 0.0) -> bool:
+        return self.claims.submit(adapter, plans, name, artifact, compile_seconds)
+
+    def pending(self, adapter: CacheAdapter) -> list[str]:
+        return self.claims.names(adapter)
+
+    def read_claim(self, adapter: CacheAdapter, name: str
+                   ) -> tuple[PendingClaim, bytes] | None:
+        return self.claims.read(adapter, name)
+
+    def drop_claim(self, adapter: CacheAdapter, name: str, chunks: int = 0) -> bool:
+        return self.claims.drop(adapter, name, chunks)
 
     def shard_order(self, task_keys: list[str]) -> list[str]:
         """The order in which this node should try a plan's tasks so that N nodes warming the

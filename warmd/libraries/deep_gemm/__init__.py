@@ -41,4 +41,5 @@ LIBRARY = Library(
     entries=lambda root: root / "cache",
     aliases=("deepgemm",),
     probe_follows_engine=True,
+    rederive="warmd.libraries.deep_gemm.rederive:rederive",
 )
