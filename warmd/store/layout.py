@@ -22,6 +22,8 @@ Keys that must live together in Redis Cluster share a hash tag: every chunk of o
     warmd:v1:daemon:<ns>              JSON: the running controller's config summary
     warmd:v1:learned:{<fp>}:<plan>    ZSET of entries nodes captured for a plan (warmd.capture)
     warmd:v1:arrivals:<plan digest>   counter of nodes that began a plan (shard order)
+    warmd:v1:renewed:<fp>:<plan>      marker: a node renewed the TTLs of what this plan uses
+                                      (no hash tag: spread over a cluster's shards)
 
 Every key is built, matched (SCAN patterns) and parsed here and nowhere else.
 """
@@ -96,6 +98,12 @@ def parse_learned_key(key: bytes | str) -> tuple[str, str] | None:
 
 def arrivals_key(plan_digest: str) -> str:
     return f"{PREFIX}arrivals:{plan_digest}"
+
+
+def renewed_key(fp: str, plan: str) -> str:
+    """Set (NX, for the renew interval) by the node that renews the TTLs of what a plan of
+    this fingerprint uses; the others find it and renew nothing."""
+    return f"{PREFIX}renewed:{fp}:{plan}"
 
 
 def blob_keys_pattern() -> str:
