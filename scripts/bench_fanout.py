@@ -79,7 +79,8 @@ def join(url: str, root: Path, node: str, plan: dict[str, list[str]], size: int,
 
     began = time.monotonic()
     options = WarmupOptions(workers=1, gpu_ids=(), cache_roots={NAME: root})
-    with open_shared_cache(url, node=node, peers=peers) as cache:
+    extra = {"peers": peers} if peers is not None else {}  # (runs at older commits too)
+    with open_shared_cache(url, node=node, **extra) as cache:
         report = run_warmup(dataclasses.replace(warmup_plan(plan, size=size)), options,
                             shared=cache)
         counters = dict(cache.counters)
@@ -155,9 +156,16 @@ def write_commands(client, names) -> set[str]:
     return writes
 
 
+def _cpu(client) -> float:
+    """Seconds of CPU the server used so far (its main thread's and the others')."""
+    info = client.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
 def redis_run(url: str, client, base: Path, plan: dict, size: int, n: int,
               processes: int) -> dict:
     client.config_resetstat()
+    before_cpu = _cpu(client)
     before_out = int(client.info("stats")["total_net_output_bytes"])
     before_mem = int(client.info("memory")["used_memory"])
     sampler = Sampler(client)
@@ -184,6 +192,7 @@ def redis_run(url: str, client, base: Path, plan: dict, size: int, n: int,
     total = sum(calls.values())
     written = sum(v for k, v in calls.items() if k in writes)
     out_bytes = int(client.info("stats")["total_net_output_bytes"]) - before_out
+    cpu = _cpu(client) - before_cpu
     seconds = [r.get("seconds", 0) for r in results]
     return {"nodes": n, "compiled_nodes": sum(1 for r in results if r["compiled"] != 0),
             "errors": [r["error"] for r in results if "error" in r][:3],
@@ -192,6 +201,7 @@ def redis_run(url: str, client, base: Path, plan: dict, size: int, n: int,
             "write_share": round(written / total, 4) if total else 0.0,
             "writes": {k: v for k, v in sorted(calls.items()) if k in writes},
             "bytes_sent_per_join": out_bytes // n,
+            "redis_cpu_ms_per_join": round(1000 * cpu / n, 2),
             "join_seconds_max": max(seconds), "join_seconds_median": statistics.median(seconds),
             "store_retries": sum(r.get("counters", {}).get("store_retries", 0)
                                  for r in results),

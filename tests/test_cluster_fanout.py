@@ -11,7 +11,13 @@ from pathlib import Path
 import pytest
 from store_support import SRC, DirAdapter, start_test_server, warmup_plan
 
-from warmd.cluster.fanout import CLAIM_SECONDS, MAX_HOLDERS, PeerDirectory
+from warmd.cluster.fanout import (
+    CLAIM_SECONDS,
+    MAX_HOLDERS,
+    PULL_WINDOW,
+    PULLERS_PER_HOLDER,
+    PeerDirectory,
+)
 
 
 def test_one_node_reads_a_blob_from_the_store_while_the_others_wait_for_it():
@@ -25,6 +31,19 @@ def test_one_node_reads_a_blob_from_the_store_while_the_others_wait_for_it():
                                                    "d2": ("later",)}
     now[0] += CLAIM_SECONDS + 1  # a never offered d2 (it died, or the store failed it)
     assert directory.lookup("b", ["d2"]) == {"d2": ("store",)}
+
+
+def test_a_holder_serves_a_few_nodes_at_a_time_the_others_wait_for_them():
+    now = [0.0]
+    directory = PeerDirectory(clock=lambda: now[0])
+    directory.offer("first", {"d": ["r0"]})
+    answers = [directory.lookup(f"n{i}", ["d"])["d"] for i in range(PULLERS_PER_HOLDER + 2)]
+    assert [a[0] for a in answers] == ["peer"] * PULLERS_PER_HOLDER + ["later"] * 2
+    assert directory.lookup("n0", ["d"])["d"][0] == "peer"  # one it serves already
+    directory.offer("n0", {"d": ["r1"]})  # a node served now holds the blob: it serves next
+    assert directory.lookup(f"n{PULLERS_PER_HOLDER}", ["d"])["d"][:2] == ("peer", "n0")
+    now[0] += PULL_WINDOW + 1  # the first wave is done
+    assert directory.lookup(f"n{PULLERS_PER_HOLDER + 1}", ["d"])["d"][0] == "peer"
 
 
 def test_holders_share_the_load_and_a_refused_or_gone_holder_is_dropped():

@@ -38,7 +38,7 @@ def published(caches, url: str, root: Path, plan: dict, size: int = 20_000) -> N
 
 def test_join_budget_backs_off_with_jitter_and_runs_out():
     now = [0.0]
-    budget = JoinBudget(5.0, clock=lambda: now[0])
+    budget = JoinBudget(20.0, clock=lambda: now[0])
     waits = []
     for attempt in range(6):
         wait = budget.failed(attempt)
@@ -47,10 +47,10 @@ def test_join_budget_backs_off_with_jitter_and_runs_out():
         now[0] += wait + 0.5  # the failed call's own time counts too
     assert len(set(waits)) > 1  # jittered
     budget.succeeded()  # trouble over: what it took stays spent
-    spent = 5.0 - budget.remaining()
+    spent = 20.0 - budget.remaining()
     assert spent == pytest.approx(now[0], abs=1e-6)
     now[0] += 100  # time without trouble costs nothing
-    assert budget.remaining() == pytest.approx(5.0 - spent)
+    assert budget.remaining() == pytest.approx(20.0 - spent)
     while budget.failed(0) is not None:
         now[0] += 1.0
     assert budget.exhausted and budget.remaining() == 0

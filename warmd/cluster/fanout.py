@@ -31,8 +31,13 @@ log = logging.getLogger("warmd.cluster")
 
 CLAIM_SECONDS = 15.0  # a node told to read a blob from the store has this long to offer it
 MAX_HOLDERS = 16  # holders kept per blob (spread enough; the directory stays small)
+# A holder serves at most PULLERS_PER_HOLDER nodes per PULL_WINDOW seconds: the others wait
+# for the nodes served now, which hold the blobs next (a tree: 1, 1+8, 81... holders).
+PULLERS_PER_HOLDER = 8
+PULL_WINDOW = 5.0
 ASK_TIMEOUT = 10.0  # seconds for an answer from the directory
 PULL_TIMEOUT = 60.0  # seconds for the objects of one lookup
+SERVE_BYTES = 4 << 30  # a node keeps at most this much in its object store to serve
 
 
 class PeerDirectory:
@@ -45,6 +50,7 @@ class PeerDirectory:
         self._holders: dict[str, dict[str, list]] = {}
         self._claims: dict[str, tuple[str, float]] = {}
         self._served: dict[str, int] = {}  # holder -> blobs handed out (to spread the load)
+        self._pullers: dict[str, dict[str, float]] = {}  # holder -> {node: last hand-out}
         self.counts = {"lookups": 0, "from_peers": 0, "from_store": 0, "later": 0,
                        "offers": 0, "refused": 0}
 
@@ -56,12 +62,18 @@ class PeerDirectory:
         now = self._clock()
         out: dict[str, tuple] = {}
         for digest in digests:
-            holders = {h: r for h, r in self._holders.get(digest, {}).items() if h != node}
+            held = {h: r for h, r in self._holders.get(digest, {}).items() if h != node}
+            holders = {h: r for h, r in held.items() if self._free(h, node, now)}
             if holders:
                 holder = min(holders, key=lambda h: (self._served.get(h, 0), h))
                 self._served[holder] = self._served.get(holder, 0) + 1
+                self._pullers.setdefault(holder, {})[node] = now
                 out[digest] = ("peer", holder, holders[holder])
                 self.counts["from_peers"] += 1
+                continue
+            if held:  # every holder serves its share now: the nodes it serves hold it next
+                out[digest] = ("later",)
+                self.counts["later"] += 1
                 continue
             reader, until = self._claims.get(digest, (node, 0.0))
             if reader != node and until > now:
@@ -72,6 +84,15 @@ class PeerDirectory:
             out[digest] = ("store",)
             self.counts["from_store"] += 1
         return out
+
+    def _free(self, holder: str, node: str, now: float) -> bool:
+        """Whether holder may serve node now (it serves it already, or fewer than
+        PULLERS_PER_HOLDER nodes within the last PULL_WINDOW seconds)."""
+        pullers = self._pullers.get(holder, {})
+        recent = {n for n, at in pullers.items() if now - at < PULL_WINDOW}
+        if len(recent) != len(pullers):
+            self._pullers[holder] = {n: pullers[n] for n in recent}
+        return node in recent or len(recent) < PULLERS_PER_HOLDER
 
     def offer(self, node: str, refs: dict[str, list]) -> int:
         """The node holds these verified blobs (each a [ref] it owns); how many were kept."""
@@ -98,6 +119,7 @@ class PeerDirectory:
             holders.pop(node, None)
         self._claims = {d: c for d, c in self._claims.items() if c[0] != node}
         self._served.pop(node, None)
+        self._pullers.pop(node, None)
 
     def snapshot(self) -> dict:
         return {"blobs": sum(1 for h in self._holders.values() if h),
@@ -113,6 +135,7 @@ class PeerClient:
         self.directory = directory
         self.node = node
         self._held: dict[str, Any] = {}  # digest -> the ref this node owns (its copy lives)
+        self._held_bytes = 0
 
     def lookup(self, digests: list[str]) -> PeerAnswer:
         try:
@@ -142,7 +165,13 @@ class PeerClient:
         ray_api.call_later(self.directory.refused, self.node, digest, peer)
 
     def offer(self, blobs: dict[str, bytes]) -> None:
-        new = {d: b for d, b in blobs.items() if d not in self._held}
+        """Serve these verified blobs (up to SERVE_BYTES in all: beyond, the node still
+        takes from others but serves nothing more)."""
+        new = {}
+        for digest, blob in blobs.items():
+            if digest not in self._held and self._held_bytes + len(blob) <= SERVE_BYTES:
+                new[digest] = blob
+                self._held_bytes += len(blob)
         if not new:
             return
         try:
@@ -160,6 +189,7 @@ class PeerClient:
         except Exception as exc:  # the directory is gone already
             log.debug("peer directory gone: %s", exc)
         self._held.clear()
+        self._held_bytes = 0
 
 
 def join_peers(node: str) -> PeerClient | None:

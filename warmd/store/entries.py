@@ -225,7 +225,7 @@ class Entries:
         """Refresh the TTL of the keys a plan used that verified (records, manifests, chunks),
         its index scores and its fingerprint's: at most once per renew interval for this
         plan across the cluster (the node that sets the plan's marker first renews, the
-        others only ask). Best effort: a read-only user may not."""
+        others find it set: a read). Best effort: a read-only user may not."""
         if not used.keys:
             return
         plan = layout.sha256("\n".join(sorted(tasks)).encode())[:32]
@@ -234,6 +234,8 @@ class Entries:
         names, fp = used.names, used.fp
 
         def claim(client):
+            if client.exists(marker):  # (a read: most joins stop here)
+                return False
             return client.set(marker, self.session.node, nx=True, px=self.renew_interval_ms())
 
         def run(client):
@@ -325,6 +327,7 @@ class Entries:
         while pending:
             answer = self.peers.lookup(pending)
             mine = [d for d in answer.from_store if d in unique]
+            verified: dict[str, bytes] = {}
             for digest, (data, peer) in answer.blobs.items():
                 man = unique.get(digest)
                 if man is None:
@@ -339,8 +342,11 @@ class Entries:
                                 "the store", man.name, peer, exc)
                     mine.append(digest)
                     continue
+                verified[digest] = data
                 self.count("peer_hits", fp=fp)
                 self.count("bytes_from_peers", len(data), fp)
+            if verified:  # this node serves them next (before it installs them)
+                self.peers.offer(verified)
             if mine:
                 out.update(self._from_store([unique[d] for d in mine], used))
             pending = [d for d in answer.later if d in unique and d not in out]
