@@ -325,6 +325,15 @@ def bench_ray(args) -> dict:
             warm_join = ray.get(first.join.remote(), timeout=600)
             out["first_node"] = {"redis_bytes": sent() - before,
                                  **_summary(warm_join, published)}
+            # a broken peer: it offers every blob with one bit flipped; the next node is
+            # sent to it first (it served least, and sorts first)
+            liar = on_new_node("a-liar")
+            blobs = {hashlib.sha256(b).hexdigest(): b for b in packed.values()}
+            ray.get(liar.lie.remote(blobs), timeout=120)
+            probe = on_new_node("after-liar")
+            before = sent()
+            got = ray.get(probe.join.remote(), timeout=600)
+            out["after_liar"] = {"redis_bytes": sent() - before, **_summary(got, published)}
             joiners = [on_new_node(f"join{i:02d}") for i in range(args.joiners)]
             out["cluster_seconds"] = round(time.monotonic() - began, 1)
             ray.get([j.__ray_ready__.remote() for j in joiners], timeout=600)
@@ -334,14 +343,6 @@ def bench_ray(args) -> dict:
             out["joining"] = {"redis_bytes_per_node": served // args.joiners,
                               "redis_bytes_per_node_before": out["dataset_bytes"],
                               "nodes": [_summary(r, published) for r in results]}
-            liar = on_new_node("liar")
-            blobs = {hashlib.sha256(b).hexdigest(): b for b in packed.values()}
-            ray.get(liar.lie.remote(blobs), timeout=120)
-            # one more node: the liar is the holder that served least, so it is asked first
-            after_liar = on_new_node("after-liar")
-            before = sent()
-            got = ray.get(after_liar.join.remote(), timeout=600)
-            out["after_liar"] = {"redis_bytes": sent() - before, **_summary(got, published)}
         finally:
             if ray.is_initialized():
                 ray.shutdown()
