@@ -40,9 +40,13 @@ def test_a_holder_serves_a_few_nodes_at_a_time_the_others_wait_for_them():
     answers = [directory.lookup(f"n{i}", ["d"])["d"] for i in range(PULLERS_PER_HOLDER + 2)]
     assert [a[0] for a in answers] == ["peer"] * PULLERS_PER_HOLDER + ["later"] * 2
     assert directory.lookup("n0", ["d"])["d"][0] == "peer"  # one it serves already
-    directory.offer("n0", {"d": ["r1"]})  # a node served now holds the blob: it serves next
+    directory.offer("n0", {"d": ["r1"]})  # a node served holds the blob: it serves next
     assert directory.lookup(f"n{PULLERS_PER_HOLDER}", ["d"])["d"][:2] == ("peer", "n0")
-    now[0] += PULL_WINDOW + 1  # the first wave is done
+    for i in range(1, PULLERS_PER_HOLDER):  # the first wave is done: first is free again
+        directory.offer(f"n{i}", {"d": [f"r{i}"]})
+    assert directory.lookup("late", ["d"])["d"][0] == "peer"
+    now[0] += PULL_WINDOW + 1  # a puller that never offers frees its slot in time
+    directory.forget("n0")
     assert directory.lookup(f"n{PULLERS_PER_HOLDER + 1}", ["d"])["d"][0] == "peer"
 
 
@@ -53,13 +57,18 @@ def test_holders_share_the_load_and_a_refused_or_gone_holder_is_dropped():
     served = [directory.lookup(f"n{i}", ["d"])["d"][1] for i in range(6)]
     assert sorted(served) == ["a"] * 3 + ["b"] * 3
     assert directory.lookup("a", ["d"])["d"][1] == "b"  # never sent to itself
-    directory.refused("n9", "d", "a")
+    directory.offer("a", {"e": ["ra-e"]})
+    directory.refused("n9", "d", "a")  # a served bytes that did not verify
     assert {directory.lookup(f"m{i}", ["d"])["d"][1] for i in range(3)} == {"b"}
-    directory.forget("b")
+    assert directory.lookup("m5", ["e"]) == {"e": ("store",)}  # nothing of a's is handed out
+    assert directory.offer("a", {"f": ["ra-f"]}) == 0  # nor anything it offers later
+    directory.refused("m6", "d", "b", lost=True)  # b's copy could not be pulled: that one goes
     assert directory.lookup("m9", ["d"]) == {"d": ("store",)}
+    directory.offer("b", {"d": ["rb2"]})  # b itself is not distrusted
+    assert directory.lookup("m8", ["d"])["d"][1] == "b"
     for i in range(MAX_HOLDERS + 5):
         directory.offer(f"h{i}", {"x": [i]})
-    assert len(directory.snapshot()["holders"]) == MAX_HOLDERS
+    assert len(set(directory.snapshot()["holders"]) - {"b"}) == MAX_HOLDERS
 
 
 class Joiner:

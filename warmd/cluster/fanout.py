@@ -30,9 +30,10 @@ from warmd.store.api import PeerAnswer
 log = logging.getLogger("warmd.cluster")
 
 CLAIM_SECONDS = 15.0  # a node told to read a blob from the store has this long to offer it
-MAX_HOLDERS = 16  # holders kept per blob (spread enough; the directory stays small)
-# A holder serves at most PULLERS_PER_HOLDER nodes per PULL_WINDOW seconds: the others wait
-# for the nodes served now, which hold the blobs next (a tree: 1, 1+8, 81... holders).
+MAX_HOLDERS = 64  # holders kept per blob (the directory stays small)
+# A holder serves at most PULLERS_PER_HOLDER nodes at a time (a puller counts until it offers
+# what it pulled, or for PULL_WINDOW seconds): the others wait for the nodes served now, which
+# hold the blobs next (a tree: 1, 9, 81... holders).
 PULLERS_PER_HOLDER = 8
 PULL_WINDOW = 5.0
 ASK_TIMEOUT = 10.0  # seconds for an answer from the directory
@@ -51,6 +52,7 @@ class PeerDirectory:
         self._claims: dict[str, tuple[str, float]] = {}
         self._served: dict[str, int] = {}  # holder -> blobs handed out (to spread the load)
         self._pullers: dict[str, dict[str, float]] = {}  # holder -> {node: last hand-out}
+        self._distrusted: set[str] = set()  # holders that served bytes that did not verify
         self.counts = {"lookups": 0, "from_peers": 0, "from_store": 0, "later": 0,
                        "offers": 0, "refused": 0}
 
@@ -96,6 +98,10 @@ class PeerDirectory:
 
     def offer(self, node: str, refs: dict[str, list]) -> int:
         """The node holds these verified blobs (each a [ref] it owns); how many were kept."""
+        for pullers in self._pullers.values():
+            pullers.pop(node, None)  # it has what it pulled: a slot of its holder is free
+        if node in self._distrusted:
+            return 0
         kept = 0
         for digest, wrapped in refs.items():
             holders = self._holders.setdefault(digest, {})
@@ -107,11 +113,17 @@ class PeerDirectory:
         self.counts["offers"] += kept
         return kept
 
-    def refused(self, node: str, digest: str, holder: str) -> None:
-        """What holder served for digest did not verify on node (or could not be pulled):
-        nobody is sent to it for that blob again."""
+    def refused(self, node: str, digest: str, holder: str, lost: bool = False) -> None:
+        """What holder served for digest did not verify on node: nobody is sent to that
+        holder again, for any blob, and what it offers later is ignored (a node whose
+        content-addressed bytes do not match is broken or hostile). lost: the blob could
+        not be pulled (its holder died or dropped it): only that offer goes."""
+        if lost:
+            self._holders.get(digest, {}).pop(holder, None)
+            return
         self.counts["refused"] += 1
-        self._holders.get(digest, {}).pop(holder, None)
+        self._distrusted.add(holder)
+        self.forget(holder)
 
     def forget(self, node: str) -> None:
         """The node stops serving (its agent stops): its refs and claims go."""
@@ -153,7 +165,7 @@ class PeerClient:
             if isinstance(value, Exception):  # its owner died, or it was evicted
                 log.info("blob %s from %s could not be pulled (%s)", digest[:12], holder,
                          type(value).__name__)
-                self.refused(digest, holder)
+                ray_api.call_later(self.directory.refused, self.node, digest, holder, True)
                 store.append(digest)
             else:
                 blobs[digest] = (value, holder)
