@@ -65,10 +65,10 @@ def time_fetch_verify(cache, adapter, tasks: dict[str, list]) -> float:
     """Records, manifests, blobs and digests: no install."""
     fp = cache.fingerprint(adapter)
     start = time.perf_counter()
-    records = cache._read_records(fp.digest, list(tasks))
+    records = cache.entries.read_records(fp.digest, list(tasks))
     names = sorted({n for rec, _raw in records.values() for n in rec.entries})
-    manifests = cache._read_manifests(fp, names)
-    blobs = cache.read_blobs([man for man, _raw in manifests.values()])
+    manifests = cache.entries.read_manifests(fp, names)
+    blobs = cache.entries.read_blobs([man for man, _raw in manifests.values()])
     elapsed = time.perf_counter() - start
     assert len(blobs) == len(names) and all(isinstance(b, bytes) for b in blobs.values())
     return elapsed

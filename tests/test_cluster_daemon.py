@@ -35,6 +35,7 @@ from tests.cluster_support import (  # noqa: E402
     until,
 )
 from warmd.cluster import CONTROLLER_NAME, RAY_NAMESPACE, agent_name  # noqa: E402
+from warmd.cluster.ray_api import PEER_DIRECTORY_NAME  # noqa: E402
 from warmd.cluster.state import node_records  # noqa: E402
 from warmd.stats import CounterFlag, ids  # noqa: E402
 from warmd.store import free_port, start_server  # noqa: E402
@@ -231,8 +232,9 @@ def test_start_warms_every_selected_node(world):
     assert totals["fetch_seconds"] == pytest.approx(sum(s["fetch_seconds"]
                                                         for s in split.values()), abs=0.01)
 
-    # exactly one agent per selected node, running on that node
-    assert warmd_actors() == {CONTROLLER_NAME} | {agent_name(n) for n in gpu_nodes}
+    # exactly one agent per selected node, running on that node; the agents' peer directory
+    assert warmd_actors() == {CONTROLLER_NAME, PEER_DIRECTORY_NAME} | {
+        agent_name(n) for n in gpu_nodes}
     for node_id in gpu_nodes:
         agent = ray.get_actor(agent_name(node_id), namespace=RAY_NAMESPACE)
         assert ray.get(agent.health.remote(), timeout=30)["running_on"] == node_id
@@ -261,7 +263,8 @@ def test_start_warms_every_selected_node(world):
                       str(world.config), "--no-wait", "--json")
     assert again.returncode == 0, again.stderr
     assert json.loads(again.stdout)["controller"] == "updated"  # idempotent: same controller
-    assert warmd_actors() == {CONTROLLER_NAME} | {agent_name(n) for n in gpu_nodes}
+    assert warmd_actors() == {CONTROLLER_NAME, PEER_DIRECTORY_NAME} | {
+        agent_name(n) for n in gpu_nodes}
 
     summary = world.cli("start", "--address", world.cluster.address, "--config",
                         str(world.config), "--timeout", "120")

@@ -68,3 +68,34 @@ def test_flashinfer_no_rebuild_check_sees_every_kind_of_change(tmp_path):
     assert [p.split("cached_ops/")[1] for p in diff["new_objects"]] == [rel + "x.cuda.o"]
     assert diff["ninja_log_lines_added"] == {"silu_and_mul": 1}
     assert diff["building_lines_added"] == 1
+
+
+def _script(name: str):
+    spec = importlib.util.spec_from_file_location(name, SCRIPTS[0].parent / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_store_fetch_bench_runs_against_a_real_server(tmp_path):
+    """scripts/bench_store_fetch.py end to end (publish, fetch+verify, prefetch into a fresh
+    root, redis-benchmark beside it) on a small plan: its figures in docs/benchmarks.md can
+    be run again."""
+    import argparse
+    import shutil
+
+    from warmd.store import start_server
+
+    if not shutil.which("redis-benchmark"):
+        pytest.skip("redis-benchmark is not installed")
+    bench = _script("bench_store_fetch")
+    server = start_server(tmp_path / "redis", appendonly=False, password="bench")
+    try:
+        result = bench.run(server.url, tmp_path, argparse.Namespace(entries=6, per_task=3,
+                                                                    repeat=1))
+    finally:
+        server.stop()
+    assert result["entries"] == 6 and result["tasks"] == 2
+    assert result["fetch_verify_entries_per_s"] > 0
+    assert result["fetch_verify_install_entries_per_s"] > 0
+    assert result["redis_benchmark_get_per_s_c1_P16"] > 0

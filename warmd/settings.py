@@ -144,6 +144,9 @@ KNOBS: tuple[Knob, ...] = (
          "shared entries expire this long after their last use (default 30)"),
     Knob("WARMD_REDIS_TIMEOUT", NUMBER, 2.0,
          "bound on one shared-cache operation, in seconds (default 2)"),
+    Knob("WARMD_REDIS_JOIN_BUDGET", NUMBER, 60.0,
+         "how long in all a warmup retries a slow shared cache (timeouts, with backoff and "
+         "jitter) before it compiles locally, in seconds (default 60)"),
     Knob("WARMD_NODE_NAME", STRING, None,
          "this node's name in stats, manifests and `warmd status` (default: `<host>-<8 hex>`, "
          "kept in `<state dir>/node-id`)"),
@@ -401,6 +404,11 @@ def cache_ttl_seconds() -> int:
 def redis_timeout() -> float:
     """Bound on one shared-cache operation, in seconds (WARMD_REDIS_TIMEOUT)."""
     return get("WARMD_REDIS_TIMEOUT")
+
+
+def redis_join_budget() -> float:
+    """How long in all a warmup retries a slow shared cache (WARMD_REDIS_JOIN_BUDGET)."""
+    return get("WARMD_REDIS_JOIN_BUDGET")
 
 
 def node_name() -> str:

@@ -19,6 +19,13 @@ Every cache adapter (DeepGEMM, FlashInfer) ships entries through these three hel
   without replacing anything that appeared meanwhile (a concurrent installer or the library
   itself won: ours is discarded). A reader sees either no entry or a complete one; a process
   killed mid-install leaves only a staging directory, which ``clean_staging`` removes later.
+  Inside ``install_batch()`` the cache root's fsync (the rename's durability) is done once
+  per root when the batch ends instead of once per entry.
+
+An artifact is decompressed and checked once per install; the digest of the files it wrote
+(``records.entry_digest``) is computed while writing them and kept (``installed_digest``)
+as long as none of them changed since, so a task record right after an install hashes
+nothing again.
 """
 
 from __future__ import annotations
@@ -27,20 +34,23 @@ import contextlib
 import ctypes
 import errno
 import gzip
+import hashlib
 import io
 import os
 import shutil
 import socket
 import tarfile
+import threading
 import time
 import uuid
 import zlib
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from contextvars import ContextVar
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from warmd import settings
-from warmd.cache.base import UnsafeArtifact
+from warmd.cache.base import IncompatibleHere, UnsafeArtifact
 from warmd.cache.safe_fs import CacheTree, FileContent
 from warmd.processes import pid_alive
 
@@ -108,6 +118,11 @@ def _add_member(tar: tarfile.TarFile, name: str, source: Source) -> None:
     tar.addfile(info, io.BytesIO(source.data))
 
 
+class TooLargeHere(IncompatibleHere):
+    """An artifact that unpacks to more than this node's limit (WARMD_MAX_ARTIFACT_BYTES): a
+    node with a larger limit may use it, so it is a miss here, never a reason to remove it."""
+
+
 def _gunzip_limited(artifact: bytes, limit: int) -> bytes:
     """Decompress, refusing output larger than limit (a compression bomb stops early)."""
     decomp = zlib.decompressobj(16 + zlib.MAX_WBITS)
@@ -117,7 +132,7 @@ def _gunzip_limited(artifact: bytes, limit: int) -> bytes:
         while data:
             out += decomp.decompress(data, max(1, limit + 1 - len(out)))
             if len(out) > limit:
-                raise UnsafeArtifact(f"artifact unpacks to more than {limit} bytes")
+                raise TooLargeHere(f"artifact unpacks to more than {limit} bytes")
             data = decomp.unconsumed_tail
         if not decomp.eof:
             raise UnsafeArtifact("artifact is truncated (incomplete gzip stream)")
@@ -157,6 +172,11 @@ def _is_sparse(member: tarfile.TarInfo) -> bool:
 
 def check_artifact(artifact: bytes, max_bytes: int | None = None) -> list[tuple[str, bool]]:
     """Validate an artifact without writing anything; returns its (path, is_dir) members."""
+    return _checked(artifact, max_bytes)[1]
+
+
+def _checked(artifact: bytes, max_bytes: int | None) -> tuple[bytes, list[tuple[str, bool]]]:
+    """The artifact's tar, decompressed once, and its checked (path, is_dir) members."""
     limit = settings.max_artifact_bytes() if max_bytes is None else max_bytes
     if len(artifact) > limit:
         raise UnsafeArtifact(f"artifact is {len(artifact)} bytes, over the {limit}-byte limit")
@@ -181,22 +201,26 @@ def check_artifact(artifact: bytes, max_bytes: int | None = None) -> list[tuple[
         parents = PurePosixPath(path).parents
         if any(str(p) in files for p in parents if str(p) != "."):
             raise UnsafeArtifact(f"member {path!r} lies under a file of the same artifact")
-    return members
+    return raw, members
 
 
 def unpack_safely(artifact: bytes, dest: Path, max_bytes: int | None = None) -> None:
     """Extract a checked artifact into the empty (or new) directory ``dest``; raises
     UnsafeArtifact before writing anything when any member is unsafe."""
-    limit = settings.max_artifact_bytes() if max_bytes is None else max_bytes
-    check_artifact(artifact, limit)
-    dest = Path(dest)
+    _unpack(artifact, Path(dest), max_bytes)
+
+
+def _unpack(artifact: bytes, dest: Path, max_bytes: int | None) -> _Written:
+    """unpack_safely, saying what it wrote (for installed_digest)."""
+    raw, _members = _checked(artifact, max_bytes)
     dest.mkdir(parents=True, exist_ok=True)
     if any(dest.iterdir()):
         raise FileExistsError(f"unpack destination is not empty: {dest}")
-    raw = _gunzip_limited(artifact, limit)
+    written = _Written(raw)
     with tarfile.open(fileobj=io.BytesIO(raw), mode="r:") as tar:
         for member in tar:
-            target = dest.joinpath(*[p for p in PurePosixPath(member.name).parts if p != "."])
+            parts = [p for p in PurePosixPath(member.name).parts if p != "."]
+            target = dest.joinpath(*parts)
             if member.isdir():
                 target.mkdir(mode=0o755, parents=True, exist_ok=True)
                 continue
@@ -207,6 +231,75 @@ def unpack_safely(artifact: bytes, dest: Path, max_bytes: int | None = None) -> 
             fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
             with os.fdopen(fd, "wb") as out:
                 shutil.copyfileobj(src, out, _CHUNK)
+            written.files["/".join(parts)] = (member.offset_data, member.size)
+    return written
+
+
+@dataclass
+class _Written:
+    """The regular files an unpack wrote: relative path -> where their bytes lie in the
+    decompressed tar."""
+
+    tar: bytes
+    files: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+    def digest(self) -> str:
+        """records.entry_digest of the tree these files make (relative path and bytes, in
+        path order), from the bytes just written, without reading them back."""
+        digest = hashlib.sha256()
+        view = memoryview(self.tar)
+        for rel in sorted(self.files, key=lambda r: PurePosixPath(r).parts):
+            offset, size = self.files[rel]
+            digest.update(rel.encode() + b"\0")
+            digest.update(view[offset:offset + size])
+        return digest.hexdigest()
+
+
+# path of an installed entry -> (entry digest, the stat of each file when it was written)
+_INSTALLED: dict[str, tuple[str, dict[str, tuple[int, int, int, int]]]] = {}
+_INSTALLED_MAX = 20_000
+_INSTALLED_LOCK = threading.Lock()
+
+
+def _file_stats(root: Path, rels: Iterator[str] | list[str]
+                ) -> dict[str, tuple[int, int, int, int]] | None:
+    out = {}
+    try:
+        for rel in rels:
+            st = os.lstat(root / rel)
+            out[rel] = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    except OSError:
+        return None
+    return out
+
+
+def _remember_digest(path: Path, staged: Path, written: _Written) -> None:
+    stats = _file_stats(staged, list(written.files))
+    if stats is None:
+        return
+    with _INSTALLED_LOCK:
+        if len(_INSTALLED) >= _INSTALLED_MAX:
+            _INSTALLED.clear()
+        _INSTALLED[str(path)] = (written.digest(), stats)
+
+
+def installed_digest(path: Path) -> str | None:
+    """The entry digest of an entry this process installed at path, when its files are still
+    exactly the ones it wrote (same inode, size, mtime and ctime each: any write, even one
+    that restores the mtime, changes the ctime, and no file was added); None otherwise."""
+    with _INSTALLED_LOCK:
+        known = _INSTALLED.get(str(path))
+    if known is None:
+        return None
+    digest, stats = known
+    try:
+        now = {p.relative_to(path).as_posix() for p in path.rglob("*")
+               if not p.is_dir() or p.is_symlink()}
+    except OSError:
+        return None
+    if now != set(stats) or _file_stats(path, list(stats)) != stats:
+        return None
+    return digest
 
 
 def fsync_tree(path: Path) -> None:
@@ -288,6 +381,42 @@ def _staging_prefix() -> str:
     return f"{socket.gethostname()}+{os.getpid()}+"
 
 
+@dataclass
+class _Batch:
+    roots: set[Path] = field(default_factory=set)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+_BATCH: ContextVar[_Batch | None] = ContextVar("warmd_install_batch", default=None)
+
+
+@contextlib.contextmanager
+def install_batch() -> Iterator[None]:
+    """Installs inside the block (and in contexts copied from it: worker threads) fsync
+    their cache roots once, when the block ends, instead of once per entry. Each entry's
+    own files are still fsynced before it is renamed into place, so an entry a crash leaves
+    visible is complete; a rename a crash loses leaves the entry absent: fetched again."""
+    batch = _Batch()
+    token = _BATCH.set(batch)
+    try:
+        yield
+    finally:
+        _BATCH.reset(token)
+        for root in sorted(batch.roots):
+            with contextlib.suppress(OSError):
+                fsync_dir(root)
+
+
+def _root_synced(root: Path) -> None:
+    """The rename into root made durable: now, or when the install batch ends."""
+    batch = _BATCH.get()
+    if batch is None:
+        fsync_dir(root)
+        return
+    with batch.lock:
+        batch.roots.add(root)
+
+
 @contextlib.contextmanager
 def staging(root: Path) -> Iterator[Path]:
     """A fresh directory under ``root/.warmd-staging`` (same filesystem as root, so a rename
@@ -319,13 +448,14 @@ def install_atomically(root: Path, name: str, artifact: bytes, *,
         return Installed(dest, False)
     with staging(root) as stage:
         staged = stage / name
-        unpack_safely(artifact, staged, max_bytes)
+        written = _unpack(artifact, staged, max_bytes)
         if prepare is not None:
             prepare(staged)
         fsync_tree(staged)
+        _remember_digest(dest, staged, written)
         moved = rename_noreplace(staged, dest)
         if moved:
-            fsync_dir(root)
+            _root_synced(root)
         return Installed(dest, moved)
 
 

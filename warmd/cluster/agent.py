@@ -18,6 +18,7 @@ from warmd import settings
 from warmd.capture import MAX_EVENTS
 from warmd.cluster import ray_api
 from warmd.cluster.decisions import RetryBackoff
+from warmd.cluster.fanout import join_peers
 from warmd.cluster.logs import node_logger
 from warmd.cluster.metrics import AgentMetrics
 from warmd.cluster.state import WARM_STATES, NodeState, NodeStatus, node_records
@@ -72,6 +73,8 @@ class NodeAgent:
         self.retry = RetryBackoff(RETRY_FIRST, RETRY_MAX)
         self.capture = None  # warmd.capture.Capture while the node is warm
         self.rederiver = None  # warmd.rederive.Rederiver on a trusted producer, while warm
+        # other nodes serve the blobs they verified, this one too (warmd.cluster.fanout)
+        self.peers = join_peers(self.node_id)
         self._publish()
         self._thread = threading.Thread(target=self._loop, name="warmd-agent", daemon=True)
         self._thread.start()
@@ -114,6 +117,8 @@ class NodeAgent:
         self._wake.set()
         self._thread.join(timeout=5)
         self._stop_capture()
+        if self.peers is not None:
+            self.peers.close()
         self.metrics.close()
         self.store.close()
         self.log.info("agent stopped")
@@ -187,7 +192,7 @@ class NodeAgent:
         try:
             with settings.scoped_env(visible):
                 warm = warm_node(config, builder=builder, redis_url=url,
-                                 node_name=self.node_name, warm_only=True)
+                                 node_name=self.node_name, warm_only=True, peers=self.peers)
         except Exception:  # only a shortcut: the workers below decide
             self.log.exception("warm check failed")
             warm = NodeWarm([], warm=False)

@@ -102,6 +102,7 @@ class Controller:
             agents = dict(self.agents)
             self.agents.clear()
         ray_api.shutdown_agents(agents, timeout=10)
+        ray_api.kill_peer_directory()  # the agents served their blobs through it
         with self._lock:
             for nid in list(self.records):
                 self.store.delete(nid)

@@ -245,3 +245,49 @@ def current_actor():
 def call_later(method, *args) -> None:
     """Fire one actor method call without waiting for it."""
     method.remote(*args)
+
+
+# --- fan-out between nodes (warmd.cluster.fanout) -------------------------------------------
+
+PEER_DIRECTORY_NAME = "warmd-peers"
+
+
+def peer_directory(directory: type):
+    """The cluster's peer directory actor (an instance of `directory`, the PeerDirectory
+    class), started by the first caller, preferably on the head node; detached, so it
+    outlives the agent that started it (the controller's shutdown kills it)."""
+    head = next((n.node_id for n in list_nodes() if n.is_head and n.alive), current_node_id())
+    return _actor_class(directory).options(
+        name=PEER_DIRECTORY_NAME, namespace=RAY_NAMESPACE, lifetime="detached",
+        get_if_exists=True, num_cpus=0, max_restarts=0,
+        scheduling_strategy=NodeAffinitySchedulingStrategy(head, soft=True)).remote()
+
+
+def kill_peer_directory() -> None:
+    with contextlib.suppress(ValueError):  # none was started
+        ray.kill(ray.get_actor(PEER_DIRECTORY_NAME, namespace=RAY_NAMESPACE),
+                 no_restart=True)
+
+
+def ask(method, *args, timeout: float):
+    """One actor method call, waited for at most `timeout` seconds."""
+    return ray.get(method.remote(*args), timeout=timeout)
+
+
+def put_object(value):
+    """Into this node's object store, owned by this process (kept while it holds the ref)."""
+    return ray.put(value)
+
+
+def get_objects(refs: list, timeout: float) -> list:
+    """Each object's value, or the exception that stopped it (owner died, lost, not in
+    time); Ray pulls each from any node that holds a copy. `timeout` in all."""
+    if refs:
+        ray.wait(refs, num_returns=len(refs), timeout=timeout, fetch_local=True)
+    values: list = []
+    for ref in refs:
+        try:
+            values.append(ray.get(ref, timeout=0))
+        except Exception as exc:  # OwnerDiedError, ObjectLostError, GetTimeoutError...
+            values.append(exc)
+    return values

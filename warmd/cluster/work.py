@@ -27,6 +27,7 @@ from warmd.warmup import StoreHealth
 
 if TYPE_CHECKING:
     from warmd.capture import CaptureScope
+    from warmd.store.api import BlobPeers
 
 ProgressFn = Callable[[str, int, int], None]  # (model name, tasks done, tasks total)
 
@@ -136,7 +137,7 @@ def _plan(model: ModelConfig, builder_target: str | None):
 def warm_node(config: WarmdConfig, *, builder: bool = False, shard: int = 0, shards: int = 1,
               redis_url: str | None = None, node_name: str | None = None,
               progress: ProgressFn | None = None, workers: int | None = 1,
-              warm_only: bool = False) -> NodeWarm:
+              warm_only: bool = False, peers: BlobPeers | None = None) -> NodeWarm:
     """Warm this worker's share (tasks shard, shard+shards, ...) of every configured model.
 
     Never raises for a model, a task or the store: each model's result says what happened.
@@ -144,7 +145,8 @@ def warm_node(config: WarmdConfig, *, builder: bool = False, shard: int = 0, sha
     (learned entries, warmd.capture) and says what its capture watches. With warm_only, a
     model whose plan has a task that needs its library (not installed and verified from the
     caches) runs nothing, and ``warm`` is False: the caller then runs the real warmup (in GPU
-    workers).
+    workers). ``peers``: other nodes serving blobs (warmd.cluster.fanout), asked before the
+    store.
     """
     from warmd.capture import scope_of
 
@@ -157,7 +159,7 @@ def warm_node(config: WarmdConfig, *, builder: bool = False, shard: int = 0, sha
         warm = True
         for model, plan, options, result in planned:
             warm &= _warm_model(model, plan, options, result, redis_url, store, progress,
-                                learn)
+                                learn, peers)
         sizes = cache_bytes()
         scopes = [scope_of(plan, options.cache_roots)
                   for _m, plan, options, result in planned if learn and result.ok]
@@ -192,13 +194,14 @@ def _plan_all(config: WarmdConfig, builder: bool, shard: int, shards: int,
     return results, planned
 
 
-def _open_shared(redis_url: str | None, plan, store: StoreHealth):
+def _open_shared(redis_url: str | None, plan, store: StoreHealth,
+                 peers: BlobPeers | None = None):
     from warmd.store import open_shared_cache
 
     if settings.store_is_off(redis_url):
         return None
     try:
-        shared = open_shared_cache(redis_url, target=plan.env.target)
+        shared = open_shared_cache(redis_url, target=plan.env.target, peers=peers)
     except WarmdInputError as exc:  # unreadable key file, malformed URL
         store.ok, store.reason = False, f"shared cache not used: {exc}"
         return None
@@ -207,11 +210,12 @@ def _open_shared(redis_url: str | None, plan, store: StoreHealth):
 
 
 def _warm_model(model: ModelConfig, plan, options, result: ModelResult, redis_url: str | None,
-                store: StoreHealth, progress: ProgressFn | None, learn: bool = False) -> bool:
+                store: StoreHealth, progress: ProgressFn | None, learn: bool = False,
+                peers: BlobPeers | None = None) -> bool:
     """Run the model's warmup into result; False when warm_only left tasks unrun."""
     from warmd.warmup import run_warmup
 
-    shared = _open_shared(redis_url, plan, store)
+    shared = _open_shared(redis_url, plan, store, peers)
 
     def on_task(_report, done: int, total: int) -> None:
         if progress is not None:

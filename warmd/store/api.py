@@ -56,6 +56,32 @@ class Publication:
         return self.skipped is None and self.written + self.already_published > 0
 
 
+@dataclass(frozen=True)
+class PeerAnswer:
+    """What the cluster's other nodes said of some blobs (by content digest)."""
+
+    blobs: dict[str, tuple[bytes, str]]  # digest -> (bytes a peer served, which peer):
+    #                                      not verified yet
+    from_store: tuple[str, ...] = ()  # digests this node reads from the store (and offers)
+    later: tuple[str, ...] = ()  # digests another node is reading from the store now
+
+
+class BlobPeers(Protocol):
+    """Other nodes of the cluster serving the content-addressed blobs they installed and
+    verified (warmd.cluster.fanout over Ray's object store). A shared cache given peers
+    asks them before the store; every blob they serve is verified against its manifest
+    exactly like one from the store, and one that fails is refused, said (`refused`) and
+    read from the store instead. Never raises: a peer problem is a store read."""
+
+    def lookup(self, digests: list[str]) -> PeerAnswer: ...
+
+    def refused(self, digest: str, peer: str) -> None:
+        """The bytes `peer` served for digest did not verify: never ask it for them again."""
+
+    def offer(self, blobs: dict[str, bytes]) -> None:
+        """Verified blobs this node now serves to the others."""
+
+
 class SharedCache(ABC):
     """The cluster-wide side of the kernel cache.
 

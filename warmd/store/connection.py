@@ -26,14 +26,23 @@ _SCHEMES = ("redis", "rediss", "unix", *_CLUSTER_SCHEMES)
 _TRUE = ("1", "true", "yes", "on")
 
 
+# What the URL may ask of a Redis Cluster client's reads (redis-py's LoadBalancingStrategy
+# values; read_from_replicas=true is round_robin, its older spelling).
+READ_STRATEGIES = ("round_robin", "round_robin_replicas", "random", "random_replica")
+_READ_KEYS = ("read_from_replicas", "load_balancing_strategy")
+
+
 @dataclass(frozen=True)
 class StoreURL:
     url: str = field(repr=False)  # what redis-py is given (no cluster markers); has secrets
     cluster: bool = False
+    read_from: str | None = None  # a READ_STRATEGIES value: reads may go to replicas
 
     @property
     def display(self) -> str:
-        return redact(self.url) + (" (cluster)" if self.cluster else "")
+        notes = ["cluster"] if self.cluster else []
+        notes += [f"reads: {self.read_from}"] if self.read_from else []
+        return redact(self.url) + (f" ({', '.join(notes)})" if notes else "")
 
 
 def redact(url: str) -> str:
@@ -88,15 +97,22 @@ def parse_store_url(url: str) -> StoreURL:
                               ) from None
     query = with_password_file(parts.netloc, parse_qsl(parts.query, keep_blank_values=True))
     cluster = parts.scheme in _CLUSTER_SCHEMES
-    kept = []
+    kept, reads = [], {}
     for key, value in query:
         if key == "cluster":
             cluster = cluster or value.lower() in _TRUE
+        elif key in _READ_KEYS:
+            reads[key] = value
         else:
             kept.append((key, value))
     scheme = _CLUSTER_SCHEMES.get(parts.scheme, parts.scheme)
     if cluster and scheme == "unix":
         raise WarmdInputError("a Redis Cluster URL must be redis:// or rediss://")
+    read_from = _read_strategy(url, reads)
+    if read_from and not cluster:
+        raise WarmdInputError(f"invalid Redis URL {redact(url)!r}: replica reads "
+                              f"({', '.join(reads)}) need a Redis Cluster URL "
+                              "(redis+cluster://host:port)")
     # Built by hand: urlunsplit turns unix:///tmp/x.sock into unix:/tmp/x.sock.
     clean = f"{scheme}://{parts.netloc}{parts.path}"
     clean += f"?{urlencode(kept)}" if kept else ""
@@ -106,7 +122,18 @@ def parse_store_url(url: str) -> StoreURL:
     except ValueError as exc:
         raise WarmdInputError(f"invalid Redis URL {redact(url)!r}: "
                               f"{scrub(str(exc), url)}") from None
-    return StoreURL(clean, cluster)
+    return StoreURL(clean, cluster, read_from)
+
+
+def _read_strategy(url: str, reads: dict[str, str]) -> str | None:
+    """The read strategy the URL asks for (None: every read from the primaries)."""
+    strategy = reads.get("load_balancing_strategy", "").lower() or None
+    if strategy is not None and strategy not in READ_STRATEGIES:
+        raise WarmdInputError(f"invalid Redis URL {redact(url)!r}: load_balancing_strategy "
+                              f"must be one of {', '.join(READ_STRATEGIES)}")
+    if strategy is None and reads.get("read_from_replicas", "").lower() in _TRUE:
+        strategy = "round_robin"
+    return strategy
 
 
 def _hint(url: str) -> str:
@@ -117,14 +144,19 @@ def _hint(url: str) -> str:
 
 
 def make_client(store_url: StoreURL, connect_timeout: float = CONNECT_TIMEOUT,
-                socket_timeout: float = SOCKET_TIMEOUT):
-    """A client with bounded timeouts and no hidden retries (the breaker decides instead).
-    A cluster client contacts the cluster here, so this may raise a store error."""
+                socket_timeout: float = SOCKET_TIMEOUT, replicas: bool = False):
+    """A client with bounded timeouts and no hidden retries (the transport retries and the
+    breaker decides instead). With replicas, a cluster client whose reads follow the URL's
+    read strategy (read_from_replicas / load_balancing_strategy); else every command goes to
+    the primaries. A cluster client contacts the cluster here, so this may raise a store
+    error."""
     options = {"socket_connect_timeout": connect_timeout, "socket_timeout": socket_timeout,
                "retry": Retry(NoBackoff(), 0), "retry_on_timeout": False}
     if store_url.cluster:
-        from redis.cluster import RedisCluster
+        from redis.cluster import LoadBalancingStrategy, RedisCluster
 
+        if replicas and store_url.read_from:
+            options["load_balancing_strategy"] = LoadBalancingStrategy(store_url.read_from)
         return RedisCluster.from_url(store_url.url, **options)
     return redis.Redis.from_url(store_url.url, **options)
 
@@ -148,6 +180,18 @@ def classify(exc: BaseException) -> str:
                         OSError)):
         return "down"
     return "error"
+
+
+def is_refused(exc: BaseException) -> bool:
+    """Whether nothing listens where the store should be (the connection was refused): a
+    store that is down, not a slow one."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, ConnectionRefusedError) or "Connection refused" in str(exc):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 # RedisClusterException (slot map, blocked commands) is not a RedisError.

@@ -30,6 +30,11 @@ FLUSH_INTERVAL = 10.0
 WARMUP_OWNED = frozenset(ids(CounterFlag.RUN, without=CounterFlag.STORE))
 # Counters only the store can know: what warmup reports under these names is ignored.
 STORE_OWNED = frozenset(ids(CounterFlag.STORE))
+# Fewer writes per join: time spent is kept per node (the per-fingerprint stats keep the
+# saved compile time `warmd cache stats` shows), task lookups per fingerprint (a node has its
+# `tasks`).
+FP_DROPPED = frozenset(set(ids(CounterFlag.TIME)) - set(ids(CounterFlag.FP_COLUMN)))
+NODE_DROPPED = frozenset({"tasks_hit", "tasks_missed"})
 # Failures after which pending counters are kept (the store may take them later); a user the
 # ACL refuses ("denied") never will.
 _KEEP_ON = ("down", "open", "auth", "oom", "readonly")
@@ -66,9 +71,9 @@ class StoreStats:
             return
         with self._lock:
             self._counts[name] = self._counts.get(name, 0) + value
-            if name not in WARMUP_OWNED:
+            if name not in WARMUP_OWNED and name not in NODE_DROPPED:
                 _add(self._pending_node, name, value)
-            if fp is not None:
+            if fp is not None and name not in FP_DROPPED:
                 _add(self._pending_fp.setdefault(fp, {}), name, value)
 
     def count_refusal(self, counter: str, fp: str) -> None:
@@ -87,11 +92,11 @@ class StoreStats:
         'flashinfer.compiled') goes to that library's fingerprint stats instead."""
         with self._lock:
             for name, value in counts.items():
-                if name in STORE_OWNED or not isinstance(value, (int, float)):
-                    continue
+                if name in STORE_OWNED or not isinstance(value, (int, float)) or not value:
+                    continue  # (a zero adds nothing: not a write)
                 library, dot, field = name.partition(".")
                 fp = self._library_fp.get(library) if dot else None
-                if fp is not None:
+                if fp is not None and field not in FP_DROPPED:
                     _add(self._pending_fp.setdefault(fp, {}), field, float(value))
                 elif not dot:
                     _add(self._pending_node, name, float(value))
@@ -119,7 +124,12 @@ class StoreStats:
             pipe = client.pipeline(transaction=False)
             for name_of_node, counts, fp_counts in batches:
                 _queue(pipe, name_of_node, counts, fp_counts)
-            return pipe.execute()
+            replies = pipe.execute()
+            new = [name for name, reply in zip(_first_seen(batches), replies, strict=True)
+                   if name and reply]
+            if new:  # a node's first counters: list it (once, not at every flush)
+                client.sadd(layout.NODES_KEY, *new)
+            return replies
 
         try:
             self.transport.op(run, "stats")
@@ -209,11 +219,20 @@ def _queue(pipe, node: str, counts: dict[str, float], fps: dict[str, dict[str, f
     key = layout.node_stats_key(node)
     for name, value in counts.items():
         pipe.hincrbyfloat(key, name, value)
-    pipe.hset(key, "last_seen", time.time())
-    pipe.sadd(layout.NODES_KEY, node)
+    pipe.hset(key, "last_seen", time.time())  # 1: the field is new, the node too
     for fp, bucket in fps.items():
         for name, value in bucket.items():
             pipe.hincrbyfloat(layout.fp_stats_key(fp), name, value)
+
+
+def _first_seen(batches: list[tuple[str, dict, dict]]) -> list[str | None]:
+    """Per command _queue pipelines for batches: the node's name at its HSET of last_seen
+    (whose reply says whether the node is new), None elsewhere."""
+    out: list[str | None] = []
+    for node, counts, fps in batches:
+        out += [None] * len(counts) + [node]
+        out += [None] * sum(len(bucket) for bucket in fps.values())
+    return out
 
 
 def _spooled_batch(data: dict) -> dict:

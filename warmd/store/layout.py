@@ -26,6 +26,8 @@ Keys that must live together in Redis Cluster share a hash tag: every chunk of o
                                       JSON, never signed, never installed
     warmd:v1:claimblob:{<fp>}:<name>:<i>  chunk i of that claim's artifact
     warmd:v1:claims:{<fp>}            ZSET claim name -> when it was (last) claimed
+    warmd:v1:renewed:<fp>:<plan>      marker: a node renewed the TTLs of what this plan uses
+                                      (no hash tag: spread over a cluster's shards)
 
 Every key is built, matched (SCAN patterns) and parsed here and nowhere else.
 """
@@ -114,6 +116,12 @@ def claims_key(fp: str) -> str:
 
 def arrivals_key(plan_digest: str) -> str:
     return f"{PREFIX}arrivals:{plan_digest}"
+
+
+def renewed_key(fp: str, plan: str) -> str:
+    """Set (NX, for the renew interval) by the node that renews the TTLs of what a plan of
+    this fingerprint uses; the others find it and renew nothing."""
+    return f"{PREFIX}renewed:{fp}:{plan}"
 
 
 def blob_keys_pattern() -> str:

@@ -23,8 +23,8 @@ from typing import Any
 from warmd import settings
 from warmd.cache.base import CacheAdapter, CacheEntry
 from warmd.store import layout
-from warmd.store.api import Publication, SharedCache, StoreFailed
-from warmd.store.breaker import CircuitBreaker
+from warmd.store.api import BlobPeers, Publication, SharedCache, StoreFailed
+from warmd.store.breaker import CircuitBreaker, JoinBudget
 from warmd.store.connection import CONNECT_TIMEOUT, StoreURL
 from warmd.store.counters import StoreStats
 from warmd.store.entries import Entries
@@ -48,13 +48,15 @@ class RedisSharedCache(SharedCache):
                  socket_timeout: float | None = None, lease_seconds: float = 30.0,
                  poll_interval: float = 0.5, max_artifact_bytes: int | None = None,
                  breaker: CircuitBreaker | None = None, disabled_reason: str | None = None,
-                 embedded: Any = None) -> None:
+                 embedded: Any = None, join_budget: float | None = None,
+                 peers: BlobPeers | None = None) -> None:
         node = node or settings.node_name()
         self.stats = StoreStats(node)
         self.transport = RedisTransport(
             store_url, connect_timeout=connect_timeout,
             socket_timeout=socket_timeout or settings.redis_timeout(), breaker=breaker,
-            disabled_reason=disabled_reason, count=self.stats.count)
+            disabled_reason=disabled_reason, count=self.stats.count,
+            budget=JoinBudget(join_budget or settings.redis_join_budget()))
         self.stats.transport = self.transport
         self.session = Session(
             self.transport, self.stats, node, target, signing_key,
@@ -62,7 +64,7 @@ class RedisSharedCache(SharedCache):
             lease_ms=int(lease_seconds * 1000), poll_interval=poll_interval,
             max_artifact_bytes=max_artifact_bytes or settings.max_artifact_bytes())
         stale = StaleRecords()  # Entries notes them, Leases reads them, Publisher clears them
-        self.entries = Entries(self.session, stale)
+        self.entries = Entries(self.session, stale, peers)
         self.leases = Leases(self.session, stale)
         self.publisher = Publisher(self.session, stale)
         self.claims = PendingClaims(self.session)
@@ -138,8 +140,8 @@ class RedisSharedCache(SharedCache):
         same plan start on different tasks: each arrival gets a counter value i and starts
         at position frac(i * golden ratio) of the list. Unchanged when the store is down."""
         keys = list(task_keys)
-        if len(keys) < 2:
-            return keys
+        if len(keys) < 2 or self.session.all_hit(keys):
+            return keys  # (every task installed: nothing to spread, nothing to write)
         plan = layout.sha256("\n".join(sorted(keys)).encode())[:16]
         arrivals = layout.arrivals_key(plan)
 

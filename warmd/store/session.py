@@ -101,6 +101,12 @@ class Session:
             self.tasks_counted[(fp, task)] = outcome
         return True
 
+    def all_hit(self, tasks: list[str]) -> bool:
+        """Whether this process found every one of these tasks complete in the store."""
+        with self._lock:
+            return all(self.tasks_counted.get((self.task_fp.get(t, ""), t)) == "tasks_hit"
+                       for t in tasks)
+
     def warn_once(self, key: str, message: str, *args) -> None:
         with self._lock:
             if key in self._warned:

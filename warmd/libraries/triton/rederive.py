@@ -30,6 +30,7 @@ import re
 import sys
 from pathlib import Path
 
+from warmd import settings
 from warmd.cache.artifacts import unpack_safely
 from warmd.cache.base import CacheEntry, UnsafeArtifact
 from warmd.cache.rederived import (
@@ -208,7 +209,7 @@ def _compile(ttir: Path, out: Path, how: dict) -> None:
         data = compiled.asm[stage]
         (out / f"{kernel}.{stage}").write_bytes(data if isinstance(data, bytes)
                                                 else data.encode())
-    written = next(Path(os.environ["TRITON_CACHE_DIR"]).glob("*/*.json"))
+    written = next(settings.triton_cache_dir().glob("*/*.json"))
     meta = [p for p in written.parent.glob("*.json") if not p.name.startswith("__grp__")]
     (out / f"{kernel}.json").write_bytes(meta[0].read_bytes())
 
