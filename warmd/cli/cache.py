@@ -164,6 +164,7 @@ def stats(redis_url, as_json) -> None:
                                    f"{len(data['fingerprints'])} fingerprints"))
     for line in render_details(totals):
         click.echo(line)
+    click.echo(f"Key proof: {data['key_proof']['describe']}")
     console = make_console()
     if data["nodes"]:
         console.print(_node_table(data["nodes"]))

@@ -192,17 +192,15 @@ class Entries:
     def refuse_entry(self, fp: str, name: str, raw: bytes, problem: BadRecord,
                      counter: str | None = None) -> None:
         """A manifest refused for what it is (undecodable, another Redis type, unsigned or
-        badly signed): quarantined, so a correct publish replaces it, when this node holds
-        the cluster's key; only counted when it does not (its own key may be the wrong
-        one, and valid entries must survive it)."""
+        badly signed): quarantined, so a correct publish replaces it, when this node may
+        heal the store (quarantine says when); a signature of another key is remembered as
+        evidence that this node's key may not be the cluster's."""
         counter = counter or problem.counter
         if counter == "corrupt_rejected" and not self._signed_ok(raw):
             counter = "signature_rejected"  # unsigned garbage under a signing key
-        if self.session.holds_cluster_key():
-            self.quarantine(fp, name, raw, str(problem), counter=counter)
-        else:
-            self.reject(counter, fp, f"entry {name}", f"{problem}; left in place (this "
-                        "node's signing key is not the cluster's)")
+        if isinstance(problem, layout.SignatureRefused) and problem.other_key:
+            self.session.cluster_key.note_other_key()
+        self.quarantine(fp, name, raw, str(problem), counter=counter)
 
     def _signed_ok(self, raw: bytes) -> bool:
         """True without a signing key, or when raw is a JSON object validly signed."""
@@ -328,7 +326,12 @@ class Entries:
         (a read-only user cannot). Returns whether it was moved (False: the store refused,
         or the manifest had changed meanwhile). Its blob's chunks stay: other manifests
         (under any fingerprint) may share them, a republication overwrites them, and
-        `prune` removes them once nothing references them."""
+        `prune` removes them once nothing references them. Only a node holding the
+        cluster's key (warmd.store.keyproof) moves anything: another only counts it."""
+        if not self.session.holds_cluster_key():
+            self.reject(counter, fp, f"entry {name}", f"{why}; left in place (key proof "
+                        f"{self.session.key_state()}: this node does not heal the store)")
+            return False
         self.reject(counter, fp, f"entry {name}", f"{why}; quarantining it")
         value = layout.quarantine_note(raw, why, self.session.node)
 

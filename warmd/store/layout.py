@@ -36,6 +36,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 
+from warmd.store.signing import BAD_SIGNATURE
 from warmd.store.signing import check as check_signature
 
 PREFIX = "warmd:v1:"
@@ -118,6 +119,16 @@ def _key_text(key: bytes | str) -> str:
     return key.decode(errors="replace") if isinstance(key, bytes) else key
 
 
+def text(value) -> str:
+    """A name or key as Redis returns it (bytes), as text."""
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def is_record_key(key: bytes | str) -> bool:
+    """Whether a key is a manifest's or a task record's (what a signature covers)."""
+    return _key_text(key).startswith((f"{PREFIX}man:", f"{PREFIX}task:"))
+
+
 def lease_key(fp: str, task: str) -> str:
     return f"{PREFIX}lease:{{{fp}}}:{task}"
 
@@ -171,6 +182,13 @@ class SignatureRefused(BadRecord):
     """Unsigned or badly signed while a signing key is configured."""
 
     counter = "signature_rejected"
+
+    @property
+    def other_key(self) -> bool:
+        """Whether the value carries a well-formed signature that this key did not make
+        (another key's, or an altered record): evidence that this key may not be the
+        cluster's (warmd.store.keyproof)."""
+        return str(self) == BAD_SIGNATURE
 
 
 def is_entry_name(name: object) -> bool:

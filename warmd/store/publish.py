@@ -36,7 +36,10 @@ class Publisher:
         if self.session.transport.disabled_reason or self.session.read_only:
             self.count("publish_skipped", fp=fp.digest)
             return Publication(skipped=self.session.transport.disabled_reason or "read-only")
-        self.session.holds_cluster_key()  # the first keyed publisher sets the cluster's key
+        proof = self.session.key_state()  # a keyed node claims a missing proof here
+        if proof.alarm:  # entries no node with the cluster's key would use, or no key here
+            self.count("publish_blocked", len(entries) + 1, fp.digest)
+            return Publication(skipped=f"key proof {proof}")
         packed = self._pack(adapter, fp, entries, compile_seconds)
         if packed is None:
             return Publication(skipped="an entry could not be packed")
@@ -157,6 +160,8 @@ class Publisher:
         except layout.RefusedHere:
             return False  # e.g. a newer format: not ours to judge
         except BadRecord as exc:
+            if isinstance(exc, layout.SignatureRefused) and exc.other_key:
+                self.session.cluster_key.note_other_key()
             if self.session.holds_cluster_key():
                 return True
             self.count("publish_blocked", fp=fp)

@@ -33,6 +33,7 @@ from warmd.store.layout import Manifest, StoredTaskRecord
 from warmd.store.leases import Leases
 from warmd.store.publish import Publisher
 from warmd.store.session import Session, StaleRecords
+from warmd.store.signing import KeyProof
 from warmd.store.transport import RedisTransport
 from warmd.targets import Target
 
@@ -166,9 +167,18 @@ class RedisSharedCache(SharedCache):
             return answered
 
         try:
-            return bool(self.transport.op(run, "connect"))
+            answered = bool(self.transport.op(run, "connect"))
         except StoreFailed:
             return False
+        self.session.key_state()  # read (kept recently used) and, when missing, re-asserted
+        return answered
+
+    @property
+    def key_proof(self) -> KeyProof:
+        """The store's key proof as this node finds it (warmd.store.keyproof)."""
+        if self.transport.disabled_reason:
+            return KeyProof.UNKNOWN
+        return self.session.key_state()
 
     @property
     def reachable(self) -> bool:

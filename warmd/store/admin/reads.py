@@ -7,16 +7,12 @@ from __future__ import annotations
 from warmd.store import layout
 from warmd.store.api import StoreFailed
 from warmd.store.connection import classify
-from warmd.store.layout import BadRecord, Manifest
+from warmd.store.layout import BadRecord, Manifest, text
 from warmd.store.redis_store import RedisSharedCache
 
 # Listing and pruning read every manifest whatever this node's own size limit: an entry too
 # large to install here is still an entry (and its chunks are still referenced).
 ANY_SIZE = 1 << 62
-
-
-def text(value) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def string_reply(reply):
