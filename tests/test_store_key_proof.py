@@ -204,3 +204,23 @@ def _cli(*args: str, env: dict | None = None):
     assert result.exit_code == 0, result.output
     assert "Traceback" not in result.output
     return result
+
+
+def test_warmd_status_raises_the_alarm_of_a_missing_or_foreign_proof(server, rclient,
+                                                                     cluster, tmp_path):
+    """Without Ray, status reads the node records and the key proof from Redis."""
+    from tests.cluster_support import private_machine, warmd
+
+    with private_machine(tmp_path / "home") as env:
+        env = {**env, "WARMD_SIGNING_KEY": KEY.decode()}
+        args = ("status", "--redis", server.url, "--namespace", "proof")
+        assert json.loads(warmd(env, *args, "--json").stdout)["key_proof"]["state"] == "ok"
+        assert "Key proof" not in warmd(env, *args).stdout
+        for planted, state in ((None, "missing"), (key_proof(WRONG), "foreign")):
+            rclient.delete(layout.KEY_PROOF_KEY)
+            if planted:
+                rclient.set(layout.KEY_PROOF_KEY, planted)
+            shown = json.loads(warmd(env, *args, "--json").stdout)["key_proof"]
+            assert shown["state"] == state and shown["alarm"] is True
+            assert f"Key proof: {state.upper()}" in warmd(env, *args).stdout
+        assert rclient.get(layout.KEY_PROOF_KEY) == key_proof(WRONG)  # status changes nothing

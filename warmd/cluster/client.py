@@ -26,7 +26,7 @@ from pathlib import Path
 
 from warmd import settings
 from warmd.cluster.state import node_records
-from warmd.cluster.status import ControllerView, StatusSnapshot, StoreSize
+from warmd.cluster.status import ControllerView, KeyProofView, StatusSnapshot, StoreSize
 from warmd.config import WarmdConfig, redact_url
 from warmd.errors import WarmdInputError
 from warmd.processes import pid_alive
@@ -351,7 +351,8 @@ def snapshot(address: str | None, config: WarmdConfig | None) -> StatusSnapshot:
             return StatusSnapshot.from_json({
                 "source": "ray", "running": True, "ray_address": resolved,
                 "controller": snap["controller"], "nodes": snap["nodes"],
-                "store_size": snap["controller"].get("store_size")})
+                "store_size": snap["controller"].get("store_size"),
+                "key_proof": snap["controller"].get("key_proof")})
     return _snapshot_from_redis(resolved, config)
 
 
@@ -369,10 +370,12 @@ def _snapshot_from_redis(resolved: str | None, config: WarmdConfig | None) -> St
     records = store.get_all()
     daemon = store.get_daemon()
     size = store.server_size()
+    proof = store.key_proof(config.signing_key_file if config else None)
     store.close()
     return StatusSnapshot(
         running=False, source="redis" if records is not None else "none",
         nodes=tuple(records or ()), controller=ControllerView.from_json(daemon),
         ray_address=resolved, store_size=StoreSize.from_json(size), redis=redact_url(url),
         redis_error=store.last_error or None, embedded_dir=kept,
+        key_proof=KeyProofView.from_json(proof),
         records=tuple(r.to_json() for r in records or ()))

@@ -215,5 +215,11 @@ class NodeRecords(ABC):
     def server_size(self) -> dict | None:
         """{"used_memory": bytes, "keys": count} of the store; None when not known."""
 
+    def key_proof(self, key_file: str | None = None) -> dict | None:
+        """The store's key proof as the signing key configured here (key_file, else
+        WARMD_SIGNING_KEY[_FILE]) finds it, as JSON (warmd.store.signing.proof_json); None
+        when this store keeps none."""
+        return None
+
     @abstractmethod
     def close(self) -> None: ...

@@ -95,6 +95,14 @@ _DESCRIPTIONS = {
 }
 
 
+def proof_json(state: KeyProof, key: bytes | None) -> dict:
+    """A state as reports give it: "state", "alarm", what it means ("describe"), and the
+    proof this node's key makes ("this_node": what an operator sets at warmd:v1:keyproof to
+    name that key the cluster's; it reveals nothing of the key)."""
+    return {"state": state.value, "alarm": state.alarm, "describe": state.describe(),
+            "this_node": key_proof(key).decode() if key else None}
+
+
 def is_proof(value: bytes | None) -> bool:
     """Whether a stored value has the form of a key proof (64 lowercase hex digits); a
     value that does not is nobody's proof."""

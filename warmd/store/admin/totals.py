@@ -6,7 +6,7 @@ from warmd.stats import hit_rate
 from warmd.store import layout
 from warmd.store.admin.reads import fingerprint_meta, fingerprints, text
 from warmd.store.redis_store import RedisSharedCache
-from warmd.store.signing import key_proof
+from warmd.store.signing import proof_json
 
 
 def read_stats(cache: RedisSharedCache) -> dict:
@@ -38,17 +38,8 @@ def read_stats(cache: RedisSharedCache) -> dict:
             if name != "last_seen":
                 totals[name] = totals.get(name, 0) + value
     return {"store": cache.display_url, "nodes": node_stats, "fingerprints": fp_stats,
-            "totals": totals, "hit_rate": hit_rate(totals), "key_proof": key_proof_json(cache)}
-
-
-def key_proof_json(cache: RedisSharedCache) -> dict:
-    """The store's key proof as this node finds it ("state": a KeyProof value, "alarm",
-    what it means), and the proof this node's key makes ("this_node": what an operator
-    sets at warmd:v1:keyproof to name this key the cluster's; it reveals nothing of it)."""
-    state = cache.key_proof
-    key = cache.session.signing_key
-    return {"state": state.value, "alarm": state.alarm, "describe": state.describe(),
-            "this_node": key_proof(key).decode() if key else None}
+            "totals": totals, "hit_rate": hit_rate(totals),
+            "key_proof": proof_json(cache.key_proof, cache.session.signing_key)}
 
 
 def _counters(raw: dict) -> dict[str, float]:
