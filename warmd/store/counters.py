@@ -119,7 +119,10 @@ class StoreStats:
             pipe = client.pipeline(transaction=False)
             for name_of_node, counts, fp_counts in batches:
                 _queue(pipe, name_of_node, counts, fp_counts)
-            return pipe.execute()
+            # a stats key of another Redis type (WRONGTYPE) loses its own counts only
+            for reply in pipe.execute(raise_on_error=False):
+                if isinstance(reply, Exception) and not str(reply).startswith("WRONGTYPE"):
+                    raise reply
 
         try:
             self.transport.op(run, "stats")

@@ -57,6 +57,10 @@ MAX_TEXT = 4096  # characters of any one string field of a manifest or task reco
 MAX_TASK_ENTRIES = 10_000
 WRONG_TYPE = b""  # how a key holding a list, hash... reads: undecodable, quarantinable
 MAX_BLOB_BYTES = 1 << 40  # a size beyond any node's limit is corrupt, not "too large here"
+# A plan's learned index (per fingerprint) is read before READY: its newest names only.
+# Capture adds what an engine compiled after READY that no plan named: tens to hundreds.
+MAX_LEARNED = 1000
+LEARNED_CLOCK_SKEW = 3600.0  # seconds: names dated later than this are not "newest"
 _STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 
@@ -108,6 +112,11 @@ def parse_blob_key(key: bytes | str) -> str | None:
     """The blob digest of a chunk key; None for any other key."""
     found = _BLOB_KEY.match(_key_text(key))
     return found.group(1) if found else None
+
+
+def manifest_keys_pattern() -> str:
+    """SCAN pattern of every manifest, under any fingerprint."""
+    return f"{PREFIX}man:*"
 
 
 def task_keys_pattern(fp: str) -> str:

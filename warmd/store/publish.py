@@ -119,7 +119,7 @@ class Publisher:
             pipe.zadd(layout.index_key(fp.digest), {m.name: time.time() for m, _ in packed})
             pipe.set(layout.fp_meta_key(fp.digest), layout.json_bytes(fp.to_json()), px=ttl_ms)
             pipe.zadd(layout.FPS_KEY, {fp.digest: time.time()})
-            return pipe.execute()
+            return self._bookkeeping_tolerated(pipe.execute(raise_on_error=False))
 
         if new:
             self.op(chunks, "publish")
@@ -127,6 +127,21 @@ class Publisher:
         for name, raw in replaced.items():
             self._note_replaced(fp.digest, name, raw)
         return new
+
+    def _bookkeeping_tolerated(self, replies: list) -> list:
+        """A publication's replies, raising for any failure but WRONGTYPE: the index and
+        fingerprint lists are warmd's bookkeeping (a SET of a manifest never meets it), so
+        a writer that retyped one (a string at warmd:v1:fps) must not fail every
+        publication; `warmd cache prune` removes it and the next write rebuilds it."""
+        for reply in replies:
+            if isinstance(reply, Exception) and not str(reply).startswith("WRONGTYPE"):
+                raise self.session.transport.failure(reply, "publish")
+        if any(isinstance(reply, Exception) for reply in replies):
+            self.session.warn_once("bookkeeping", "shared cache %s: a fingerprint list or "
+                                   "index holds another Redis type; entries are published, "
+                                   "`warmd cache prune` repairs the lists",
+                                   self.session.transport.display_url)
+        return replies
 
     def _existing(self, keys: list[str]) -> list[bytes | None]:
         """The values at keys (None: absent; layout.WRONG_TYPE: another Redis type)."""
