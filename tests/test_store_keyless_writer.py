@@ -122,3 +122,26 @@ def test_adding_to_a_learned_index_keeps_its_newest_names(server, rclient, cache
     assert rclient.zscore(key, "kernel.fresh.0001") and not rclient.zscore(key,
                                                                          "kernel.old0.0001")
     assert learned_task("plan", "kernel.fresh.0001")  # the task each learned name stands for
+
+
+@pytest.mark.parametrize("edit", [
+    {"entries": []},  # used to settle the task with nothing installed
+    {"entries": ["kernel.w0_0.00000000", "kernel.w0_0.00000000"]},
+    {"compile_seconds": -5.0},
+], ids=["empty", "duplicate", "negative-seconds"])
+def test_an_empty_or_inconsistent_task_record_is_refused_like_any_bad_record(
+        edit, server, rclient, caches, tmp_path):
+    writer = caches(server.url, node="writer")
+    adapter = DirAdapter(tmp_path / "a")
+    warm(writer, adapter, PLAN)
+    fp = writer.fingerprint(adapter).digest
+    task = sorted(PLAN)[0]
+    key = layout.task_key(fp, task)
+    rclient.set(key, layout.json_bytes({**json.loads(rclient.get(key)), **edit}))
+    node = caches(server.url, node="b")
+    dest = DirAdapter(tmp_path / "b")
+    assert node.prefetch(dest, list(PLAN))[task] is None
+    assert node.counters["corrupt_rejected"] == 1
+    counts = warm(caches(server.url, node="c"), DirAdapter(tmp_path / "c"), PLAN)
+    assert counts["compiled"] == 2 and counts["remote_hits"] == 2  # its record replaced
+    assert layout.StoredTaskRecord.decode(rclient.get(key)).entries == tuple(PLAN[task])
