@@ -287,7 +287,7 @@ class Entries:
         try:
             adapter.install(man.name, blob)
         except IncompatibleHere as exc:
-            self.refused_here(fp, man.name, str(exc), man.digest)
+            self.refused_here(fp, man.name, str(exc), man.digest, replaceable=True)
             return False
         except UnsafeArtifact as exc:
             self.quarantine(fp, man.name, raw, f"unsafe artifact: {exc}",
@@ -311,12 +311,18 @@ class Entries:
         self.session.stats.count_refusal(counter, fp)
         log.warning("shared cache: refused %s (fingerprint %s): %s", what, fp, why)
 
-    def refused_here(self, fp: str, name: str, why: str, digest: str | None = None) -> None:
+    def refused_here(self, fp: str, name: str, why: str, digest: str | None = None,
+                     replaceable: bool = False) -> None:
         """A miss this node cannot use (its own limits, an incompatible build): counted,
         never quarantined, so nodes that can use the entry keep it. Given the blob's
-        digest, remembered: this process does not fetch and check that blob again."""
+        digest, remembered: this process does not fetch and check that blob again; and
+        when replaceable (a build that does not work here, not a limit of this node's),
+        this node's own publish replaces it (Publisher._replaceable) rather than leave it
+        to its TTL while every node like this one compiles again."""
         if digest is not None:
             self.session.refused_entries[(fp, name, digest)] = why
+            if replaceable:
+                self.session.incompatible_here.add((fp, name, digest))
         self.count("refused_here", fp=fp)
         log.warning("shared cache: not using entry %s here (fingerprint %s): %s", name, fp, why)
 

@@ -167,9 +167,9 @@ class Publisher:
         holds the cluster's key. One this node may not touch is counted."""
         try:
             if task is None:
-                layout.accept_manifest(raw, key=self.session.signing_key, max_size=1 << 62, fp=fp,
-                                       name=name)
-                return False  # a valid entry: published once, never overwritten
+                man = layout.accept_manifest(raw, key=self.session.signing_key,
+                                             max_size=1 << 62, fp=fp, name=name)
+                return self._incompatible_here(fp, man)  # else published once, kept
             layout.accept_record(raw, key=self.session.signing_key, fp=fp, task=task)
             return True
         except layout.RefusedHere:
@@ -184,6 +184,15 @@ class Publisher:
                         "(%s): this node's signing key is not the cluster's", what, name, fp,
                         exc)
             return False
+
+    def _incompatible_here(self, fp: str, man: Manifest) -> bool:
+        """Whether a valid entry is one this process could not install (a build that does
+        not work here, warmd.cache.base.IncompatibleHere): its own build then replaces it,
+        with the cluster's key, so nodes like this one share theirs (`replaced`; nodes of
+        each kind alternating means the fingerprint misses an input that tells them apart)."""
+        if (fp, man.name, man.digest) not in self.session.incompatible_here:
+            return False
+        return self.session.holds_cluster_key()
 
     def _replace(self, client, key: str, old: bytes | None, new: bytes) -> None:
         """Compare-and-set key from old (None: absent) to new."""

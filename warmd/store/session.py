@@ -66,6 +66,8 @@ class Session:
     tasks_counted: dict[tuple[str, str], str] = field(default_factory=dict)
     # (fp, entry, digest) -> why this node cannot use it: never fetched again by this process
     refused_entries: dict[tuple[str, str, str], str] = field(default_factory=dict)
+    # ...of which those whose build does not work here: this node's publish replaces them
+    incompatible_here: set[tuple[str, str, str]] = field(default_factory=set)
     _fingerprints: dict[int, tuple[CacheAdapter, Fingerprint]] = field(default_factory=dict)
     _warned: set[str] = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock)
