@@ -5,7 +5,9 @@ publication still lands, and a node warming a plan reads a bounded learned index
 
 from __future__ import annotations
 
+import io
 import json
+import tarfile
 import time
 
 import pytest
@@ -145,3 +147,31 @@ def test_an_empty_or_inconsistent_task_record_is_refused_like_any_bad_record(
     counts = warm(caches(server.url, node="c"), DirAdapter(tmp_path / "c"), PLAN)
     assert counts["compiled"] == 2 and counts["remote_hits"] == 2  # its record replaced
     assert layout.StoredTaskRecord.decode(rclient.get(key)).entries == tuple(PLAN[task])
+
+
+class UnboundedJsonAdapter(DirAdapter):
+    """The test library with an adapter that, like a library's own loader, parses a JSON
+    file of each entry before installing it, with json.loads and no bounds."""
+
+    def install(self, name: str, artifact: bytes):
+        with tarfile.open(fileobj=io.BytesIO(artifact), mode="r:gz") as tar:
+            json.loads(tar.extractfile("config.json").read())
+        return super().install(name, artifact)
+
+
+def test_content_an_adapter_cannot_parse_is_quarantined_not_an_install_failure(
+        server, rclient, caches, tmp_path):
+    """Nested 100,000 deep, it raised RecursionError out of install: counted install_failed
+    and left in place, so every node fetched it again."""
+    writer = caches(server.url, node="writer")
+    source = UnboundedJsonAdapter(tmp_path / "a")
+    entry = compile_entry(source, "kernel.deep.0001")
+    (entry.path / "config.json").write_bytes(b"[" * 100_000 + b"]" * 100_000)
+    assert writer.publish_task(source, "t", [entry], 1.0).written == 1
+    fp = writer.fingerprint(source).digest
+    reader = caches(server.url, node="reader")
+    assert reader.fetch_task(UnboundedJsonAdapter(tmp_path / "b"), "t") is None
+    counters = reader.counters
+    assert counters["unsafe_rejected"] == 1 and counters["quarantined"] == 1, counters
+    assert "install_failed" not in counters
+    assert not rclient.exists(layout.manifest_key(fp, entry.name))

@@ -11,7 +11,7 @@ import zlib
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
-from warmd import settings
+from warmd import boundedjson, settings
 from warmd.cache.base import CacheAdapter, IncompatibleHere, UnsafeArtifact
 from warmd.store import layout
 from warmd.store.api import StoreFailed
@@ -289,8 +289,8 @@ class Entries:
         except IncompatibleHere as exc:
             self.refused_here(fp, man.name, str(exc), man.digest, replaceable=True)
             return False
-        except UnsafeArtifact as exc:
-            self.quarantine(fp, man.name, raw, f"unsafe artifact: {exc}",
+        except REFUSED_CONTENT as exc:  # what the entry holds, not this node: for everyone
+            self.quarantine(fp, man.name, raw, f"unsafe artifact: {_refusal(exc)}",
                             counter="unsafe_rejected")
             return False
         except Exception as exc:  # a local problem (disk full, permissions): not the entry's
@@ -355,6 +355,19 @@ class Entries:
         if moved:
             self.count("quarantined", fp=fp)
         return moved
+
+
+# What an adapter's install raises for the entry's content rather than this node's state:
+# its own refusal, and JSON out of bounds or nested past Python's recursion limit from a
+# library that parses it unbounded. Quarantined (counted unsafe_rejected), so no node
+# fetches it again, never counted install_failed.
+REFUSED_CONTENT = (UnsafeArtifact, boundedjson.JsonRefused, RecursionError)
+
+
+def _refusal(exc: BaseException) -> str:
+    if isinstance(exc, RecursionError):
+        return "nested too deep to read (RecursionError)"
+    return str(exc)
 
 
 def unpacks_over(blob: bytes, limit: int) -> bool:
