@@ -52,6 +52,7 @@ PLANS = 3  # distinct plans the workers pick from
 TASKS_PER_PLAN = 6
 ENTRIES_PER_TASK = 2
 SMALL, LARGE = 48 << 10, (2 << 20) + 4096  # a large entry spans three 1 MiB chunks
+CONFIG = {"enable-debug-command": "yes"}  # Redis 7 refuses DEBUG SLEEP otherwise
 FAULTS = ("kill", "flushall", "maxmemory", "sleep", "corrupt", "truncate", "wrongtype",
           "proof", "unsigned")
 
@@ -88,6 +89,7 @@ class WorkerResult:
     rss_mib_first: float = 0.0
     rss_mib_last: float = 0.0
     rss_mib_max: float = 0.0
+    rss_mib_by_minute: list = dataclasses.field(default_factory=list)
     errors: list = dataclasses.field(default_factory=list)
 
 
@@ -156,6 +158,7 @@ def worker_loop(index: int, url: str, deadline: float, base: str, seed: int, pau
     logging.getLogger("warmd").setLevel(logging.ERROR)  # thousands of expected warnings
     libraries.register("testlib.library")
     rng = random.Random(seed * 1000 + index)
+    started = time.time()
     result = WorkerResult(index)
     nodes = [Path(base) / f"w{index}" / f"node{i}" for i in range(3)]
     plans = list(range(PLANS))
@@ -189,6 +192,9 @@ def worker_loop(index: int, url: str, deadline: float, base: str, seed: int, pau
         rss = _rss_mib()
         result.rss_mib_first = result.rss_mib_first or rss
         result.rss_mib_last, result.rss_mib_max = rss, max(result.rss_mib_max, rss)
+        minute = int((time.time() - started) // 60)
+        if len(result.rss_mib_by_minute) <= minute:
+            result.rss_mib_by_minute.append(round(rss, 1))
     results.put(dataclasses.asdict(result))
 
 
@@ -199,7 +205,7 @@ class Chaos:
         from warmd.store import start_server
 
         self.data_dir = data_dir
-        self.server = start_server(data_dir, password=PASSWORD, appendonly=True)
+        self.server = start_server(data_dir, password=PASSWORD, appendonly=True, config=CONFIG)
         self.rng = random.Random(seed)
         self.done: dict[str, int] = dict.fromkeys(FAULTS, 0)
         self.failed: list[str] = []
@@ -227,7 +233,7 @@ class Chaos:
         from warmd.store import start_server
 
         self.server = start_server(self.data_dir, password=PASSWORD, appendonly=True,
-                                   port=self.server.port)
+                                   port=self.server.port, config=CONFIG)
 
     def _kill(self) -> None:
         with contextlib.suppress(ProcessLookupError):
@@ -338,12 +344,14 @@ def soak(seconds: float, workers: int, seed: int, interval: tuple[float, float],
     return {"seconds": round(time.time() - started, 1), "workers": workers, "seed": seed,
             "key_proof_at_end": proof,
             **totals, "faults": chaos.done, "faults_total": sum(chaos.done.values()),
-            "fault_errors": len(chaos.failed), "kernels": kernels,
+            "fault_errors": len(chaos.failed), "fault_error_samples": chaos.failed[:5],
+            "kernels": kernels,
             "store_counters": {k: round(v, 3) if isinstance(v, float) else v
                                for k, v in sorted(store.items())},
             "rss_mib": [{"worker": r["worker"], "first": round(r["rss_mib_first"], 1),
                          "last": round(r["rss_mib_last"], 1),
-                         "max": round(r["rss_mib_max"], 1)} for r in collected],
+                         "max": round(r["rss_mib_max"], 1),
+                         "by_minute": r["rss_mib_by_minute"]} for r in collected],
             "errors": [e for r in collected for e in r["errors"]][:10]}
 
 

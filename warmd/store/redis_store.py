@@ -6,6 +6,7 @@
     publish.py    pack and publish a task's entries and record
     counters.py   this process's counters and the per-node / per-fingerprint stats
     session.py    what the parts share (settings, fingerprints, learnt state)
+    keyproof.py   whether this node may quarantine, replace and publish (the key proof)
 
 Every public method degrades instead of raising: a store that is down, slow, out of memory,
 read-only or refusing this user's writes turns into misses and skipped publications, counted
