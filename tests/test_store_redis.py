@@ -158,9 +158,10 @@ def test_damaged_entries_are_refused_quarantined_and_rebuilt(server, rclient, ca
 
 def test_signatures_are_required_when_a_key_is_configured(server, rclient, caches, tmp_path):
     a = DirAdapter(tmp_path / "a")
+    # unsigned first: once the key proof is there, a node without the key publishes nothing
+    _publish(caches(server.url), a, "testlib/unsigned", ["kernel.u.0001"])
     _publish(caches(server.url, signing_key=b"cluster-key"), a, "testlib/signed",
              ["kernel.s.0001"])
-    _publish(caches(server.url), a, "testlib/unsigned", ["kernel.u.0001"])
 
     wrong = caches(server.url, signing_key=b"another-key")
     b = DirAdapter(tmp_path / "b")

@@ -132,3 +132,29 @@ def test_url_without_secrets_moves_query_passwords_too(tmp_path, monkeypatch):
     safe = url_without_secrets("unix:///tmp/r.sock?db=0&password=s3cr3t")
     assert "s3cr3t" not in safe and parse_store_url(safe).url.endswith("password=s3cr3t")
     assert url_without_secrets("redis://h:1/0") == "redis://h:1/0"
+
+
+def test_a_token_as_userinfo_never_reaches_children_and_still_authenticates(server, tmp_path):
+    """redis://TOKEN@host (no ':'): redis-py sends TOKEN as the user name, which redaction
+    hides as it may be a token; children get it from a 0600 file like a password."""
+    token = "tok-hunter2-0123"
+    admin = server.client()
+    admin.acl_setuser(token, enabled=True, nopass=True, keys=["*"], channels=["*"],
+                      commands=["+@all"])
+    url = f"redis://{token}@127.0.0.1:{server.port}/0"
+    env = {**os.environ, "WARMD_REDIS_URL": url, "WARMD_STATE_DIR": str(tmp_path / "state"),
+           "PYTHONPATH": SRC}
+    env.pop("WARMD_SIGNING_KEY", None)
+    env.pop("WARMD_SIGNING_KEY_FILE", None)
+    try:
+        done = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True,
+                              env=env, cwd=tmp_path, timeout=120)
+    finally:
+        admin.acl_deluser(token)
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout.splitlines()[-1])
+    assert out["parent_ok"] is True and out["child"] == "True", out["child_err"]
+    for name, environ in out["envs"].items():
+        assert "WARMD_REDIS_URL=" in environ and token not in environ, name
+    assert token not in out["url"] and "username_file=" in out["url"]
+    assert token not in parse_store_url(url).display

@@ -126,8 +126,10 @@ COUNTERS: tuple[Stat, ...] = (
     Stat("lease_lost", "Leases lost while compiling", _F.STORE | _F.ERROR),
     # What happened to entries this node refused.
     Stat("replaced", "Refused entries replaced", _F.STORE | _F.SHOWN),
-    Stat("publish_blocked", "Replace refused (no key)",
+    Stat("publish_blocked", "Blocked (key proof not ours)",
          _F.STORE | _F.ERROR | _F.SHOWN),
+    # Learned-index names a node did not read (beyond the newest layout.MAX_LEARNED).
+    Stat("learned_cut", "Learned names left out", _F.STORE | _F.ERROR | _F.SHOWN),
     # What a node's capture counts after READY (node records, Prometheus `warmd_<id>_total`).
     Stat("runtime_jit", "Runtime JIT (after READY)", _F.CAPTURE | _F.ERROR),
     Stat("captured", "Entries captured and shared", _F.CAPTURE),

@@ -212,6 +212,7 @@ def stats(config_path, redis_url, as_json) -> None:
         click.echo(line)
     for line in store_lines(size):
         click.echo(line)
+    click.echo(f"Key proof: {data['key_proof']['describe']}")
     console = make_console()
     if data["nodes"]:
         console.print(_node_table(data["nodes"]))

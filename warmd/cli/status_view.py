@@ -40,7 +40,13 @@ def render_status(snap: StatusSnapshot, width: int | None = None) -> str:
     lines.append(snap.totals().render_text(TOTALS_TITLE))
     lines.append(f"{BY_ID['runtime_jit'].description:<{_LABEL_WIDTH}}{snap.runtime_jit:>12}")
     lines += store_lines(snap.store_size)
-    return "\n".join(lines)
+    return "\n".join(lines + _key_proof_alarm(snap, width))
+
+
+def _key_proof_alarm(snap: StatusSnapshot, width: int | None = None) -> list[str]:
+    if snap.key_proof is None or not snap.key_proof.alarm:
+        return []
+    return wrapped(f"Key proof: {snap.key_proof.describe}", width)
 
 
 def render_stopped(snap: StatusSnapshot) -> str:
@@ -63,7 +69,7 @@ def render_stopped(snap: StatusSnapshot) -> str:
                      + (f": {snap.redis_error}" if snap.redis_error else ""))
     else:
         lines.append("no shared cache is configured or kept on this machine")
-    return "\n".join(lines)
+    return "\n".join(lines + _key_proof_alarm(snap))
 
 
 def render_start_summary(snap: StatusSnapshot, seconds: float, code: int) -> str:

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from warmd import settings
 from warmd.cluster.state import node_records
-from warmd.cluster.status import ControllerView, StatusSnapshot, StoreSize
+from warmd.cluster.status import ControllerView, KeyProofView, StatusSnapshot, StoreSize
 from warmd.config import WarmdConfig, expand_path, load_config, redact_url
 from warmd.errors import WarmdInputError
 from warmd.processes import pid_alive
@@ -483,7 +483,8 @@ def snapshot(address: str | None, store: CommandStore) -> StatusSnapshot:
             return StatusSnapshot.from_json({
                 "source": "ray", "running": True, "ray_address": resolved,
                 "controller": snap["controller"], "nodes": snap["nodes"],
-                "store_size": snap["controller"].get("store_size")})
+                "store_size": snap["controller"].get("store_size"),
+                "key_proof": snap["controller"].get("key_proof")})
     return _snapshot_from_redis(resolved, store)
 
 
@@ -492,10 +493,12 @@ def _snapshot_from_redis(resolved: str | None, store: CommandStore) -> StatusSna
     records = records_store.get_all()
     daemon = records_store.get_daemon()
     size = records_store.server_size()
+    proof = records_store.key_proof(store.signing_key_file)
     records_store.close()
     return StatusSnapshot(
         running=False, source="redis" if records is not None else "none",
         nodes=tuple(records or ()), controller=ControllerView.from_json(daemon),
         ray_address=resolved, store_size=StoreSize.from_json(size),
         redis=redact_url(store.url), redis_error=records_store.last_error or None,
-        embedded_dir=store.embedded_dir, records=tuple(r.to_json() for r in records or ()))
+        embedded_dir=store.embedded_dir, key_proof=KeyProofView.from_json(proof),
+        records=tuple(r.to_json() for r in records or ()))

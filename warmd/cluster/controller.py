@@ -89,7 +89,8 @@ class Controller:
                         "redis": redact_url(self.redis_url), "counters": dict(self.counters),
                         "last_error": self.last_error, "info": self.info,
                         "no_node": self.no_node, "reconciled_hash": self.reconciled_hash,
-                        "store_size": self.store.server_size()},
+                        "store_size": self.store.server_size(),
+                        "key_proof": self.store.key_proof(self.config.signing_key_file)},
                     "nodes": records}
 
     def shutdown(self) -> dict:

@@ -34,6 +34,27 @@ class StoreSize:
 
 
 @dataclass(frozen=True)
+class KeyProofView:
+    """The store's key proof as the controller's signing key finds it (warmd.store.keyproof):
+    "missing" or "foreign" is an alarm: no node heals refused entries, and a node whose key
+    is not the proof's publishes nothing."""
+
+    state: str
+    alarm: bool = False
+    describe: str = ""
+
+    @classmethod
+    def from_json(cls, data: dict | None) -> KeyProofView | None:
+        if not data:
+            return None
+        return cls(str(data.get("state") or "unknown"), bool(data.get("alarm")),
+                   str(data.get("describe") or ""))
+
+    def to_json(self) -> dict:
+        return {"state": self.state, "alarm": self.alarm, "describe": self.describe}
+
+
+@dataclass(frozen=True)
 class ControllerView:
     """The running controller (over Ray) or the summary it last stored (in Redis)."""
 
@@ -76,6 +97,7 @@ class StatusSnapshot:
     redis: str | None = None  # where the records were read (not running)
     redis_error: str | None = None
     embedded_dir: str | None = None  # a stopped embedded server's data directory
+    key_proof: KeyProofView | None = None  # None: no store, or not asked
     records: tuple[dict, ...] = field(default=(), repr=False)  # the nodes as received
 
     @classmethod
@@ -87,7 +109,8 @@ class StatusSnapshot:
                    ray_address=data.get("ray_address"),
                    store_size=StoreSize.from_json(data.get("store_size")),
                    redis=data.get("redis"), redis_error=data.get("redis_error") or None,
-                   embedded_dir=data.get("embedded_dir"), records=records)
+                   embedded_dir=data.get("embedded_dir"),
+                   key_proof=KeyProofView.from_json(data.get("key_proof")), records=records)
 
     @property
     def no_node(self) -> str | None:
@@ -145,4 +168,5 @@ class StatusSnapshot:
                 "ray_address": self.ray_address, "ready": self.ready,
                 "controller": self.controller.record if self.controller else None,
                 "nodes": list(self.records), "totals": summary,
-                "runtime_jit": self.runtime_jit_events()}
+                "runtime_jit": self.runtime_jit_events(),
+                "key_proof": self.key_proof.to_json() if self.key_proof else None}

@@ -267,5 +267,11 @@ class NodeRecords(ABC):
         """{"used_memory": bytes, "keys": count, "maxmemory": bytes (0: no limit),
         "maxmemory_policy"} of the store; None when not known."""
 
+    def key_proof(self, key_file: str | None = None) -> dict | None:
+        """The store's key proof as the signing key configured here (key_file, else
+        WARMD_SIGNING_KEY[_FILE]) finds it, as JSON (warmd.store.signing.proof_json); None
+        when this store keeps none."""
+        return None
+
     @abstractmethod
     def close(self) -> None: ...

@@ -124,11 +124,18 @@ class StoreStats:
             pipe = client.pipeline(transaction=False)
             for name_of_node, counts, fp_counts in batches:
                 _queue(pipe, name_of_node, counts, fp_counts)
-            replies = pipe.execute()
+            replies = pipe.execute(raise_on_error=False)
+            # a stats key of another Redis type (WRONGTYPE) loses its own counts only
+            for reply in replies:
+                if isinstance(reply, Exception) and not _wrong_type(reply):
+                    raise reply
             new = [name for name, reply in zip(_first_seen(batches), replies, strict=True)
-                   if name and reply]
+                   if name and reply and not isinstance(reply, Exception)]
             if new:  # a node's first counters: list it (once, not at every flush)
-                client.sadd(layout.NODES_KEY, *new)
+                listed = client.pipeline(transaction=False).sadd(layout.NODES_KEY, *new)
+                for reply in listed.execute(raise_on_error=False):
+                    if isinstance(reply, Exception) and not _wrong_type(reply):
+                        raise reply
             return replies
 
         try:
@@ -223,6 +230,10 @@ def _queue(pipe, node: str, counts: dict[str, float], fps: dict[str, dict[str, f
     for fp, bucket in fps.items():
         for name, value in bucket.items():
             pipe.hincrbyfloat(layout.fp_stats_key(fp), name, value)
+
+
+def _wrong_type(reply: Exception) -> bool:
+    return str(reply).startswith("WRONGTYPE")
 
 
 def _first_seen(batches: list[tuple[str, dict, dict]]) -> list[str | None]:

@@ -27,7 +27,8 @@ from warmd.errors import WarmdInputError
 log = logging.getLogger("warmd.store")
 
 PASSWORD_FILE = "password_file"  # the store URL's query parameter naming a password file
-SECRET_QUERY = re.compile(r"(password|passwd|token|ssl_password)=([^&]*)", re.IGNORECASE)
+USERNAME_FILE = "username_file"  # ...and one naming a file holding a userinfo without ':'
+SECRET_QUERY = re.compile(r"(password|passwd|token|username)=([^&]*)", re.IGNORECASE)
 _USERINFO_DELIMITERS = "@/?#"
 
 
@@ -78,7 +79,10 @@ def _protect_environment() -> None:
 
 
 def url_without_secrets(url: str) -> str:
-    """url with its password (userinfo or query) replaced by a password_file parameter."""
+    """url with its password (userinfo or query) replaced by a password_file parameter. A
+    userinfo without ':' and no password anywhere (redis://TOKEN@host) may be a token:
+    redaction hides it, and it moves to a username_file (redis-py reads it as the user
+    name, and still does from the file)."""
     head, userinfo, rest = split_userinfo(url)
     user, colon, password = userinfo.partition(":")
     password = unquote(password) if colon else ""
@@ -90,29 +94,41 @@ def url_without_secrets(url: str) -> str:
             password = value
         else:
             kept.append((name, value))
-    if not password:
+    token = ""
+    if user and not colon and not password and all(n != PASSWORD_FILE for n, _ in kept):
+        token, user = unquote(user), ""
+    if not password and not token:
         return url
-    kept.append((PASSWORD_FILE, str(secret_file("redis-password", password))))
+    if password:
+        kept.append((PASSWORD_FILE, str(secret_file("redis-password", password))))
+    if token:
+        kept.append((USERNAME_FILE, str(secret_file("redis-username", token))))
     return f"{head}{user + '@' if user else ''}{base}?{urlencode(kept)}{hash_}{fragment}"
 
 
 def with_password_file(netloc: str, query: list[tuple[str, str]]) -> list[tuple[str, str]]:
-    """query with a password_file parameter resolved into a password parameter (what
-    redis-py reads for every scheme, unix:// included). Raises WarmdInputError for an
-    unreadable file or a URL that also carries a password."""
-    files = [value for name, value in query if name == PASSWORD_FILE]
-    if not files:
-        return query
-    rest = [(name, value) for name, value in query if name != PASSWORD_FILE]
-    if len(files) > 1 or ":" in netloc.rpartition("@")[0] or any(
-            name.lower() == "password" for name, _ in rest):
-        raise WarmdInputError("invalid Redis URL: password_file with another password")
+    """query with its password_file (username_file) parameter resolved into a password
+    (username) parameter, what redis-py reads for every scheme, unix:// included. Raises
+    WarmdInputError for an unreadable file or a URL that also carries what the file does."""
+    userinfo = netloc.rpartition("@")[0]
+    for param, field, also in ((PASSWORD_FILE, "password", ":" in userinfo),
+                               (USERNAME_FILE, "username", bool(userinfo))):
+        files = [value for name, value in query if name == param]
+        if not files:
+            continue
+        query = [(name, value) for name, value in query if name != param]
+        if len(files) > 1 or also or any(name.lower() == field for name, _ in query):
+            raise WarmdInputError(f"invalid Redis URL: {param} with another {field}")
+        query.append((field, _read_secret(param, files[0])))
+    return query
+
+
+def _read_secret(param: str, path: str) -> str:
     try:
-        password = Path(files[0]).read_text().rstrip("\n")
+        return Path(path).read_text().rstrip("\n")
     except (OSError, UnicodeDecodeError) as exc:
-        raise WarmdInputError(f"cannot read the Redis password_file {files[0]}: "
+        raise WarmdInputError(f"cannot read the Redis {param} {path}: "
                               f"{getattr(exc, 'strerror', None) or exc}") from None
-    return [*rest, ("password", password)]
 
 
 def secret_file(kind: str, secret: str) -> Path:

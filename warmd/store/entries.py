@@ -21,8 +21,8 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextvars import copy_context
 
-from warmd import settings
-from warmd.cache.artifacts import install_batch
+from warmd import boundedjson, settings
+from warmd.cache.artifacts import TooLargeHere, install_batch
 from warmd.cache.base import CacheAdapter, IncompatibleHere, UnsafeArtifact
 from warmd.store import layout
 from warmd.store.api import BlobPeers, StoreFailed
@@ -418,11 +418,14 @@ class Entries:
             return False
         try:
             adapter.install(man.name, blob)
-        except IncompatibleHere as exc:
+        except TooLargeHere as exc:  # this node's own limit: the entry works elsewhere
             self.refused_here(fp, man.name, str(exc), man.digest)
             return False
-        except UnsafeArtifact as exc:
-            self.quarantine(fp, man.name, raw, f"unsafe artifact: {exc}",
+        except IncompatibleHere as exc:
+            self.refused_here(fp, man.name, str(exc), man.digest, replaceable=True)
+            return False
+        except REFUSED_CONTENT as exc:  # what the entry holds, not this node: for everyone
+            self.quarantine(fp, man.name, raw, f"unsafe artifact: {_refusal(exc)}",
                             counter="unsafe_rejected")
             return False
         except Exception as exc:  # a local problem (disk full, permissions): not the entry's
@@ -441,17 +444,15 @@ class Entries:
     def refuse_entry(self, fp: str, name: str, raw: bytes, problem: BadRecord,
                      counter: str | None = None) -> None:
         """A manifest refused for what it is (undecodable, another Redis type, unsigned or
-        badly signed): quarantined, so a correct publish replaces it, when this node holds
-        the cluster's key; only counted when it does not (its own key may be the wrong
-        one, and valid entries must survive it)."""
+        badly signed): quarantined, so a correct publish replaces it, when this node may
+        heal the store (quarantine says when); a signature of another key is remembered as
+        evidence that this node's key may not be the cluster's."""
         counter = counter or problem.counter
         if counter == "corrupt_rejected" and not self._signed_ok(raw):
             counter = "signature_rejected"  # unsigned garbage under a signing key
-        if self.session.holds_cluster_key():
-            self.quarantine(fp, name, raw, str(problem), counter=counter)
-        else:
-            self.reject(counter, fp, f"entry {name}", f"{problem}; left in place (this "
-                        "node's signing key is not the cluster's)")
+        if isinstance(problem, layout.SignatureRefused) and problem.other_key:
+            self.session.cluster_key.note_other_key()
+        self.quarantine(fp, name, raw, str(problem), counter=counter)
 
     def _signed_ok(self, raw: bytes) -> bool:
         """True without a signing key, or when raw is a JSON object validly signed."""
@@ -467,12 +468,18 @@ class Entries:
         self.session.stats.count_refusal(counter, fp)
         log.warning("shared cache: refused %s (fingerprint %s): %s", what, fp, why)
 
-    def refused_here(self, fp: str, name: str, why: str, digest: str | None = None) -> None:
+    def refused_here(self, fp: str, name: str, why: str, digest: str | None = None,
+                     replaceable: bool = False) -> None:
         """A miss this node cannot use (its own limits, an incompatible build): counted,
         never quarantined, so nodes that can use the entry keep it. Given the blob's
-        digest, remembered: this process does not fetch and check that blob again."""
+        digest, remembered: this process does not fetch and check that blob again; and
+        when replaceable (a build that does not work here, not a limit of this node's),
+        this node's own publish replaces it (Publisher._replaceable) rather than leave it
+        to its TTL while every node like this one compiles again."""
         if digest is not None:
             self.session.refused_entries[(fp, name, digest)] = why
+            if replaceable:
+                self.session.incompatible_here.add((fp, name, digest))
         self.count("refused_here", fp=fp)
         log.warning("shared cache: not using entry %s here (fingerprint %s): %s", name, fp, why)
 
@@ -482,7 +489,12 @@ class Entries:
         (a read-only user cannot). Returns whether it was moved (False: the store refused,
         or the manifest had changed meanwhile). Its blob's chunks stay: other manifests
         (under any fingerprint) may share them, a republication overwrites them, and
-        `prune` removes them once nothing references them."""
+        `prune` removes them once nothing references them. Only a node holding the
+        cluster's key (warmd.store.keyproof) moves anything: another only counts it."""
+        if not self.session.holds_cluster_key():
+            self.reject(counter, fp, f"entry {name}", f"{why}; left in place (key proof "
+                        f"{self.session.key_state()}: this node does not heal the store)")
+            return False
         self.reject(counter, fp, f"entry {name}", f"{why}; quarantining it")
         value = layout.quarantine_note(raw, why, self.session.node)
 
@@ -529,6 +541,19 @@ def _windows(reads: list[tuple], limit: int) -> Iterator[list[tuple]]:
         size += read[-1]
     if window:
         yield window
+
+
+# What an adapter's install raises for the entry's content rather than this node's state:
+# its own refusal, and JSON out of bounds or nested past Python's recursion limit from a
+# library that parses it unbounded. Quarantined (counted unsafe_rejected), so no node
+# fetches it again, never counted install_failed.
+REFUSED_CONTENT = (UnsafeArtifact, boundedjson.JsonRefused, RecursionError)
+
+
+def _refusal(exc: BaseException) -> str:
+    if isinstance(exc, RecursionError):
+        return "nested too deep to read (RecursionError)"
+    return str(exc)
 
 
 def unpacks_over(blob: bytes, limit: int) -> bool:

@@ -42,6 +42,8 @@ import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 
+from warmd import boundedjson
+from warmd.store.signing import BAD_SIGNATURE
 from warmd.store.signing import check as check_signature
 
 PREFIX = "warmd:v1:"
@@ -57,13 +59,15 @@ _BLOB_KEY = re.compile(rf"^{re.escape(PREFIX)}blob:\{{([0-9a-f]{{64}})\}}:\d+$")
 _LEARNED_KEY = re.compile(rf"^{re.escape(PREFIX)}learned:\{{([^}}]*)\}}:(.*)$", re.DOTALL)
 # Bounds of the one decoder every stored record goes through (checked before json.loads).
 MAX_RECORD_BYTES = 1 << 20
-MAX_DEPTH = 32  # manifests and task records are 2 deep; fingerprint inputs a few more
+MAX_DEPTH = boundedjson.MAX_DEPTH  # records nest 2 deep; fingerprint inputs a few more
 MAX_TEXT = 4096  # characters of any one string field of a manifest or task record
 MAX_TASK_ENTRIES = 10_000
 WRONG_TYPE = b""  # how a key holding a list, hash... reads: undecodable, quarantinable
 MAX_BLOB_BYTES = 1 << 40  # a size beyond any node's limit is corrupt, not "too large here"
-_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
-_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+# A plan's learned index (per fingerprint) is read before READY: its newest names only.
+# Capture adds what an engine compiled after READY that no plan named: tens to hundreds.
+MAX_LEARNED = 1000
+LEARNED_CLOCK_SKEW = 3600.0  # seconds: names dated later than this are not "newest"
 
 
 def blob_key(digest: str, index: int) -> str:
@@ -135,6 +139,11 @@ def parse_blob_key(key: bytes | str) -> str | None:
     return found.group(1) if found else None
 
 
+def manifest_keys_pattern() -> str:
+    """SCAN pattern of every manifest, under any fingerprint."""
+    return f"{PREFIX}man:*"
+
+
 def task_keys_pattern(fp: str) -> str:
     """SCAN pattern of every task record of one fingerprint."""
     return task_key(fp, "*")
@@ -142,6 +151,16 @@ def task_keys_pattern(fp: str) -> str:
 
 def _key_text(key: bytes | str) -> str:
     return key.decode(errors="replace") if isinstance(key, bytes) else key
+
+
+def text(value) -> str:
+    """A name or key as Redis returns it (bytes), as text."""
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def is_record_key(key: bytes | str) -> bool:
+    """Whether a key is a manifest's or a task record's (what a signature covers)."""
+    return _key_text(key).startswith((f"{PREFIX}man:", f"{PREFIX}task:"))
 
 
 def lease_key(fp: str, task: str) -> str:
@@ -197,6 +216,13 @@ class SignatureRefused(BadRecord):
     """Unsigned or badly signed while a signing key is configured."""
 
     counter = "signature_rejected"
+
+    @property
+    def other_key(self) -> bool:
+        """Whether the value carries a well-formed signature that this key did not make
+        (another key's, or an altered record): evidence that this key may not be the
+        cluster's (warmd.store.keyproof)."""
+        return str(self) == BAD_SIGNATURE
 
 
 def is_entry_name(name: object) -> bool:
@@ -269,7 +295,7 @@ class Manifest:
         f = Fields(load_record(raw), "manifest")
         man = cls(f.text("library"), f.text("name"), f.text("fingerprint"), f.text("digest"),
                   f.integer("size", 0, MAX_BLOB_BYTES), f.text("producer", ""),
-                  f.number("compile_seconds", 0.0), f.number("created", 0.0),
+                  f.number("compile_seconds", 0.0, low=0.0), f.number("created", 0.0, low=0.0),
                   f.integer("chunk_size", 64 << 10, 64 << 20, CHUNK_SIZE),
                   f.integer("v", 0, 1 << 31, 1), f.signature())
         if man.v != 1:
@@ -310,11 +336,15 @@ class StoredTaskRecord:
     def decode(cls, raw: bytes | str) -> StoredTaskRecord:
         f = Fields(load_record(raw), "task record")
         entries = f.value("entries", list)
-        if len(entries) > MAX_TASK_ENTRIES or not all(is_entry_name(e) for e in entries):
-            raise BadRecord("malformed task record: entries must be a list of at most "
+        if not 0 < len(entries) <= MAX_TASK_ENTRIES or not all(is_entry_name(e)
+                                                                for e in entries):
+            # an empty list would settle the task with nothing installed
+            raise BadRecord("malformed task record: entries must be a list of 1 to "
                             f"{MAX_TASK_ENTRIES} entry names")
+        if len(set(entries)) != len(entries):
+            raise BadRecord("inconsistent task record: an entry is named twice")
         rec = cls(f.text("fingerprint"), f.text("task"), tuple(entries), f.text("producer", ""),
-                  f.number("compile_seconds", 0.0), f.number("created", 0.0),
+                  f.number("compile_seconds", 0.0, low=0.0), f.number("created", 0.0, low=0.0),
                   f.integer("v", 0, 1 << 31, 1), f.signature())
         if rec.v != 1:
             raise BadRecord(f"unknown task record version {rec.v}")
@@ -350,13 +380,15 @@ class Fields:
             raise BadRecord(f"malformed {self.what}: {name!r} out of range [{low}, {high}]")
         return value
 
-    def number(self, name: str, default=_MISSING) -> float:
+    def number(self, name: str, default=_MISSING, low: float = -math.inf) -> float:
         try:
             value = float(self.value(name, (int, float), default))
         except OverflowError:
             value = math.inf
         if not math.isfinite(value):
             raise BadRecord(f"malformed {self.what}: {name!r} is not a finite number")
+        if value < low:
+            raise BadRecord(f"inconsistent {self.what}: {name!r} is below {low:g}")
         return value
 
     def signature(self) -> str | None:
@@ -376,38 +408,20 @@ def _kind_name(kind: type | tuple[type, ...]) -> str:
 
 
 def load_record(raw: bytes | str | None, max_bytes: int = MAX_RECORD_BYTES) -> dict:
-    """A JSON object from stored bytes, within bounds checked before parsing (size, nesting
-    depth); no NaN or Infinity. Raises BadRecord for anything else, never another error."""
-    if isinstance(raw, str):
-        raw = raw.encode("utf-8", "surrogatepass")
-    if not isinstance(raw, bytes):
+    """A JSON object from stored bytes, through the one bounded decoder (warmd.boundedjson:
+    size and nesting depth checked before parsing; no NaN or Infinity). Raises BadRecord
+    for anything else, never another error."""
+    if not isinstance(raw, (bytes, str)):
         raise BadRecord("record is not a string value")
-    if len(raw) > max_bytes:
-        raise BadRecord(f"record is {len(raw)} bytes, over the {max_bytes}-byte limit")
-    if nests_too_deep(raw):
-        raise BadRecord(f"record nests deeper than {MAX_DEPTH}")
     try:
-        data = json.loads(raw, parse_constant=_no_constant)
-    except (ValueError, UnicodeDecodeError, RecursionError, OverflowError):
+        data = boundedjson.loads(raw, max_bytes, MAX_DEPTH)
+    except boundedjson.NotJson:
         raise BadRecord("record is not JSON") from None
+    except boundedjson.JsonRefused as exc:
+        raise BadRecord(f"record refused: {exc}") from None
     if not isinstance(data, dict):
         raise BadRecord("record is not a JSON object")
     return data
-
-
-def nests_too_deep(raw: bytes) -> bool:
-    """Whether JSON text nests its arrays and objects deeper than MAX_DEPTH (or unbalanced):
-    strings dropped, then innermost pairs peeled MAX_DEPTH times, all at C speed."""
-    brackets = _STRING.sub(b"", raw).translate(None, _NOT_BRACKETS)
-    for _ in range(MAX_DEPTH):
-        if not brackets:
-            return False
-        brackets = brackets.replace(b"[]", b"").replace(b"{}", b"")
-    return bool(brackets)
-
-
-def _no_constant(name: str):
-    raise ValueError(f"{name} is not a number")
 
 
 def accept_manifest(raw: bytes, *, key: bytes | None, max_size: int, fp: str, name: str,

@@ -5,15 +5,20 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+from warmd import settings
 from warmd.store import layout
 from warmd.store.api import NodeRecord, NodeRecords
 from warmd.store.connection import STORE_ERRORS, make_client, parse_store_url, redact, scrub
 from warmd.store.layout import BadRecord
+from warmd.store.signing import KeyProof, proof_json, proof_state
 
 log = logging.getLogger("warmd.store")
+_UNREAD = object()
 
 
 class RedisNodeRecords(NodeRecords):
@@ -115,6 +120,22 @@ class RedisNodeRecords(NodeRecords):
             return self._call("server_size", measure, None)
         except (AttributeError, TypeError, ValueError):  # a Redis Cluster answers per node
             return None
+
+    def key_proof(self, key_file: str | None = None) -> dict | None:
+        if not self._url:
+            return None
+        try:
+            key = (Path(os.path.expandvars(os.path.expanduser(key_file))).read_bytes().strip()
+                   if key_file else settings.signing_key())
+        except OSError:  # the key lives on the nodes only: the proof cannot be checked here
+            return {**proof_json(KeyProof.UNKNOWN, None),
+                    "describe": "not checked (the signing key cannot be read here)"}
+        stored = self._call("key_proof", lambda c: c.pipeline(transaction=False).get(
+            layout.KEY_PROOF_KEY).execute(raise_on_error=False)[0], _UNREAD)
+        if stored is _UNREAD:
+            return proof_json(KeyProof.UNKNOWN, key)
+        return proof_json(proof_state(layout.WRONG_TYPE if isinstance(stored, Exception)
+                                      else stored, key), key)
 
     def close(self) -> None:
         if self._client is not None:

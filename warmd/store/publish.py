@@ -36,7 +36,10 @@ class Publisher:
         if self.session.transport.disabled_reason or self.session.read_only:
             self.count("publish_skipped", fp=fp.digest)
             return Publication(skipped=self.session.transport.disabled_reason or "read-only")
-        self.session.holds_cluster_key()  # the first keyed publisher sets the cluster's key
+        proof = self.session.key_state()  # a keyed node claims a missing proof here
+        if proof.alarm:  # entries no node with the cluster's key would use, or no key here
+            self.count("publish_blocked", len(entries) + 1, fp.digest)
+            return Publication(skipped=f"key proof {proof}")
         packed = self._pack(adapter, fp, entries, compile_seconds)
         if packed is None:
             return Publication(skipped="an entry could not be packed")
@@ -116,7 +119,7 @@ class Publisher:
             pipe.zadd(layout.index_key(fp.digest), {m.name: time.time() for m, _ in packed})
             pipe.set(layout.fp_meta_key(fp.digest), layout.json_bytes(fp.to_json()), px=ttl_ms)
             pipe.zadd(layout.FPS_KEY, {fp.digest: time.time()})
-            return pipe.execute()
+            return self._bookkeeping_tolerated(pipe.execute(raise_on_error=False))
 
         if new:
             self.op(chunks, "publish")
@@ -124,6 +127,21 @@ class Publisher:
         for name, raw in replaced.items():
             self._note_replaced(fp.digest, name, raw)
         return new
+
+    def _bookkeeping_tolerated(self, replies: list) -> list:
+        """A publication's replies, raising for any failure but WRONGTYPE: the index and
+        fingerprint lists are warmd's bookkeeping (a SET of a manifest never meets it), so
+        a writer that retyped one (a string at warmd:v1:fps) must not fail every
+        publication; `warmd cache prune` removes it and the next write rebuilds it."""
+        for reply in replies:
+            if isinstance(reply, Exception) and not str(reply).startswith("WRONGTYPE"):
+                raise self.session.transport.failure(reply, "publish")
+        if any(isinstance(reply, Exception) for reply in replies):
+            self.session.warn_once("bookkeeping", "shared cache %s: a fingerprint list or "
+                                   "index holds another Redis type; entries are published, "
+                                   "`warmd cache prune` repairs the lists",
+                                   self.session.transport.display_url)
+        return replies
 
     def _existing(self, keys: list[str]) -> list[bytes | None]:
         """The values at keys (None: absent; layout.WRONG_TYPE: another Redis type)."""
@@ -149,14 +167,16 @@ class Publisher:
         holds the cluster's key. One this node may not touch is counted."""
         try:
             if task is None:
-                layout.accept_manifest(raw, key=self.session.signing_key, max_size=1 << 62, fp=fp,
-                                       name=name)
-                return False  # a valid entry: published once, never overwritten
+                man = layout.accept_manifest(raw, key=self.session.signing_key,
+                                             max_size=1 << 62, fp=fp, name=name)
+                return self._incompatible_here(fp, man)  # else published once, kept
             layout.accept_record(raw, key=self.session.signing_key, fp=fp, task=task)
             return True
         except layout.RefusedHere:
             return False  # e.g. a newer format: not ours to judge
         except BadRecord as exc:
+            if isinstance(exc, layout.SignatureRefused) and exc.other_key:
+                self.session.cluster_key.note_other_key()
             if self.session.holds_cluster_key():
                 return True
             self.count("publish_blocked", fp=fp)
@@ -164,6 +184,15 @@ class Publisher:
                         "(%s): this node's signing key is not the cluster's", what, name, fp,
                         exc)
             return False
+
+    def _incompatible_here(self, fp: str, man: Manifest) -> bool:
+        """Whether a valid entry is one this process could not install (a build that does
+        not work here, warmd.cache.base.IncompatibleHere): its own build then replaces it,
+        with the cluster's key, so nodes like this one share theirs (`replaced`; nodes of
+        each kind alternating means the fingerprint misses an input that tells them apart)."""
+        if (fp, man.name, man.digest) not in self.session.incompatible_here:
+            return False
+        return self.session.holds_cluster_key()
 
     def _replace(self, client, key: str, old: bytes | None, new: bytes) -> None:
         """Compare-and-set key from old (None: absent) to new."""

@@ -6,6 +6,7 @@
     publish.py    pack and publish a task's entries and record
     counters.py   this process's counters and the per-node / per-fingerprint stats
     session.py    what the parts share (settings, fingerprints, learnt state)
+    keyproof.py   whether this node may quarantine, replace and publish (the key proof)
 
 Every public method degrades instead of raising: a store that is down, slow, out of memory,
 read-only or refusing this user's writes turns into misses and skipped publications, counted
@@ -25,7 +26,7 @@ from warmd.cache.base import CacheAdapter, CacheEntry
 from warmd.store import layout
 from warmd.store.api import BlobPeers, Publication, SharedCache, StoreFailed
 from warmd.store.breaker import CircuitBreaker, JoinBudget
-from warmd.store.connection import CONNECT_TIMEOUT, StoreURL
+from warmd.store.connection import CONNECT_TIMEOUT, StoreURL, classify
 from warmd.store.counters import StoreStats
 from warmd.store.entries import Entries
 from warmd.store.fingerprint import Fingerprint
@@ -34,6 +35,7 @@ from warmd.store.leases import Leases
 from warmd.store.pending import PendingClaims
 from warmd.store.publish import Publisher
 from warmd.store.session import Session, StaleRecords
+from warmd.store.signing import KeyProof
 from warmd.store.transport import RedisTransport
 from warmd.targets import Target
 
@@ -101,6 +103,7 @@ class RedisSharedCache(SharedCache):
         def run(client):
             pipe = client.pipeline(transaction=False)
             pipe.zadd(key, dict.fromkeys(names, time.time()))
+            pipe.zremrangebyrank(key, 0, -(layout.MAX_LEARNED + 1))  # the newest stay
             pipe.pexpire(key, self.session.ttl_ms)
             return pipe.execute()
 
@@ -111,14 +114,33 @@ class RedisSharedCache(SharedCache):
         return True
 
     def learned(self, adapter: CacheAdapter, plan_key: str) -> list[str]:
+        """The newest layout.MAX_LEARNED names of the plan's learned index (names dated in
+        the future are not newest: left out), valid names only; what is left out is
+        counted (learned_cut): whatever a writer adds, a node reads a bounded list."""
         try:
-            key = layout.learned_key(self.session.fingerprint(adapter).digest, plan_key)
-            names = self.transport.op(lambda c: c.zrange(key, 0, -1), "fetch")
-        except StoreFailed:
-            return []
+            fp = self.session.fingerprint(adapter).digest
         except Exception:
             return []
-        decoded = [n.decode() if isinstance(n, bytes) else str(n) for n in names or []]
+        key = layout.learned_key(fp, plan_key)
+        newest = time.time() + layout.LEARNED_CLOCK_SKEW
+
+        def run(client):
+            pipe = client.pipeline(transaction=False)
+            pipe.zrevrangebyscore(key, newest, "-inf", start=0, num=layout.MAX_LEARNED)
+            pipe.zcard(key)
+            return pipe.execute(raise_on_error=False)
+
+        try:
+            names, total = (self._learned_reply(r) for r in self.transport.op(run, "fetch"))
+        except StoreFailed:
+            return []
+        decoded = [layout.text(n) for n in names or []]
+        cut = (total or 0) - len(decoded)
+        if cut > 0:
+            self.stats.count("learned_cut", cut, fp)
+            self.session.warn_once(f"learned:{key}", "shared cache: the learned index of plan "
+                                   "%s (%s) holds %d names; reading the newest %d",
+                                   plan_key, adapter.library, total, len(decoded))
         return [n for n in decoded if layout.is_entry_name(n)]
 
     def submit_claim(self, adapter: CacheAdapter, plans: list[str], name: str,
@@ -134,6 +156,14 @@ class RedisSharedCache(SharedCache):
 
     def drop_claim(self, adapter: CacheAdapter, name: str, chunks: int = 0) -> bool:
         return self.claims.drop(adapter, name, chunks)
+
+    def _learned_reply(self, reply):
+        """A learned-index reply; None for a key of another Redis type (nothing learned)."""
+        if isinstance(reply, Exception):
+            if classify(reply) != "error":
+                raise self.transport.failure(reply, "fetch")
+            return None
+        return reply
 
     def shard_order(self, task_keys: list[str]) -> list[str]:
         """The order in which this node should try a plan's tasks so that N nodes warming the
@@ -184,9 +214,18 @@ class RedisSharedCache(SharedCache):
             return answered
 
         try:
-            return bool(self.transport.op(run, "connect"))
+            answered = bool(self.transport.op(run, "connect"))
         except StoreFailed:
             return False
+        self.session.key_state()  # read (kept recently used) and, when missing, re-asserted
+        return answered
+
+    @property
+    def key_proof(self) -> KeyProof:
+        """The store's key proof as this node finds it (warmd.store.keyproof)."""
+        if self.transport.disabled_reason:
+            return KeyProof.UNKNOWN
+        return self.session.key_state()
 
     @property
     def reachable(self) -> bool:

@@ -10,12 +10,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from warmd.cache.base import CacheAdapter
-from warmd.store import layout
 from warmd.store.api import StoreFailed
-from warmd.store.connection import classify
 from warmd.store.counters import StoreStats
 from warmd.store.fingerprint import Fingerprint, compute_fingerprint
-from warmd.store.signing import key_proof
+from warmd.store.keyproof import ClusterKey
+from warmd.store.signing import KeyProof
 from warmd.store.transport import RedisTransport
 from warmd.targets import Target
 
@@ -61,16 +60,20 @@ class Session:
     max_artifact_bytes: int
     read_only: bool = False  # learnt from the first write the store's ACL refuses
     task_fp: dict[str, str] = field(default_factory=dict)  # task -> fingerprint digest
-    cluster_key: bool | None = None  # whether signing_key is the cluster's (None: not known)
     # What this process counted already, so a fetch repeated per task counts nothing twice:
     # (fp, entry) counted as a hit, (fp, task) -> the task outcome counted.
     hits_counted: set[tuple[str, str]] = field(default_factory=set)
     tasks_counted: dict[tuple[str, str], str] = field(default_factory=dict)
     # (fp, entry, digest) -> why this node cannot use it: never fetched again by this process
     refused_entries: dict[tuple[str, str, str], str] = field(default_factory=dict)
+    # ...of which those whose build does not work here: this node's publish replaces them
+    incompatible_here: set[tuple[str, str, str]] = field(default_factory=set)
     _fingerprints: dict[int, tuple[CacheAdapter, Fingerprint]] = field(default_factory=dict)
     _warned: set[str] = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        self.cluster_key = ClusterKey(self.transport, self.signing_key, self.warn_once)
 
     def fingerprint(self, adapter: CacheAdapter) -> Fingerprint:
         """The adapter's fingerprint, computed once (the adapter is kept so its id stays
@@ -121,35 +124,10 @@ class Session:
                        failed.kind)
 
     def holds_cluster_key(self) -> bool:
-        """Whether this node may move aside or overwrite records it refuses: without a
-        signing key, always (a record it refuses is undecodable for everyone); with one,
-        only when the store's key proof was written with this key (the first keyed node
-        writes it). A node with another key then never touches what it cannot verify."""
-        if not self.signing_key:
-            return True
-        if self.cluster_key is None:
-            try:
-                self.cluster_key = self._claim_key_proof()
-            except StoreFailed:
-                return False
-            if not self.cluster_key:
-                log.warning("shared cache %s: this node's signing key is not the cluster's "
-                            "(%s was written with another key); entries it refuses are left "
-                            "in place", self.transport.display_url, layout.KEY_PROOF_KEY)
-        return self.cluster_key
+        """Whether this node may quarantine, replace and publish now: the store's key proof
+        is its own key's (a missing one claimed first, when nothing says another key is the
+        cluster's), or it has no key and the store no proof (warmd.store.keyproof)."""
+        return self.key_state().authority
 
-    def _claim_key_proof(self) -> bool:
-        mine = key_proof(self.signing_key)
-
-        def run(client):
-            pipe = client.pipeline(transaction=False)
-            pipe.set(layout.KEY_PROOF_KEY, mine, nx=True)
-            pipe.get(layout.KEY_PROOF_KEY)
-            return pipe.execute(raise_on_error=False)
-
-        _written, found = self.transport.op(run, "key proof")
-        if isinstance(found, Exception):
-            if classify(found) != "error":
-                raise self.transport.failure(found, "key proof")
-            return False  # another Redis type: nobody's proof
-        return found == mine
+    def key_state(self) -> KeyProof:
+        return self.cluster_key.state()

@@ -169,9 +169,15 @@ class LogEntry:
 def read_ninja_log(path: Path) -> tuple[int, dict[str, LogEntry]]:
     """(log version, latest entry per output) of a .ninja_log; (0, {}) when absent."""
     try:
-        lines = path.read_text(errors="replace").splitlines()
+        return parse_ninja_log(path.read_text(errors="replace"))
     except FileNotFoundError:
         return 0, {}
+
+
+def parse_ninja_log(text: str) -> tuple[int, dict[str, LogEntry]]:
+    """(log version, latest entry per output) of a .ninja_log's text; (0, {}) for one that
+    is not a ninja log."""
+    lines = text.splitlines()
     match = re.fullmatch(r"# ninja log v(\d+)", lines[0]) if lines else None
     if not match:
         return 0, {}

@@ -16,7 +16,9 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import importlib.util
+import logging
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -27,19 +29,23 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from warmd import settings
+from warmd.cache.base import UnsafeArtifact
+from warmd.cache.safe_fs import CacheTree
 from warmd.executors.base import Executor, KernelOutcome, TaskResult
 from warmd.libraries.base import resolve
 from warmd.libraries.flashinfer.cache import (
     FlashInferCacheAdapter,
     arch_dir,
     flashinfer_version,
-    read_ninja_log,
+    parse_ninja_log,
 )
 from warmd.plan import Task
 from warmd.stats import Outcome
 
 LIBRARY = "flashinfer"
 _REASON_CHARS = 600
+MAX_NINJA_LOG_BYTES = 64 << 20  # one line per command: far above any module's
+log = logging.getLogger("warmd.flashinfer")
 
 
 def _links_libcuda(home: Path) -> bool:
@@ -127,11 +133,40 @@ def _convert_args(args) -> list:
     return out
 
 
+# Where a tool's diagnostic points (never what it says: ninja quotes the lines it could not
+# parse, compilers the tokens they could not compile, and a build.ninja that includes a
+# node's file, or a source that #includes one, makes either echo that file):
+#   nvcc   /path/x.cu(12): error: ...        gcc/clang  /path/x.cc:12:5: fatal error: ...
+#   ninja  ninja: error: /path/build.ninja:3: ...   FAILED: [code=1] /path/x.cuda.o
+_WHERE = r"[^\s:()]+(?:\(\d+\)|:\d+)(?::\d+)?"  # file(line), file:line or file:line:col
+_DIAGNOSTIC = re.compile(rf"^(?:(?P<at>{_WHERE}):? (?:fatal )?error\b"
+                         rf"|ninja: error: (?P<ninja>{_WHERE}):)")
+_FAILED_TARGET = re.compile(r"^FAILED: (?:\[code=\d+\] )?(?P<target>\S+)")  # ninja >= 1.12
+_MAX_SHOWN = 3
+
+
 def _short_reason(exc: BaseException) -> str:
-    """The exception's error lines (compiler errors), else its last line, bounded."""
+    """What went wrong, bounded and in warmd's words: the exception's first line; for tool
+    output (a failed ninja build) only where it failed (targets, file:line of each error),
+    never the tools' messages, which may quote any file the build read. The whole output
+    goes to this worker's log only."""
     lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-    errors = [ln for ln in lines if "error" in ln.lower()]
-    detail = " | ".join(errors[:3]) if errors else (lines[-1] if lines else "")
+    if len(lines) <= 1:
+        return f"{type(exc).__name__}: {lines[0] if lines else ''}"[:_REASON_CHARS]
+    log.warning("%s: %s", type(exc).__name__, exc)  # this node's worker log, not the reason
+    failed, errors = [], []
+    for line in lines[1:]:
+        target, diagnostic = _FAILED_TARGET.match(line), _DIAGNOSTIC.match(line)
+        if target:
+            failed.append(Path(target["target"]).name)
+        elif diagnostic:
+            errors.append(diagnostic["at"] or diagnostic["ninja"])
+    detail = lines[0].rstrip(":").removesuffix(" Ninja output").rstrip(".")
+    if failed:
+        detail += f"; failed: {_shown(failed)}"
+    if errors:
+        detail += f"; errors at {_shown(errors)}"
+    detail += " (the tools' messages are in the worker log: they may quote the files read)"
     return f"{type(exc).__name__}: {detail}"[:_REASON_CHARS]
 
 
@@ -194,6 +229,12 @@ class _Leftovers:
             except BlockingIOError:  # another build holds it: it is theirs
                 return
             lock.unlink(missing_ok=True)
+
+
+def _shown(items: list[str]) -> str:
+    unique = list(dict.fromkeys(items))
+    more = len(unique) - _MAX_SHOWN
+    return ", ".join(unique[:_MAX_SHOWN]) + (f" and {more} more" if more > 0 else "")
 
 
 class FlashInferExecutor(Executor):
@@ -268,9 +309,19 @@ class FlashInferExecutor(Executor):
                           f"{spec.name!r}")
         return self._build(task, spec, started, failed)
 
+    def ninja_log(self, module: str) -> dict:
+        """The latest .ninja_log entry per output of a module (empty when there is none, or
+        when it is not a regular file reached without links: read through CacheTree, so a
+        planted FIFO or link is never opened or followed)."""
+        try:
+            data = CacheTree(self.cache().root).read(f"{module}/.ninja_log",
+                                                     MAX_NINJA_LOG_BYTES).data
+        except (OSError, UnsafeArtifact):
+            return {}
+        return parse_ninja_log(data.decode(errors="replace"))[1]
+
     def _build(self, task: Task, spec, started: float, failed) -> TaskResult:
-        log_path = self.cache().root / spec.name / ".ninja_log"
-        before = read_ninja_log(log_path)[1]
+        before = self.ninja_log(spec.name)
         leftovers = _Leftovers(spec)
         try:
             with _terminate_raises():
@@ -284,7 +335,7 @@ class FlashInferExecutor(Executor):
         except Exception as exc:
             return failed(f"building {spec.name} failed: {_short_reason(exc)}")
         elapsed = time.perf_counter() - started
-        after = read_ninja_log(log_path)[1]
+        after = self.ninja_log(spec.name)
         compiled = after != before  # ninja appends a log line for every command it ran
         outcome = KernelOutcome(spec.name, Outcome.COMPILED if compiled else Outcome.LOCAL_HIT,
                                 elapsed if compiled else 0.0)

@@ -6,7 +6,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from warmd.store import layout
-from warmd.store.admin.reads import entries, fingerprint_meta, fingerprints, scan, text
+from warmd.store.admin.reads import (
+    entries,
+    fingerprint_meta,
+    fingerprints,
+    list_reply,
+    scan,
+    text,
+)
 from warmd.store.layout import Manifest
 from warmd.store.redis_store import RedisSharedCache
 
@@ -35,7 +42,8 @@ def entry_json(item: dict) -> dict:
 
 def learned_indexes(cache: RedisSharedCache, plan_key: str | None = None) -> list[dict]:
     """Every learned index (warmd.capture), or those of one plan, under any fingerprint:
-    {"fingerprint", "plan", "library", "entries": [names]}, by plan then library."""
+    {"fingerprint", "plan", "library", "entries": [the newest layout.MAX_LEARNED names],
+    "total"}, by plan then library (a key of another Redis type: no names)."""
     keys = [(key, layout.parse_learned_key(key))
             for key in scan(cache, layout.learned_keys_pattern(plan_key), "ls")]
     found = [(key, *parsed) for key, parsed in keys if parsed]
@@ -43,12 +51,16 @@ def learned_indexes(cache: RedisSharedCache, plan_key: str | None = None) -> lis
     def run(client):
         pipe = client.pipeline(transaction=False)
         for key, _fp, _plan in found:
-            pipe.zrange(key, 0, -1)
-        return pipe.execute()
+            pipe.zrevrange(key, 0, layout.MAX_LEARNED - 1)
+            pipe.zcard(key)
+        return pipe.execute(raise_on_error=False)
 
-    members = cache.op(run, "ls") if found else []
+    replies = cache.op(run, "ls") if found else []
     meta = fingerprint_meta(cache, sorted({fp for _key, fp, _plan in found}))
-    out = [{"fingerprint": fp, "plan": plan, "library": meta[fp]["library"],
-            "entries": sorted(text(n) for n in names)}
-           for (_key, fp, plan), names in zip(found, members, strict=True)]
+    out = []
+    for i, (_key, fp, plan) in enumerate(found):
+        names, total = (list_reply(r) for r in replies[2 * i:2 * i + 2])
+        out.append({"fingerprint": fp, "plan": plan, "library": meta[fp]["library"],
+                    "entries": sorted(text(n) for n in names or []),
+                    "total": total or 0})
     return sorted(out, key=lambda i: (i["plan"], i["library"], i["fingerprint"]))

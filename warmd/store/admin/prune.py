@@ -10,15 +10,18 @@ from dataclasses import dataclass
 
 from warmd.store import layout
 from warmd.store.admin.reads import (
+    ANY_SIZE,
     delete_many,
     entries,
     fingerprint_meta,
     fingerprints,
     get_many,
+    list_reply,
     scan,
     string_reply,
+    wrong_types,
 )
-from warmd.store.layout import BadRecord, StoredTaskRecord
+from warmd.store.layout import BadRecord, Manifest, StoredTaskRecord
 from warmd.store.redis_store import RedisSharedCache
 
 ORPHAN_GRACE_MS = 10 * 60 * 1000  # chunks younger than this may belong to a publish in flight
@@ -58,6 +61,7 @@ def prune(cache: RedisSharedCache, *, older_than: float | None = None,
     report = PruneReport(dry_run)
     cutoff = time.time() - older_than if older_than is not None else None
     chosen = set(selected)
+    report.malformed_removed += _remove_wrong_types(cache, dry_run)
     for fp in fingerprints(cache):
         doomed_fp = everything and fp in chosen
         in_scope = not chosen or fp in chosen
@@ -88,13 +92,26 @@ def prune(cache: RedisSharedCache, *, older_than: float | None = None,
     return report
 
 
+def _remove_wrong_types(cache: RedisSharedCache, dry_run: bool) -> int:
+    """Delete the lists warmd keeps (fingerprints, stats' node set, each fingerprint's
+    index) where they hold another Redis type: garbage nobody can read, which warmd's
+    next writes rebuild. Returns how many."""
+    expected = {layout.FPS_KEY: "zset", layout.NODES_KEY: "set"}
+    doomed = wrong_types(cache, expected, "prune")
+    expected = {layout.index_key(fp): "zset" for fp in fingerprints(cache)}
+    doomed += wrong_types(cache, expected, "prune")
+    if doomed and not dry_run:
+        cache.op(lambda c: delete_many(c, doomed), "prune")
+    return len(doomed)
+
+
 def _remove_entries(cache: RedisSharedCache, fp: str, names: list[str]) -> None:
     def run(client):
         pipe = client.pipeline(transaction=False)
         for name in names:
             pipe.delete(layout.manifest_key(fp, name))
         pipe.zrem(layout.index_key(fp), *names)
-        return pipe.execute()
+        return [list_reply(r) for r in pipe.execute(raise_on_error=False)]
 
     cache.op(run, "prune")
 
@@ -127,16 +144,32 @@ def _remove_fingerprint(cache: RedisSharedCache, fp: str) -> None:
         pipe.delete(layout.index_key(fp))
         pipe.delete(layout.fp_meta_key(fp))
         pipe.zrem(layout.FPS_KEY, fp)
-        return pipe.execute()
+        return [list_reply(r) for r in pipe.execute(raise_on_error=False)]
 
     cache.op(run, "prune")
+
+
+def _referenced_digests(cache: RedisSharedCache) -> set[str]:
+    """The blob digest of every manifest in the store, found by SCAN rather than through the
+    fingerprint list and indexes (which a writer may have deleted or retyped: chunks that
+    manifests still use must never look orphaned)."""
+    keys = scan(cache, layout.manifest_keys_pattern(), "prune")
+    digests = set()
+    for at in range(0, len(keys), 1000):
+        batch = keys[at:at + 1000]
+        for reply in cache.op(lambda c, batch=batch: get_many(c, batch, strict=False), "prune"):
+            raw = string_reply(reply)
+            try:
+                digests.add(Manifest.decode(raw, ANY_SIZE).digest)
+            except BadRecord:
+                continue
+    return digests
 
 
 def _prune_blobs(cache: RedisSharedCache, dry_run: bool) -> int:
     """Delete chunks of blobs that no manifest references (and that are old enough not to
     belong to a publication in flight). Returns how many blobs went."""
-    referenced = {item["manifest"].digest for fp in fingerprints(cache)
-                  for item in entries(cache, fp) if item["manifest"]}
+    referenced = _referenced_digests(cache)
     orphans: dict[str, list] = {}
     for key in cache.op(lambda c: list(c.scan_iter(match=layout.blob_keys_pattern(),
                                                    count=1000)), "prune"):

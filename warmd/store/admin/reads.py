@@ -7,16 +7,12 @@ from __future__ import annotations
 from warmd.store import layout
 from warmd.store.api import StoreFailed
 from warmd.store.connection import classify
-from warmd.store.layout import BadRecord, Manifest
+from warmd.store.layout import BadRecord, Manifest, text
 from warmd.store.redis_store import RedisSharedCache
 
 # Listing and pruning read every manifest whatever this node's own size limit: an entry too
 # large to install here is still an entry (and its chunks are still referenced).
 ANY_SIZE = 1 << 62
-
-
-def text(value) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def string_reply(reply):
@@ -27,6 +23,43 @@ def string_reply(reply):
             raise StoreFailed(classify(reply), str(reply))
         return layout.WRONG_TYPE
     return reply
+
+
+def list_reply(reply):
+    """A reply of a zset, set or hash command; None for a key of another Redis type
+    (WRONGTYPE). Other errors (the store went away) raise as StoreFailed."""
+    if isinstance(reply, Exception):
+        if classify(reply) != "error":
+            raise StoreFailed(classify(reply), str(reply))
+        return None
+    return reply
+
+
+def read_one(cache: RedisSharedCache, what: str, command):
+    """command(pipe)'s reply as list_reply gives it: a key of another type is None, not an
+    aborted command."""
+    def run(client):
+        pipe = client.pipeline(transaction=False)
+        command(pipe)
+        return pipe.execute(raise_on_error=False)[0]
+
+    return list_reply(cache.op(run, what))
+
+
+def wrong_types(cache: RedisSharedCache, expected: dict[str, str], what: str) -> list[str]:
+    """The keys of `expected` (key -> the Redis type warmd writes there) that hold another
+    type: written by something else, never readable as warmd's."""
+    keys = list(expected)
+
+    def run(client):
+        pipe = client.pipeline(transaction=False)
+        for key in keys:
+            pipe.type(key)
+        return pipe.execute()
+
+    found = cache.op(run, what) if keys else []
+    return [key for key, kind in zip(keys, found, strict=True)
+            if text(kind) not in ("none", expected[key])]
 
 
 def get_many(client, keys: list, strict: bool = True) -> list:
@@ -49,7 +82,9 @@ def scan(cache: RedisSharedCache, pattern: str, what: str) -> list:
 
 
 def fingerprints(cache: RedisSharedCache) -> list[str]:
-    return [text(fp) for fp in cache.op(lambda c: c.zrange(layout.FPS_KEY, 0, -1), "ls")]
+    """The fingerprints by last use (none when the list holds another Redis type)."""
+    found = read_one(cache, "ls", lambda pipe: pipe.zrange(layout.FPS_KEY, 0, -1))
+    return [text(fp) for fp in found or []]
 
 
 def fingerprint_meta(cache: RedisSharedCache, fps: list[str]) -> dict[str, dict]:
@@ -90,7 +125,8 @@ def entries(cache: RedisSharedCache, fp: str) -> list[dict]:
     the manifest None when it expired or was evicted (raw None), or cannot be decoded
     (problem says why). A manifest key holding another Redis type reads as b"" (what
     quarantine expects for it): malformed, like any undecodable value."""
-    members = cache.op(lambda c: c.zrange(layout.index_key(fp), 0, -1, withscores=True), "ls")
+    members = read_one(cache, "ls", lambda pipe: pipe.zrange(layout.index_key(fp), 0, -1,
+                                                            withscores=True)) or []
 
     def run(client):
         return get_many(client, [layout.manifest_key(fp, text(name)) for name, _ in members],

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 from warmd.stats import hit_rate
 from warmd.store import layout
-from warmd.store.admin.reads import fingerprint_meta, fingerprints, text
+from warmd.store.admin.reads import fingerprint_meta, fingerprints, list_reply, read_one, text
 from warmd.store.redis_store import RedisSharedCache
+from warmd.store.signing import proof_json
 
 
 def read_stats(cache: RedisSharedCache) -> dict:
     """{"store", "nodes": node -> counters, "fingerprints": fp -> {"library", "entries",
     "namespace", "counters"}, "totals" (over nodes), "hit_rate"}."""
     cache.stats.flush()  # counters spooled while the store was away count now
-    nodes = sorted(text(n) for n in cache.op(lambda c: c.smembers(layout.NODES_KEY), "stats"))
+    nodes = sorted(text(n) for n in read_one(
+        cache, "stats", lambda pipe: pipe.smembers(layout.NODES_KEY)) or ())
     fps = fingerprints(cache)
 
     def run(client):
@@ -21,7 +23,7 @@ def read_stats(cache: RedisSharedCache) -> dict:
             pipe.hgetall(layout.node_stats_key(node))
         for fp in fps:
             pipe.hgetall(layout.fp_stats_key(fp))
-        return pipe.execute()
+        return [list_reply(r) or {} for r in pipe.execute(raise_on_error=False)]
 
     replies = cache.op(run, "stats") if nodes or fps else []
     meta = fingerprint_meta(cache, fps)
@@ -37,7 +39,8 @@ def read_stats(cache: RedisSharedCache) -> dict:
             if name != "last_seen":
                 totals[name] = totals.get(name, 0) + value
     return {"store": cache.display_url, "nodes": node_stats, "fingerprints": fp_stats,
-            "totals": totals, "hit_rate": hit_rate(totals)}
+            "totals": totals, "hit_rate": hit_rate(totals),
+            "key_proof": proof_json(cache.key_proof, cache.session.signing_key)}
 
 
 def _counters(raw: dict) -> dict[str, float]:
