@@ -20,6 +20,8 @@ it for annotations only, so warming without any store imports no store client.
 from __future__ import annotations
 
 import contextlib
+import enum
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -51,6 +53,34 @@ class Publication:
     def stored(self) -> bool:
         """Whether the store now holds the task's entries (by this call or before it)."""
         return self.skipped is None and self.written + self.already_published > 0
+
+
+class ClaimState(str, enum.Enum):
+    """What a claim on one unit of cluster work (an entry, or a task) found."""
+
+    MINE = "mine"  # this process holds it now: compile it, publish it, release it
+    PUBLISHED = "published"  # another node published it: install it
+    HELD = "held"  # another node is compiling it: come back to it later
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class Claim:
+    state: ClaimState
+    holder: str = ""  # who holds it (HELD)
+
+
+@dataclass(frozen=True)
+class KernelListPage:
+    """Part of a discovery's kernel list as the store holds it: the job records from
+    ``start`` on (each verified), and the summary once the list is complete."""
+
+    jobs: tuple[dict, ...] = ()
+    complete: dict | None = None  # the signed summary; None: discovery still running
+    next: int = 0  # where the next read starts
+    refused: str | None = None  # a record failed verification: the list is not usable
 
 
 class SharedCache(ABC):
@@ -101,6 +131,45 @@ class SharedCache(ABC):
                      compile_seconds: float) -> Publication:
         """Publish the entries a task produced (once per entry cluster-wide) and the task's
         record naming them; says what it did."""
+
+    # -- cluster work: one unit (an entry, or a task whose entries are not known before it
+    # runs) claimed cluster-wide before it is compiled, published when done ----------------
+
+    def claim(self, adapter: CacheAdapter, unit: str, task: bool = False) -> Claim:
+        """Claim an entry (task=False) or a task (task=True) without waiting; a held claim
+        is renewed until ``release``. Without a store to share with: always MINE."""
+        return Claim(ClaimState.MINE)
+
+    def release(self, adapter: CacheAdapter, unit: str, task: bool = False) -> None:
+        """Give a claim up (after publishing what it built, or after failing)."""
+        return None
+
+    def wait_for_claims(self, adapter: CacheAdapter, seconds: float) -> None:
+        """Wait up to seconds for a claim of this adapter's library to be released."""
+        time.sleep(seconds)
+
+    def publish_entries(self, adapter: CacheAdapter, entries: list[CacheEntry],
+                        compile_seconds: float) -> Publication:
+        """Publish entries at once, without a task record (what a task's record names
+        is published with publish_task)."""
+        return Publication(skipped="no shared cache")
+
+    def install_entries(self, adapter: CacheAdapter, names: list[str]) -> list[str]:
+        """Install these entries from the cluster (verified); the names now present."""
+        return []
+
+    def kernel_list(self, adapter: CacheAdapter, digest: str, start: int = 0
+                    ) -> KernelListPage:
+        """The kernel list a discovery published for (this fingerprint, digest)."""
+        return KernelListPage()
+
+    def add_kernel_jobs(self, adapter: CacheAdapter, digest: str, jobs: list[dict]) -> bool:
+        """Append job records to the kernel list (signed when signing is on)."""
+        return False
+
+    def complete_kernel_list(self, adapter: CacheAdapter, digest: str, summary: dict) -> bool:
+        """Mark the kernel list complete with its summary (signed when signing is on)."""
+        return False
 
     # -- learned entries: what the engine compiled that no plan named (warmd.capture) ---------
 

@@ -22,6 +22,10 @@ Keys that must live together in Redis Cluster share a hash tag: every chunk of o
     warmd:v1:daemon:<ns>              JSON: the running controller's config summary
     warmd:v1:learned:{<fp>}:<plan>    ZSET of entries nodes captured for a plan (warmd.capture)
     warmd:v1:arrivals:<plan digest>   counter of nodes that began a plan (shard order)
+    warmd:v1:klease:{<fp>}:<entry>    claim on one entry being compiled (short PX, renewed)
+    warmd:v1:kpub:{<fp>}              pub/sub channel: a claim of this fingerprint released
+    warmd:v1:kjobs:{<fp>}:<digest>    LIST of a discovery's job records (JSON, signed)
+    warmd:v1:klist:{<fp>}:<digest>    the kernel list's summary: the discovery is complete
 
 Every key is built, matched (SCAN patterns) and parsed here and nowhere else.
 """
@@ -96,6 +100,22 @@ def parse_learned_key(key: bytes | str) -> tuple[str, str] | None:
 
 def arrivals_key(plan_digest: str) -> str:
     return f"{PREFIX}arrivals:{plan_digest}"
+
+
+def kernel_lease_key(fp: str, name: str) -> str:
+    return f"{PREFIX}klease:{{{fp}}}:{name}"
+
+
+def kernel_channel(fp: str) -> str:
+    return f"{PREFIX}kpub:{{{fp}}}"
+
+
+def kernel_jobs_key(fp: str, digest: str) -> str:
+    return f"{PREFIX}kjobs:{{{fp}}}:{digest}"
+
+
+def kernel_list_key(fp: str, digest: str) -> str:
+    return f"{PREFIX}klist:{{{fp}}}:{digest}"
 
 
 def blob_keys_pattern() -> str:

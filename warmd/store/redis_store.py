@@ -2,7 +2,7 @@
 
     transport.py  connection, circuit breaker, the op wrapper, failure classification
     entries.py    fetch: task records, manifests, blobs; verify, install, quarantine
-    leases.py     single flight
+    leases.py     single flight, and claims on units of cluster work
     publish.py    pack and publish a task's entries and record
     counters.py   this process's counters and the per-node / per-fingerprint stats
     session.py    what the parts share (settings, fingerprints, learnt state)
@@ -16,6 +16,7 @@ in `counters` and in the store's per-node and per-fingerprint stats. Operator co
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -23,18 +24,28 @@ from typing import Any
 from warmd import settings
 from warmd.cache.base import CacheAdapter, CacheEntry
 from warmd.store import layout
-from warmd.store.api import Publication, SharedCache, StoreFailed
+from warmd.store.api import (
+    Claim,
+    KernelListPage,
+    Publication,
+    SharedCache,
+    StoreFailed,
+)
 from warmd.store.breaker import CircuitBreaker
 from warmd.store.connection import CONNECT_TIMEOUT, StoreURL
 from warmd.store.counters import StoreStats
 from warmd.store.entries import Entries
 from warmd.store.fingerprint import Fingerprint
-from warmd.store.layout import Manifest, StoredTaskRecord
-from warmd.store.leases import Leases
+from warmd.store.layout import BadRecord, Manifest, StoredTaskRecord
+from warmd.store.leases import KERNEL_LEASE_SECONDS, Claims, Leases, spread_start
 from warmd.store.publish import Publisher
 from warmd.store.session import Session, StaleRecords
+from warmd.store.signing import check as check_signature
+from warmd.store.signing import sign
 from warmd.store.transport import RedisTransport
 from warmd.targets import Target
+
+log = logging.getLogger("warmd.store")
 
 
 class RedisSharedCache(SharedCache):
@@ -47,7 +58,8 @@ class RedisSharedCache(SharedCache):
                  socket_timeout: float | None = None, lease_seconds: float = 30.0,
                  poll_interval: float = 0.5, max_artifact_bytes: int | None = None,
                  breaker: CircuitBreaker | None = None, disabled_reason: str | None = None,
-                 embedded: Any = None) -> None:
+                 embedded: Any = None,
+                 kernel_lease_seconds: float = KERNEL_LEASE_SECONDS) -> None:
         node = node or settings.node_name()
         self.stats = StoreStats(node)
         self.transport = RedisTransport(
@@ -64,6 +76,7 @@ class RedisSharedCache(SharedCache):
         self.entries = Entries(self.session, stale)
         self.leases = Leases(self.session, stale)
         self.publisher = Publisher(self.session, stale)
+        self.claims = Claims(self.session, stale, int(kernel_lease_seconds * 1000))
         self.embedded = embedded  # the embedded server this cache uses, if any
 
     # -- SharedCache -------------------------------------------------------------------------
@@ -120,7 +133,8 @@ class RedisSharedCache(SharedCache):
     def shard_order(self, task_keys: list[str]) -> list[str]:
         """The order in which this node should try a plan's tasks so that N nodes warming the
         same plan start on different tasks: each arrival gets a counter value i and starts
-        at position frac(i * golden ratio) of the list. Unchanged when the store is down."""
+        at the van der Corput point of i (leases.spread_start). Unchanged when the store is
+        down."""
         keys = list(task_keys)
         if len(keys) < 2:
             return keys
@@ -137,8 +151,143 @@ class RedisSharedCache(SharedCache):
             arrival = int(self.transport.op(run, "shard")[0])
         except StoreFailed:
             return keys
-        start = int(((arrival - 1) * 0.6180339887498949) % 1.0 * len(keys))
+        start = spread_start(arrival - 1, len(keys))
         return keys[start:] + keys[:start]
+
+    # -- cluster work ------------------------------------------------------------------------
+
+    def _fp(self, adapter: CacheAdapter) -> str | None:
+        try:
+            return self.session.fingerprint(adapter).digest
+        except Exception:  # the adapter could not describe itself: nothing is shared
+            return None
+
+    def claim(self, adapter: CacheAdapter, unit: str, task: bool = False) -> Claim:
+        fp = self._fp(adapter)
+        if fp is None or self.transport.disabled_reason:
+            return super().claim(adapter, unit, task)
+        if task:
+            self.session.task_fp[unit] = fp
+        return self.claims.claim(fp, unit, task)
+
+    def release(self, adapter: CacheAdapter, unit: str, task: bool = False) -> None:
+        fp = self._fp(adapter)
+        if fp is not None:
+            self.claims.release(fp, unit, task)
+
+    def wait_for_claims(self, adapter: CacheAdapter, seconds: float) -> None:
+        fp = self._fp(adapter)
+        if fp is None or self.transport.disabled_reason or not self.reachable:
+            time.sleep(seconds)
+            return
+        self.claims.wait(fp, seconds)
+
+    def publish_entries(self, adapter: CacheAdapter, entries: list[CacheEntry],
+                        compile_seconds: float) -> Publication:
+        return self.publisher.publish_entries(adapter, entries, compile_seconds)
+
+    def install_entries(self, adapter: CacheAdapter, names: list[str]) -> list[str]:
+        try:
+            fp = self.session.fingerprint(adapter)
+            present = {e.name for e in adapter.list_entries()}
+            wanted = sorted(set(names) - present)
+            manifests = self.entries._read_manifests(fp, wanted, []) if wanted else {}
+            installed = (self.entries._fetch_and_install(adapter, fp.digest, manifests)
+                         if manifests else set())
+        except StoreFailed:
+            return []
+        except Exception as exc:  # a bug or an unforeseen value: a miss, never a failure
+            self.stats.count("fetch_failed")
+            log.warning("shared cache: installing %s entries failed (%s: %s)",
+                        adapter.library, type(exc).__name__, exc)
+            return []
+        return sorted((set(names) & present) | installed)
+
+    def kernel_list(self, adapter: CacheAdapter, digest: str, start: int = 0
+                    ) -> KernelListPage:
+        fp = self._fp(adapter)
+        if fp is None:
+            return KernelListPage(next=start)
+        jobs_key, list_key = layout.kernel_jobs_key(fp, digest), layout.kernel_list_key(fp, digest)
+
+        def run(client):
+            pipe = client.pipeline(transaction=False)
+            pipe.get(list_key)
+            pipe.lrange(jobs_key, start, -1)
+            return pipe.execute()
+
+        try:
+            summary, raws = self.transport.op(run, "fetch")
+        except StoreFailed:
+            return KernelListPage(next=start)
+        jobs = []
+        for raw in raws or []:
+            try:
+                jobs.append(self._accept_signed(raw, fp))
+            except BadRecord as exc:
+                self.stats.count_refusal(exc.counter, fp)
+                return KernelListPage(next=start, refused=f"kernel list job: {exc}")
+        complete = None
+        if summary is not None:
+            try:
+                complete = self._accept_signed(summary, fp)
+            except BadRecord as exc:
+                self.stats.count_refusal(exc.counter, fp)
+                return KernelListPage(next=start, refused=f"kernel list: {exc}")
+        return KernelListPage(tuple(jobs), complete, start + len(jobs))
+
+    def _accept_signed(self, raw: bytes, fp: str) -> dict:
+        """A kernel-list record if it decodes, is signed as this node requires, and
+        belongs to this fingerprint; raises BadRecord."""
+        data = layout.load_record(raw, max_bytes=layout.MAX_RECORD_BYTES)
+        refused = check_signature(data, self.session.signing_key)
+        if refused:
+            raise layout.SignatureRefused(refused)
+        if data.get("fingerprint") != fp:
+            raise BadRecord("kernel list record of another fingerprint")
+        data.pop("sig", None)
+        return data
+
+    def add_kernel_jobs(self, adapter: CacheAdapter, digest: str, jobs: list[dict]) -> bool:
+        fp = self._fp(adapter)
+        if fp is None or not jobs or self.session.read_only:
+            return False
+        key = layout.kernel_jobs_key(fp, digest)
+        raws = [layout.json_bytes(sign({**job, "fingerprint": fp}, self.session.signing_key))
+                for job in jobs]
+
+        def run(client):
+            pipe = client.pipeline(transaction=False)
+            pipe.rpush(key, *raws)
+            pipe.pexpire(key, self.session.ttl_ms)
+            return pipe.execute()
+
+        try:
+            self.transport.op(run, "publish")
+        except StoreFailed:
+            return False
+        return True
+
+    def complete_kernel_list(self, adapter: CacheAdapter, digest: str, summary: dict) -> bool:
+        fp = self._fp(adapter)
+        if fp is None or self.session.read_only:
+            return False
+        raw = layout.json_bytes(sign({**summary, "fingerprint": fp, "producer":
+                                      self.session.node, "created": time.time()},
+                                     self.session.signing_key))
+
+        def run(client):
+            pipe = client.pipeline(transaction=False)
+            pipe.set(layout.kernel_list_key(fp, digest), raw, px=self.session.ttl_ms)
+            pipe.pexpire(layout.kernel_jobs_key(fp, digest), self.session.ttl_ms)
+            pipe.publish(layout.kernel_channel(fp), b"kernel list")
+            return pipe.execute()
+
+        try:
+            self.transport.op(run, "publish")
+        except StoreFailed:
+            return False
+        return True
 
     def record_outcomes(self, counts: dict[str, float]) -> None:
         self.stats.record_outcomes(counts)
@@ -175,6 +324,7 @@ class RedisSharedCache(SharedCache):
         return not self.transport.breaker.is_open
 
     def close(self) -> None:
+        self.claims.close()
         if not self.stats.flush():
             self.stats.spool()  # kept locally for the next process that reaches the store
         self.transport.close()
