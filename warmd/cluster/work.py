@@ -178,7 +178,7 @@ def _plan_all(config: WarmdConfig, builder: bool, shard: int, shards: int,
         result = ModelResult(model.name)
         results.append(result)
         options = WarmupOptions(libraries=libraries, task_filter=model.task_filter,
-                                workers=workers, warm_only=warm_only)
+                                workers=workers, warm_only=warm_only, builder=builder)
         try:
             plan = _plan(model, target)
             mine = tuple(options.select(plan.tasks)[shard::shards])

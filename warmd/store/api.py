@@ -24,7 +24,7 @@ import enum
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from warmd.cache.base import CacheAdapter, CacheEntry
@@ -73,14 +73,18 @@ class Claim:
 
 
 @dataclass(frozen=True)
-class KernelListPage:
-    """Part of a discovery's kernel list as the store holds it: the job records from
-    ``start`` on (each verified), and the summary once the list is complete."""
+class KernelList:
+    """What the store holds of the kernel lists discoveries published: per task (by its
+    digest) the entries it needs, and each of those entries' job record (each verified)."""
 
-    jobs: tuple[dict, ...] = ()
-    complete: dict | None = None  # the signed summary; None: discovery still running
-    next: int = 0  # where the next read starts
-    refused: str | None = None  # a record failed verification: the list is not usable
+    tasks: dict[str, tuple[str, ...]] = field(default_factory=dict)  # task digest -> entries
+    jobs: dict[str, dict] = field(default_factory=dict)  # entry -> its job record
+    refused: str | None = None  # a record failed verification: none of it is used
+
+
+def discovery_unit(digest: str) -> str:
+    """The unit a discovery of a set of tasks is claimed as."""
+    return f"discovery.{digest}"
 
 
 class SharedCache(ABC):
@@ -158,17 +162,20 @@ class SharedCache(ABC):
         """Install these entries from the cluster (verified); the names now present."""
         return []
 
-    def kernel_list(self, adapter: CacheAdapter, digest: str, start: int = 0
-                    ) -> KernelListPage:
-        """The kernel list a discovery published for (this fingerprint, digest)."""
-        return KernelListPage()
+    def claim_discovery(self, adapter: CacheAdapter, digest: str) -> Claim:
+        """Claim the discovery of a set of tasks (digest: of the set), as ``claim``;
+        PUBLISHED once its kernel list is. Released with ``release(adapter,
+        discovery_unit(digest))``."""
+        return Claim(ClaimState.MINE)
 
-    def add_kernel_jobs(self, adapter: CacheAdapter, digest: str, jobs: list[dict]) -> bool:
-        """Append job records to the kernel list (signed when signing is on)."""
-        return False
+    def kernel_list(self, adapter: CacheAdapter, tasks: list[str]) -> KernelList:
+        """The published kernel lists of these tasks (by task digest), with their jobs."""
+        return KernelList()
 
-    def complete_kernel_list(self, adapter: CacheAdapter, digest: str, summary: dict) -> bool:
-        """Mark the kernel list complete with its summary (signed when signing is on)."""
+    def publish_kernel_list(self, adapter: CacheAdapter, digest: str,
+                            tasks: dict[str, list[str]], jobs: dict[str, dict]) -> bool:
+        """Publish a discovery's kernel list: each task's entries, each entry's job
+        (signed when signing is on), then the mark that the discovery of digest is done."""
         return False
 
     # -- learned entries: what the engine compiled that no plan named (warmd.capture) ---------

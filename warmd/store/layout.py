@@ -24,8 +24,9 @@ Keys that must live together in Redis Cluster share a hash tag: every chunk of o
     warmd:v1:arrivals:<plan digest>   counter of nodes that began a plan (shard order)
     warmd:v1:klease:{<fp>}:<entry>    claim on one entry being compiled (short PX, renewed)
     warmd:v1:kpub:{<fp>}              pub/sub channel: a claim of this fingerprint released
-    warmd:v1:kjobs:{<fp>}:<digest>    LIST of a discovery's job records (JSON, signed)
-    warmd:v1:klist:{<fp>}:<digest>    the kernel list's summary: the discovery is complete
+    warmd:v1:kjob:{<fp>}:<entry>      how an entry is built: a discovery's job record (signed)
+    warmd:v1:ktask:{<fp>}:<digest>    the entries one task needs (a task digest; signed)
+    warmd:v1:klist:{<fp>}:<digest>    a discovery of a set of tasks is published (its mark)
 
 Every key is built, matched (SCAN patterns) and parsed here and nowhere else.
 """
@@ -110,8 +111,12 @@ def kernel_channel(fp: str) -> str:
     return f"{PREFIX}kpub:{{{fp}}}"
 
 
-def kernel_jobs_key(fp: str, digest: str) -> str:
-    return f"{PREFIX}kjobs:{{{fp}}}:{digest}"
+def kernel_job_key(fp: str, entry: str) -> str:
+    return f"{PREFIX}kjob:{{{fp}}}:{entry}"
+
+
+def kernel_task_key(fp: str, digest: str) -> str:
+    return f"{PREFIX}ktask:{{{fp}}}:{digest}"
 
 
 def kernel_list_key(fp: str, digest: str) -> str:

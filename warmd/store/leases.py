@@ -199,9 +199,11 @@ class Claims:
         self._pubsubs: dict[str, Any] = {}
         self._seen_held: set[str] = set()  # lease keys found held by another node
 
-    def claim(self, fp: str, unit: str, task: bool) -> Claim:
+    def claim(self, fp: str, unit: str, task: bool, marker: str | None = None) -> Claim:
+        """marker: the key whose presence means published (default: the task's record, or
+        the entry's manifest)."""
         lease = layout.lease_key(fp, unit) if task else layout.kernel_lease_key(fp, unit)
-        marker = layout.task_key(fp, unit) if task else layout.manifest_key(fp, unit)
+        marker = marker or (layout.task_key(fp, unit) if task else layout.manifest_key(fp, unit))
         stale = self.stale.of(unit) if task else b""
         if self.session.read_only:
             return Claim(ClaimState.MINE)

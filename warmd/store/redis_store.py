@@ -26,10 +26,11 @@ from warmd.cache.base import CacheAdapter, CacheEntry
 from warmd.store import layout
 from warmd.store.api import (
     Claim,
-    KernelListPage,
+    KernelList,
     Publication,
     SharedCache,
     StoreFailed,
+    discovery_unit,
 )
 from warmd.store.breaker import CircuitBreaker
 from warmd.store.connection import CONNECT_TIMEOUT, StoreURL
@@ -203,43 +204,50 @@ class RedisSharedCache(SharedCache):
             return []
         return sorted((set(names) & present) | installed)
 
-    def kernel_list(self, adapter: CacheAdapter, digest: str, start: int = 0
-                    ) -> KernelListPage:
+    def claim_discovery(self, adapter: CacheAdapter, digest: str) -> Claim:
         fp = self._fp(adapter)
-        if fp is None:
-            return KernelListPage(next=start)
-        jobs_key, list_key = layout.kernel_jobs_key(fp, digest), layout.kernel_list_key(fp, digest)
+        if fp is None or self.transport.disabled_reason:
+            return super().claim_discovery(adapter, digest)
+        return self.claims.claim(fp, discovery_unit(digest), False,
+                                 marker=layout.kernel_list_key(fp, digest))
 
+    def kernel_list(self, adapter: CacheAdapter, tasks: list[str]) -> KernelList:
+        fp = self._fp(adapter)
+        if fp is None or not tasks:
+            return KernelList()
+        try:
+            raws = self._get_all([layout.kernel_task_key(fp, t) for t in tasks])
+            found = {t: self._accept_signed(raw, fp) for t, raw in zip(tasks, raws, strict=True)
+                     if raw is not None}
+            listed = {t: tuple(rec.get("entries") or ()) for t, rec in found.items()}
+            names = sorted({n for entries in listed.values() for n in entries})
+            if not all(layout.is_entry_name(n) for n in names):
+                raise BadRecord("kernel list names an entry badly")
+            raws = self._get_all([layout.kernel_job_key(fp, n) for n in names])
+            jobs = {n: self._accept_signed(raw, fp) for n, raw in zip(names, raws, strict=True)
+                    if raw is not None}
+        except StoreFailed:
+            return KernelList()
+        except BadRecord as exc:
+            self.stats.count_refusal(exc.counter, fp)
+            log.warning("shared cache: refused a kernel list (fingerprint %s): %s", fp, exc)
+            return KernelList(refused=str(exc))
+        # a task whose every job is there is listed; the others are not (yet)
+        return KernelList({t: e for t, e in listed.items() if all(n in jobs for n in e)}, jobs)
+
+    def _get_all(self, keys: list[str]) -> list[bytes | None]:
         def run(client):
             pipe = client.pipeline(transaction=False)
-            pipe.get(list_key)
-            pipe.lrange(jobs_key, start, -1)
+            for key in keys:
+                pipe.get(key)
             return pipe.execute()
 
-        try:
-            summary, raws = self.transport.op(run, "fetch")
-        except StoreFailed:
-            return KernelListPage(next=start)
-        jobs = []
-        for raw in raws or []:
-            try:
-                jobs.append(self._accept_signed(raw, fp))
-            except BadRecord as exc:
-                self.stats.count_refusal(exc.counter, fp)
-                return KernelListPage(next=start, refused=f"kernel list job: {exc}")
-        complete = None
-        if summary is not None:
-            try:
-                complete = self._accept_signed(summary, fp)
-            except BadRecord as exc:
-                self.stats.count_refusal(exc.counter, fp)
-                return KernelListPage(next=start, refused=f"kernel list: {exc}")
-        return KernelListPage(tuple(jobs), complete, start + len(jobs))
+        return self.transport.op(run, "fetch") if keys else []
 
     def _accept_signed(self, raw: bytes, fp: str) -> dict:
         """A kernel-list record if it decodes, is signed as this node requires, and
         belongs to this fingerprint; raises BadRecord."""
-        data = layout.load_record(raw, max_bytes=layout.MAX_RECORD_BYTES)
+        data = layout.load_record(raw)
         refused = check_signature(data, self.session.signing_key)
         if refused:
             raise layout.SignatureRefused(refused)
@@ -248,38 +256,26 @@ class RedisSharedCache(SharedCache):
         data.pop("sig", None)
         return data
 
-    def add_kernel_jobs(self, adapter: CacheAdapter, digest: str, jobs: list[dict]) -> bool:
+    def publish_kernel_list(self, adapter: CacheAdapter, digest: str,
+                            tasks: dict[str, list[str]], jobs: dict[str, dict]) -> bool:
         fp = self._fp(adapter)
-        if fp is None or not jobs or self.session.read_only:
+        if fp is None or self.session.read_only or self.transport.disabled_reason:
             return False
-        key = layout.kernel_jobs_key(fp, digest)
-        raws = [layout.json_bytes(sign({**job, "fingerprint": fp}, self.session.signing_key))
-                for job in jobs]
+        key, ttl = self.session.signing_key, self.session.ttl_ms
+
+        def signed(record: dict) -> bytes:
+            return layout.json_bytes(sign({**record, "fingerprint": fp}, key))
 
         def run(client):
             pipe = client.pipeline(transaction=False)
-            pipe.rpush(key, *raws)
-            pipe.pexpire(key, self.session.ttl_ms)
-            return pipe.execute()
-
-        try:
-            self.transport.op(run, "publish")
-        except StoreFailed:
-            return False
-        return True
-
-    def complete_kernel_list(self, adapter: CacheAdapter, digest: str, summary: dict) -> bool:
-        fp = self._fp(adapter)
-        if fp is None or self.session.read_only:
-            return False
-        raw = layout.json_bytes(sign({**summary, "fingerprint": fp, "producer":
-                                      self.session.node, "created": time.time()},
-                                     self.session.signing_key))
-
-        def run(client):
-            pipe = client.pipeline(transaction=False)
-            pipe.set(layout.kernel_list_key(fp, digest), raw, px=self.session.ttl_ms)
-            pipe.pexpire(layout.kernel_jobs_key(fp, digest), self.session.ttl_ms)
+            for name, job in jobs.items():
+                pipe.set(layout.kernel_job_key(fp, name), signed(job), px=ttl, nx=True)
+            for task, entries in tasks.items():
+                pipe.set(layout.kernel_task_key(fp, task),
+                         signed({"task": task, "entries": sorted(entries)}), px=ttl)
+            pipe.set(layout.kernel_list_key(fp, digest),
+                     signed({"digest": digest, "tasks": sorted(tasks),
+                             "producer": self.session.node, "created": time.time()}), px=ttl)
             pipe.publish(layout.kernel_channel(fp), b"kernel list")
             return pipe.execute()
 

@@ -27,8 +27,8 @@ from warmd.executors.base import KernelOutcome, TaskResult
 from warmd.executors.pool import Worker
 from warmd.stats import Outcome
 from warmd.warmup.claims import Built, ClaimLoop, Got, Unit, UnitResult
-from warmd.warmup.report import Mode, TaskReport
-from warmd.warmup.state import RunState, TaskState
+from warmd.warmup.report import BootReport, Mode, TaskReport
+from warmd.warmup.state import LibraryState, RunState, TaskState
 from warmd.warmup.task import check, compile_task, fetch, finish, publish
 
 if TYPE_CHECKING:
@@ -228,3 +228,78 @@ def run_units(run: RunState, states: list[TaskState], workers: list[Worker],
     loop.close()
     loop.run()
     return work, loop
+
+
+class StageWork:
+    """What a library's kernel stage asks of the cluster (warmd.executors.base.StageCluster),
+    over the run's shared cache and the library's part of the run: its kernel lists,
+    discovery claims, and kernels claimed one by one, each published as soon as built and
+    installed (counted as the shared cache's) as soon as another node publishes it."""
+
+    def __init__(self, run: RunState, library: LibraryState, builder: bool) -> None:
+        assert run.shared is not None and library.adapter is not None
+        self.shared: SharedCache = run.shared
+        self.library, self.adapter = library, library.adapter
+        self.builder = builder
+
+    def kernel_list(self, tasks: list[str]):
+        return self.shared.kernel_list(self.adapter, tasks)
+
+    def claim_discovery(self, digest: str) -> str:
+        return self.shared.claim_discovery(self.adapter, digest).state.value
+
+    def release_discovery(self, digest: str) -> None:
+        from warmd.store.api import discovery_unit
+
+        self.shared.release(self.adapter, discovery_unit(digest))
+
+    def publish_kernel_list(self, digest: str, tasks: dict[str, list[str]],
+                            jobs: dict[str, dict]) -> bool:
+        return self.shared.publish_kernel_list(self.adapter, digest, tasks, jobs)
+
+    def wait(self, seconds: float) -> None:
+        self.shared.wait_for_claims(self.adapter, seconds)
+
+    def run_kernels(self, build: Callable[[str], tuple[bool, float, str]],
+                    threads: int) -> KernelRun:
+        return KernelRun(self, build, threads)
+
+
+class KernelRun:
+    """A stage's kernels through a ClaimLoop in the background (StageWork.run_kernels)."""
+
+    def __init__(self, work: StageWork, build: Callable[[str], tuple[bool, float, str]],
+                 threads: int) -> None:
+        self.work, self.build_one = work, build
+        self.loop: ClaimLoop[None] = ClaimLoop(work.shared, [None] * max(1, threads),
+                                               self._build, self._install)
+        self.thread = threading.Thread(target=self.loop.run, daemon=True,
+                                       name="warmd-stage-claims")
+        self.thread.start()
+
+    def add(self, names: list[str]) -> None:
+        self.loop.add([Unit(name, self.work.adapter) for name in names])
+
+    def close(self) -> None:
+        self.loop.close()
+
+    def join(self) -> dict:
+        self.thread.join()
+        boot = BootReport()
+        boot.add(self.loop.results)
+        return {**boot.to_json(), "timeline": self.loop.timeline.to_json()}
+
+    def _build(self, unit: Unit, _context: None) -> Built:
+        adapter = self.work.adapter
+        if any(e.name == unit.name for e in adapter.list_entries()):
+            return Built(True)  # here already (a seeded or earlier entry)
+        ok, seconds, error = self.build_one(unit.name)
+        if ok and not unit.local_only:
+            entries = [e for e in adapter.list_entries() if e.name == unit.name]
+            self.work.shared.publish_entries(adapter, entries, seconds)
+        return Built(ok, seconds, error)
+
+    def _install(self, adapter: CacheAdapter, units: list[Unit]) -> set[str]:
+        names = [u.name for u in units]
+        shared = self.work.shared
+        return set(self.work.library.installing(lambda a: shared.install_entries(a, names)))
