@@ -97,16 +97,16 @@ def _steps(run: RunState, state: TaskState, worker: Worker) -> TaskReport:
         if state.store_lacks and state.library.adapter is not None:
             publish(run, state, report, sum(report.recorded.values()))
         return report
-    if state.library.adapter is None or run.shared is None:
-        return finish(run, state, TaskReport(state.task, compile_task(worker, state)))
     stage = state.library.stage
-    if state.found is None and (stage is not None or run.options.builder):
-        names = stage.task_entries(state.task.key) if stage is not None else None
+    if state.found is None and run.shared is not None and stage is not None:
+        names = stage.task_entries(state.task.key)
         if names is not None:
             return from_stage(run, state, names)
-        if run.options.builder and _needs_stage(state.task.library):
-            return TaskReport(state.task, TaskResult(state.task.key, state.task.library, True,
-                                                     0.0, []))  # no kernel list: not here
+    if state.found is None and run.options.builder and _needs_stage(state.task.library):
+        return TaskReport(state.task, TaskResult(state.task.key, state.task.library, True,
+                                                 0.0, []))  # no kernel list: not built here
+    if state.library.adapter is None or run.shared is None:
+        return finish(run, state, TaskReport(state.task, compile_task(worker, state)))
     if state.found is None and fetch(run, state).found:
         warm = check(run, state)
         if warm is not None:
