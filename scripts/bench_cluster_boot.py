@@ -11,7 +11,9 @@ this script starts (or --redis). Modes:
     ray         `warmd start` on a ray.cluster_utils.Cluster of K nodes joining at once
                 (testlib tasks through the daemon's agents)
 
-For each K: wall time from the common start to the last node's exit, each node's kernels
+For each K: wall time from the common start (testlib: every node process started, imported
+and planned, then all released at once; flashinfer, ray: from the first spawn) to the last
+node's exit, each node's kernels
 compiled / installed from peers / waited for, the compiles summed over the nodes against
 the distinct kernels (and, for testlib, the compile log every real compile writes), and
 the wall time against one node alone divided by K.
@@ -66,6 +68,7 @@ def run_node(args: argparse.Namespace) -> int:
     from warmd.store import open_shared_cache
     from warmd.warmup import WarmupOptions, run_warmup
 
+    entered = time.time()
     libraries.register(LIBRARY_MODULE)
     spec = json.loads(args.spec)
     base = make_plan(PlanRequest(model="qwen3-30b-a3b-fp8", target="h200", engine="sglang",
@@ -77,12 +80,18 @@ def run_node(args: argparse.Namespace) -> int:
     shared = open_shared_cache(spec["url"], node=spec["node"])
     options = WarmupOptions(workers=spec["workers"], gpu_ids=(),
                             cache_roots={NAME: Path(spec["root"])})
-    began = time.monotonic()
+    Path(spec["ready"]).touch()  # started, imported and planned: waiting for the others
+    while not Path(spec["go"]).exists():
+        time.sleep(0.005)
+    began = time.time()
     report = run_warmup(plan, options, shared=shared)
+    ran = time.time()
     shared.close()
     data = report.to_json()
     data.pop("task_details")
-    data["process_seconds"] = round(time.monotonic() - began, 3)
+    # wall clock moments of this process (the parent compares them with its own start)
+    data["moments"] = {"entered": entered, "run_began": began, "run_ended": ran,
+                       "closed": time.time()}
     print(json.dumps(data))
     return 0 if not report.failed else 1
 
@@ -109,15 +118,26 @@ def _flush(url: str) -> None:
 def testlib_run(k: int, tmp: Path, url: str, opts: argparse.Namespace) -> dict:
     plan = kernel_names(opts.tasks, opts.kernels)
     log = tmp / f"k{k}-compiles.log"
-    procs = []
-    began = time.monotonic()
+    procs, ready = [], []
+    go = tmp / f"k{k}-go"
+    spawned = time.monotonic()
     for i in range(k):
+        ready.append(tmp / f"k{k}-ready-{i}")
         spec = {"url": url, "node": f"node-{k}-{i}", "root": str(tmp / f"k{k}" / f"n{i}"),
                 "plan": plan, "seconds": opts.seconds, "size": opts.size, "log": str(log),
-                "workers": opts.workers}
+                "workers": opts.workers, "ready": str(ready[-1]), "go": str(go)}
         procs.append(subprocess.Popen([sys.executable, __file__, "node", json.dumps(spec)],
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                       text=True, env=_env(), cwd=ROOT))
+    # Every node process started, imported warmd and planned (on this machine's 2 cores,
+    # K Python start-ups at once take seconds that K machines would not): then all go.
+    while not all(r.exists() for r in ready):
+        if any(p.poll() is not None for p in procs):
+            break
+        time.sleep(0.01)
+    began, began_wall = time.monotonic(), time.time()
+    started_s = round(began - spawned, 3)
+    go.touch()
     nodes = []
     for proc in procs:
         out, err = proc.communicate(timeout=opts.timeout)
@@ -126,12 +146,15 @@ def testlib_run(k: int, tmp: Path, url: str, opts: argparse.Namespace) -> dict:
             raise SystemExit(f"a node failed (exit {proc.returncode}):\n{err[-3000:]}")
         data = json.loads(out.strip().splitlines()[-1])
         data["wall"] = round(ended - began, 3)
+        data["moments"] = {k: round(v - began_wall, 3) for k, v in data["moments"].items()}
         nodes.append(data)
     wall = round(time.monotonic() - began, 3)
     done = [line.split()[2] for line in log.read_text().splitlines()
             if line.split()[1] == "done"] if log.exists() else []
-    return _summary(k, wall, nodes, distinct=opts.kernels, logged=len(done),
-                    logged_distinct=len(set(done)))
+    summary = _summary(k, wall, nodes, distinct=opts.kernels, logged=len(done),
+                       logged_distinct=len(set(done)))
+    summary["process_start_s"] = started_s  # before the common start, not in wall
+    return summary
 
 
 def _summary(k: int, wall: float, nodes: list[dict], distinct: int,
@@ -142,6 +165,7 @@ def _summary(k: int, wall: float, nodes: list[dict], distinct: int,
              "waited": (n.get("cluster") or {}).get("waited", 0),
              "took_over": (n.get("cluster") or {}).get("took_over", 0),
              "seconds": n.get("seconds"), "wall": n.get("wall"),
+             "moments": n.get("moments"),
              "timeline": (n.get("cluster") or {}).get("timeline")} for n in nodes]
     return {"k": k, "wall": wall, "distinct_kernels": distinct,
             "summed_compiles": sum(r["compiled"] for r in rows),

@@ -68,7 +68,9 @@ class TaskWork:
         self.left_over: list[TaskState] = []  # to run through the library as before
         self.lock = threading.Lock()
         self.states = states
-        for state in states:
+        # In the plan's order (not this node's task order): the store spreads nodes over
+        # one order, the same on every node.
+        for state in sorted(states, key=lambda s: s.task.key):
             self._add(state)
 
     def _add(self, state: TaskState) -> None:
