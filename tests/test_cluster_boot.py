@@ -60,8 +60,13 @@ def test_a_killed_claimer_s_kernels_are_compiled_elsewhere_within_seconds(server
         time.sleep(0.05)
     held_by_victim = set(compiles(log, "start"))  # its worker logs each start (one worker)
     others = [_spawn(server, tmp_path, f"node-{i}", plan, seconds=0.2) for i in range(2)]
-    time.sleep(2.0)  # the others start, find the victim's claim held, build the rest
-    assert not held_by_victim & set(compiles(log, "done"))  # its renewals keep the claim
+    client = server.client()
+    while not client.pubsub_channels("warmd:v1:kpub:*"):  # one found the claim held: waits
+        assert time.monotonic() < deadline and all(p.poll() is None for p in others)
+        time.sleep(0.05)
+    client.close()
+    time.sleep(3.5)  # longer than the claim's TTL: the victim's renewals keep it
+    assert not held_by_victim & set(compiles(log, "done"))
     victim.send_signal(signal.SIGKILL)
     killed = time.monotonic()
     victim.communicate()

@@ -253,9 +253,12 @@ class Claims:
             self.op(run, "lease release")
 
     def wait(self, fp: str, seconds: float) -> None:
-        """Up to seconds, or until a claim of fp is released (pub/sub; a sleep without)."""
+        """Up to seconds, or until a claim of fp is released (pub/sub; a sleep without).
+        Each thread has its own subscription (a PubSub serves one reader)."""
         channel = layout.kernel_channel(fp)
-        pubsub = self._pubsubs.get(channel)
+        key = f"{channel}#{threading.get_ident()}"
+        with self._lock:
+            pubsub = self._pubsubs.get(key)
         if pubsub is None:
             try:
                 pubsub = self.op(lambda c: c.pubsub(ignore_subscribe_messages=True),
@@ -264,7 +267,8 @@ class Claims:
             except (StoreFailed, *STORE_ERRORS):
                 time.sleep(seconds)
                 return
-            self._pubsubs[channel] = pubsub
+            with self._lock:
+                self._pubsubs[key] = pubsub
         try:
             deadline = time.monotonic() + seconds
             while pubsub.get_message(timeout=max(0.0, deadline - time.monotonic())) is None:
@@ -273,7 +277,8 @@ class Claims:
             while pubsub.get_message(timeout=0.0) is not None:  # take what else came
                 pass
         except STORE_ERRORS:
-            self._pubsubs.pop(channel, None)
+            with self._lock:
+                self._pubsubs.pop(key, None)
             time.sleep(seconds)
 
     def _start_renewer(self) -> None:
@@ -308,7 +313,9 @@ class Claims:
 
     def close(self) -> None:
         self._stop.set()
-        for pubsub in list(self._pubsubs.values()):
+        with self._lock:
+            pubsubs = list(self._pubsubs.values())
+        for pubsub in pubsubs:
             with contextlib.suppress(*STORE_ERRORS):
                 pubsub.close()
         self._pubsubs.clear()
