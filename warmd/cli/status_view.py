@@ -70,12 +70,6 @@ def render_start_summary(snap: StatusSnapshot, seconds: float, code: int) -> str
              f"({_state_counts(snap.nodes) or 'no node'}); "
              f"{kernels.kernels} kernel(s): {kernels.compiled} compiled, "
              f"{kernels.remote_hits} from the shared cache, {kernels.local_hits} already here"]
-    boot = snap.boot()
-    if boot["compiled"] or boot["installed"]:
-        lines += wrapped(f"cluster boot: {boot['compiled']} compiled once across the nodes, "
-                         f"{boot['installed']} installed from peers, {boot['waited']} waited "
-                         f"for; first start to last node warm "
-                         f"{boot['span_seconds'] or 0.0:.1f}s", console_width())
     for n in snap.nodes:
         if n.state != NodeStatus.READY and n.reason:
             lines += wrapped(f"{_label(n)} {n.state}: {n.reason}", console_width(), "  ")
