@@ -16,6 +16,11 @@ DG_JIT_CACHE_DIR, all for the plan of one serve command (SERVE below):
              must compile nothing
   v014       the same cold warmup with sgl-deep-gemm 0.1.4.post1 as the external deep_gemm
   v281-w1    the same cold warmup as v281 with --workers 1 (the serial baseline)
+  v281-pattern (with --pattern also or only) a fresh process calls
+             vllm.third_party.deep_gemm as vLLM 0.34.0 serves and warms up
+             (scripts/deepgemm_engine_pattern.py: psum layout, alignment scopes, PDL on, every
+             M up to the token budget) on v281's cache: must compile nothing. With
+             --pattern only the run is plan, v281 and this step.
 """
 
 from __future__ import annotations
@@ -138,6 +143,8 @@ def main() -> int:
     parser.add_argument("--external", required=True,
                         help="PYTHONPATH with sgl-deep-gemm 0.1.4.post1")
     parser.add_argument("--budget", type=float, default=500)
+    parser.add_argument("--pattern", choices=("no", "also", "only"), default="no",
+                        help="run the engine-pattern step too, or only it after a cold warmup")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     bench = Bench(args.out, args.budget)
@@ -155,6 +162,9 @@ def main() -> int:
 
     fast = bench.warmup("v281", args.vendored)
     check_cold(bench, "v281", fast)
+    if args.pattern == "only":
+        engine_pattern(bench, args.vendored)
+        return finish(bench)
     sweep = bench.run("v281-sweep", ["scripts/deepgemm_sweep.py", "--pdl", "--json", *SERVE],
                       args.vendored, bench.work / "v281")
     sweep_json = sweep.get("json") or {}
@@ -177,6 +187,26 @@ def main() -> int:
                 ratio is not None and ratio >= 6,
                 {"default_s": fast.get("wall_s"), "workers1_s": serial.get("wall_s"),
                  "ratio": round(ratio, 2) if ratio else None})
+    if args.pattern == "also":
+        engine_pattern(bench, args.vendored)
+    return finish(bench)
+
+
+def engine_pattern(bench: Bench, pythonpath: str) -> None:
+    """vLLM 0.34.0's own DeepGEMM calls after warmd's cold warmup: no new entry."""
+    row = bench.run("v281-pattern", ["scripts/deepgemm_engine_pattern.py", "--json", *SERVE],
+                    pythonpath, bench.work / "v281")
+    data = row.get("json") or {}
+    bench.check("v281-pattern: vLLM 0.34.0's serving and warmup calls compile nothing",
+                row["rc"] == 0 and row.get("new_entries") == 0 and not data.get("new_entries")
+                and not data.get("failed_count"),
+                {k: data.get(k) for k in ("module", "version", "pdl", "calls", "new_entries",
+                                          "failed_count", "failed", "seconds")})
+    bench.results["pattern"] = data.get("pattern")
+    bench.save()
+
+
+def finish(bench: Bench) -> int:
     bench.results["total_s"] = round(time.monotonic() - bench.began, 1)
     bench.save()
     failed = [n for n, c in bench.results["checks"].items() if not c["ok"]]

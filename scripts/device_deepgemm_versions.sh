@@ -11,6 +11,9 @@
 # "external" adds sgl-deep-gemm 0.1.4.post1 as deep_gemm (which vLLM then imports first).
 # Steps and checks: scripts/deepgemm_versions_bench.py. Output: $OUT/versions.json,
 # $OUT/device.log. Stays under 9 minutes (BUDGET seconds for the steps, default 480).
+# PATTERN=only runs just the plan, the cold 2.8.1 warmup and the engine-pattern step (vLLM
+# 0.34.0's own DeepGEMM calls on warmd's cache, scripts/deepgemm_engine_pattern.py: no new
+# entry may appear); PATTERN=also adds that step to the whole run.
 set -uo pipefail
 OUT=${OUT:-/tmp/dgv-out}
 WHEELS=${WHEELS:-.whl-speed}
@@ -35,5 +38,6 @@ printf 'Metadata-Version: 2.1\nName: vllm\nVersion: 0.34.0\n' >"$V/vllm-0.34.0.d
 export PYTHONUNBUFFERED=1 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 { nvidia-smi -L; nproc | sed 's/^/cores: /'; } 2>&1 | tee -a "$LOG"
 python3 scripts/deepgemm_versions_bench.py --out "$OUT" --budget "${BUDGET:-480}" \
+    --pattern "${PATTERN:-no}" \
     --vendored "/tmp/site:$V:$PWD" --external "/tmp/dg014:/tmp/site:$V:$PWD" 2>&1 \
     | tee -a "$LOG"

@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from test_engine_launch import BASE, from_command, from_flags, model, selection
@@ -346,3 +347,82 @@ def test_cli_moe_backend_flag_equals_the_serve_command():
                        "--moe-backend", "flashinfer_cutlass")
     assert flags == pasted
     assert {t["module"] for t in flags["tasks"]} >= {"fused_moe_90"}
+
+
+# ----- FP8 MoE with static per-tensor scales (rule vllm-fi-moe-static-tensor) -----
+
+MIXTRAL = json.loads((Path(__file__).parent / "data" / "models" / "mixtral-8x7b-instruct"
+                      / "config.json").read_text())
+
+
+def _mixtral_fp8(write_config, scheme: str):
+    return str(write_config({**MIXTRAL, "quantization_config": {
+        "quant_method": "fp8", "activation_scheme": scheme}}))
+
+
+@pytest.mark.parametrize("target,kernel,module", [
+    ("h200", "FlashInferExperts", "fused_moe_90"),
+    ("b200", "TrtLlmFp8Experts", "fused_moe_trtllm_sm100"),  # FLASHINFER_TRTLLM first
+    ("rtx-pro-6000", "FlashInferExperts", "fused_moe_120"),
+])
+def test_static_per_tensor_fp8_moe_runs_flashinfer_fused_moe(write_config, target, kernel,
+                                                              module):
+    plan = make_plan(PlanRequest(**{**BASE.__dict__, "model": _mixtral_fp8(write_config,
+                                                                            "static"),
+                                    "tp": 2, "target": target}))
+    assert experts(plan).kernel.name == kernel
+    assert module in modules(plan)
+
+
+def test_dynamic_per_tensor_fp8_moe_stays_on_triton(write_config):
+    plan = make_plan(PlanRequest(**{**BASE.__dict__, "model": _mixtral_fp8(write_config,
+                                                                            "dynamic"),
+                                    "tp": 2}))
+    assert experts(plan).kernel.name == "TritonExperts"
+    assert "static activation scales" in rejected(experts(plan))["FlashInferExperts"]
+
+
+def test_static_activations_with_block_fp8_are_refused_as_vllm_refuses(write_config):
+    bad = str(write_config({**MIXTRAL, "quantization_config": {
+        "quant_method": "fp8", "activation_scheme": "static",
+        "weight_block_size": [128, 128]}}))
+    with pytest.raises(WarmdInputError, match="only the dynamic activation_scheme"):
+        make_plan(PlanRequest(**{**BASE.__dict__, "model": bad}))
+    odd = str(write_config({**MIXTRAL, "quantization_config": {
+        "quant_method": "fp8", "activation_scheme": "sometimes"}}))
+    with pytest.raises(WarmdInputError, match="static or dynamic"):
+        make_plan(PlanRequest(**{**BASE.__dict__, "model": odd}))
+
+
+# ----- the batched format: DeepEP low latency (rules vllm-moe-activation-format,
+# vllm-batched-deepgemm) -----
+
+DEEPEP_LL = (KIMI.replace("-tp 8 --max-num-batched-tokens 1024 ", "-dp 8 -ep ")
+             + "--all2all-backend deepep_low_latency")
+
+
+def test_deepep_low_latency_runs_batched_deep_gemm_masked():
+    plan = from_command(DEEPEP_LL)
+    assert experts(plan).kernel.name == "BatchedDeepGemmExperts"
+    masked = [t for t in plan.tasks if t.kernel == "m_grouped_fp8_gemm_nt_masked"]
+    # estimate_expected_m: 8 DP ranks x 256 tokens (the batched-DP budget) x top-8 / 384
+    # experts = 42 -> 48, multiples of 16 from 16; the capacity 256 x 8 ranks without DP data.
+    assert {t.m for t in masked} == {(16, 32, 48, 2048)}
+    assert {(t.num_groups, t.n, t.k) for t in masked} == {(48, 4096, 7168), (48, 7168, 2048)}
+    assert not [t for t in plan.tasks if t.kernel == "m_grouped_fp8_gemm_nt_contiguous"]
+    assert not any("not modelled" in n and "all2all" in n for n in plan.engine_notes)
+
+
+def test_deepep_low_latency_falls_back_to_batched_triton_and_checks_the_flag():
+    plan = from_command(DEEPEP_LL, with_libs=("flashinfer", "nvcc"),
+                        without_libs=("deep_gemm", "sgl_kernel"))
+    sel = experts(plan)
+    assert sel.kernel.name == "BatchedTritonExperts"
+    assert "Triton batched MoE" in engine_jit(sel, plan.env, plan.mspec)[0]
+    assert experts(from_command(DEEPEP_LL + " --moe-backend triton")).kernel.name == \
+        "BatchedTritonExperts"
+    with pytest.raises(WarmdInputError, match="no kernel for the batched MoE format"):
+        from_command(DEEPEP_LL + " --moe-backend flashinfer_cutlass")
+    # Without DP > 1 vLLM runs no all2all kernels: the standard format.
+    standard = from_command(DEEPEP_LL.replace("-dp 8", "-tp 8"))
+    assert experts(standard).kernel.name != "BatchedDeepGemmExperts"

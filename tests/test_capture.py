@@ -13,6 +13,7 @@ import pytest
 from warmd.capture import (
     Capture,
     CaptureScope,
+    CaptureTrust,
     adapters_for,
     install_learned,
     learned_task,
@@ -48,10 +49,13 @@ def scope(base: Path) -> CaptureScope:
     return CaptureScope(PLAN, preset("h200").to_json(), {"triton": str(base / "triton")})
 
 
-def capture(server, base: Path, node: str, **kw) -> Capture:
+def capture(server, base: Path, node: str, trust=CaptureTrust.OWN_NODES, **kw) -> Capture:
+    """A capture publishing learned entries itself (a cluster trusting its own nodes; the
+    default, re-derivation, is tests/test_capture_rederive.py's)."""
     events = []
     cap = Capture(node, [scope(base)], lambda target: open_shared_cache(
-        server.url, target=target, node=node), on_runtime_jit=events.append, **kw)
+        server.url, target=target, node=node), on_runtime_jit=events.append, trust=trust,
+        **kw)
     cap.seen = events
     return cap
 
@@ -66,6 +70,7 @@ def test_a_kernel_compiled_after_ready_is_counted_published_and_installed_elsewh
         server, tmp_path):
     a = capture(server, tmp_path / "a", "node-a", inotify=False)
     a.start()
+    assert a.wait_started(60)
     try:
         compile_add(tmp_path / "a" / "triton")
         (event,) = a.scan()
@@ -87,6 +92,7 @@ def test_a_kernel_compiled_after_ready_is_counted_published_and_installed_elsewh
     assert snapshot(b_root) == before  # the same compile on b: a hit, no new entry
     b = capture(server, tmp_path / "b", "node-b", inotify=False)
     b.start()  # b's entry is already learned: the scan on start publishes nothing new
+    assert b.wait_started(60)
     try:
         assert b.scan() == [] and b.total("captured") == 0
     finally:
@@ -97,6 +103,7 @@ def test_watcher_sees_a_compile_within_seconds_and_partial_entries_never(server,
     root = tmp_path / "a" / "triton"
     a = capture(server, tmp_path / "a", "node-a")
     a.start()
+    assert a.wait_started(60)
     try:
         assert a.mode == "inotify"
         assert not root.exists()  # the engine's directory: watched once it appears
@@ -130,6 +137,7 @@ def test_unsafe_entries_are_refused_and_counted_never_published(server, tmp_path
     os.symlink(outside, cubin)  # complete for Triton, not something to ship
     a = capture(server, tmp_path / "a", "node-a", inotify=False)
     a.start()  # the scan on start looks at it too
+    assert a.wait_started(60)
     try:
         assert a.counts["capture_refused"] == {"triton": 1} and a.total("captured") == 0
         compile_add(root, block=512)
@@ -151,6 +159,7 @@ def test_a_restarted_watcher_loses_nothing_and_deleted_entries_count_again(serve
     compile_add(root)  # compiled while no watcher ran
     a = capture(server, tmp_path / "a", "node-a", inotify=False)
     a.start()
+    assert a.wait_started(60)
     try:
         assert a.seen == [] and a.total("captured") == 1  # published by the scan on start
         (entry,) = TritonCacheAdapter(root).list_entries()
@@ -166,8 +175,10 @@ def test_a_restarted_watcher_loses_nothing_and_deleted_entries_count_again(serve
 def test_learned_entries_are_signed_when_signing_is_on(server, tmp_path):
     root = tmp_path / "a" / "triton"
     a = Capture("node-a", [scope(tmp_path / "a")], lambda target: open_shared_cache(
-        server.url, target=target, node="node-a", signing_key=b"cluster-key"), inotify=False)
+        server.url, target=target, node="node-a", signing_key=b"cluster-key"), inotify=False,
+        trust=CaptureTrust.OWN_NODES)
     a.start()
+    assert a.wait_started(60)
     try:
         compile_add(root)
         (event,) = a.scan()
@@ -194,6 +205,7 @@ def test_entries_the_store_did_not_take_are_published_later_and_counted_once(tmp
     a = Capture("node-a", [scope(tmp_path / "a")], lambda target: open_shared_cache(
         down, target=target, node="node-a"), inotify=False)
     a.start()
+    assert a.wait_started(60)
     try:
         compile_add(root)
         (event,) = a.scan()

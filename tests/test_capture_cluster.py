@@ -91,8 +91,12 @@ def cluster(tmp_path_factory):
     os.environ["RAY_AUTH_MODE"] = "disabled"
     server = start_server(base / "redis")
     config = base / "warmd.yaml"
-    config.write_text(cluster_config(server.url, "capture-test",
+    data = json.loads(cluster_config(server.url, "capture-test",
                                      [flashinfer_model(str(base / "models"))]))
+    # the daemon's capture as issue 11 built it: a cluster trusting its own nodes (the
+    # default, re-derivation, is tests/test_capture_rederive.py's)
+    data["capture"] = {"trust": "own-nodes"}
+    config.write_text(json.dumps(data))
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1,
                                                       "env_vars": node_env(base, "head")})
     ray.init(address=c.address, namespace=RAY_NAMESPACE, log_to_driver=False)

@@ -15,7 +15,7 @@ import json
 import os
 import subprocess
 import sys
-import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -58,28 +58,18 @@ def _capture(server, base: Path) -> Capture:
 
 
 def _start_within(cap: Capture, seconds: float, fifos: list[Path]) -> None:
-    """cap.start(), which must return within seconds; a start blocked on a FIFO is released
-    (a writer opens and closes it) so that the test fails instead of hanging."""
-    done = threading.Event()
-    failure: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            cap.start()
-        except BaseException as exc:  # reported by the test below
-            failure.append(exc)
-        finally:
-            done.set()
-
-    threading.Thread(target=run, daemon=True).start()
-    if not done.wait(seconds):
+    """cap.start(), which returns at once (the scan runs in the capture's thread); its scan
+    on start must finish within seconds. One blocked on a FIFO is released (a writer opens
+    and closes it) so that the test fails instead of hanging."""
+    began = time.monotonic()
+    cap.start()
+    assert time.monotonic() - began < 1.0, "Capture.start() blocked its caller"
+    if not cap.wait_started(seconds):
         for fifo in fifos:
             with contextlib.suppress(OSError):
                 os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
-        done.wait(10)
-        pytest.fail(f"Capture.start() was still blocked after {seconds}s")
-    if failure:
-        raise failure[0]
+        cap.wait_started(10)
+        pytest.fail(f"the capture's scan on start was still blocked after {seconds}s")
 
 
 def _published_bytes(server) -> bytes:
@@ -161,7 +151,7 @@ def test_a_sparse_cubin_is_refused_before_it_is_read(server, tmp_path, monkeypat
     assert why is not None and "over the" in why and "1073741824 bytes" in why
     cap = _capture(server, tmp_path / "a")
     try:
-        cap.start()
+        _start_within(cap, 30, [])
         assert cap.counts["capture_refused"] == {"triton": 1} and cap.total("captured") == 0
     finally:
         cap.stop()

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from tests.cluster_support import private_machine, warmd
-from warmd.capture import Capture, CaptureScope
+from warmd.capture import Capture, CaptureScope, CaptureTrust
 from warmd.store import open_shared_cache, start_server
 from warmd.targets import preset
 
@@ -31,8 +31,10 @@ def test_plan_and_cache_ls_list_learned_entries(tmp_path, monkeypatch):
             root = tmp_path / "triton"
             capture = Capture("gpu-1", [CaptureScope(plan_key, preset("h200").to_json(),
                                                      {"triton": str(root)})],
-                              lambda t: open_shared_cache(server.url, target=t), inotify=False)
-            capture.start()
+                              lambda t: open_shared_cache(server.url, target=t), inotify=False,
+                              trust=CaptureTrust.OWN_NODES, poll_seconds=3600)
+            capture.start()  # a cluster trusting its own nodes: learned entries at once
+            assert capture.wait_started(60)
             try:
                 compile_add(root)
                 (event,) = capture.scan()

@@ -1,9 +1,12 @@
 """The README's first command on a fresh machine: `warmd start` with no arguments starts a
 local Ray cluster and the embedded Redis, warms the embedded default config (one small
 FlashInfer module, built for sm_90a on this CPU-only machine) and `warmd status` shows the
-node READY with its counters. `warmd stop` ends exactly what `start` started; a second
-`start` finds everything in the cache. The machine is private (cluster_support): a daemon
-that already runs here (the Quickstart's first command) is neither found nor disturbed.
+node READY with its counters. A `start` whose config selects no node (exit 1, Ray and the
+controller left up) followed by the default `start` waits for that config's node, never
+exiting 0 early. `warmd stop` ends exactly what `start` started, no store server left
+behind; a second `start` finds everything in the cache. The machine is private
+(cluster_support): a daemon that already runs here (the Quickstart's first command) is
+neither found nor disturbed.
 """
 
 from __future__ import annotations
@@ -25,10 +28,16 @@ def test_start_with_no_arguments_comes_up_ready(tmp_path):
 
 
 def _quickstart(env: dict, tmp_path) -> None:
+    nobuilders = tmp_path / "nobuilders.yaml"
+    nobuilders.write_text(json.dumps({"version": 1, "models": [{"path": "llama-3.1-8b"}],
+                                      "builders": {"enabled": False}}))
     try:
-        started = warmd(env, "start")
+        first = warmd(env, "start", "--config", str(nobuilders))
+        assert first.returncode == 1, first.stdout + first.stderr
+        assert "local cluster started" in first.stdout and "builders" in first.stderr
+
+        started = warmd(env, "start")  # the same cluster and controller, a new config
         assert started.returncode == 0, started.stdout + started.stderr
-        assert "local cluster started" in started.stdout
         # a short summary, not the whole status (`warmd start && warmd status` shows it once)
         assert "1 node(s) warm" in started.stdout and "Cluster totals" not in started.stdout
 
@@ -55,6 +64,10 @@ def _quickstart(env: dict, tmp_path) -> None:
         assert stopped.returncode == 0, stopped.stderr
         assert "stopped local Ray cluster" in stopped.stdout
         assert "stopped embedded Redis" in stopped.stdout
+        # the store commands read the daemon's store; with it stopped they start none
+        gone = warmd(env, "cache", "stats")
+        assert gone.returncode == 1 and "no shared cache is running" in gone.stderr
+        assert "not running" in warmd(env, "cache", "server", "status").stdout
 
         down = warmd(env, "status")
         assert down.returncode == 1 and down.stderr == ""

@@ -497,3 +497,41 @@ def test_engine_variables_are_knobs_of_the_one_table():
 
     assert set(settings.ENGINE_KERNEL_ENV) == set(BY_NAME) | set(ALIASES)
     assert set(settings.ENGINE_KERNEL_ENV) <= {knob.env for knob in settings.KNOBS}
+
+
+def test_linear_backend_keeps_its_kernels_where_it_has_some():
+    # kernels/linear/__init__.py _resolve_backend_kernels + _LINEAR_BACKEND_KERNEL_MAP.
+    command = "vllm serve {qwen3_30b_a3b_fp8} -tp 2 --linear-backend deep_gemm"
+    plan = from_command(command)
+    sel = selection(plan, "self_attn.qkv_proj")
+    assert sel.kernel.name == "DeepGemmFp8BlockScaledMMKernel"
+    assert "--linear-backend deep_gemm selects" in \
+        {r.kernel: r.reason for r in sel.rejected}["FlashInferFp8DeepGEMMDynamicBlockScaledKernel"]
+    assert not any("not modelled" in n for n in plan.engine_notes)
+    wrapper = from_command(command.replace("deep_gemm", "flashinfer_cutlass"))
+    assert selection(wrapper, "self_attn.qkv_proj").kernel.name == \
+        "FlashInferFp8DeepGEMMDynamicBlockScaledKernel"  # its branches stay
+    # A backend with no kernel for the layer type: vLLM keeps its automatic choice.
+    other = from_command(command.replace("deep_gemm", "humming"))
+    assert selection(other, "self_attn.qkv_proj").kernel.name == \
+        "FlashInferFp8DeepGEMMDynamicBlockScaledKernel"
+    assert any("vLLM keeps its automatic choice" in n for n in other.engine_notes)
+
+
+def test_router_gemm_is_named_as_left_to_the_engine():
+    from warmd.plan import engine_jit
+
+    plan = from_command("vllm serve {qwen3_30b_a3b_fp8} -tp 2",
+                        with_libs=("deep_gemm", "flashinfer", "nvcc", "cutlass_dsl"))
+    gate = selection(plan, "mlp.gate")
+    assert "CuTe-DSL router GEMM" in engine_jit(gate, plan.env, plan.mspec)[0]
+    old = from_command("vllm serve {qwen3_30b_a3b_fp8} -tp 2", engine_version="0.33.0",
+                       with_libs=("deep_gemm", "flashinfer", "nvcc", "cutlass_dsl"))
+    assert engine_jit(selection(old, "mlp.gate"), old.env, old.mspec) == []
+
+
+def test_sglang_dp_attention_and_fp8_gemm_backend_stay_named_as_not_modelled():
+    plan = from_command("python -m sglang.launch_server --model-path {qwen3_30b_a3b_fp8} "
+                        "--tp 2 --enable-dp-attention --dp 2 --fp8-gemm-backend triton")
+    note = next(n for n in plan.engine_notes if n.startswith("not modelled"))
+    assert "--enable-dp-attention" in note and "--fp8-gemm-backend triton" in note

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -299,8 +300,14 @@ def _plan_text(width: int, *args: str) -> str:
     return result.stdout
 
 
+def _joined(text: str) -> str:
+    """The text with every line's indentation dropped and the lines joined: an identifier
+    wrapped after one of its separators reads whole here, one cut does not."""
+    return "".join(line.strip() for line in text.splitlines())
+
+
 @pytest.mark.parametrize("width", [60, 80, 100, 140, 240])
-def test_plan_tables_fit_the_terminal_and_keep_keys_whole(width):
+def test_plan_tables_fit_the_terminal_and_keep_every_identifier_whole(width):
     from warmd.cli.render import ELLIPSIS
     from warmd.warmup import WarmupOptions
 
@@ -310,38 +317,59 @@ def test_plan_tables_fit_the_terminal_and_keep_keys_whole(width):
     text = _plan_text(width, *args)
     lines = text.splitlines()
     assert max(len(line) for line in lines) <= width
-    for line in lines:  # every table fits whole: none is cropped at the right edge
+    assert ELLIPSIS not in text  # nothing is shortened: narrow means stacked, not cut
+    for line in lines:  # a boxed table fits whole: none is cropped at the right edge
         if line[:1] in "┏┃┡│└":
             assert line.rstrip()[-1] in "┓┃┩│┘", line
     data = plan_json(*args)
     tasks = tuple(Task.from_json(t) for t in data["tasks"])
-    assert any(len(t["key"]) > 100 for t in data["tasks"])  # some keys need shortening
-    rows = [line for line in lines if line.startswith("│ ") and "/" in line.split("│")[1]]
+    assert any(len(t["key"]) > 100 for t in data["tasks"])  # longer than some lines
+    joined = _joined(text)
     for task in data["tasks"]:
         key, digest = task["key"], task["key"].rsplit("/", 1)[1]
-        (row,) = [r for r in rows if r.split("│")[1].strip().endswith("/" + digest)]
-        shown = row.split("│")[1].strip()
-        if shown != key:  # shortened in the middle: head and digest tail stay whole
-            head, tail = shown.split(ELLIPSIS)
-            assert key.startswith(head) and tail == "/" + digest
-            assert width < 240
-        # what the table shows selects exactly this task
-        chosen = WarmupOptions(task_filter=digest).select(tasks)
-        assert [t.key for t in chosen] == [key]
-    kernels = {layer["kernel"] for layer in data["layers"] if layer["kernel"]}
-    if width >= 200:
-        for kernel in kernels:
-            assert kernel in text
+        assert key in joined
+        # the digest is whole on one line, and what it says selects exactly this task
+        assert any(digest in line for line in lines)
+        assert [t.key for t in WarmupOptions(task_filter=digest).select(tasks)] == [key]
+        if len(key) + 4 <= width:
+            assert any(key in line for line in lines)  # on one line when it fits one
+    for layer in data["layers"]:
+        assert layer["name"] in text and (layer["kernel"] or "none") in text
+    if width <= 80:  # too narrow for the layer table: a block per layer
+        assert "┃ layer" not in text and "\nLayers\nself_attn.fused_qkv_a_proj" in text
+    if width >= 240:
+        assert "┃ layer" in text
 
 
-def test_shorten_keeps_head_and_digest_tail():
-    from warmd.cli.render import shorten
+def test_narrow_tables_stack_rows_and_wrap_identifiers_after_separators():
+    from rich.console import Console
 
-    key = "flashinfer/batch_prefill/batch_prefill_with_kv_cache_dtype_q_bf16/0123456789ab"
-    assert shorten(key, len(key)) == key
-    assert shorten(key, 40) == "flashinfer/batch_prefill/b…/0123456789ab"
-    assert len(shorten(key, 40)) == 40
-    assert shorten("a" * 64, 20) == "a" * 10 + "…" + "a" * 9  # a digest: head and tail
+    from warmd.cli.render import Col, fitted_table, fold
+
+    key = "flashinfer/batch_mla/batch_mla_attention_dtype_q_bf16_head_dim_512/89bc99a9801c"
+    assert fold(key, 40) == ["flashinfer/batch_mla/batch_mla_",
+                             "  attention_dtype_q_bf16_head_dim_512/", "  89bc99a9801c"]
+    assert "".join(line.strip() for line in fold(key, 40)) == key  # every character kept
+    assert fold("no-separator-needed", 40) == ["no-separator-needed"]
+    columns = (Col("key", "id"), Col("M"), Col("why", "text"))
+    rows = [[key, "-", "a reason that is long enough to need wrapping at this width"],
+            ["deep_gemm/fp8_gemm_nt/7168x256/b070ff64df8b", "8 M values (1..8)", "-"]]
+
+    def render(width: int) -> list[str]:
+        console = Console(width=width, color_system=None, file=io.StringIO())
+        console.print(fitted_table("Tasks", columns, rows, width))
+        return console.file.getvalue().splitlines()
+
+    wide = render(200)
+    assert wide[1].startswith("┏") and any(key in line for line in wide)
+    narrow = render(50)
+    assert narrow[0] == "Tasks" and all(len(line) <= 50 for line in narrow)
+    assert narrow[1:3] == ["flashinfer/batch_mla/batch_mla_attention_dtype_q_",
+                           "  bf16_head_dim_512/89bc99a9801c"]
+    assert narrow[3:5] == ["   why  a reason that is long enough to need",  # "-": left out
+                           "          wrapping at this width"]
+    assert "deep_gemm/fp8_gemm_nt/7168x256/b070ff64df8b" in narrow
+    assert "   M    8 M values (1..8)" in narrow
 
 
 # ----- warmup: empty selections, --from-config without --model -----
@@ -417,7 +445,10 @@ def test_plan_names_the_triton_moe_the_engine_compiles_and_no_executor_for_it():
     assert "E=128,N=384,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128]" in line
     assert line.endswith("no executor here")
     assert all(not layer["engine_jit"] for layer in data["layers"]
-               if layer["name"] not in ("mlp.experts.w13", "mlp.experts.w2"))
+               if layer["name"] not in ("mlp.experts.w13", "mlp.experts.w2", "mlp.gate"))
+    # vLLM 0.34.0's router GEMM (GateLinear: CuTe DSL when it computes in FP32).
+    gate = next(layer for layer in data["layers"] if layer["name"] == "mlp.gate")
+    assert all(line.startswith("CuTe-DSL router GEMM") for line in gate["engine_jit"])
     text = CliRunner().invoke(main, ["plan", *QWEN_TP2]).output
     assert "Left to the engine" in text and "  mlp.experts.w2: Triton fused MoE" in text
 

@@ -236,3 +236,131 @@ def test_server_commands(tmp_path, monkeypatch):
         started["pid"]
     assert "stopped" in run("cache", "server", "stop").output
     assert "not running" in run("cache", "server", "status").output
+
+
+# ----- which store a command talks to: the daemon's, never one it starts -----
+
+def _config_file(tmp_path, url: str | None, **extra) -> str:
+    path = tmp_path / "warmd.yaml"
+    path.write_text(json.dumps({"version": 1, "models": [{"path": "llama-3.1-8b"}],
+                                "redis": {"url": url, **extra.pop("redis", {})}, **extra}))
+    return str(path)
+
+
+@pytest.fixture
+def state_dir(tmp_path, monkeypatch):
+    """A state dir of its own, and none of the caller's store or config variables."""
+    for name in ("WARMD_REDIS_URL", "WARMD_CONFIG", "WARMD_NAMESPACE",
+                 "WARMD_SIGNING_KEY", "WARMD_SIGNING_KEY_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("WARMD_STATE_DIR", str(tmp_path / "state"))
+    return tmp_path / "state"
+
+
+def test_store_commands_start_no_server_and_say_how_to_get_one(state_dir, tmp_path):
+    from warmd.store import embedded_status
+
+    (tmp_path / "some.tar").write_bytes(b"")
+    for args in (["stats"], ["ls"], ["ls", "--learned"], ["verify"], ["prune", "--dry-run"],
+                 ["export", str(tmp_path / "out.tar")], ["import", str(tmp_path / "some.tar")]):
+        result = run("cache", *args, code=1)
+        [line] = result.output.splitlines()
+        assert line.startswith("warmd: error: no shared cache is running") and \
+            "`warmd cache server start`" in line, args
+    assert embedded_status() is None and not (state_dir / "redis" / "server.json").exists()
+    plan = run("plan", "--model", "llama-3.1-8b", "--target", "h200", "--learned", code=1)
+    assert "no shared cache is running" in plan.output and embedded_status() is None
+
+
+def test_store_commands_read_the_config_and_the_running_daemons_store(url, state_dir,
+                                                                      tmp_path, monkeypatch):
+    from warmd.cluster import client
+    from warmd.config import load_config
+
+    _fill(url, tmp_path)
+    config = _config_file(tmp_path, url)
+    for args in (["--config", config], ["-c", config]):
+        stats = json.loads(run("cache", "stats", "--json", *args).output)
+        assert set(stats["nodes"]) == {"filler"}
+    monkeypatch.setenv("WARMD_CONFIG", config)
+    assert json.loads(run("cache", "ls", "--json").output)[0]["entries"] == 6
+    monkeypatch.delenv("WARMD_CONFIG")
+    run("cache", "stats", code=1)  # no daemon: the embedded default, not running
+    # what `warmd start --config` records: the store the daemon runs with
+    client._record_store(load_config(config), url, embedded=False)
+    recorded = state_dir / "daemon.json"
+    assert recorded.stat().st_mode & 0o777 == 0o600  # the URL may hold a password
+    assert json.loads(run("cache", "stats", "--json").output)["totals"]["compiled"] == 6
+    assert "6 entries checked: 6 ok" in run("cache", "verify").output
+    # an explicit store still wins over the daemon's
+    assert "unreachable" in run("cache", "stats", "--redis", "redis://127.0.0.1:1/0",
+                                code=1).output
+
+
+def test_store_commands_take_the_configs_namespace_and_signing_key(url, state_dir, tmp_path):
+    _fill(url, tmp_path, key=b"k1")
+    (tmp_path / "k1").write_text("k1\n")
+    (tmp_path / "k2").write_text("k2\n")
+    signed = _config_file(tmp_path, url, signing_key_file=str(tmp_path / "k1"))
+    assert "6 entries checked: 6 ok, 0 bad" in run("cache", "verify", "-c", signed).output
+    other = _config_file(tmp_path, url, signing_key_file=str(tmp_path / "k2"))
+    report = json.loads(run("cache", "verify", "-c", other, "--json", code=1).output)
+    assert report["ok"] == 0 and "signature" in report["bad"][0]["reason"]
+    team = _config_file(tmp_path, url, redis={"namespace": "team-b"})
+    printed = json.loads(run("cache", "fingerprint", "-c", team, "--target", "h200",
+                             "--library", "deep_gemm", "--json").output)
+    assert printed[0]["inputs"]["namespace"] == "team-b"
+
+
+def test_stop_ends_the_embedded_server_warmd_started_not_the_users(state_dir):
+    from warmd.cluster import client
+    from warmd.config import load_config
+    from warmd.store import StartedBy, embedded_status, ensure_embedded, stop_embedded
+
+    config = load_config()  # the embedded default: redis.url null
+    try:
+        ensure_embedded(started_by=StartedBy.WARMUP)  # a warmup's, then the daemon's
+        url, embedded = client.effective_redis_url(config)
+        assert embedded and embedded_status().url == url
+        assert client.stop_local_services() == ["embedded Redis (data kept)"]
+        assert embedded_status() is None
+
+        started = json.loads(run("cache", "server", "start", "--json").output)
+        assert started["started_by"] == "warmd cache server start"
+        client.effective_redis_url(config)
+        assert client.stop_local_services() == []  # the user's: it stays up
+        assert embedded_status().pid == started["pid"]
+    finally:
+        stop_embedded()
+
+
+def test_stats_say_what_they_count_and_show_the_stores_capacity(url, server, tmp_path):
+    _fill(url, tmp_path)
+    client = server.client()
+    client.config_set("maxmemory", str(64 << 20))
+    data = json.loads(run("cache", "stats", "--json", "--redis", url).output)
+    assert data["store_size"]["maxmemory"] == 64 << 20 and data["store_size"]["keys"] > 0
+    result = CliRunner(env={"COLUMNS": "200"}).invoke(main, ["cache", "stats", "--redis", url])
+    text = result.stdout
+    assert "Totals (every warmup since the store began)" in text
+    assert "64.0 MiB maxmemory" in text and "% used" in text
+    # one meaning per name: "published" is bytes (the node table, the Published line); the
+    # fingerprint table counts entries as "publications"
+    headers = [line for line in text.splitlines() if line.startswith("┃")]
+    assert "published" in headers[0] and "publications" in headers[1]
+    client.config_set("maxmemory", "0")
+    assert "no limit (maxmemory 0)" in run("cache", "stats", "--redis", url).output
+    client.close()
+
+
+def test_ls_at_80_columns_keeps_fingerprints_and_entry_names_whole(url, tmp_path):
+    fp = _fill(url, tmp_path)
+    names = [n for ns in task_entries(3).values() for n in ns]
+    narrow = CliRunner(env={"COLUMNS": "80"})
+    for args, wanted in ((["cache", "ls"], [fp]), (["cache", "ls", "--fingerprint", fp], names)):
+        result = narrow.invoke(main, [*args, "--redis", url])
+        assert result.exit_code == 0, result.output
+        lines = result.stdout.splitlines()
+        assert max(len(line) for line in lines) <= 80 and "…" not in result.stdout
+        for name in wanted:
+            assert any(f" {name} " in line for line in lines), (name, result.stdout)

@@ -132,7 +132,7 @@ def test_verify_load_replays_through_the_library(cluster):
     assert report["kernels"]["local_hits"] == 1 and report["kernels"]["compiled"] == 0
     assert report["hits_by_mode"] == {"verified": 0, "library": 1}
     assert report["task_details"][0]["mode"] == "library"
-    assert report["workers_started"] == 1 and list((state / "logs").glob("worker-*.log"))
+    assert report["workers_started"] == 1
     assert not imported["flashinfer"]  # the worker process loaded it, not this one
 
 

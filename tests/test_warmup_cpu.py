@@ -139,7 +139,7 @@ def test_cli_text_summary(warm, env):
     assert "tasks" in proc.stderr  # the progress bar goes to stderr
     # not a terminal: a line per task started and finished, naming the module
     lines = proc.stderr.splitlines()
-    assert lines[0] == "warmup: building flashinfer silu_and_mul", proc.stderr
+    assert lines[0] == "warmup: warming flashinfer silu_and_mul", proc.stderr
     assert lines[1].startswith("warmup: 1/1 tasks (0 compiled, 0 failed): flashinfer "
                                "silu_and_mul in ") and lines[1].endswith(" s: ok")
 
@@ -185,8 +185,8 @@ def test_terminal_progress_has_a_live_line_per_build_and_failures_on_their_own_l
         rendered = Console(width=100, file=io.StringIO(), record=True)
         rendered.print(frame)
         shown = rendered.export_text()
-        assert "building flashinfer silu_and_mul" in shown
-        assert "building flashinfer gelu_and_mul" in shown and "0/2 tasks" in shown
+        assert "warming flashinfer silu_and_mul" in shown
+        assert "warming flashinfer gelu_and_mul" in shown and "0/2 tasks" in shown
         failed = TaskResult(task.key, "flashinfer", False, 1.0,
                             [KernelOutcome("silu_and_mul", "failed", 1.0)], "nvcc exploded")
         display.finished(TaskReport(task, failed), 1, 2)

@@ -2,31 +2,41 @@
 
 After a node is READY its agent watches every registered library's cache directories
 (``CacheAdapter.watch_dirs``; inotify through watchdog, else polling, and a periodic rescan
-either way). Each complete entry that appears is a *runtime JIT*: a kernel the warmup did
-not predict, compiled in traffic. It is recorded (library, entry, node, time) and published
-once cluster-wide as a *learned* entry of every plan the node warmed:
+either way), in a thread of its own: a FIFO, a slow disk or a huge cache never holds up
+the agent's heartbeats. Each complete entry that appears is a *runtime JIT*: a kernel the
+warmup did not predict, compiled in traffic. It is recorded (library, entry, node, time),
+counted once per entry for the life of the capture (an entry that disappears and comes back
+is not counted again), and shared according to the cluster's trust in what its serving
+nodes' caches hold (``CaptureTrust``, warmd.yaml ``capture.trust``):
 
-- verified first: packed by its adapter (complete entries only, no links, no odd names) and
-  checked the way an install checks an archive (``check_artifact``: no traversal, links or
-  devices, not over WARMD_MAX_ARTIFACT_BYTES); an entry that fails is refused, counted,
-  never published;
-- published through the shared cache's task path (``publish_task``): one task record per
-  entry, ``learned_task(plan, entry)``, signed when signing is on, its manifest once per
-  fingerprint; then its name joins the plan's learned index (``SharedCache.add_learned``, a
-  set, so nodes capturing at once lose nothing);
-- installed on every node that warms the plan, before READY (``install_learned``, through
-  ``prefetch``: the same verification as any task).
+- ``rederive`` (the default): what a node captured is a *claim*, not code. It is verified
+  (its adapter packs it: complete entries only, no links, no odd names; the archive check
+  refuses traversal, devices and oversize) and stored unsigned in the pending tier
+  (``SharedCache.submit_claim``), which no node installs. A trusted producer rebuilds it
+  from its recorded source and flags (warmd.rederive) and publishes what *it* built, signed,
+  as a *learned* entry of every plan the claim names.
+- ``own-nodes``: the capturing node publishes the verified entry itself, signed with the
+  cluster key, as a learned entry (for a small cluster whose serving nodes are as trusted as
+  its builders: anything that can write into an engine's cache then reaches every node).
+- ``off``: runtime JIT is counted and nothing is shared.
 
-A scan on start publishes every complete entry on disk that no local task record names and
-the learned index does not hold yet, so a watcher that fell behind or restarted loses
-nothing; entries present at start are not counted as runtime JIT (a restarted agent re-warms
-first). An entry the engine deletes is forgotten (compiled again, it counts again); one it
-rewrites under the same name is the same kernel (names are content keys) and not sent twice.
+A learned entry is published through the shared cache's task path (``publish_task``): one
+task record per entry, ``learned_task(plan, entry)``, its manifest once per fingerprint; its
+name joins the plan's learned index (``SharedCache.add_learned``, a set, so nodes capturing
+at once lose nothing). Every node that warms the plan installs it before READY
+(``install_learned``, through ``prefetch``: the same verification as any task).
+
+A scan on start shares every complete entry on disk that no local task record names and the
+store does not hold yet (learned, or pending), so a watcher that fell behind or restarted
+loses nothing; entries present at start are not counted as runtime JIT (a restarted agent
+re-warms first). Every error is caught per entry and counted (``capture_failed``): a bad
+entry never stops a scan.
 """
 
 from __future__ import annotations
 
 import contextlib
+import enum
 import json
 import logging
 import threading
@@ -52,6 +62,19 @@ POLL_SECONDS = 2.0  # without inotify: how often the caches are scanned
 RESCAN_SECONDS = 30.0  # with inotify: a full scan anyway (events can be dropped)
 SETTLE_SECONDS = 0.2  # after an event, let the writer finish its renames
 MAX_EVENTS = 50  # runtime JIT events kept in the node record (the count keeps counting)
+MAX_TRIES = 5  # scans an entry that cannot be packed yet (mid-rewrite) is tried again
+
+
+class CaptureTrust(str, enum.Enum):
+    """What a cluster does with what its serving nodes' caches hold (warmd.yaml
+    ``capture.trust``)."""
+
+    REDERIVE = "rederive"  # a claim, until a trusted producer rebuilds it (warmd.rederive)
+    OWN_NODES = "own-nodes"  # published signed by the capturing node itself
+    OFF = "off"  # counted, never shared
+
+    def __str__(self) -> str:
+        return self.value
 
 
 def learned_task(plan_key: str, entry: str) -> str:
@@ -157,12 +180,10 @@ def install_learned(shared: SharedCache, adapter: CacheAdapter, plan_key: str) -
 
 
 def verify_for_publishing(adapter: CacheAdapter, entry: CacheEntry) -> str | None:
-    """Why an entry must not be published (None: it may): packing refuses incomplete
-    entries and links, the archive check refuses traversal, devices and oversize."""
-    from warmd.cache.artifacts import check_artifact
-
+    """Why an entry must not be shared (None: it may): packing refuses incomplete entries
+    and links, the archive check refuses traversal, devices and oversize."""
     try:
-        check_artifact(adapter.pack(entry), settings.max_artifact_bytes())
+        _verified(adapter, entry)
     except UnsafeArtifact as exc:
         return str(exc)
     return None
@@ -170,8 +191,10 @@ def verify_for_publishing(adapter: CacheAdapter, entry: CacheEntry) -> str | Non
 
 def publish_learned(shared: SharedCache, adapter: CacheAdapter, plan_keys: list[str],
                     entries: list[CacheEntry], seconds: float = 0.0) -> list[str]:
-    """Publish verified entries as learned entries of each plan; returns the names the store
-    took (published now or by another node before)."""
+    """Publish verified entries as learned entries of each plan (signed when signing is
+    on); returns the names the store took (published now or by another node before). Only
+    a trusted producer calls this (warmd.rederive), or a capture whose cluster trusts its
+    own nodes."""
     taken = []
     for entry in entries:
         done = [shared.publish_task(adapter, learned_task(plan, entry.name), [entry], seconds)
@@ -182,6 +205,14 @@ def publish_learned(shared: SharedCache, adapter: CacheAdapter, plan_keys: list[
         for plan in plan_keys:
             shared.add_learned(adapter, plan, taken)
     return taken
+
+
+def submit_claims(shared: SharedCache, adapter: CacheAdapter, plan_keys: list[str],
+                  artifacts: dict[str, bytes]) -> list[str]:
+    """Store verified entries' artifacts as pending claims (unsigned, installed by no
+    node); returns the names the store took."""
+    return [name for name, artifact in artifacts.items()
+            if shared.submit_claim(adapter, plan_keys, name, artifact)]
 
 
 @dataclass
@@ -195,12 +226,15 @@ class _Watched:
     plans: list[str]
     known: set[str] = field(default_factory=set)
     retry: set[str] = field(default_factory=set)  # not published yet (vanished, store down)
+    counted: set[str] = field(default_factory=set)  # counted as runtime JIT (once each)
+    shared_names: set[str] = field(default_factory=set)  # taken by the store (never again)
+    tries: dict[str, int] = field(default_factory=dict)  # packing attempts that failed
 
 
 JitCallback = Callable[[RuntimeJit], None]
 # (counter of stats.COUNTERS with CounterFlag.CAPTURE, library, amount): runtime_jit,
-# captured (published as learned, or found published), capture_refused (unsafe or
-# oversize: never published)
+# captured (shared as a claim or a learned entry, or found shared), capture_refused (unsafe
+# or oversize: never shared), capture_failed (an error reading or sharing an entry)
 CountCallback = Callable[[str, str, int], None]
 
 
@@ -211,12 +245,16 @@ class Capture:
                  open_shared: Callable[[Target], SharedCache | None],
                  on_runtime_jit: JitCallback | None = None,
                  on_count: CountCallback | None = None, inotify: bool = True,
-                 poll_seconds: float = POLL_SECONDS, env: dict[str, str] | None = None
-                 ) -> None:
+                 poll_seconds: float = POLL_SECONDS, env: dict[str, str] | None = None,
+                 trust: CaptureTrust = CaptureTrust.REDERIVE,
+                 on_started: Callable[[], None] | None = None) -> None:
         self.node = node
         self.env = env or {}  # the node's warm environment (namespace, key file)
+        self.trust = CaptureTrust(trust)
         self.on_runtime_jit = on_runtime_jit
         self.on_count = on_count
+        self.on_started = on_started
+        self.started = threading.Event()  # set once the scan on start and the watch began
         self.inotify = inotify
         self.poll_seconds = poll_seconds
         self.counts: dict[str, dict[str, int]] = {i: {} for i in ids(CounterFlag.CAPTURE)}
@@ -259,23 +297,42 @@ class Capture:
 
     @property
     def mode(self) -> str:
+        if not self.started.is_set():
+            return "starting"
         return "inotify" if self._observer is not None else "polling"
 
     # ----- lifecycle -----
 
     def start(self) -> None:
-        """Scan (publishing what no task and no learned record names), then watch. The
-        scan runs in the node's warm environment, where each cache's fingerprint is taken
-        (namespace salt, signing key), so the capture publishes where the warmup reads."""
-        with settings.scoped_env(self.env):
-            for watched in self._watched:
-                self._catch_up(watched)
-        if self.inotify:
-            self._observer = _start_watcher(
-                [d for w in self._watched for d in w.adapter.watch_dirs()], self._dirty.set)
-        self._thread = threading.Thread(target=self._loop, name="warmd-capture", daemon=True)
+        """Start the capture's thread and return at once: it scans (sharing what no task
+        and no learned or pending record names), then watches. The scan runs in the node's
+        warm environment, where each cache's fingerprint is taken (namespace salt, signing
+        key), so the capture shares where the warmup reads."""
+        self._thread = threading.Thread(target=self._run, name="warmd-capture", daemon=True)
         self._thread.start()
-        log.info("capture watching %d cache(s) (%s)", len(self._watched), self.mode)
+
+    def wait_started(self, timeout: float | None = None) -> bool:
+        """Whether the scan on start finished (and the watch began) within timeout."""
+        return self.started.wait(timeout)
+
+    def _run(self) -> None:
+        try:
+            with settings.scoped_env(self.env):
+                for watched in self._watched:
+                    if self._stop.is_set():
+                        return
+                    self._catch_up(watched)
+            if self.inotify and not self._stop.is_set():
+                self._observer = _start_watcher(
+                    [d for w in self._watched for d in w.adapter.watch_dirs()], self._dirty.set)
+        except Exception:  # a capture problem must never take the agent down
+            log.exception("capture: the scan on start failed")
+        self.started.set()
+        log.info("capture watching %d cache(s) (%s, trust %s)", len(self._watched), self.mode,
+                 self.trust)
+        if self.on_started is not None:
+            self.on_started()
+        self._loop()
 
     def stop(self) -> None:
         self._stop.set()
@@ -308,21 +365,29 @@ class Capture:
             if self._stop.is_set():
                 return
             try:
-                self.scan()
+                with settings.scoped_env(self.env):
+                    self.scan()
             except Exception:  # a capture problem must never take the agent down
                 log.exception("capture scan failed")
 
     # ----- scanning -----
 
     def _catch_up(self, watched: _Watched) -> None:
-        present = {e.name: e for e in _complete(watched.adapter) or []}
+        present = {e.name: e for e in self._complete(watched) or []}
         watched.known = set(present)
-        if watched.shared is None:
+        if watched.shared is None or self.trust is CaptureTrust.OFF:
             return
         shared_already: set[str] = set()
         for plan in watched.plans:  # also fixes the cache's fingerprint, in self.env
             shared_already.update(watched.shared.learned(watched.adapter, plan))
-        unplanned = set(present) - recorded_entries(watched.adapter.root) - shared_already
+        if self.trust is CaptureTrust.REDERIVE:
+            shared_already.update(watched.shared.pending(watched.adapter))
+        try:
+            recorded = recorded_entries(watched.adapter.root)
+        except Exception as exc:  # this node's own records unreadable: judge nothing now
+            self._failed(watched, "its task records", exc)
+            return
+        unplanned = set(present) - recorded - shared_already
         self._publish(watched, [present[n] for n in sorted(unplanned)])
 
     def scan(self) -> list[RuntimeJit]:
@@ -330,16 +395,21 @@ class Capture:
         those not published yet are tried again, not counted again)."""
         found = []
         for watched in self._watched:
-            listed = _complete(watched.adapter)
+            listed = self._complete(watched)
             if listed is None:  # unreadable now: judge nothing (a later scan will)
                 continue
             current = {e.name: e for e in listed}
-            new = sorted(set(current) - watched.known)
-            watched.known = set(current)  # deleted entries are forgotten
-            again = sorted((watched.retry & set(current)) - set(new))
+            appeared = sorted(set(current) - watched.known)
+            watched.known = set(current)  # an entry gone and back is looked at again
+            again = sorted((watched.retry & set(current)) - set(appeared))
             watched.retry &= set(current)
             if again:
                 self._publish(watched, [current[n] for n in again])
+            unshared = [n for n in appeared if n not in watched.shared_names]
+            if unshared:
+                self._publish(watched, [current[n] for n in unshared])
+            new = [n for n in appeared if n not in watched.counted]  # runtime JIT once each
+            watched.counted.update(new)
             if not new:
                 continue
             now = time.time()
@@ -352,40 +422,75 @@ class Capture:
                 if self.on_runtime_jit is not None:
                     self.on_runtime_jit(event)
             self._count("runtime_jit", watched.library, len(events))
-            self._publish(watched, [current[n] for n in new])
             found += events
         return found
 
     def _publish(self, watched: _Watched, entries: list[CacheEntry]) -> None:
-        good = []
+        """Share entries as the cluster's trust says: each packed and checked first (what
+        fails is refused and counted), each error caught and counted for that entry."""
+        if self.trust is CaptureTrust.OFF or watched.shared is None:
+            return
+        packed: dict[str, bytes] = {}
         for entry in entries:
             try:
-                why = verify_for_publishing(watched.adapter, entry)
-            except (OSError, ValueError) as exc:  # vanished or being rewritten: try again
-                watched.retry.add(entry.name)
-                log.info("capture: %s %s changed while packing (%s); trying again later",
-                         watched.library, entry.name, exc)
-                continue
-            if why is None:
-                good.append(entry)
-                continue
-            self._count("capture_refused", watched.library)
-            log.warning("capture: not publishing %s %s: %s", watched.library, entry.name, why)
-        if watched.shared is None or not good:
+                packed[entry.name] = _verified(watched.adapter, entry)
+            except UnsafeArtifact as exc:
+                self._count("capture_refused", watched.library)
+                log.warning("capture: not sharing %s %s: %s", watched.library, entry.name, exc)
+            except (OSError, ValueError) as exc:  # vanished or being rewritten: again later
+                self._try_again(watched, entry.name, exc)
+            except Exception as exc:  # a bug, a library's surprise: this entry only
+                self._failed(watched, entry.name, exc)
+        if not packed:
             return
-        taken = publish_learned(watched.shared, watched.adapter, watched.plans, good)
-        watched.retry |= {e.name for e in good} - set(taken)  # the store did not take them
+        try:
+            if self.trust is CaptureTrust.OWN_NODES:
+                good = [e for e in entries if e.name in packed]
+                taken = publish_learned(watched.shared, watched.adapter, watched.plans, good)
+            else:
+                taken = submit_claims(watched.shared, watched.adapter, watched.plans, packed)
+        except Exception as exc:  # the store degrades instead of raising; a bug still must not
+            self._failed(watched, f"{len(packed)} entries", exc)
+            taken = []
+        watched.retry |= set(packed) - set(taken)  # the store did not take them
         watched.retry -= set(taken)
+        watched.shared_names.update(taken)
         self._count("captured", watched.library, len(taken))
 
+    def _try_again(self, watched: _Watched, name: str, exc: Exception) -> None:
+        tries = watched.tries[name] = watched.tries.get(name, 0) + 1
+        if tries >= MAX_TRIES:
+            watched.retry.discard(name)
+            self._failed(watched, name, exc)
+            return
+        watched.retry.add(name)
+        log.info("capture: %s %s changed while packing (%s); trying again later",
+                 watched.library, name, exc)
 
-def _complete(adapter: CacheAdapter) -> list[CacheEntry] | None:
-    """The complete entries; None when the cache cannot be read now."""
-    try:
-        return adapter.list_entries()
-    except OSError as exc:  # the cache directory is being removed or is unreadable
-        log.warning("capture: cannot list %s: %s", adapter.root, exc)
+    def _failed(self, watched: _Watched, what: str, exc: BaseException) -> None:
+        self._count("capture_failed", watched.library)
+        log.warning("capture: %s %s: %s: %s", watched.library, what, type(exc).__name__, exc)
+
+    def _complete(self, watched: _Watched) -> list[CacheEntry] | None:
+        """The complete entries; None when the cache cannot be read now (counted unless it
+        is only missing or being removed)."""
+        try:
+            return watched.adapter.list_entries()
+        except OSError as exc:  # the cache directory is being removed or is unreadable
+            log.warning("capture: cannot list %s: %s", watched.adapter.root, exc)
+        except Exception as exc:  # RecursionError, a library's surprise: counted, not fatal
+            self._failed(watched, f"listing {watched.adapter.root}", exc)
         return None
+
+
+def _verified(adapter: CacheAdapter, entry: CacheEntry) -> bytes:
+    """The entry's artifact if it may be shared; raises UnsafeArtifact (never shared) or
+    OSError/ValueError (changed while packing)."""
+    from warmd.cache.artifacts import check_artifact
+
+    artifact = adapter.pack(entry)
+    check_artifact(artifact, settings.max_artifact_bytes())
+    return artifact
 
 
 class _Watcher:

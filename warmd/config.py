@@ -171,6 +171,22 @@ class AgentConfig:
                                   "free port)", DEFAULT_METRICS_PORT)
 
 
+CAPTURE_TRUST = ("rederive", "own-nodes", "off")  # warmd.capture.CaptureTrust's values
+
+
+@dataclass(frozen=True)
+class CaptureConfig:
+    """What happens to kernels the engine compiles after READY (warmd.capture)."""
+
+    trust: str = _key(str, "`rederive` (default): a captured entry stays a pending claim "
+                           "until a node of `rederive_nodes` rebuilds it; `own-nodes`: the "
+                           "capturing node publishes it signed; `off`: count, never share",
+                      "rederive")
+    rederive_nodes: tuple[str, ...] = _key(list, "node names (as `warmd status` shows them) "
+                                                 "trusted to re-derive claims and publish "
+                                                 "what they built", ())
+
+
 @dataclass(frozen=True)
 class WarmdConfig:
     models: tuple[ModelConfig, ...] = _key(list, "the models to keep warm")
@@ -181,6 +197,7 @@ class WarmdConfig:
     nodes: NodeSelector = _key(dict, "which GPU nodes get an agent", NodeSelector())
     builders: BuilderConfig = _key(dict, "nodes without GPUs", BuilderConfig())
     agent: AgentConfig = _key(dict, "the node agents", AgentConfig())
+    capture: CaptureConfig = _key(dict, "kernels compiled after READY", CaptureConfig())
     source: str = "<defaults>"  # where it was read (not a key)
 
     def to_json(self) -> dict:
@@ -225,7 +242,7 @@ def redact_url(url: str | None) -> str | None:
 
 _SECTIONS: dict[str, type] = {"redis": RedisConfig, "cache": CacheConfig,
                                "nodes": NodeSelector, "builders": BuilderConfig,
-                               "agent": AgentConfig}
+                               "agent": AgentConfig, "capture": CaptureConfig}
 _RENAMES = {name: f.name for name, f in yaml_keys(ModelConfig).items() if name != f.name}
 
 
@@ -439,6 +456,12 @@ def _parse(data) -> WarmdConfig:
             _positive(f"agent.{key}", agent[key])
     if "metrics_port" in agent and not 0 <= agent["metrics_port"] <= 65535:
         raise _fail("agent.metrics_port", f"must be 0..65535, got {agent['metrics_port']}")
+    capture = sections["capture"]
+    if capture.get("trust", "rederive") not in CAPTURE_TRUST:
+        raise _fail("capture.trust", f"unknown trust {capture['trust']!r} (known: "
+                                     f"{', '.join(CAPTURE_TRUST)})")
+    capture["rederive_nodes"] = _str_list("capture.rederive_nodes",
+                                          capture.get("rederive_nodes", []))
     key_file = data.get("signing_key_file")
     if key_file is not None:
         _check_type("signing_key_file", key_file, str)
@@ -450,6 +473,7 @@ def _parse(data) -> WarmdConfig:
         nodes=NodeSelector(tuple(sorted(labels.items())),
                            _str_list("nodes.gpu_types", nodes.get("gpu_types", []))),
         builders=BuilderConfig(**sections["builders"]),
+        capture=CaptureConfig(**capture),
         agent=AgentConfig(**{k: (float(v) if k != "metrics_port" else v)
                              for k, v in agent.items()}),
     )

@@ -38,6 +38,9 @@ class Quantization:
     scheme: str
     block: tuple[int, int] | None = None
     ignored: tuple[str, ...] = ()
+    # FP8 per-tensor weights with static per-tensor activation scales (kFp8StaticTensorSym
+    # for both): what FlashInfer's fused MoE takes besides block FP8.
+    static_activations: bool = False
 
     def for_layer(self, name: str) -> Quantization:
         """BF16 for layers a checkpoint leaves unquantized (ignored_layers and the like)."""
@@ -131,13 +134,24 @@ def parse_quantization(config: dict, override: str | None = None) -> Quantizatio
     ignored = _ignored(qc, "ignored_layers", "modules_to_not_convert", "exclude_modules")
     if method == "fp8":
         block = qc.get("weight_block_size")
+        scheme = qc.get("activation_scheme", "dynamic")
+        # Fp8Config.__init__: ACTIVATION_SCHEMES, and block weights only with dynamic ones.
+        if scheme not in ("static", "dynamic"):
+            raise WarmdInputError(f"quantization_config activation_scheme must be static or "
+                                  f"dynamic, got {scheme!r}")
+        if block and scheme != "dynamic":
+            raise WarmdInputError("quantization_config: block-wise FP8 (weight_block_size) "
+                                  "takes only the dynamic activation_scheme, as vLLM requires")
         if block:
             return Quantization("fp8_block", _block("weight_block_size", block), ignored)
-        return Quantization("fp8_tensor", None, ignored)
+        # Fp8Config.activation_scheme: "static" scales come with the checkpoint.
+        return Quantization("fp8_tensor", None, ignored,
+                            static_activations=qc.get("activation_scheme") == "static")
     if method == "mxfp8" or algo.upper() == "MXFP8":
         return Quantization("mxfp8", (1, 32), ignored)
     if method == "modelopt" and algo.upper() == "FP8":
-        return Quantization("fp8_tensor", None, ignored)
+        # ModelOpt FP8: per-tensor weights and static per-tensor input scales.
+        return Quantization("fp8_tensor", None, ignored, static_activations=True)
     if method == "compressed-tensors":
         return _compressed_tensors(qc)
     if method == "fbgemm_fp8":
@@ -196,7 +210,12 @@ def _compressed_tensors(qc: dict) -> Quantization:
                               f"num_bits={bits!r}); supported: 8-bit float; or pass "
                               "--quantization")
     if strategy in ("tensor", "channel"):
-        return Quantization("fp8_tensor", None, ignored)
+        inputs = [g.get("input_activations") or {} for g in groups.values()
+                  if isinstance(g, dict)]
+        static = strategy == "tensor" and bool(inputs) and all(
+            isinstance(i, dict) and i.get("dynamic") is False and i.get("strategy") == "tensor"
+            for i in inputs)
+        return Quantization("fp8_tensor", None, ignored, static_activations=static)
     if strategy == "block":
         block = weights[0].get("block_structure")
         return Quantization("fp8_block", _block("block_structure", block), ignored)
@@ -284,6 +303,8 @@ class _Builder:
     def moe(self, name: str, groups: int, n: int, k: int, topk: int, times: int,
             params: tuple = ()) -> None:
         q = self.quant.for_layer(name)
+        if q.scheme == "fp8_tensor" and q.static_activations:
+            params = (*params, ("act_scales", "static"))
         self.add(Layer(name, "moe", q.scheme, n, k, groups, block=q.block, topk=topk,
                        params=params), times)
 

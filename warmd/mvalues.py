@@ -95,6 +95,26 @@ def aligned_grouped_m(tokens: int, topk: int, groups: int, block_m: int = GROUPE
     return -(-rows // block_m) * block_m
 
 
+def vllm_grouped_rows(tokens: int, topk: int, experts: int,
+                      alignment: int = GROUPED_BLOCK_M) -> int:
+    """Rows of vLLM's contiguous grouped GEMM for `tokens` tokens when the expert counts are
+    not on the CPU (compute_aligned_M_and_alignment, vLLM >= 0.33.0): at most
+    min(tokens x topk, experts) experts are active, each padded to the alignment."""
+    expected = tokens * topk
+    active = min(expected, experts)
+    return -(-(expected + active * (alignment - 1)) // alignment) * alignment
+
+
+def vllm_grouped_warmup_tokens(spec: MSpec, n: int, num_sms: int) -> list[int]:
+    """The token counts vLLM's own grouped GEMM warmup runs (_get_grouped_gemm_params): the
+    relax set over every token one MoE layer sees, whatever VLLM_DEEP_GEMM_WARMUP says, plus
+    that maximum; n is the larger of the two GEMMs' N. An explicit M list replaces it."""
+    tokens = spec.moe_tokens or spec.max_tokens
+    if spec.explicit:
+        return sorted({m for m in spec.explicit if 1 <= m <= tokens})
+    return sorted({*relax_m_values(tokens, n, num_sms, spec.block_ms), tokens})
+
+
 def grouped_m_values(spec: MSpec, n: int, num_sms: int, topk: int, groups: int, lo: int,
                      hi: int | None) -> list[int]:
     """Row counts to run a contiguous grouped GEMM with when a wrapper routes token counts in

@@ -97,7 +97,9 @@ COUNTERS: tuple[Stat, ...] = (
          _F.STORE | _F.ERROR | _F.REFUSAL | _F.DETAIL | _F.SHOWN),
     Stat("refused_here", "Entries this node cannot use", _F.STORE | _F.REFUSAL),
     Stat("quarantined", "Entries quarantined", _F.STORE | _F.SHOWN),
-    Stat("published", "Entries published", _F.STORE | _F.SHOWN | _F.FP_COLUMN, column="published"),
+    # "published" alone, as a column or a label, is bytes (bytes_published) everywhere
+    Stat("published", "Entries published", _F.STORE | _F.SHOWN | _F.FP_COLUMN,
+         column="publications"),
     Stat("already_published", "Entries another node had published", _F.STORE),
     Stat("imported", "Entries imported", _F.STORE),
     Stat("publish_denied", "Publish refused (ACL)", _F.STORE | _F.ERROR | _F.TROUBLE | _F.SHOWN),
@@ -124,6 +126,11 @@ COUNTERS: tuple[Stat, ...] = (
     Stat("runtime_jit", "Runtime JIT (after READY)", _F.CAPTURE | _F.ERROR),
     Stat("captured", "Entries captured and shared", _F.CAPTURE),
     Stat("capture_refused", "Captured entries refused (unsafe)", _F.CAPTURE | _F.ERROR),
+    Stat("capture_failed", "Capture errors (per entry)", _F.CAPTURE | _F.ERROR),
+    # What a trusted producer counts re-deriving claims (warmd.rederive).
+    Stat("rederived", "Claims re-derived and published", _F.CAPTURE),
+    Stat("rederived_differs", "of which not the claim's bytes", _F.CAPTURE | _F.DETAIL),
+    Stat("rederive_refused", "Claims refused by re-derivation", _F.CAPTURE | _F.ERROR),
 )
 # HELP of the Prometheus counters derived from the table (warmd.cluster.metrics): every
 # counter a warmup or a capture counts that is not a kernel outcome (those are one
@@ -143,6 +150,12 @@ HELP: dict[str, str] = {
     "runtime_jit": "Kernels the engine compiled after the node was READY (missed by warmup)",
     "captured": "Kernels compiled after READY that were captured and shared (or found shared)",
     "capture_refused": "Kernels compiled after READY refused for sharing (unsafe or too large)",
+    "capture_failed": "Errors reading or sharing a captured entry (each counted, none fatal)",
+    "rederived": "Captured entries a trusted producer rebuilt and published as learned entries",
+    "rederived_differs": "Re-derived entries whose rebuilt bytes differ from the claim's "
+                         "(the rebuilt ones are published)",
+    "rederive_refused": "Captured entries the re-derivation refused (no source to rebuild "
+                        "from, inputs outside what the library uses, a failed rebuild)",
 }
 BY_ID = {s.id: s for s in COUNTERS}
 BY_OUTCOME = {s.outcome: s for s in COUNTERS if s.outcome}

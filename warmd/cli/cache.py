@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, NoReturn
 
 import click
-from rich.table import Table
+from rich.console import RenderableType
 
+from warmd import settings
 from warmd.cli.render import Col, fitted_table, make_console
 from warmd.errors import WarmdInputError
 from warmd.stats import (
@@ -25,25 +28,62 @@ from warmd.stats import (
     select,
 )
 
+if TYPE_CHECKING:
+    from warmd.cluster.client import CommandStore
+    from warmd.store import SharedCache
+
 STORE_HELP = ("Shared cache URL: redis://[user:password@]host:port/db, rediss:// for TLS, "
-              "redis+cluster:// (or ?cluster=true) for Redis Cluster. Default: "
-              "WARMD_REDIS_URL, else warmd's embedded server (started if needed).")
+              "redis+cluster:// (or ?cluster=true) for Redis Cluster. Default: the store of "
+              "--config, else WARMD_REDIS_URL, else WARMD_CONFIG's, else the one the running "
+              "daemon (`warmd start`) uses, else the embedded server if it runs (never "
+              "started by this command).")
+CONFIG_HELP = ("warmd.yaml whose store (redis.url, redis.namespace, signing_key_file) to use "
+               "(default: WARMD_CONFIG, else the running daemon's).")
 
 
-def _fail(message: str) -> None:
+def _fail(message: str) -> NoReturn:
     click.echo(f"warmd: error: {message}", err=True)
     sys.exit(1)
 
 
-def store_option(func):
-    return click.option("--redis", "redis_url", metavar="URL", help=STORE_HELP)(func)
+def store_options(func):
+    """--config and --redis: which shared cache a command talks to (command_store)."""
+    func = click.option("--redis", "redis_url", metavar="URL", help=STORE_HELP)(func)
+    return click.option("--config", "-c", "config_path", metavar="PATH",
+                        help=CONFIG_HELP)(func)
 
 
 def json_option(func):
     return click.option("--json", "as_json", is_flag=True, help="Print JSON.")(func)
 
 
-def _open(redis_url: str | None):
+def opened_store(config_path: str | None, redis_url: str | None
+                 ) -> contextlib.AbstractContextManager[SharedCache]:
+    """The daemon's shared cache (warmd.cluster.client.command_store: never started here),
+    open, with the daemon's namespace and signing key. Exit 1 with one line when there is
+    none, when it is unreachable, or when a store command fails."""
+    from warmd.cluster.client import command_store
+
+    return _opened(command_store(config_path, redis_url))
+
+
+@contextlib.contextmanager
+def _opened(store: CommandStore) -> Iterator[SharedCache]:
+    from warmd.store import StoreFailed
+
+    if store.url is None:
+        _fail(store.problem or "no shared cache")
+    with settings.scoped_env(store.env()):
+        cache = _open(store.url)
+        try:
+            yield cache
+        except StoreFailed as failed:
+            _fail(f"shared cache {cache.display_url}: {failed}")
+        finally:
+            cache.close()
+
+
+def _open(url: str) -> SharedCache:
     from warmd.store import open_shared_cache
 
     # An admin command reports an unreachable store itself, as its one error line; the
@@ -52,25 +92,16 @@ def _open(redis_url: str | None):
     level = store_log.level
     store_log.setLevel(logging.ERROR)
     try:
-        cache = open_shared_cache(redis_url)
+        cache = open_shared_cache(url)
     finally:
         store_log.setLevel(level)
     if cache.disabled_reason:
+        cache.close()
         _fail(f"no shared cache: {cache.disabled_reason}")
     if not cache.reachable:
+        cache.close()
         _fail(f"shared cache {cache.display_url} unreachable: {cache.last_error}")
     return cache
-
-
-def _run(cache, func, *args, **kwargs):
-    from warmd.store import StoreFailed
-
-    try:
-        return func(cache, *args, **kwargs)
-    except StoreFailed as failed:
-        _fail(f"shared cache {cache.display_url}: {failed}")
-    finally:
-        cache.close()
 
 
 def _echo_json(data) -> None:
@@ -113,25 +144,31 @@ def _adapters(libraries: tuple[str, ...], target):
 @click.option("--target", "-t", metavar="PRESET", help="GPU preset instead of the local GPU.")
 @click.option("--capability", metavar="X.Y", help="Compute capability instead of the local GPU.")
 @click.option("--sms", type=int, help="SM count of the target.")
+@click.option("--config", "-c", "config_path", metavar="PATH",
+              help="warmd.yaml whose redis.namespace to use (default: WARMD_CONFIG, else the "
+                   "running daemon's).")
 @json_option
-def fingerprint(libraries, target, capability, sms, as_json) -> None:
+def fingerprint(libraries, target, capability, sms, config_path, as_json) -> None:
     """Show the compatibility fingerprint of each library's cache on this node.
 
     Shared entries are kept per fingerprint: library version and install path, target arch
-    and SM count, CUDA toolkit and driver major version, compiler and the namespace
-    (WARMD_NAMESPACE). Nodes with equal fingerprints share entries.
+    and SM count, CUDA toolkit and driver major version, compiler and the namespace (the
+    daemon's redis.namespace, WARMD_NAMESPACE overriding it). Nodes with equal fingerprints
+    share entries.
     """
+    from warmd.cluster.client import command_store
     from warmd.store import compute_fingerprint
     from warmd.targets import resolve_target
 
     resolved = resolve_target(target, capability, sms)
     results = []
-    for library, adapter in _adapters(tuple(libraries), resolved):
-        if adapter is None:
-            results.append({"library": library, "digest": None, "inputs": {},
-                            "error": f"{library} is not installed here"})
-            continue
-        results.append(compute_fingerprint(adapter, resolved).to_json())
+    with settings.scoped_env(command_store(config_path).env()):
+        for library, adapter in _adapters(tuple(libraries), resolved):
+            if adapter is None:
+                results.append({"library": library, "digest": None, "inputs": {},
+                                "error": f"{library} is not installed here"})
+                continue
+            results.append(compute_fingerprint(adapter, resolved).to_json())
     if as_json:
         _echo_json(results)
         return
@@ -148,21 +185,32 @@ def fingerprint(libraries, target, capability, sms, as_json) -> None:
 # ----------------------------------------------------------------------------- stats
 
 @cache.command()
-@store_option
+@store_options
 @json_option
-def stats(redis_url, as_json) -> None:
-    """Cluster-wide counters, per node and per fingerprint (sccache style)."""
+def stats(config_path, redis_url, as_json) -> None:
+    """Cluster-wide counters, per node and per fingerprint (sccache style): every warmup
+    that used the store, summed per machine since the store began (`warmd status` sums
+    each selected node's last warmup instead), and the store's size and capacity."""
+    from warmd.cli.status_view import store_lines
+    from warmd.cluster.client import command_store, store_size
     from warmd.store import admin
 
-    data = _run(_open(redis_url), admin.read_stats)
+    target = command_store(config_path, redis_url)
+    with _opened(target) as store:
+        data = admin.read_stats(store)
+    size = store_size(target)
+    data["store_size"] = size.to_json() if size else None
     if as_json:
         _echo_json(data)
         return
     totals = data["totals"]
     summary = Counters.from_json(totals)
-    click.echo(summary.render_text(f"Shared cache {data['store']}: {len(data['nodes'])} nodes, "
-                                   f"{len(data['fingerprints'])} fingerprints"))
+    click.echo(f"Shared cache {data['store']}: {len(data['nodes'])} machine(s), "
+               f"{len(data['fingerprints'])} fingerprint(s)")
+    click.echo(summary.render_text("Totals (every warmup since the store began)"))
     for line in render_details(totals):
+        click.echo(line)
+    for line in store_lines(size):
         click.echo(line)
     console = make_console()
     if data["nodes"]:
@@ -189,7 +237,7 @@ def _rate(counters: dict) -> str:
     return "-" if rate is None else f"{100 * rate:.1f} %"
 
 
-def _node_table(nodes: dict) -> Table:
+def _node_table(nodes: dict) -> RenderableType:
     counter_cols = _counter_columns(CounterFlag.NODE_COLUMN)
     columns = [Col("node", "id"), *(Col(h, justify="right", dropped=h != "hit rate")
                                     for h, _ in counter_cols),
@@ -202,9 +250,9 @@ def _node_table(nodes: dict) -> Table:
     return fitted_table("Per node", columns, rows)
 
 
-def _fp_table(fps: dict) -> Table:
+def _fp_table(fps: dict) -> RenderableType:
     counter_cols = _counter_columns(CounterFlag.FP_COLUMN)
-    columns = [Col("fingerprint", "id", whole=False), Col("library"),
+    columns = [Col("fingerprint", "id"), Col("library"),
                Col("namespace", "id", dropped=True), Col("entries", justify="right"),
                *(Col(h, justify="right", dropped=True) for h, _ in counter_cols)]
     rows = [[fp, info["library"], str(info["namespace"] or "-"), str(info["entries"]),
@@ -222,39 +270,46 @@ def _fp_table(fps: dict) -> Table:
               help="List learned entries: what nodes compiled after READY that no plan named, "
                    "per plan, with the planner rule that missed each.")
 @click.option("--plan", "plan_key", metavar="KEY", help="With --learned: only this plan.")
-@store_option
+@store_options
 @json_option
-def ls_cmd(fingerprint_, learned, plan_key, redis_url, as_json) -> None:
+def ls_cmd(fingerprint_, learned, plan_key, config_path, redis_url, as_json) -> None:
     """List fingerprints (entries, bytes, last use), the entries of one fingerprint, or the
     learned entries (--learned)."""
     from warmd.store import admin
 
     if plan_key and not learned:
         raise click.UsageError("--plan goes with --learned")
-    store = _open(redis_url)
+    with opened_store(config_path, redis_url) as store:
+        where = store.display_url
+        if learned:
+            indexes = admin.learned_indexes(store, plan_key)
+        elif fingerprint_:
+            found = admin.entries(store, fingerprint_)
+        else:
+            rows = admin.listing(store)
     if learned:
-        show_learned(_run(store, admin.learned_indexes, plan_key), as_json,
-                     f"Learned entries in {store.display_url}")
+        show_learned(indexes, as_json, f"Learned entries in {where}")
         return
     if fingerprint_:
-        items = [admin.entry_json(i) for i in _run(store, admin.entries, fingerprint_)]
+        items = [admin.entry_json(i) for i in found]
         if as_json:
             _echo_json(items)
             return
-        columns = [Col("name", "id"), Col("size"), Col("producer", "id"), Col("compile"),
-                   Col("created"), Col("last used"), Col("state")]
+        columns = [Col("name", "id"), Col("size", justify="right"), Col("producer", "id"),
+                   Col("compile", justify="right"), Col("created", dropped=True),
+                   Col("last used", dropped=True), Col("state")]
         rows = [[i["name"], format_bytes(i.get("size", 0)), i.get("producer", "-"),
                  format_seconds(i.get("compile_seconds", 0.0)), _ago(i.get("created")),
                  _ago(i["last_used"]), i["state"]] for i in items]
         make_console().print(fitted_table(f"Entries of {fingerprint_}", columns, rows))
         return
-    rows = _run(store, admin.listing)
     if as_json:
         _echo_json(rows)
         return
-    columns = [Col("fingerprint", "id"), Col("library"), Col("version", "id"), Col("arch"),
-               Col("sms"), Col("namespace", "id"), Col("entries"), Col("bytes"),
-               Col("last used")]
+    columns = [Col("fingerprint", "id"), Col("library"), Col("version", "id"),
+               Col("arch", dropped=True), Col("sms", dropped=True),
+               Col("namespace", "id", dropped=True), Col("entries", justify="right"),
+               Col("bytes", justify="right"), Col("last used", dropped=True)]
     cells = []
     for r in rows:
         inputs = r["inputs"]
@@ -286,14 +341,15 @@ def show_learned(indexes: list[dict], as_json: bool, title: str) -> None:
               help="Only these fingerprints (repeatable; default: all).")
 @click.option("--quarantine", is_flag=True,
               help="Quarantine corrupt entries (never ones that are only unsigned).")
-@store_option
+@store_options
 @json_option
-def verify(fingerprints, quarantine, redis_url, as_json) -> None:
+def verify(fingerprints, quarantine, config_path, redis_url, as_json) -> None:
     """Check every entry as a fetch would: manifest, signature, chunks, digest, archive
     safety. Exits 1 when any entry is bad."""
     from warmd.store import admin
 
-    report = _run(_open(redis_url), admin.verify, fingerprints, quarantine)
+    with opened_store(config_path, redis_url) as store:
+        report = admin.verify(store, fingerprints, quarantine)
     if as_json:
         _echo_json(report.to_json())
     else:
@@ -318,9 +374,9 @@ def verify(fingerprints, quarantine, redis_url, as_json) -> None:
               help="Remove every entry of the selected fingerprints (needs --fingerprint or "
                    "--namespace).")
 @click.option("--dry-run", is_flag=True, help="Report what would go; change nothing.")
-@store_option
+@store_options
 @json_option
-def prune(older_than, fingerprints, namespaces, everything, dry_run, redis_url,
+def prune(older_than, fingerprints, namespaces, everything, dry_run, config_path, redis_url,
           as_json) -> None:
     """Remove old or disowned entries, stale index members and unreferenced blobs."""
     from warmd.store import admin
@@ -329,14 +385,13 @@ def prune(older_than, fingerprints, namespaces, everything, dry_run, redis_url,
         raise WarmdInputError("--older-than must be a number of days >= 0")
     if everything and not (fingerprints or namespaces):
         raise WarmdInputError("--all needs --fingerprint or --namespace")
-    store = _open(redis_url)
-    selected = _run_keep(store, admin.select_fingerprints, fingerprints, namespaces)
-    if (fingerprints or namespaces) and not selected:
-        store.close()
-        raise WarmdInputError("no fingerprint matches the given --fingerprint/--namespace")
-    report = _run(store, admin.prune, older_than=None if older_than is None
-                  else older_than * 86400, selected=selected, everything=everything,
-                  dry_run=dry_run)
+    with opened_store(config_path, redis_url) as store:
+        selected = admin.select_fingerprints(store, fingerprints, namespaces)
+        if (fingerprints or namespaces) and not selected:
+            raise WarmdInputError("no fingerprint matches the given --fingerprint/--namespace")
+        report = admin.prune(store, older_than=None if older_than is None
+                             else older_than * 86400, selected=selected,
+                             everything=everything, dry_run=dry_run)
     if as_json:
         _echo_json(report.to_json())
         return
@@ -347,31 +402,22 @@ def prune(older_than, fingerprints, namespaces, everything, dry_run, redis_url,
                f"{report.stale_index} stale index members")
 
 
-def _run_keep(store, func, *args):
-    from warmd.store import StoreFailed
-
-    try:
-        return func(store, *args)
-    except StoreFailed as failed:
-        store.close()
-        _fail(f"shared cache {store.display_url}: {failed}")
-
-
 # ----------------------------------------------------------------------------- export/import
 
 @cache.command(name="export")
 @click.argument("path", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--fingerprint", "fingerprints", multiple=True, metavar="FP",
               help="Only these fingerprints (repeatable; default: all).")
-@store_option
+@store_options
 @json_option
-def export_cmd(path, fingerprints, redis_url, as_json) -> None:
+def export_cmd(path, fingerprints, config_path, redis_url, as_json) -> None:
     """Write verified entries to a tar archive (for air-gapped clusters)."""
     from warmd.store import admin
 
     if not path.parent.is_dir():
         raise WarmdInputError(f"directory {path.parent} does not exist")
-    counts = _run(_open(redis_url), admin.export_archive, path, fingerprints)
+    with opened_store(config_path, redis_url) as store:
+        counts = admin.export_archive(store, path, fingerprints)
     if as_json:
         _echo_json(counts)
     else:
@@ -383,20 +429,20 @@ def export_cmd(path, fingerprints, redis_url, as_json) -> None:
 
 @cache.command(name="import")
 @click.argument("path", type=click.Path(dir_okay=False, path_type=Path))
-@store_option
+@store_options
 @json_option
-def import_cmd(path, redis_url, as_json) -> None:
+def import_cmd(path, config_path, redis_url, as_json) -> None:
     """Import an archive made by `warmd cache export`, verifying every entry as a fetch
     does; refused entries are skipped and counted. An unsafe archive imports nothing."""
     from warmd.store import admin
 
     if not path.is_file():
         raise WarmdInputError(f"no such archive: {path}")
-    store = _open(redis_url)
-    try:
-        counts = _run(store, admin.import_archive, path)
-    except admin.UnsafeArchive as exc:
-        raise WarmdInputError(f"refusing {path}: {exc}") from None
+    with opened_store(config_path, redis_url) as store:
+        try:
+            counts = admin.import_archive(store, path)
+        except admin.UnsafeArchive as exc:
+            raise WarmdInputError(f"refusing {path}: {exc}") from None
     if as_json:
         _echo_json(counts)
     else:
@@ -417,7 +463,9 @@ def _server_json(found) -> dict:
 
     return {"running": found is not None,
             **({"url": redact(found.url), "pid": found.pid, "port": found.port,
-                "data_dir": str(found.data_dir), "binary": found.binary} if found else {})}
+                "data_dir": str(found.data_dir), "binary": found.binary,
+                "started_by": found.started_by.value if found.started_by else None}
+               if found else {})}
 
 
 def _print_server(found) -> None:
@@ -425,8 +473,9 @@ def _print_server(found) -> None:
         click.echo("embedded server: not running")
     else:
         info = _server_json(found)
+        started = f", started by {info['started_by']}" if info["started_by"] else ""
         click.echo(f"embedded server: {info['url']} (pid {info['pid']}, "
-                   f"{Path(info['binary']).name}, data in {info['data_dir']})")
+                   f"{Path(info['binary']).name}, data in {info['data_dir']}{started})")
 
 
 @server.command(name="status")
@@ -442,11 +491,12 @@ def server_status(as_json) -> None:
 @server.command(name="start")
 @json_option
 def server_start(as_json) -> None:
-    """Start the embedded server (or find the running one)."""
-    from warmd.store import EmbeddedServerError, ensure_embedded
+    """Start the embedded server (or find the running one). It then stays up until `warmd
+    cache server stop`: `warmd stop` leaves it running."""
+    from warmd.store import EmbeddedServerError, StartedBy, ensure_embedded
 
     try:
-        found = ensure_embedded()
+        found = ensure_embedded(started_by=StartedBy.SERVER_COMMAND)
     except EmbeddedServerError as exc:
         _fail(str(exc))
     _echo_json(_server_json(found)) if as_json else _print_server(found)

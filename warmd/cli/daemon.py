@@ -11,6 +11,7 @@ import time
 
 import click
 
+from warmd.cli.render import wrapped
 from warmd.cli.status_view import (
     render_start_summary,
     render_status,
@@ -113,35 +114,42 @@ def start(config_path, redis_url, namespace, address, metrics_port, wait, timeou
     if not as_json:
         verb = "started" if started.created else "already running; configuration applied"
         local = " (local cluster started)" if started.started_local_ray else ""
-        click.echo(f"warmd controller {verb} on Ray {started.address}{local}; "
-                   f"config {started.config_hash} from {config.source}; "
-                   f"shared cache {started.redis or 'off'}")
+        for line in wrapped(f"warmd controller {verb} on Ray {started.address}{local}; "
+                            f"config {started.config_hash} from {config.source}; "
+                            f"shared cache {started.redis or 'off'}"):
+            click.echo(line)
     code = 0
     waited = time.monotonic()
     if started.no_node:
         click.echo(f"warmd: {started.no_node}", err=True)
         code = 1
     elif wait:
-        snap, code = _wait_for_nodes(None, config, timeout, started.address, interval=0.25)
+        snap, code = _wait_for_nodes(None, client.config_store(config), timeout,
+                                     started.address, interval=0.25)
+        if code == 0 and not snap.nodes:  # the current config selects no node after all
+            code = 1
+            summary["no_node"] = snap.no_node or "the config selects no node"
         if as_json:
             summary["status"] = snap.to_json()
             summary["seconds"] = start_seconds(started.seconds, time.monotonic() - waited,
                                                time.monotonic() - began, snap)
         else:
             click.echo(render_start_summary(snap, time.monotonic() - began, code))
+            if summary["no_node"]:
+                click.echo(f"warmd: {summary['no_node']}", err=True)
     if as_json:
         click.echo(json.dumps(summary, indent=2))
     sys.exit(code)
 
 
-def _wait_for_nodes(node_id, config, timeout: float, address, interval: float = 1.0
+def _wait_for_nodes(node_id, store, timeout: float, address, interval: float = 1.0
                     ) -> tuple[StatusSnapshot, int]:
     """Poll until the target nodes settle; (last snapshot, exit code)."""
     from warmd.cluster import client
 
     deadline = time.monotonic() + timeout
     while True:
-        snap = client.snapshot(address, config)
+        snap = client.snapshot(address, store)
         settled = snap.settled(node_id)
         if settled is not None:
             return snap, 0 if settled else 1
@@ -200,24 +208,26 @@ def status(address, config_path, redis_url, namespace, as_json, watch, interval,
     --fail-on-runtime-jit, when a node compiled a kernel after READY: a warm miss, which
     `runtime JIT` shows per node). --watch ends on Ctrl-C (exit 130) or SIGTERM (exit 143).
     """
-    config = _load(config_path, redis_url, namespace)
+    from warmd.cluster import client
+
+    store = client.command_store(config_path, redis_url, namespace)
     if not watch:
-        code = _show_status(address, config, as_json, watch=False,
+        code = _show_status(address, store, as_json, watch=False,
                             fail_on_runtime_jit=fail_on_runtime_jit)
         sys.exit(code)
     with _stop_on_signals() as rearm:
         while True:
-            _show_status(address, config, as_json, watch=True)
+            _show_status(address, store, as_json, watch=True)
             rearm()  # connecting to Ray installs Ray's own handlers
             time.sleep(interval)
 
 
-def _show_status(address, config, as_json: bool, watch: bool,
+def _show_status(address, store, as_json: bool, watch: bool,
                  fail_on_runtime_jit: bool = False) -> int:
     """Print one status; returns its exit code."""
     from warmd.cluster import client
 
-    snap = client.snapshot(address, config)
+    snap = client.snapshot(address, store)
     if as_json:
         click.echo(json.dumps(snap.to_json(), indent=None if watch else 2))
     elif not snap.running and not snap.nodes:
@@ -287,12 +297,13 @@ def wait_ready(address, node_id, all_nodes, timeout, config_path, redis_url, nam
     reachable). Exit code 0 when warm, 1 when a node FAILED, the config selects no node or
     the time ran out.
     """
+    from warmd.cluster import client
     from warmd.errors import WarmdInputError
 
     if node_id and all_nodes:
         raise WarmdInputError("use either --node-id or --all, not both")
-    config = _load(config_path, redis_url, namespace)
-    snap, code = _wait_for_nodes(node_id, config, timeout, address, interval=0.5)
+    store = client.command_store(config_path, redis_url, namespace)
+    snap, code = _wait_for_nodes(node_id, store, timeout, address, interval=0.5)
     nodes = snap.matching(node_id)
     if code == 0 and nodes:
         degraded = [n for n in nodes if n.state != NodeStatus.READY]
@@ -311,7 +322,9 @@ def wait_ready(address, node_id, all_nodes, timeout, config_path, redis_url, nam
         for n in nodes:
             if n.state not in WARM_STATES:
                 reason = f": {n.reason}" if n.reason else ""
-                click.echo(f"not ready: node {n.node_id[:8]} {n.state}{reason}", err=True)
+                for line in wrapped(f"not ready: node {n.name or n.node_id[:8]} {n.state}"
+                                    f"{reason}"):
+                    click.echo(line, err=True)
     sys.exit(code)
 
 

@@ -63,8 +63,9 @@ def _plan_options(func, model_required: bool, model_help: str):
                      help="M values to warm: every M, vLLM's relax set, or SGLang's fast set "
                           "(default: what the engine's own warmup does)."),
         click.option("--max-tokens", type=int,
-                     help="Largest M (vLLM: --max-num-batched-tokens, default 8192; SGLang: "
-                          "its precompile range)."),
+                     help="Largest M (default: the engine's own: vLLM's "
+                          "--max-num-batched-tokens for the GPU, 8192 on an H200; SGLang's "
+                          "precompile range)."),
         click.option("--chunked-prefill-size", type=int,
                      help="SGLang's --chunked-prefill-size (sets its DeepGEMM M range)."),
         click.option("--attention-backend", metavar="NAME",

@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.text import Text
 
 from warmd.cli.options import plan_options
-from warmd.cli.render import Col, fitted_table, make_console
+from warmd.cli.render import Col, fitted_table, make_console, wrapped
 from warmd.plan import (
     Plan,
     PlanRequest,
@@ -26,8 +26,9 @@ from warmd.plan import (
               help="Also list the plan's learned entries: kernels nodes compiled after READY "
                    "that no task names (read from the shared cache; installed with the plan).")
 @click.option("--redis", "redis_url", metavar="URL",
-              help="With --learned: the shared cache (default: WARMD_REDIS_URL, else the "
-                   "embedded server).")
+              help="With --learned: the shared cache (default: WARMD_REDIS_URL, else "
+                   "WARMD_CONFIG's, else the running daemon's, else the embedded server if "
+                   "it runs).")
 def plan(request: PlanRequest, as_json: bool, learned: bool, redis_url: str | None) -> None:
     """Show the kernel each layer will dispatch to and the JIT tasks a warmup would run.
 
@@ -36,8 +37,8 @@ def plan(request: PlanRequest, as_json: bool, learned: bool, redis_url: str | No
     --target they may only repeat the preset's values), and the libraries with
     --with/--without. Libraries are otherwise those installed here: a plan for another
     GPU notes on stderr each missing library that would change it. Tables follow the
-    terminal's width; long keys are shortened in the middle (their digest tail works as
-    --task-filter), --json has them whole.
+    terminal's width: too narrow for a table, each layer and task is a block of lines;
+    names and keys are never cut (a key's digest, its last part, works as --task-filter).
     """
     result = make_plan(request)
     note_absent_libraries(result)
@@ -62,10 +63,11 @@ def plan(request: PlanRequest, as_json: bool, learned: bool, redis_url: str | No
 
 def _learned(plan_key: str, redis_url: str | None) -> list[dict]:
     """The plan's learned indexes in the shared cache (exit 1 when it cannot be read)."""
-    from warmd.cli.cache import _open, _run
+    from warmd.cli.cache import opened_store
     from warmd.store import admin
 
-    return _run(_open(redis_url), admin.learned_indexes, plan_key)
+    with opened_store(None, redis_url) as store:
+        return admin.learned_indexes(store, plan_key)
 
 
 def note_absent_libraries(result: Plan) -> None:
@@ -126,26 +128,34 @@ def _kernel_cell(s) -> Text:
     return Text("\n".join(lines))
 
 
+def _say(console: Console, text: str, style: str = "") -> None:
+    """A line of the plan's report, wrapped at the console's width (at spaces; a word
+    longer than a line after a separator), its next lines indented two further."""
+    body = text.lstrip(" ")
+    for line in wrapped(body, console.width, text[:len(text) - len(body)]):
+        console.print(Text(line, style=style), no_wrap=True, overflow="ignore")
+
+
 def render_plan(result: Plan, console: Console) -> None:
     target = result.env.target
-    console.print(Text(f"Plan {result.key}  model={result.model.model_type} "
-                       f"({result.model.path})  tp={result.model.tp} ep={result.model.ep}  "
-                       f"quant={result.model.quant.scheme}  engine={result.env.engine}  "
-                       f"mode={result.mspec.mode} max_tokens={result.mspec.max_tokens}",
-                       style="bold"))
-    console.print(Text(f"Target: {target.name}  sm_{target.arch}  {target.sms} SMs  "
-                       f"({target.source})"))
+    _say(console, f"Plan {result.key}  model={result.model.model_type} "
+                  f"({result.model.path})  tp={result.model.tp} ep={result.model.ep}  "
+                  f"quant={result.model.quant.scheme}  engine={result.env.engine}  "
+                  f"mode={result.mspec.mode} max_tokens={result.mspec.max_tokens}",
+         style="bold")
+    _say(console, f"Target: {target.name}  sm_{target.arch}  {target.sms} SMs  "
+                  f"({target.source})")
     libs = ", ".join(f"{n}={'yes' if p.available else 'no'}"
                      + (f" {p.version}" if p.version else "")
                      + (f" ({p.module})" if p.module and p.module != n else "")
                      for n, p in result.env.libraries.items())
-    console.print(Text(f"Libraries: {libs}"))
+    _say(console, f"Libraries: {libs}")
     assumed = assumed_libraries(result)
     if assumed is not None:
-        console.print(Text(f"Assumed on the target: {', '.join(assumed['present']) or 'none'}"
-                           f"; not: {', '.join(assumed['absent']) or 'none'}"))
+        _say(console, f"Assumed on the target: {', '.join(assumed['present']) or 'none'}"
+                      f"; not: {', '.join(assumed['absent']) or 'none'}")
     for note in result.engine_notes:
-        console.print(Text(f"Engine: {note}"))
+        _say(console, f"Engine: {note}")
     layer_rows = [[f"{s.layer.name} [{s.layer.quant}]", s.layer.describe_shape(),
                    str(s.layer.count), _kernel_cell(s), _rejected_cell(s)]
                   for s in result.selections]
@@ -153,10 +163,10 @@ def render_plan(result: Plan, console: Console) -> None:
     left = [(s.layer.name, line) for s in result.selections
             for line in engine_jit(s, result.env, result.mspec)]
     if left:
-        console.print(Text("Left to the engine (it compiles these at its start; warmd cannot "
-                           "warm them):"))
+        _say(console, "Left to the engine (it compiles these at its start; warmd cannot "
+                      "warm them):")
         for name, line in left:
-            console.print(Text(f"  {name}: {line}"))
+            _say(console, f"  {name}: {line}")
     task_rows = [[t.key, _m_summary(t.m)] for t in result.tasks]
     console.print(fitted_table(f"Tasks ({len(result.tasks)})", TASK_COLUMNS, task_rows,
                                console.width))
@@ -164,7 +174,7 @@ def render_plan(result: Plan, console: Console) -> None:
     for t in result.tasks:
         by_lib[t.library] = by_lib.get(t.library, 0) + 1
     summary = ", ".join(f"{n} {lib}" for lib, n in sorted(by_lib.items())) or "nothing to JIT"
-    console.print(Text(f"Summary: {len(result.tasks)} tasks ({summary})"))
+    _say(console, f"Summary: {len(result.tasks)} tasks ({summary})")
 
 
 LAYER_COLUMNS = (Col("layer", "id"), Col("shape", "text"), Col("count", justify="right"),

@@ -1,12 +1,14 @@
 """Console output that follows the terminal, and tables whose identifiers stay whole.
 
 The width is $COLUMNS when set, else the width of the terminal on stdout, stderr or stdin,
-else FALLBACK_WIDTH (a pipe or a log with no terminal anywhere). In a table, identifier
-cells (task keys, kernel, module and entry names, fingerprints, node names) are never
-wrapped or broken mid-word: a value longer than its column is shortened in the middle with
-an ellipsis, keeping its head and its tail (a task key's unique digest, which
---task-filter accepts as it is); --json always has every identifier whole. Prose cells wrap
-at spaces and take what is left; a word too long for them ends in an ellipsis, never folds.
+else FALLBACK_WIDTH (a pipe or a log with no terminal anywhere). A table shows identifier
+cells (task keys, kernel, module and entry names, fingerprints, node names) whole, on one
+line, and prose cells wrapped at spaces, never a word cut. When it cannot at this width,
+even without the columns that may be left out, it is stacked: each row becomes a block, its
+first cell on a line of its own and every other cell under it as `header  value` (an
+identifier longer than the whole line wraps after one of its separators, `/ _ . -`, every
+character kept). --json has the same values. The node table of `warmd status`
+(table_lines) keeps one line per node: its node names are shortened in the middle instead.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from rich.cells import cell_len
-from rich.console import Console
+from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
@@ -28,6 +30,9 @@ FALLBACK_WIDTH = 120
 ELLIPSIS = "…"
 MIN_ID_WIDTH = 16  # an identifier column keeps at least this much: a head, "…", a digest
 MIN_TEXT_WIDTH = 12
+NO_WRAP = 1 << 16  # the prose width of output that goes to no terminal
+STACK_INDENT = "   "  # a stacked row's cells, under its first cell
+_SEPARATORS = "/_.-,: "  # where an identifier longer than a line may wrap (after one)
 
 
 def console_width() -> int:
@@ -41,6 +46,20 @@ def console_width() -> int:
         except OSError:
             continue
     return FALLBACK_WIDTH
+
+
+def prose_width() -> int:
+    """The width prose (reports, reasons, notes) wraps at: $COLUMNS, else the terminal's on
+    stdout or stderr; a pipe or a log with neither gets its lines whole (NO_WRAP)."""
+    columns = settings.columns()
+    if columns.isdigit() and int(columns) > 0:
+        return int(columns)
+    for fd in (1, 2):
+        try:
+            return os.get_terminal_size(fd).columns
+        except OSError:
+            continue
+    return NO_WRAP
 
 
 def make_console(stderr: bool = False) -> Console:
@@ -61,19 +80,32 @@ def shorten(value: str, width: int) -> str:
     return value[:head_len] + ELLIPSIS + value[len(value) - tail_len:]
 
 
+def fold(value: str, width: int, indent: str = "  ") -> list[str]:
+    """value in lines of at most width, each but the last ending after a separator
+    (`/ _ . - , :` or a space; a space at a break is dropped), the next ones indented:
+    never cut. A run of more than a line without one breaks at the width."""
+    lines, room = [], max(width, 2)
+    while cell_len(value) > room:
+        at = max(value.rfind(sep, 0, room) for sep in _SEPARATORS)
+        cut = at + 1 if at > 0 else room
+        lines.append(value[:cut].rstrip(" "))
+        value = value[cut:].lstrip(" ")
+        room = max(width - len(indent), 2)
+    lines.append(value)
+    return [lines[0], *(indent + line for line in lines[1:])]
+
+
 @dataclass(frozen=True)
 class Col:
-    """One table column. kind: "id" (never wrapped, shortened in the middle), "text"
-    (wraps at spaces, gets the width left over) or "fixed" (short values, shown whole).
-    A column that may be `dropped` is left out, rightmost first, when the table cannot show
-    every identifier whole otherwise (--json has every value); an identifier that need not
-    stay `whole` for that (a digest: its head and tail say enough) is shortened instead."""
+    """One table column. kind: "id" (one line, whole), "text" (wraps at spaces, gets the
+    width left over) or "fixed" (short values, shown whole). A column that may be `dropped`
+    is left out, rightmost first, when the table cannot show every identifier whole
+    otherwise (--json has every value)."""
 
     header: str
     kind: str = "fixed"
     justify: str = "left"
     dropped: bool = False
-    whole: bool = True
 
 
 def _overhead(count: int, boxed: bool) -> int:
@@ -154,8 +186,7 @@ def shown_columns(columns: Sequence[Col], rows: Sequence[Sequence[str | Text]], 
     """The indices of the columns to show: all, or without the rightmost droppable ones
     while the others' values (text columns at their floor) do not fit whole."""
     cells = [[row[i] for row in rows] for i in range(len(columns))]
-    need = [MIN_TEXT_WIDTH if c.kind == "text" else
-            min(_natural(c, cells[i]), MIN_ID_WIDTH) if not c.whole else _natural(c, cells[i])
+    need = [MIN_TEXT_WIDTH if c.kind == "text" else _natural(c, cells[i])
             for i, c in enumerate(columns)]
     shown = list(range(len(columns)))
     droppable = [i for i, c in enumerate(columns) if c.dropped]
@@ -164,18 +195,38 @@ def shown_columns(columns: Sequence[Col], rows: Sequence[Sequence[str | Text]], 
     return shown
 
 
+def fits_whole(columns: Sequence[Col], rows: Sequence[Sequence[str | Text]], width: int,
+               boxed: bool = True) -> bool:
+    """Whether the table fits `width` with every identifier whole on its line and every
+    prose word whole (column_widths)."""
+    cells = [[row[i] for row in rows] for i in range(len(columns))]
+    widths = column_widths(columns, rows, width, boxed)
+    if sum(widths) + _overhead(len(columns), boxed) > width:
+        return False
+    for i, col in enumerate(columns):
+        need = (_natural(col, cells[i]) if col.kind != "text" else
+                min(_natural(col, cells[i]), _longest_word(col, cells[i])))
+        if widths[i] < need:
+            return False
+    return True
+
+
 def fitted_table(title: str | None, columns: Sequence[Col],
                  rows: Sequence[Sequence[str | Text]], width: int | None = None,
-                 boxed: bool = True) -> Table:
-    """A rich Table for `width` (default: console_width()) whose identifiers stay whole or
-    are shortened in the middle, never broken (columns that may be dropped go first).
-    Plain str cells are not read as markup. boxed=False: no borders, two spaces between
-    columns (a table inside a text report)."""
+                 boxed: bool = True, stack: bool = True) -> RenderableType:
+    """The rows for `width` (default: console_width()): a rich Table whose identifiers and
+    words stay whole, without the columns that may be dropped if that is what it takes;
+    stacked rows (stacked) when even that does not fit. stack=False: a table whatever the
+    width, an identifier too long for its column shortened in the middle. Plain str cells
+    are not read as markup. boxed=False: no borders, two spaces between columns (a table
+    inside a text report)."""
     width = width or console_width()
     keep = shown_columns(columns, rows, width, boxed)
     columns = [columns[i] for i in keep]
     rows = [[c if isinstance(c, Text) else Text(c) for c in (row[i] for i in keep)]
             for row in rows]
+    if stack and not fits_whole(columns, rows, width, boxed):
+        return stacked(title, columns, rows, width)
     widths = column_widths(columns, rows, width, boxed)
     table = (Table(title=title) if boxed else
              Table(title=title, box=None, padding=(0, 1), show_edge=False))
@@ -189,6 +240,51 @@ def fitted_table(title: str | None, columns: Sequence[Col],
     return table
 
 
+def stacked(title: str | None, columns: Sequence[Col], rows: Sequence[Sequence[str | Text]],
+            width: int) -> Group:
+    """The narrow layout of a table: per row, its first cell on a line of its own (bold),
+    then each other cell that says something (not empty, not "-") as `header  value`,
+    values wrapped (prose at spaces, identifiers after a separator) within `width`."""
+    said = [i for i in range(1, len(columns)) if any(_says(row[i]) for row in rows)]
+    pad = max((cell_len(columns[i].header) for i in said), default=0)
+    lead = STACK_INDENT + " " * (pad + 2)
+    out: list[Text] = [Text(title, style="bold")] if title else []
+    for row in rows:
+        out += [Text(line, style="bold") for line in fold(_plain(row[0]), width)]
+        for col, cell in zip(columns[1:], row[1:], strict=True):
+            if not _says(cell):
+                continue
+            lines = _value_lines(cell, col, width - len(lead))
+            first = f"{STACK_INDENT}{col.header:<{pad}}  "
+            style = cell.style if isinstance(cell, Text) else ""
+            out += [Text(first if n == 0 else lead) + Text(line, style=style)
+                    for n, line in enumerate(lines)]
+    return Group(*out)
+
+
+def _plain(cell: str | Text) -> str:
+    return cell.plain if isinstance(cell, Text) else cell
+
+
+def _says(cell: str | Text) -> bool:
+    """Whether a cell says something (not empty, not "-")."""
+    return _plain(cell).strip() not in ("", "-")
+
+
+def _value_lines(cell: str | Text, col: Col, width: int) -> list[str]:
+    """A cell's lines in a stacked row, within width."""
+    lines = _lines(cell)
+    out = []
+    for line in lines:
+        if col.kind == "text":
+            out += textwrap.wrap(line, width, break_long_words=False,
+                                 break_on_hyphens=False, subsequent_indent="  ") or [""]
+        else:
+            lead = line[:len(line) - len(line.lstrip(" "))]
+            out += [lead + part for part in fold(line.lstrip(" "), width - len(lead))]
+    return out
+
+
 def table_lines(columns: Sequence[Col], rows: Sequence[Sequence[str | Text]],
                 width: int | None = None) -> list[str]:
     """A borderless fitted_table as plain text lines (for reports built as text)."""
@@ -196,13 +292,22 @@ def table_lines(columns: Sequence[Col], rows: Sequence[Sequence[str | Text]],
     out = io.StringIO()
     console = Console(file=out, width=width, color_system=None, soft_wrap=False,
                       highlight=False)
-    console.print(fitted_table(None, columns, rows, width, boxed=False))
+    console.print(fitted_table(None, columns, rows, width, boxed=False, stack=False))
     return [line.rstrip() for line in out.getvalue().splitlines()]
 
 
 def wrapped(text: str, width: int | None = None, indent: str = "") -> list[str]:
-    """Prose in lines of at most width (default: console_width()), wrapped at spaces and
-    never cut: continuation lines indented two more than the first."""
-    width = width or console_width()
-    return textwrap.wrap(text, width, initial_indent=indent,
-                         subsequent_indent=indent + "  ") or [indent]
+    """Prose in lines of at most width (default: prose_width()), wrapped at spaces and
+    never cut: continuation lines indented two more than the first; a word longer than a
+    line (a path, a task key) wraps after one of its separators (fold)."""
+    width = width or prose_width()
+    lines = textwrap.wrap(text, width, initial_indent=indent, subsequent_indent=indent + "  ",
+                          break_long_words=False, break_on_hyphens=False) or [indent]
+    out = []
+    for line in lines:
+        if cell_len(line) <= width:
+            out.append(line)
+            continue
+        lead = line[:len(line) - len(line.lstrip(" "))]
+        out += [lead + part for part in fold(line[len(lead):], width - len(lead))]
+    return out

@@ -12,6 +12,9 @@ from warmd.cluster.status import StatusSnapshot, StoreSize
 from warmd.stats import BY_ID, CounterFlag, format_bytes, ids
 
 _LABEL_WIDTH = len("Corrupt entries rejected") + 2
+# What status sums (the nodes' records) differs from what `warmd cache stats` sums (every
+# warmup the store counted, per machine, since it began): each says which.
+TOTALS_TITLE = "Cluster totals (each selected node's last warmup)"
 NODE_COLUMNS = (Col("NODE", "id"), Col("RAY ID"), Col("IP"), Col("GPUS", dropped=True),
                 Col("STATE"), Col("PROGRESS", dropped=True), Col("KERNELS", dropped=True),
                 Col("HIT RATE", dropped=True), Col("LAST WARM", dropped=True))
@@ -23,19 +26,20 @@ def render_status(snap: StatusSnapshot, width: int | None = None) -> str:
     ctl = snap.controller
     if snap.running and ctl is not None:
         up = time.time() - (ctl.started_at or time.time())
-        lines.append(f"Controller: running on node {ctl.node_id[:8]} for {up / 60:.0f} min; "
-                     f"config {ctl.config_hash or '?'}; Ray {snap.ray_address}")
-        lines.append(f"Shared cache: {ctl.redis or 'off'} (namespace {ctl.namespace})")
+        lines += wrapped(f"Controller: running on node {ctl.node_id[:8]} for {up / 60:.0f} "
+                         f"min; config {ctl.config_hash or '?'}; Ray {snap.ray_address}", width)
+        lines += wrapped(f"Shared cache: {ctl.redis or 'off'} (namespace "
+                         f"{ctl.namespace or '?'})", width)
     else:
         where = f"Ray {snap.ray_address}" if snap.ray_address else "no Ray cluster"
-        lines.append(f"Controller: not running ({where}); node records from Redis "
-                     f"{snap.redis or '(none)'}"
-                     + (f": {snap.redis_error}" if snap.redis_error else ""))
+        lines += wrapped(f"Controller: not running ({where}); node records from Redis "
+                         f"{snap.redis or '(none)'}"
+                         + (f": {snap.redis_error}" if snap.redis_error else ""), width)
     no_node = ctl.no_node if ctl else None
     lines += ["", *_node_table(snap.nodes, width, no_node), ""]
-    lines.append(snap.totals().render_text("Cluster totals"))
+    lines.append(snap.totals().render_text(TOTALS_TITLE))
     lines.append(f"{BY_ID['runtime_jit'].description:<{_LABEL_WIDTH}}{snap.runtime_jit:>12}")
-    lines.append(_store_size_line(snap.store_size))
+    lines += store_lines(snap.store_size)
     return "\n".join(lines)
 
 
@@ -47,8 +51,9 @@ def render_stopped(snap: StatusSnapshot) -> str:
     lines = [f"warmd is not running ({where}); start it with `warmd start`"]
     size, url = snap.store_size, snap.redis
     if url and size:
-        lines.append(f"shared cache {url}: {size.keys} keys, {format_bytes(size.used_memory)}; "
-                     "its counters: `warmd cache stats`")
+        limit = f" of {format_bytes(size.maxmemory)}" if size.maxmemory else ""
+        lines.append(f"shared cache {url}: {size.keys} keys, {format_bytes(size.used_memory)}"
+                     f"{limit}; its counters: `warmd cache stats`")
     elif snap.embedded_dir:
         lines.append(f"the embedded shared cache is stopped; its data is kept in "
                      f"{snap.embedded_dir} (`warmd cache server start`, then "
@@ -66,13 +71,14 @@ def render_start_summary(snap: StatusSnapshot, seconds: float, code: int) -> str
     `warmd status`)."""
     kernels = snap.totals()
     verdict = "warm" if code == 0 else "not warm"
-    lines = [f"{len(snap.nodes)} node(s) {verdict} after {seconds:.0f}s "
-             f"({_state_counts(snap.nodes) or 'no node'}); "
-             f"{kernels.kernels} kernel(s): {kernels.compiled} compiled, "
-             f"{kernels.remote_hits} from the shared cache, {kernels.local_hits} already here"]
+    lines = wrapped(f"{len(snap.nodes)} node(s) {verdict} after {seconds:.0f}s "
+                    f"({_state_counts(snap.nodes) or 'no node'}); "
+                    f"{kernels.kernels} kernel(s): {kernels.compiled} compiled, "
+                    f"{kernels.remote_hits} from the shared cache, {kernels.local_hits} "
+                    "already here")
     for n in snap.nodes:
         if n.state != NodeStatus.READY and n.reason:
-            lines += wrapped(f"{_label(n)} {n.state}: {n.reason}", console_width(), "  ")
+            lines += wrapped(f"{_label(n)} {n.state}: {n.reason}", indent="  ")
     lines.append("details: warmd status")
     return "\n".join(lines)
 
@@ -169,6 +175,17 @@ def _runtime_jit_note(node: NodeState) -> str | None:
     return f"runtime JIT: {count}{last}"
 
 
-def _store_size_line(size: StoreSize | None) -> str:
-    value = f"{format_bytes(size.used_memory)}, {size.keys} keys" if size else "unknown"
-    return f"{'Store size':<{_LABEL_WIDTH}}{value:>12}"
+def store_lines(size: StoreSize | None) -> list[str]:
+    """The store's size and capacity, as `warmd status` and `warmd cache stats` show them."""
+    if size is None:
+        return [f"{'Store size':<{_LABEL_WIDTH}}{'unknown':>12}"]
+    lines = [f"{'Store size':<{_LABEL_WIDTH}}{format_bytes(size.used_memory):>12}, "
+             f"{size.keys} keys"]
+    if size.maxmemory:
+        used = 100 * size.used_memory / size.maxmemory
+        policy = f" ({size.maxmemory_policy})" if size.maxmemory_policy else ""
+        lines.append(f"{'Store capacity':<{_LABEL_WIDTH}}{format_bytes(size.maxmemory):>12} "
+                     f"maxmemory, {used:.1f}% used{policy}")
+    else:
+        lines.append(f"{'Store capacity':<{_LABEL_WIDTH}}{'no limit':>12} (maxmemory 0)")
+    return lines

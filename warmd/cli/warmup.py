@@ -13,7 +13,8 @@ import json
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import click
@@ -33,7 +34,7 @@ from rich.progress import (
 from rich.text import Text
 
 from warmd.cli.options import PLAN_FIELDS, plan_options, require_model
-from warmd.cli.render import make_console, shorten
+from warmd.cli.render import make_console, prose_width, shorten, wrapped
 from warmd.cluster.state import DEGRADED, FAILED
 from warmd.cluster.work import NodeSummary, NodeWarm, summarize, warm_node
 from warmd.config import WarmdConfig, load_config
@@ -159,15 +160,17 @@ def warmup(request: PlanRequest, libraries: tuple[str, ...], task_filter: str | 
         _refuse_empty_selection(plan.tasks, options)
     shared = None if no_shared else open_shared(redis_url, plan)
     terminated: list[int] = []
+    display = WarmupDisplay(len(selected))
     try:
-        with _sigterm_interrupts(terminated):
-            report = _run_with_progress(plan, options, shared, len(selected))
+        with _stop_signals(terminated, display.stopping), display:
+            report = run_warmup(plan, options, shared, display.finished, display.started)
     except KeyboardInterrupt:  # before the workers ran: nothing was written
         click.echo("warmd: interrupted", err=True)
         sys.exit(_interrupted_exit(terminated))
     finally:
         if shared is not None and hasattr(shared, "close"):
             shared.close()
+    report = without_interrupted(report, display.interrupted)
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2))
     else:
@@ -179,21 +182,28 @@ def warmup(request: PlanRequest, libraries: tuple[str, ...], task_filter: str | 
 
 
 @contextlib.contextmanager
-def _sigterm_interrupts(received: list[int]) -> Iterator[None]:
-    """SIGTERM stops the run as Ctrl-C does (workers and their compilers end, nothing half
-    written). A warmup started as a background job inherits SIGINT ignored, which warmd
-    keeps, as POSIX shells mean it to: SIGTERM is then the way to stop it."""
+def _stop_signals(received: list[int], stopping: Callable[[], None]) -> Iterator[None]:
+    """Ctrl-C and SIGTERM stop the run the same way (workers and their compilers end,
+    nothing half written); `stopping` hears of it first, so that tasks ended by the stop
+    are shown as interrupted, not failed. A warmup started as a background job inherits
+    SIGINT ignored, which warmd keeps, as POSIX shells mean it to: SIGTERM is then the way
+    to stop it."""
 
     def interrupt(signum: int, _frame) -> None:
-        received.append(signum)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one stop; cleanup is bounded
+        if signum == signal.SIGTERM:
+            received.append(signum)
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one stop; cleanup is bounded
+        stopping()
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGTERM, interrupt)
+    previous = {signal.SIGTERM: signal.signal(signal.SIGTERM, interrupt)}
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        previous[signal.SIGINT] = signal.signal(signal.SIGINT, interrupt)
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def _interrupted_exit(terminated: list[int]) -> int:
@@ -240,12 +250,6 @@ def open_shared(url: str | None, plan) -> SharedCache | None:
     return open_shared_cache(url, target=plan.env.target)
 
 
-def _run_with_progress(plan, options: WarmupOptions, shared: SharedCache | None,
-                       total: int) -> WarmupReport:
-    with WarmupDisplay(total) as display:
-        return run_warmup(plan, options, shared, display.finished, display.started)
-
-
 def describe_task(task: Task) -> str:
     """What a worker builds for a task, as a person reads it: the FlashInfer module, or the
     kernel with its GEMM shape and how many M values it compiles."""
@@ -258,22 +262,26 @@ def describe_task(task: Task) -> str:
 
 class WarmupDisplay:
     """A warmup's progress on stderr. On a terminal: the overall bar, and under it one live
-    line per task a worker is on (what it builds, for how long). Elsewhere (a log, a pipe):
-    one line when a task starts and one when it ends. A failure is always a line of its
-    own, printed above the live lines, never glued onto the bar."""
+    line per task being warmed (what, for how long: it may be fetched from the shared cache
+    or built). Elsewhere (a log, a pipe): one line when a task starts and one when it ends.
+    A failure is always a line of its own, printed above the live lines, never glued onto
+    the bar. Once the run is stopping (Ctrl-C, SIGTERM), a task that ends unfinished is
+    interrupted, not failed: the summary counts it nowhere."""
 
     def __init__(self, total: int, console: Console | None = None) -> None:
         self.console = console or make_console(stderr=True)
         self.total = total
         self.counts = {"compiled": 0, "failed": 0}  # kernels compiled, tasks failed
         self.lock = threading.Lock()
+        self._stopping = False
+        self.interrupted: set[str] = set()  # keys of the tasks the stop ended unfinished
         self.overall = Progress(
             TextColumn("[bold]warmup[/]"), BarColumn(), MofNCompleteColumn(),
             TextColumn("tasks  {task.fields[compiled]} compiled  {task.fields[failed]} failed"),
             TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
             console=self.console)
         self.bar = self.overall.add_task("warmup", total=total, **self.counts)
-        self.current = Progress(TextColumn("  "), SpinnerColumn(), TextColumn("building"),
+        self.current = Progress(TextColumn("  "), SpinnerColumn(), TextColumn("warming"),
                                 TextColumn("{task.description}"), TimeElapsedColumn(),
                                 console=self.console)
         self.running: dict[str, TaskID] = {}
@@ -289,40 +297,67 @@ class WarmupDisplay:
         if self.live is not None:
             self.live.stop()
 
+    def stopping(self) -> None:
+        """The run is being stopped: what ends unfinished from now on was interrupted."""
+        self._stopping = True
+
     def _label(self, task: Task) -> str:
         return shorten(describe_task(task), max(20, self.console.width - 30))
 
     def started(self, task: Task) -> None:
         if self.live is None:
-            self._line(Text(f"warmup: building {describe_task(task)}"))
+            self._line(Text(f"warmup: warming {describe_task(task)}"))
             return
         with self.lock:
             self.running[task.key] = self.current.add_task(self._label(task))
 
     def finished(self, report: TaskReport, done: int, total: int) -> None:
         result = report.result
+        interrupted = self._stopping and not result.ok
         with self.lock:
+            if interrupted:
+                self.interrupted.add(report.task.key)
             self.counts["compiled"] += sum(k.outcome == Outcome.COMPILED
                                            for k in result.kernels)
-            self.counts["failed"] += 0 if result.ok else 1
+            self.counts["failed"] += 0 if result.ok or interrupted else 1
             task_id = self.running.pop(report.task.key, None)
             if task_id is not None:
                 self.current.remove_task(task_id)
-            self.overall.update(self.bar, completed=done, **self.counts)
-        if self.live is not None:
+            if not interrupted:
+                self.overall.update(self.bar, completed=done, **self.counts)
+        if interrupted:
+            self._line(Text(f"warmup: interrupted: {describe_task(report.task)}"))
+        elif self.live is not None:
             if not result.ok:
                 self._line(Text.assemble(("failed", "red"),
                                          f" {report.task.key}: {result.error}"))
-            return
-        outcome = "ok" if result.ok else f"FAILED: {report.task.key}: {result.error}"
-        self._line(Text(f"warmup: {done}/{total} tasks ({self.counts['compiled']} compiled, "
-                        f"{self.counts['failed']} failed): {describe_task(report.task)} in "
-                        f"{result.seconds:.1f} s: {outcome}"))
+        else:
+            outcome = "ok" if result.ok else f"FAILED: {report.task.key}: {result.error}"
+            self._line(Text(f"warmup: {done}/{total} tasks ({self.counts['compiled']} "
+                            f"compiled, {self.counts['failed']} failed): "
+                            f"{describe_task(report.task)} in {result.seconds:.1f} s: "
+                            f"{outcome}"))
 
     def _line(self, text: Text) -> None:
         """A line of its own: above the live lines on a terminal, else just a line."""
         with self.lock:
             self.console.print(text, highlight=False, soft_wrap=True)
+
+
+
+def without_interrupted(report: WarmupReport, keys: set[str]) -> WarmupReport:
+    """The report without the tasks that the stop ended unfinished: they neither failed nor
+    finished, so the summary, its counters and --json count them nowhere (the progress
+    said `interrupted` for each)."""
+    from warmd.warmup.report import count
+
+    gone = [r for r in report.reports if r.task.key in keys]
+    if not gone:
+        return report
+    counters = Counters.from_json(report.counters.to_json())
+    counters.add({name: -value for name, value in count(gone).to_json().items()})
+    return replace(report, reports=[r for r in report.reports if r.task.key not in keys],
+                   counters=counters)
 
 
 def render_summary(report: WarmupReport) -> str:
@@ -338,8 +373,16 @@ def render_summary(report: WarmupReport) -> str:
 
 def summary_text(title: str, counters: Counters, notes: list[str]) -> str:
     """Every warmup's closing summary (of a plan, or of a config's models): the counters
-    under a title, then what went wrong."""
-    return "\n".join([counters.render_text(title), *notes])
+    under a title, then what went wrong, each note whole, wrapped at the terminal's width
+    (its indentation kept, its next lines two further in)."""
+    width = prose_width()
+    lines = [line for note in notes for line in _wrapped_note(note, width)]
+    return "\n".join([counters.render_text(title), *lines])
+
+
+def _wrapped_note(note: str, width: int) -> list[str]:
+    body = note.lstrip(" ")
+    return wrapped(body, width, note[:len(note) - len(body)])
 
 
 def register(main: click.Group) -> None:

@@ -71,6 +71,7 @@ class NodeAgent:
         self._progress: dict[tuple[int, str], tuple[int, int]] = {}
         self.retry = RetryBackoff(RETRY_FIRST, RETRY_MAX)
         self.capture = None  # warmd.capture.Capture while the node is warm
+        self.rederiver = None  # warmd.rederive.Rederiver on a trusted producer, while warm
         self._publish()
         self._thread = threading.Thread(target=self._loop, name="warmd-agent", daemon=True)
         self._thread.start()
@@ -211,9 +212,13 @@ class NodeAgent:
     # --- capture: entries compiled after READY (warmd.capture) ----------------------------
 
     def _start_capture(self, scopes: list[dict], url: str | None) -> None:
-        from warmd.capture import Capture, CaptureScope
+        """Start watching (and, on a trusted producer, re-deriving) in threads of their
+        own: nothing here reads a cache, so nothing a cache holds can stop this thread's
+        heartbeats."""
+        from warmd.capture import Capture, CaptureScope, CaptureTrust
 
         env = node_env(self.config, self.node_name)
+        trust = CaptureTrust(self.config.capture.trust)
 
         def open_shared(target):
             from warmd.store import open_shared_cache
@@ -224,18 +229,43 @@ class NodeAgent:
                 return open_shared_cache(url, target=target, node=self.node_name)
 
         try:
-            capture = Capture(self.node_name, [CaptureScope.from_json(s) for s in scopes],
-                              open_shared, on_runtime_jit=self._runtime_jit,
-                              on_count=self._capture_count, env=env)
+            parsed = [CaptureScope.from_json(s) for s in scopes]
+            capture = Capture(self.node_name, parsed, open_shared,
+                              on_runtime_jit=self._runtime_jit, on_count=self._capture_count,
+                              env=env, trust=trust, on_started=self._note_capture)
             capture.start()
         except Exception:  # the node is warm either way; say why nothing is watched
             self.log.exception("capture did not start")
             return
         self.capture = capture
         self._note_capture()
+        if trust is CaptureTrust.REDERIVE and self.node_name in \
+                self.config.capture.rederive_nodes:
+            self._start_rederiver(parsed, open_shared, env)
+
+    def _start_rederiver(self, scopes, open_shared, env: dict[str, str]) -> None:
+        from warmd.rederive import Rederiver
+
+        try:
+            rederiver = Rederiver(scopes, open_shared, on_count=self._capture_count, env=env,
+                                  on_result=self._rederived)
+            rederiver.start()
+        except Exception:
+            self.log.exception("re-derivation did not start")
+            return
+        self.rederiver = rederiver
+        self.log.info("re-deriving captured entries (a trusted producer)")
+
+    def _rederived(self, result) -> None:
+        """Each claim's outcome in the node's log (the counters are in its record)."""
+        self.log.info("re-derivation: %s %s %s", result.outcome, result.library, result.name,
+                      extra={"identical": result.identical, "why": result.why[:300]})
 
     def _stop_capture(self) -> None:
         capture, self.capture = self.capture, None
+        rederiver, self.rederiver = self.rederiver, None
+        if rederiver is not None:
+            rederiver.stop()
         if capture is not None:
             capture.stop()
             self._note_capture()

@@ -3,9 +3,13 @@
 Ray addresses are checked with a plain TCP connect before `ray.init` (which otherwise waits
 minutes on a dead address). Without a running cluster, `warmd start` starts a local head
 (`ray start --head --block` in its own session, so `warmd stop` can end exactly what it
-started) and the embedded Redis; what it started is recorded in <state dir>/daemon.json.
+started) and the embedded Redis; what it started, and the shared cache it runs with, are
+recorded in <state dir>/daemon.json (mode 0600: the store's URL may hold a password).
 One daemon per state dir: `start` and `stop` hold <state dir>/daemon.lock, so a second
 `start` waits for the first and then joins the cluster it recorded.
+
+Commands that only read or maintain the shared cache (`warmd cache ...`, `status` without a
+controller) find it with command_store(): never by starting a server.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from pathlib import Path
 from warmd import settings
 from warmd.cluster.state import node_records
 from warmd.cluster.status import ControllerView, StatusSnapshot, StoreSize
-from warmd.config import WarmdConfig, redact_url
+from warmd.config import WarmdConfig, expand_path, load_config, redact_url
 from warmd.errors import WarmdInputError
 from warmd.processes import pid_alive
 
@@ -35,6 +39,7 @@ CONNECT_TIMEOUT = 3.0
 LOCAL_HEAD_TIMEOUT = 120.0
 SERVICES_FILE = "daemon.json"
 LOCK_FILE = "daemon.lock"
+STORE_RECORD = "store"  # in daemon.json: the shared cache the running daemon uses
 _ADDRESS_LINE = re.compile(r"ray start --address='([^']+)'")
 
 
@@ -143,7 +148,9 @@ def _write_services(data: dict) -> None:
     path = _services_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True))
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # the URL's password
+    with os.fdopen(fd, "w") as fh:
+        fh.write(json.dumps(data, indent=2, sort_keys=True))
     os.replace(tmp, path)
 
 
@@ -190,7 +197,8 @@ def _stop_pid_group(pid: int, grace: float = 45.0) -> None:
 
 
 def stop_local_services() -> list[str]:
-    """Stop the local Ray head and embedded Redis that `warmd start` started, if it did."""
+    """Stop the local Ray head and embedded Redis that `warmd start` started (or, for the
+    Redis, took over from a warmup), if it did."""
     stopped = []
     services = read_services()
     ray_info = services.pop("ray", None)
@@ -206,22 +214,109 @@ def stop_local_services() -> list[str]:
     return stopped
 
 
+# --- the shared cache a command talks to ---------------------------------------------------
+
+@dataclass(frozen=True)
+class CommandStore:
+    """The shared cache a command reads or maintains, and what chose it. url None: there is
+    none to talk to (problem says why: the embedded server is not running)."""
+
+    url: str | None
+    namespace: str
+    signing_key_file: str | None
+    chosen_by: str
+    problem: str | None = None
+    embedded_dir: str | None = None  # the stopped embedded server's data, when kept
+
+    def env(self) -> dict[str, str]:
+        """The variables that make this process see the store as the daemon does: the
+        namespace (part of every fingerprint) and the signing key file."""
+        env = {"WARMD_NAMESPACE": self.namespace}
+        if self.signing_key_file:
+            env["WARMD_SIGNING_KEY_FILE"] = expand_path(self.signing_key_file)
+        return env
+
+
+def command_store(config_path: str | None = None, redis_url: str | None = None,
+                  namespace: str | None = None) -> CommandStore:
+    """The shared cache of a command that only reads or maintains it, never started here:
+    --redis, else the config (--config, WARMD_REDIS_URL, WARMD_CONFIG), else the one the
+    daemon that this state dir's `warmd start` runs uses, else the embedded default: the
+    embedded server of this state dir, when it runs."""
+    explicit = config_path or redis_url or settings.redis_url() or settings.config_path()
+    recorded = None if explicit else read_services().get(STORE_RECORD)
+    if not recorded:
+        config = load_config(config_path, redis_url=redis_url, namespace=namespace)
+        return config_store(config, "--redis" if redis_url else "WARMD_REDIS_URL"
+                            if settings.redis_url() else f"config {config.source}")
+    ns = namespace or settings.namespace_override() or recorded.get("namespace") or \
+        settings.namespace()
+    key_file = settings.signing_key_file() or recorded.get("signing_key_file")
+    return _store(recorded.get("url"), ns, key_file,
+                  f"the running daemon's config ({recorded.get('config', '?')})")
+
+
+def config_store(config: WarmdConfig, chosen_by: str | None = None) -> CommandStore:
+    """The shared cache of a loaded config (its embedded server found, not started)."""
+    return _store(config.redis.url, config.redis.namespace, config.signing_key_file,
+                  chosen_by or f"config {config.source}")
+
+
+def _store(url: str | None, ns: str, key_file: str | None, chosen_by: str) -> CommandStore:
+    if settings.store_is_off(url):
+        return CommandStore(None, ns, key_file, chosen_by,
+                            f"the shared cache is off ({chosen_by})")
+    if url:
+        return CommandStore(url, ns, key_file, chosen_by)
+    return _embedded_store(ns, key_file)
+
+
+def _embedded_store(namespace: str, key_file: str | None) -> CommandStore:
+    """The embedded server of this state dir, found, not started."""
+    from warmd.store import embedded_dir, embedded_status
+
+    server = embedded_status()
+    chosen_by = f"the embedded server of {settings.state_dir()}"
+    if server is not None:
+        return CommandStore(server.url, namespace, key_file, chosen_by)
+    kept = str(embedded_dir()) if embedded_dir().is_dir() else None
+    where = f" (data kept in {kept})" if kept else ""
+    return CommandStore(None, namespace, key_file, chosen_by,
+                        f"no shared cache is running: the embedded server is stopped{where}; "
+                        "start it with `warmd cache server start` or `warmd start`, or name "
+                        "a store with --redis or --config", kept)
+
+
+def store_size(store: CommandStore) -> StoreSize | None:
+    """The store's size and capacity (None when unknown or unreachable)."""
+    records = node_records(store.url, store.namespace)
+    try:
+        return StoreSize.from_json(records.server_size())
+    finally:
+        records.close()
+
+
+def _record_store(config: WarmdConfig, url: str | None, embedded: bool) -> None:
+    """What the daemon runs with, for the commands that read its store (command_store)."""
+    record = {"url": None if embedded else url, "namespace": config.redis.namespace,
+              "signing_key_file": config.signing_key_file, "config": config.source}
+    _write_services({**read_services(), STORE_RECORD: record})
+
+
 # --- the controller -----------------------------------------------------------------------
 
 def effective_redis_url(config: WarmdConfig) -> tuple[str | None, bool]:
     """(URL the agents use, whether it is the embedded server). The embedded server is
-    recorded as this daemon's (for `warmd stop`) only when this start started it: one that
-    `warmd cache server start` started stays up."""
+    this daemon's to stop (`warmd stop`) unless `warmd cache server start` started it."""
     if config.redis.url:
         return config.redis.url, False
-    from warmd.store import EmbeddedServerError, embedded_status, ensure_embedded
+    from warmd.store import EmbeddedServerError, StartedBy, ensure_embedded
 
-    was_running = embedded_status() is not None
     try:
-        server = ensure_embedded()
+        server = ensure_embedded(started_by=StartedBy.DAEMON)
     except EmbeddedServerError as exc:
         raise WarmdInputError(f"no Redis URL configured and no embedded Redis: {exc}") from None
-    if not was_running:
+    if server.started_by != StartedBy.SERVER_COMMAND:
         _write_services({**read_services(), "embedded_redis": True})
     return server.url, True
 
@@ -254,6 +349,11 @@ def _start(ray_api, config: WarmdConfig, address: str | None) -> Started:
     if resolved is None and address == "auto":
         raise WarmdInputError("no running Ray cluster found (--address auto); start one "
                               "with `ray start --head`, or leave out --address")
+    warnings = []
+    if resolved is None or resolved == _own_cluster():  # this machine is the cluster
+        check_models_here(config)  # a missing model path is bad input, before Ray starts
+    else:
+        warnings += models_missing_here(config)
     url, embedded = effective_redis_url(config)  # before starting anything else
     started_local = resolved is None
     began = time.monotonic()
@@ -262,7 +362,7 @@ def _start(ray_api, config: WarmdConfig, address: str | None) -> Started:
     ray_api.connect(resolved)
     ray_seconds = time.monotonic() - began
     nodes = ray_api.list_nodes()
-    warnings = _start_warnings(config, url, embedded, nodes)
+    warnings += _start_warnings(config, url, embedded, nodes)
     info = {"ray_address": resolved, "embedded_redis": embedded, "started": time.time()}
     controller = ray_api.get_controller()
     created = controller is None
@@ -274,10 +374,41 @@ def _start(ray_api, config: WarmdConfig, address: str | None) -> Started:
     else:
         config_hash = _call(lambda: controller.apply(config.to_json(), url, info, 120.0),
                             "update")["config_hash"]
+    _record_store(config, url, embedded)
     seconds = {"ray": round(ray_seconds, 3),
                "controller": round(time.monotonic() - began - ray_seconds, 3)}
     return Started(resolved, started_local, created, config_hash, redact_url(url), embedded,
                    warnings, selection_problem(nodes, config), seconds)
+
+
+def _model_problem(config: WarmdConfig, index: int) -> str | None:
+    """Why models[index] cannot be read on this machine (its path, or its serve command);
+    None when it can."""
+    from warmd.examples import resolve_model_path
+    from warmd.models import load_config as load_model_config
+
+    try:
+        request = config.models[index].plan_request()
+        load_model_config(resolve_model_path(request.model))
+    except WarmdInputError as exc:
+        return f"{config.source}: models[{index}]: {exc}"
+    return None
+
+
+def check_models_here(config: WarmdConfig) -> None:
+    """Bad input (one line, exit 2) when a model of the config cannot be read here: on a
+    cluster of this machine alone, every node would fail it."""
+    for index in range(len(config.models)):
+        problem = _model_problem(config, index)
+        if problem:
+            raise WarmdInputError(problem)
+
+
+def models_missing_here(config: WarmdConfig) -> list[str]:
+    """Warnings for models this machine cannot read, when the nodes are other machines
+    (paths expand on each node: a node that lacks one shows FAILED)."""
+    problems = (_model_problem(config, i) for i in range(len(config.models)))
+    return [f"{p} (on this machine; nodes that lack it will be FAILED)" for p in problems if p]
 
 
 def _call(ask, what: str):
@@ -325,6 +456,7 @@ def _stop(ray_api, address: str | None, keep_services: bool) -> dict:
             result["controller"] = True
         result["agents_stopped"] += ray_api.kill_orphan_agents()
         ray_api.disconnect()
+    _write_services({k: v for k, v in read_services().items() if k != STORE_RECORD})
     if not keep_services:
         result["services_stopped"] = stop_local_services()
     return result
@@ -332,11 +464,11 @@ def _stop(ray_api, address: str | None, keep_services: bool) -> dict:
 
 # --- status ---------------------------------------------------------------------------------
 
-def snapshot(address: str | None, config: WarmdConfig | None) -> StatusSnapshot:
+def snapshot(address: str | None, store: CommandStore) -> StatusSnapshot:
     """The daemon's view: from the controller over Ray when there is one, else the node
-    records in Redis."""
+    records in the shared cache that `store` names (command_store: never started here)."""
     if importlib.util.find_spec("ray") is None:  # a machine that only reaches Redis
-        return _snapshot_from_redis(None, config)
+        return _snapshot_from_redis(None, store)
     resolved = resolve_address(address)
     if resolved is not None:
         ray_api = _ray_api()
@@ -352,27 +484,18 @@ def snapshot(address: str | None, config: WarmdConfig | None) -> StatusSnapshot:
                 "source": "ray", "running": True, "ray_address": resolved,
                 "controller": snap["controller"], "nodes": snap["nodes"],
                 "store_size": snap["controller"].get("store_size")})
-    return _snapshot_from_redis(resolved, config)
+    return _snapshot_from_redis(resolved, store)
 
 
-def _snapshot_from_redis(resolved: str | None, config: WarmdConfig | None) -> StatusSnapshot:
-    url = config.redis.url if config else None
-    kept = None  # the stopped embedded server's data directory
-    if not url:
-        from warmd.store import embedded_dir, embedded_status
-
-        server = embedded_status()
-        url = server.url if server else None
-        kept = None if server or not embedded_dir().is_dir() else str(embedded_dir())
-    namespace = config.redis.namespace if config else settings.namespace()
-    store = node_records(url, namespace)
-    records = store.get_all()
-    daemon = store.get_daemon()
-    size = store.server_size()
-    store.close()
+def _snapshot_from_redis(resolved: str | None, store: CommandStore) -> StatusSnapshot:
+    records_store = node_records(store.url, store.namespace)
+    records = records_store.get_all()
+    daemon = records_store.get_daemon()
+    size = records_store.server_size()
+    records_store.close()
     return StatusSnapshot(
         running=False, source="redis" if records is not None else "none",
         nodes=tuple(records or ()), controller=ControllerView.from_json(daemon),
-        ray_address=resolved, store_size=StoreSize.from_json(size), redis=redact_url(url),
-        redis_error=store.last_error or None, embedded_dir=kept,
-        records=tuple(r.to_json() for r in records or ()))
+        ray_address=resolved, store_size=StoreSize.from_json(size),
+        redis=redact_url(store.url), redis_error=records_store.last_error or None,
+        embedded_dir=store.embedded_dir, records=tuple(r.to_json() for r in records or ()))

@@ -50,6 +50,7 @@ class Controller:
                          "nodes_removed": 0, "errors": 0}
         self.last_error = ""
         self.no_node = ""  # why the config selects no node, after a round that found none
+        self.reconciled_hash = ""  # the config of the last round: no_node and nodes are its
         self._configure(config_json, redis_url)
         self._thread = threading.Thread(target=self._loop, name="warmd-controller", daemon=True)
         self._thread.start()
@@ -72,6 +73,8 @@ class Controller:
                 self.store.delete_daemon()
             self._configure(config_json, redis_url)
             self.info.update(info or {})
+            if self.config_hash != self.reconciled_hash:  # until a round ran with it
+                self.no_node = ""
         self.log.info("config applied", extra={"config_hash": self.config_hash,
                                                "changed": old != self.config_hash})
         self._wake.set()
@@ -85,7 +88,7 @@ class Controller:
                         "config_hash": self.config_hash, "config": self.config.public_json(),
                         "redis": redact_url(self.redis_url), "counters": dict(self.counters),
                         "last_error": self.last_error, "info": self.info,
-                        "no_node": self.no_node,
+                        "no_node": self.no_node, "reconciled_hash": self.reconciled_hash,
                         "store_size": self.store.server_size()},
                     "nodes": records}
 
@@ -150,6 +153,7 @@ class Controller:
         for action in reconcile(wanted, health, records, config_hash):
             self._apply(action, config, url)
         self.nodes = wanted
+        self.reconciled_hash = config_hash
         self.counters["reconciles"] += 1
         self.store.put_daemon({"config_hash": config_hash, "nodes": sorted(wanted),
                                "controller_node": self.node_id, "updated": time.time(),

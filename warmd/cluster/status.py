@@ -15,14 +15,24 @@ BOOT_KEYS = ("compiled", "installed", "waited", "took_over")
 
 @dataclass(frozen=True)
 class StoreSize:
+    """The store's memory and keys, and its capacity: maxmemory (0: none set) and what the
+    server evicts when full."""
+
     used_memory: int
     keys: int
+    maxmemory: int = 0
+    maxmemory_policy: str = ""
 
     @classmethod
     def from_json(cls, data: dict | None) -> StoreSize | None:
         if not data:
             return None
-        return cls(int(data.get("used_memory") or 0), int(data.get("keys") or 0))
+        return cls(int(data.get("used_memory") or 0), int(data.get("keys") or 0),
+                   int(data.get("maxmemory") or 0), str(data.get("maxmemory_policy") or ""))
+
+    def to_json(self) -> dict:
+        return {"used_memory": self.used_memory, "keys": self.keys,
+                "maxmemory": self.maxmemory, "maxmemory_policy": self.maxmemory_policy}
 
 
 @dataclass(frozen=True)
@@ -37,6 +47,12 @@ class ControllerView:
     namespace: str | None = None
     no_node: str | None = None
     reconciles: int = 0
+    reconciled_hash: str | None = None  # the config its last reconcile ran with
+
+    @property
+    def reconciled(self) -> bool:
+        """Whether a reconcile ran with the current config (its nodes are that config's)."""
+        return bool(self.config_hash) and self.reconciled_hash == self.config_hash
 
     @classmethod
     def from_json(cls, data: dict | None) -> ControllerView | None:
@@ -47,7 +63,8 @@ class ControllerView:
                    started_at=data.get("started_at"), config_hash=data.get("config_hash"),
                    redis=data.get("redis"), namespace=(config.get("redis") or {}).get(
                        "namespace"), no_node=data.get("no_node") or None,
-                   reconciles=int((data.get("counters") or {}).get("reconciles", 0)))
+                   reconciles=int((data.get("counters") or {}).get("reconciles", 0)),
+                   reconciled_hash=data.get("reconciled_hash") or None)
 
 
 @dataclass(frozen=True)
@@ -76,8 +93,10 @@ class StatusSnapshot:
 
     @property
     def no_node(self) -> str | None:
-        """Why the running controller's config selects no node (None: it selects some)."""
-        return self.controller.no_node if self.running and self.controller else None
+        """Why the running controller's config selects no node (None: it selects some, or
+        no reconcile ran with it yet)."""
+        ctl = self.controller
+        return ctl.no_node if self.running and ctl and ctl.reconciled else None
 
     @property
     def ready(self) -> bool:
@@ -108,8 +127,8 @@ class StatusSnapshot:
         not settled yet for the current config (None)."""
         nodes = self.matching(wanted)
         if wanted is None and self.running and self.controller and \
-                self.controller.reconciles and not self.nodes:
-            return True  # nothing selected: nothing to wait for
+                self.controller.reconciled and not self.nodes:
+            return True  # the current config selects nothing: nothing to wait for
         current = self.controller.config_hash if self.controller else None
         done = [n for n in nodes if n.state in WARM_STATES | {NodeStatus.FAILED}
                 and (not current or n.config_hash == current)]
@@ -136,9 +155,7 @@ class StatusSnapshot:
         summary["kernels"] = counters.kernels
         summary["hit_rate"] = round(counters.hit_rate, 4)
         summary["runtime_jit"] = self.runtime_jit
-        summary["store_size"] = (None if self.store_size is None else
-                                 {"used_memory": self.store_size.used_memory,
-                                  "keys": self.store_size.keys})
+        summary["store_size"] = None if self.store_size is None else self.store_size.to_json()
         return {"running": self.running, "source": self.source,
                 "ray_address": self.ray_address, "ready": self.ready,
                 "controller": self.controller.record if self.controller else None,

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from warmd.engines.environment import EngineEnv
 from warmd.engines.launch import check_moe_backend
-from warmd.engines.moe_backends import MoeChoice, sglang_fp8_moe, vllm_fp8_moe
+from warmd.engines.moe_backends import BATCHED_ALL2ALL, MoeChoice, sglang_fp8_moe, vllm_fp8_moe
 from warmd.engines.rules import (
     BY_ID,
     sglang_default_chunked_prefill,
@@ -109,10 +109,23 @@ def decide(request, env: EngineEnv, target: Target) -> Decisions:
 
 
 # Launch arguments read from a serve command whose kernel effect warmd does not follow yet
-# (docs/selection.md "Not followed yet"); --all2all-backend sets vLLM's token budget only.
-_READ_NOT_FOLLOWED = {"linear_backend": "--linear-backend", "all2all_backend": "--all2all-backend",
-                      "dp_attention": "--enable-dp-attention",
+# (docs/selection.md "Not followed yet"): SGLang's DP attention and FP8 GEMM runner.
+_READ_NOT_FOLLOWED = {"dp_attention": "--enable-dp-attention",
                       "fp8_gemm_backend": "--fp8-gemm-backend"}
+# vLLM's --linear-backend values and the kernels of each that warmd knows (rule
+# vllm-linear-backend: kernels/linear/__init__.py _LINEAR_BACKEND_KERNEL_MAP, 0.34.0).
+VLLM_LINEAR_BACKENDS = {
+    "cutlass": ("CutlassFp8BlockScaledMMKernel", "CutlassFP8ScaledMMLinearKernel"),
+    "flashinfer_cutlass": ("FlashInferFP8ScaledMMLinearKernel",
+                           "FlashInferFp8DeepGEMMDynamicBlockScaledKernel",
+                           "FlashInferCutlassMxfp8LinearKernel"),
+    "flashinfer_cutedsl": ("FlashInferCutedslMxfp8LinearKernel",),
+    "marlin": ("MarlinMxfp8LinearKernel",),
+    "triton": ("TritonFp8BlockScaledMMKernel",),
+    "deep_gemm": ("DeepGemmFp8BlockScaledMMKernel",),
+    "torch": ("TorchFP8ScaledMMLinearKernel",),
+    "emulation": ("EmulatedMxfp8LinearKernel",),
+}
 
 
 def _read_not_followed(request) -> list[str]:
@@ -147,6 +160,14 @@ def _vllm_max_tokens(request, env: EngineEnv, target: Target, notes: list[str]) 
     return tokens
 
 
+def vllm_all2all(request) -> str:
+    """The all2all backend vLLM's MoE runs (FusedMoEParallelConfig.use_all2all_kernels: expert
+    parallel with DP > 1; rule vllm-moe-activation-format), else "none"."""
+    if request.ep > 1 and request.dp > 1:
+        return _launch_arg(request, "all2all_backend") or "allgather_reducescatter"
+    return "none"
+
+
 def _decide_vllm(request, env: EngineEnv, target: Target) -> Decisions:
     warmup = env.get("VLLM_DEEP_GEMM_WARMUP")
     mode = request.mode or ("full" if warmup == "full" else "relax")
@@ -161,7 +182,7 @@ def _decide_vllm(request, env: EngineEnv, target: Target) -> Decisions:
     mspec = MSpec(mspec.mode, mspec.max_tokens, mspec.explicit, moe_tokens,
                   vllm_relax_block_ms(env.version))
     out = Decisions(mspec, deep_gemm_e8m0=env.get("VLLM_USE_DEEP_GEMM_E8M0") is not False,
-                    notes=notes)
+                    notes=notes, moe_a2a_backend=vllm_all2all(request))
     if request.mode is None and env.is_set("VLLM_DEEP_GEMM_WARMUP"):
         extra = "; warmd still warms the relax set" if warmup == "skip" else ""
         out.notes.append(_explain(env, "VLLM_DEEP_GEMM_WARMUP", warmup,
@@ -211,6 +232,7 @@ def _decide_vllm(request, env: EngineEnv, target: Target) -> Decisions:
                              "--attention-backend; vllm/config/attention.py)")
     if backend:
         _force_attention(out, (backend,), how)
+    _linear_backend(out, _launch_arg(request, "linear_backend"))
     for name in env.get("VLLM_DISABLED_KERNELS"):
         out.disable((name,), "disabled by VLLM_DISABLED_KERNELS")
     if env.get("VLLM_BATCH_INVARIANT"):
@@ -219,6 +241,42 @@ def _decide_vllm(request, env: EngineEnv, target: Target) -> Decisions:
                                   "Triton fused MoE runs one default config, no tuned table",
                                   BY_ID["vllm-triton-moe-configs"].cite()))
     return out
+
+
+def _linear_backend(out: Decisions, backend: str | None) -> None:
+    """--linear-backend: for each linear quantization scheme with a kernel of that backend,
+    only those kernels (a wrapper's branches with it); a scheme without one keeps vLLM's
+    automatic choice (_resolve_backend_kernels falls back to the whole list)."""
+    from warmd.kernels.selection import ALL_KERNELS
+
+    if backend in (None, "auto"):
+        return
+    chosen = set(VLLM_LINEAR_BACKENDS.get(backend, ()))
+    kept = set(chosen)
+    for name in chosen:
+        kept |= {b.kernel.name for b in _branches(ALL_KERNELS[name])}
+    where = BY_ID["vllm-linear-backend"].cite()
+    followed = []
+    for scheme in ("fp8_block", "fp8_tensor", "mxfp8"):
+        family = [k.name for k in ALL_KERNELS.values() if k.op == "linear" and
+                  scheme in k.schemes and k.name not in kept - chosen]
+        mine = [name for name in family if name in chosen]
+        if mine:
+            out.disable([n for n in family if n not in chosen],
+                        f"--linear-backend {backend} selects {', '.join(mine)}")
+            followed.append(f"{scheme}: {', '.join(mine)}")
+    if followed:
+        out.notes.append(f"--linear-backend {backend}: {'; '.join(followed)} ({where})")
+    else:
+        out.notes.append(f"--linear-backend {backend}: no kernel of it for this model's "
+                         f"linear layers that warmd knows; vLLM keeps its automatic choice "
+                         f"({where})")
+
+
+def _branches(kernel):
+    for branch in kernel.branches:
+        yield branch
+        yield from _branches(branch.kernel)
 
 
 def _force_attention(out: Decisions, backends: tuple[str, ...], how: str) -> None:
@@ -320,7 +378,9 @@ def moe_preference(request, env: EngineEnv, capability: tuple[int, int],
                               request.moe_a2a_backend or "none", tuple(default))
     block = any(layer.quant == "fp8_block" and layer.block == (128, 128) for layer in moe)
     moe_tp = 1 if request.ep > 1 else request.tp * request.dp
-    return vllm_fp8_moe(env, capability, block, request.ep, moe_tp, request.moe_backend)
+    batched = vllm_all2all(request) in BATCHED_ALL2ALL
+    return vllm_fp8_moe(env, capability, block, request.ep, moe_tp, request.moe_backend,
+                        batched)
 
 
 def refuse_unfit_forced(selections, choice: MoeChoice | None) -> None:

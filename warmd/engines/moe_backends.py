@@ -27,7 +27,9 @@ to follow 0.14.0):
   parallel and FlashInfer CUTLASS first with it; --moe-backend forces one backend.
 - >= 0.24.0 (0.23.0 still reads them): VLLM_USE_FLASHINFER_MOE_FP8 and
   VLLM_FLASHINFER_MOE_BACKEND are no longer read (--moe-backend replaces them).
-Not modelled: LoRA (Triton), batched (DeepEP low-latency all2all) formats, Marlin/ROCm, and
+- the batched format (DeepEP low-latency / NIXL EP all2all with EP and DP > 1, >= 0.16.0):
+  BATCHED_DEEPGEMM, then BATCHED_TRITON.
+Not modelled: LoRA (Triton), humming, batched CUTLASS (compressed-tensors), Marlin/ROCm, and
 0.34.0's DeepGEMM opt-out for some model types on Blackwell (should_auto_disable_deep_gemm).
 """
 
@@ -52,7 +54,19 @@ VLLM_BACKEND_KERNELS: dict[str, tuple[str, ...]] = {
     "DEEPGEMM": ("TritonOrDeepGemmExperts", "DeepGemmExperts"),
     "CUTLASS_BLOCK_SCALED_GROUPED_GEMM": ("CutlassBlockScaledGroupedGemmExperts",),
     "TRITON": ("TritonExperts",),
+    "BATCHED_DEEPGEMM": ("BatchedDeepGemmExperts",),
+    "BATCHED_TRITON": ("BatchedTritonExperts",),
 }
+# The batched activation format (DeepEP low latency, NIXL EP) rules out every standard-format
+# kernel (oracle/base.py is_supported_config: activation_format().is_superset): what is left of
+# the priority list (humming is a separate package, batched CUTLASS is off for FP8 checkpoints:
+# allow_vllm_cutlass=False in quantization/fp8.py), and the batched twin of a named backend.
+_BATCHED_ORDER = ("BATCHED_DEEPGEMM", "BATCHED_TRITON")
+# vLLM's all2all backends that hand the experts the batched (masked) activation format
+# (FusedMoEConfig.activation_format, with expert parallel and DP > 1; rule
+# vllm-moe-activation-format).
+BATCHED_ALL2ALL = ("deepep_low_latency", "nixl_ep")
+_BATCHED_TWIN = {"DEEPGEMM": "BATCHED_DEEPGEMM", "TRITON": "BATCHED_TRITON"}
 # vLLM's --moe-backend values that name an FP8 MoE backend (map_fp8_backend in the oracle).
 VLLM_MOE_BACKEND_FLAG = {"triton": "TRITON", "deep_gemm": "DEEPGEMM",
                          "flashinfer_trtllm": "FLASHINFER_TRTLLM",
@@ -121,10 +135,13 @@ def _describe(env: EngineEnv, name: str) -> str:
 
 
 def vllm_fp8_moe(env: EngineEnv, capability: tuple[int, int], block: bool, ep: int,
-                 moe_tp: int, moe_backend: str | None) -> MoeChoice:
-    """vLLM's FP8 MoE backend order for this release, GPU, checkpoint and parallel layout."""
+                 moe_tp: int, moe_backend: str | None, batched: bool = False) -> MoeChoice:
+    """vLLM's FP8 MoE backend order for this release, GPU, checkpoint and parallel layout;
+    batched: the all2all hands the experts the batched format (select_fp8_moe_backend)."""
     row = oracle_row(env.version)
     where = f"vLLM {row.versions.describe()}, {row.source}"
+    if batched and row.style == "priority":
+        return _vllm_batched(env, moe_backend, where)
     if moe_backend is not None and moe_backend != "auto":
         return _vllm_flag(row, moe_backend, where)
     if row.style == "priority":
@@ -150,6 +167,28 @@ def _vllm_opt_in(row: OracleRow, env: EngineEnv, capability: tuple[int, int], mo
         notes.append(f"MoE TP size {moe_tp} >= 8 and VLLM_MOE_USE_DEEP_GEMM not set: no "
                      f"DeepGEMM MoE ({where})")
     return MoeChoice(_kernels(order), None, tuple(notes))
+
+
+def _vllm_batched(env: EngineEnv, moe_backend: str | None, where: str) -> MoeChoice:
+    """The batched format: a named backend's batched twin (vLLM raises for one without), the
+    explicit DeepGEMM variables, else BATCHED_DEEPGEMM then BATCHED_TRITON."""
+    why = "batched MoE format (DeepEP low-latency / NIXL EP all2all)"
+    if moe_backend is not None and moe_backend != "auto":
+        twin = _BATCHED_TWIN.get(VLLM_MOE_BACKEND_FLAG.get(moe_backend, ""))
+        if twin is None:
+            raise WarmdInputError(f"--moe-backend {moe_backend} has no kernel for the {why}: "
+                                  "vLLM would refuse to start")
+        how = f"--moe-backend {moe_backend}"
+        return MoeChoice(_kernels((twin,)), how, (f"{how}, {why}: MoE runs {twin} ({where})",))
+    order = list(_BATCHED_ORDER)
+    names = ("VLLM_USE_DEEP_GEMM", "VLLM_MOE_USE_DEEP_GEMM")
+    if any(env.is_set(n) for n in names):
+        how = ", ".join(_describe(env, n) for n in names if env.is_set(n))
+        if all(env.get(n) for n in names):
+            return MoeChoice(_kernels(("BATCHED_DEEPGEMM",)), how,
+                             (f"{how}, {why}: MoE runs BATCHED_DEEPGEMM ({where})",))
+        order.remove("BATCHED_DEEPGEMM")
+    return MoeChoice(_kernels(order), None, (f"{why}: vLLM tries {', '.join(order)} ({where})",))
 
 
 def _vllm_flag(row: OracleRow, moe_backend: str, where: str) -> MoeChoice:

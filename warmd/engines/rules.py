@@ -34,6 +34,8 @@ _FUSED_MOE = "vllm/model_executor/layers/fused_moe/fused_moe.py"
 _LINEAR = "vllm/model_executor/kernels/linear/__init__.py"
 _CUDA = "vllm/platforms/cuda.py"
 _SG_MEMORY = "python/sglang/srt/arg_groups/memory_hook.py"
+_DG_UTILS = "vllm/model_executor/layers/fused_moe/deep_gemm_utils.py"
+_DG_MOE = "vllm/model_executor/layers/fused_moe/experts/deep_gemm_moe.py"
 
 RULES: tuple[Rule, ...] = (
     Rule("vllm-relax-block-m", "vllm", _V034, _WARMUP, "_generate_optimal_warmup_m_values",
@@ -46,10 +48,45 @@ RULES: tuple[Rule, ...] = (
     Rule("vllm-grouped-m", "vllm", _V033, _WARMUP, "_get_grouped_gemm_params",
          "grouped GEMM warmup: the relax set over DP x max_num_batched_tokens through "
          "compute_aligned_M_and_alignment; no VLLM_FUSED_MOE_CHUNK_SIZE cap (gone from envs.py)"),
-    Rule("vllm-grouped-alignment", "vllm", _V033,
-         "vllm/model_executor/layers/fused_moe/deep_gemm_utils.py",
-         "compute_aligned_M_and_alignment",
-         "per-call alignment shrinks to DeepGEMM's theoretical BLOCK_M on sm100/sm120"),
+    Rule("vllm-grouped-alignment", "vllm", _V033, _DG_UTILS, "compute_aligned_M_and_alignment",
+         "rows = T x topk + min(T x topk, local experts) x (A - 1), rounded up to A; A is 128, "
+         "or DeepGEMM's theoretical alignment when smaller (DeepGEMM 2.8.1: 256 on sm100, 128 "
+         "elsewhere, so 128 everywhere)"),
+    Rule("vllm-moe-psum-layout", "vllm", _V033, _DG_MOE, "DeepGemmExperts.apply",
+         "serving calls the grouped GEMM with use_psum_layout=True (another DeepGEMM kernel: "
+         "GemmType MGroupedContiguousWithPsumLayout) on sm90, and on sm100 with UE8M0 scales, "
+         "inside mk_alignment_scope(A); every row count of every token count T"),
+    Rule("vllm-grouped-warmup", "vllm", _V033, _WARMUP,
+         "_deepgemm_grouped_fp8_gemm_nt_contiguous_warmup",
+         "the warmup calls the grouped GEMM in the plain contiguous layout (no psum) inside "
+         "mk_alignment_scope(A), for both GEMMs at the rows of its relax token set"),
+    Rule("vllm-linear-backend", "vllm", _V034, _LINEAR, "_resolve_backend_kernels",
+         "--linear-backend keeps only its kernels (_LINEAR_BACKEND_KERNEL_MAP) in each linear "
+         "kernel list that has one; a list without one stays whole"),
+    Rule("vllm-cutedsl-router-gemm", "vllm", _V034,
+         "vllm/model_executor/layers/fused_moe/router/gate_linear.py", "GateLinear.__init__",
+         "the MoE router GEMM runs CuTe-DSL ll_bf16/ll_fp32w kernels (dot product up to M 4, "
+         "split-K above) on sm90/sm100 with CuTe DSL when the router computes in FP32; "
+         "compiled by the engine"),
+    Rule("vllm-moe-activation-format", "vllm", _V033,
+         "vllm/model_executor/layers/fused_moe/config.py", "FusedMoEConfig.activation_format",
+         "the DeepEP low-latency and NIXL EP all2all (expert parallel with DP > 1) hand the "
+         "experts the batched format: only batched kernels (BATCHED_DEEPGEMM, BATCHED_TRITON)"),
+    Rule("vllm-batched-deepgemm", "vllm", _V033,
+         "vllm/model_executor/layers/fused_moe/experts/batched_deep_gemm_moe.py",
+         "BatchedDeepGemmExperts.estimate_expected_m",
+         "masked grouped GEMM at expected_m = DP tokens x topk / global experts rounded up to "
+         "16, in [16, max_num_batched_tokens x EP]; that capacity without DP metadata; not "
+         "in vLLM's own warmup"),
+    Rule("vllm-fi-moe-static-tensor", "vllm", _V033,
+         "vllm/model_executor/layers/fused_moe/experts/flashinfer_cutlass_moe.py",
+         "FlashInferExperts._supports_quant_scheme",
+         "FlashInfer CUTLASS fused MoE takes per-tensor FP8 with static activation scales "
+         "from sm90 (block FP8 on sm90 only); the TRT-LLM-gen one (sm100) takes both"),
+    Rule("vllm-fp8-activation-scheme", "vllm", _ALL,
+         "vllm/model_executor/layers/quantization/fp8.py", "Fp8Config.__init__",
+         "activation_scheme static or dynamic (else refused); block FP8 only dynamic; static "
+         "per-tensor scales make kFp8StaticTensorSym activations"),
     Rule("vllm-token-budget", "vllm", _V033, _ARG_UTILS, "EngineArgs.get_batch_defaults",
          "vllm serve's max_num_batched_tokens: 16384 on GPUs with >= 160 GiB, 8192 from "
          "70 GiB (not A100, not GB10), else 2048"),

@@ -30,7 +30,8 @@ class Environment:
     disabled_kernels: frozenset[str] = frozenset()
     # vLLM's VLLM_USE_DEEP_GEMM_E8M0 (default on): its MoE then uses DeepGEMM for every M.
     deep_gemm_e8m0: bool = True
-    # SGLang's --moe-a2a-backend: DeepEP MoE only with "deepep".
+    # The MoE's all-to-all backend: SGLang's --moe-a2a-backend (DeepEP MoE only with
+    # "deepep"), vLLM's --all2all-backend where its all2all kernels run (EP with DP > 1).
     moe_a2a_backend: str = "none"
     # Why a kernel is disabled, where the engine's launch says so (kernel name, reason).
     disabled_reasons: tuple[tuple[str, str], ...] = ()

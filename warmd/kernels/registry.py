@@ -81,6 +81,23 @@ class UnquantizedLinearKernel(Kernel):
     op = "linear"
     schemes = ("bf16",)
 
+    @classmethod
+    def engine_jit(cls, layer: Layer, env: Environment, mspec: MSpec,
+                   m_range: tuple[int, int | None]) -> str | None:
+        """vLLM 0.34.0's MoE router (GateLinear, rule vllm-cutedsl-router-gemm): CuTe-DSL
+        GEMMs when the router computes in FP32, which warmd does not follow per model."""
+        from warmd.engines.rules import BY_ID
+
+        rule = BY_ID["vllm-cutedsl-router-gemm"]
+        if layer.name != "mlp.gate" or env.engine != "vllm" or \
+                env.target.capability[0] not in (9, 10) or \
+                not env.library("cutlass_dsl").available or \
+                not rule.versions.contains(env.engine_version):
+            return None
+        return ("CuTe-DSL router GEMM (ll_bf16/ll_fp32w, M <= 4 dot product, split-K above) "
+                "if the router computes in FP32: compiled at the engine's start; no executor "
+                "here")
+
 
 # ----- Fused MoE -----
 
@@ -111,6 +128,22 @@ class TritonExperts(Kernel):
         configs = moe_configs(layer.num_groups or 1, layer.param.get("intermediate", layer.k),
                               env.target.name, dtype, block, lo, hi)
         return f"Triton fused MoE: {configs.describe()}; no executor here"
+
+
+class BatchedTritonExperts(Kernel):
+    """vLLM's BATCHED_TRITON (fused_moe/experts/fused_batched_moe.py): the batched-format
+    Triton MoE of the DeepEP low-latency / NIXL EP all2all, where DeepGEMM cannot run."""
+
+    name = "BatchedTritonExperts"
+    op = "moe"
+    schemes = ("fp8_block", "fp8_tensor", "bf16")
+    min_capability = (8, 0)
+
+    @classmethod
+    def engine_jit(cls, layer: Layer, env: Environment, mspec: MSpec,
+                   m_range: tuple[int, int | None]) -> str | None:
+        return ("Triton batched MoE (BatchedTritonExperts): compiled at the engine's start "
+                "and in traffic; no executor here")
 
 
 class CutlassBlockScaledGroupedGemmExperts(Kernel):
@@ -205,6 +238,7 @@ ENGINE_KERNELS: tuple[type[Kernel], ...] = (
     MarlinMxfp8LinearKernel,
     UnquantizedLinearKernel,
     TritonExperts,
+    BatchedTritonExperts,
     CutlassBlockScaledGroupedGemmExperts,
     FlashAttentionBackend,
     TritonAttentionBackend,

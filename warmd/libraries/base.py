@@ -63,6 +63,10 @@ class Library:
     # True: probe(engine) finds the library the way that engine imports it ("vllm",
     # "sglang"); probe() the way any engine could
     probe_follows_engine: bool = False
+    # "module:function" (adapter, entry name, claimed artifact, scratch dir) ->
+    # warmd.cache.rederived.Rederived: how a trusted producer rebuilds what a node captured
+    # (warmd.rederive); None: its captured entries are never re-derived (they stay pending)
+    rederive: str | None = None
 
     @property
     def root(self) -> CacheRoot:

@@ -23,6 +23,7 @@ from warmd.store.credentials import protect_environment
 from warmd.store.embedded import (
     EmbeddedServerError,
     ServerProcess,
+    StartedBy,
     embedded_dir,
     embedded_status,
     ensure_embedded,
@@ -37,9 +38,10 @@ from warmd.store.redis_store import RedisSharedCache
 log = logging.getLogger("warmd.store")
 
 __all__ = ["EmbeddedServerError", "Fingerprint", "NodeRecords", "ServerProcess", "SharedCache",
-           "StoreFailed", "compute_fingerprint", "digest_of", "embedded_dir", "embedded_status",
-           "ensure_embedded", "free_port", "open_node_records", "open_shared_cache",
-           "parse_store_url", "redact", "resolve_store_url", "start_server", "stop_embedded"]
+           "StartedBy", "StoreFailed", "compute_fingerprint", "digest_of", "embedded_dir",
+           "embedded_status", "ensure_embedded", "free_port", "open_node_records",
+           "open_shared_cache", "parse_store_url", "redact", "resolve_store_url", "start_server",
+           "stop_embedded"]
 
 
 def resolve_store_url(url: str | None = None) -> tuple[StoreURL | None, object]:

@@ -25,9 +25,12 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from warmd.cache.base import CacheAdapter, CacheEntry
+
+if TYPE_CHECKING:
+    from warmd.store.layout import PendingClaim
 
 
 class StoreFailed(Exception):
@@ -137,14 +140,15 @@ class SharedCache(ABC):
         record naming them; says what it did."""
 
     # -- cluster work: one unit (an entry, or a task whose entries are not known before it
-    # runs) claimed cluster-wide before it is compiled, published when done ----------------
+    # runs) claimed cluster-wide before it is compiled, published when done (these claims
+    # on work are not the capture's pending claims below) -----------------------------------
 
-    def claim(self, adapter: CacheAdapter, unit: str, task: bool = False) -> Claim:
+    def claim_work(self, adapter: CacheAdapter, unit: str, task: bool = False) -> Claim:
         """Claim an entry (task=False) or a task (task=True) without waiting; a held claim
-        is renewed until ``release``. Without a store to share with: always MINE."""
+        is renewed until ``release_work``. Without a store to share with: always MINE."""
         return Claim(ClaimState.MINE)
 
-    def release(self, adapter: CacheAdapter, unit: str, task: bool = False) -> None:
+    def release_work(self, adapter: CacheAdapter, unit: str, task: bool = False) -> None:
         """Give a claim up (after publishing what it built, or after failing)."""
         return None
 
@@ -163,8 +167,8 @@ class SharedCache(ABC):
         return []
 
     def claim_discovery(self, adapter: CacheAdapter, digest: str) -> Claim:
-        """Claim the discovery of a set of tasks (digest: of the set), as ``claim``;
-        PUBLISHED once its kernel list is. Released with ``release(adapter,
+        """Claim the discovery of a set of tasks (digest: of the set), as ``claim_work``;
+        PUBLISHED once its kernel list is. Released with ``release_work(adapter,
         discovery_unit(digest))``."""
         return Claim(ClaimState.MINE)
 
@@ -189,6 +193,28 @@ class SharedCache(ABC):
     def learned(self, adapter: CacheAdapter, plan_key: str) -> list[str]:
         """The entry names in the plan's learned index (empty when none or unreachable)."""
         return []
+
+    # -- the pending tier: captured entries until a trusted producer re-derives them --------
+
+    def submit_claim(self, adapter: CacheAdapter, plans: list[str], name: str,
+                     artifact: bytes, compile_seconds: float = 0.0) -> bool:
+        """Store what a node captured as a pending claim (unsigned, never installed by any
+        node); False when the store did not take it (or keeps no pending tier)."""
+        return False
+
+    def pending(self, adapter: CacheAdapter) -> list[str]:
+        """The names of the pending claims under the adapter's fingerprint, oldest first."""
+        return []
+
+    def read_claim(self, adapter: CacheAdapter, name: str
+                   ) -> tuple[PendingClaim, bytes] | None:
+        """A pending claim and its artifact, checked against the claim's digest; None when
+        absent or unreachable. Raises warmd.store.layout.BadRecord for a malformed claim."""
+        return None
+
+    def drop_claim(self, adapter: CacheAdapter, name: str, chunks: int = 0) -> bool:
+        """Remove a pending claim (re-derived and published, or refused)."""
+        return False
 
     def shard_order(self, task_keys: list[str]) -> list[str]:
         """The order this node should try the tasks in, so nodes warming the same plan
@@ -289,7 +315,8 @@ class NodeRecords(ABC):
 
     @abstractmethod
     def server_size(self) -> dict | None:
-        """{"used_memory": bytes, "keys": count} of the store; None when not known."""
+        """{"used_memory": bytes, "keys": count, "maxmemory": bytes (0: no limit),
+        "maxmemory_policy"} of the store; None when not known."""
 
     @abstractmethod
     def close(self) -> None: ...

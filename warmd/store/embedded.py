@@ -5,6 +5,10 @@ listens on loopback on a free port, requires a generated password, and keeps its
 append-only persistence under <state dir>/redis. A JSON state file there (mode 0600: it holds
 the password) lets later warmd processes find and reuse it; stop_embedded() shuts it down
 cleanly (the AOF is flushed). start_server() is the one way warmd (and its tests) run one.
+
+Starting it is an act of `warmd start`, a warmup or `warmd cache server start`
+(ensure_embedded, which records which: StartedBy); a command that only reads the store finds
+it with embedded_status() and never starts one.
 """
 
 from __future__ import annotations
@@ -22,7 +26,8 @@ import signal
 import socket
 import subprocess
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from enum import Enum
 from pathlib import Path
 
 import redis
@@ -42,6 +47,15 @@ class EmbeddedServerError(RuntimeError):
     """No server binary, or the server would not start."""
 
 
+class StartedBy(str, Enum):
+    """What started the embedded server. `warmd stop` stops one that the daemon or a warmup
+    started; one that `warmd cache server start` started stays up until `cache server stop`."""
+
+    DAEMON = "warmd start"
+    WARMUP = "a warmup"
+    SERVER_COMMAND = "warmd cache server start"
+
+
 @dataclass(frozen=True)
 class ServerProcess:
     port: int
@@ -51,6 +65,7 @@ class ServerProcess:
     password: str | None = field(default=None, repr=False)
     host: str = "127.0.0.1"
     tls_ca: str | None = None  # set when the server speaks TLS only
+    started_by: StartedBy | None = None  # None: a server start_server() runs for a caller
 
     @property
     def url(self) -> str:
@@ -89,7 +104,8 @@ class ServerProcess:
 
     def to_json(self) -> dict:
         return {"port": self.port, "pid": self.pid, "data_dir": str(self.data_dir),
-                "binary": self.binary, "password": self.password, "host": self.host}
+                "binary": self.binary, "password": self.password, "host": self.host,
+                "started_by": self.started_by.value if self.started_by else None}
 
 
 def server_binary() -> str | None:
@@ -238,9 +254,11 @@ def _locked(directory: Path):
 def _read_state(directory: Path) -> ServerProcess | None:
     try:
         data = json.loads((directory / STATE_FILE).read_text())
+        started_by = data.get("started_by")
         return ServerProcess(int(data["port"]), int(data["pid"]), Path(data["data_dir"]),
                              str(data["binary"]), data.get("password"),
-                             data.get("host", "127.0.0.1"))
+                             data.get("host", "127.0.0.1"),
+                             started_by=StartedBy(started_by) if started_by else None)
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -253,21 +271,29 @@ def embedded_status(state_dir: Path | None = None) -> ServerProcess | None:
     return None
 
 
-def ensure_embedded(state_dir: Path | None = None) -> ServerProcess:
-    """The live embedded server of this state dir, started (once, under a lock) if needed."""
+def ensure_embedded(state_dir: Path | None = None,
+                    started_by: StartedBy = StartedBy.WARMUP) -> ServerProcess:
+    """The live embedded server of this state dir, started (once, under a lock) if needed,
+    and recorded as started by `started_by`. `warmd cache server start` finding one running
+    makes it the user's: `warmd stop` then leaves it up."""
     directory = embedded_dir(state_dir)
     with _locked(directory):
         live = embedded_status(state_dir)
         if live is not None:
+            if started_by == StartedBy.SERVER_COMMAND and live.started_by != started_by:
+                live = replace(live, started_by=started_by)
+                _write_private(directory / STATE_FILE, json.dumps(live.to_json(), indent=2))
             return live
         stale = _read_state(directory)
         password = (stale.password if stale and stale.password
                     else secrets.token_urlsafe(24))
-        server = start_server(directory, password=password,
-                              config={"maxmemory": settings.embedded_maxmemory()})
+        server = replace(start_server(directory, password=password,
+                                      config={"maxmemory": settings.embedded_maxmemory()}),
+                         started_by=started_by)
         _write_private(directory / STATE_FILE, json.dumps(server.to_json(), indent=2))
-        log.info("started embedded %s on 127.0.0.1:%d (pid %d, data in %s)",
-                 Path(server.binary).name, server.port, server.pid, directory)
+        log.info("started embedded %s on 127.0.0.1:%d (pid %d, data in %s) for %s",
+                 Path(server.binary).name, server.port, server.pid, directory,
+                 started_by.value)
         return server
 
 

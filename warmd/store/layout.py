@@ -22,6 +22,10 @@ Keys that must live together in Redis Cluster share a hash tag: every chunk of o
     warmd:v1:daemon:<ns>              JSON: the running controller's config summary
     warmd:v1:learned:{<fp>}:<plan>    ZSET of entries nodes captured for a plan (warmd.capture)
     warmd:v1:arrivals:<plan digest>   counter of nodes that began a plan (shard order)
+    warmd:v1:claim:{<fp>}:<name>      a captured entry not re-derived yet (warmd.capture):
+                                      JSON, never signed, never installed
+    warmd:v1:claimblob:{<fp>}:<name>:<i>  chunk i of that claim's artifact
+    warmd:v1:claims:{<fp>}            ZSET claim name -> when it was (last) claimed
     warmd:v1:klease:{<fp>}:<entry>    claim on one entry being compiled (short PX, renewed)
     warmd:v1:kpub:{<fp>}              pub/sub channel: a claim of this fingerprint released
     warmd:v1:kjob:{<fp>}:<entry>      how an entry is built: a discovery's job record (signed)
@@ -97,6 +101,20 @@ def parse_learned_key(key: bytes | str) -> tuple[str, str] | None:
     """(fingerprint, plan) of a learned index key; None for any other key."""
     found = _LEARNED_KEY.match(_key_text(key))
     return (found.group(1), found.group(2)) if found else None
+
+
+def claim_key(fp: str, name: str) -> str:
+    """A pending claim: what a node captured, kept apart from every installable key."""
+    return f"{PREFIX}claim:{{{fp}}}:{name}"
+
+
+def claim_blob_key(fp: str, name: str, index: int) -> str:
+    return f"{PREFIX}claimblob:{{{fp}}}:{name}:{index}"
+
+
+def claims_key(fp: str) -> str:
+    """The pending claims of one fingerprint, scored by when they were claimed."""
+    return f"{PREFIX}claims:{{{fp}}}"
 
 
 def arrivals_key(plan_digest: str) -> str:
@@ -474,3 +492,57 @@ def verify_blob(man: Manifest, blob: bytes) -> bytes:
     if sha256(blob) != man.digest:
         raise BadRecord("blob digest mismatch")
     return blob
+
+
+MAX_CLAIM_PLANS = 64  # plans one claim names (a node warms a handful of models)
+
+
+@dataclass(frozen=True)
+class PendingClaim:
+    """What a serving node says it captured (warmd.capture): an entry's artifact, its digest,
+    the node and the plans it learned it for. Never signed and never installed: a trusted
+    producer re-derives it (warmd.rederive) and publishes what it built itself."""
+
+    library: str
+    name: str
+    fingerprint: str
+    digest: str
+    size: int
+    node: str
+    plans: tuple[str, ...]
+    compile_seconds: float = 0.0
+    created: float = field(default_factory=time.time)
+    chunk_size: int = CHUNK_SIZE
+    v: int = 1
+
+    @property
+    def chunks(self) -> int:
+        return chunk_count(self.size, self.chunk_size)
+
+    def encode(self) -> bytes:
+        data = asdict(self)
+        data["plans"] = list(self.plans)
+        return json_bytes(data)
+
+    @classmethod
+    def decode(cls, raw: bytes | str, max_size: int) -> PendingClaim:
+        """Parse and check a stored claim; raises BadRecord (RefusedHere when over this
+        node's size limit)."""
+        f = Fields(load_record(raw), "claim")
+        plans = f.value("plans", list)
+        if not plans or len(plans) > MAX_CLAIM_PLANS or not all(
+                isinstance(p, str) and 0 < len(p) <= MAX_TEXT for p in plans):
+            raise BadRecord(f"malformed claim: plans must be 1 to {MAX_CLAIM_PLANS} strings")
+        claim = cls(f.text("library"), f.text("name"), f.text("fingerprint"), f.text("digest"),
+                    f.integer("size", 0, MAX_BLOB_BYTES), f.text("node", ""), tuple(plans),
+                    f.number("compile_seconds", 0.0), f.number("created", 0.0),
+                    f.integer("chunk_size", 64 << 10, 64 << 20, CHUNK_SIZE),
+                    f.integer("v", 0, 1 << 31, 1))
+        if claim.v != 1:
+            raise RefusedHere(f"unknown claim version {claim.v}")
+        if not is_entry_name(claim.name) or not _HEX64.match(claim.digest):
+            raise BadRecord("malformed claim: name or digest")
+        if claim.size > max_size:
+            raise RefusedHere(f"claim size {claim.size} is over this node's {max_size}-byte "
+                              "limit")
+        return claim

@@ -1,7 +1,7 @@
 """Single flight: one node compiles a task while the others wait for its publication (a
 lease per task, renewed while held, taken over when its holder dies or gives up); and
-claims (Claims): units of cluster work taken without waiting, so a node that finds one
-held moves on to another."""
+claims on units of cluster work (WorkClaims), taken without waiting, so that a node that
+finds one held moves on to another."""
 
 from __future__ import annotations
 
@@ -182,7 +182,7 @@ def _text(value: Any) -> str:
 KERNEL_LEASE_SECONDS = 3.0  # a dead claimer's work is free again this soon
 
 
-class Claims:
+class WorkClaims:
     """Claims on units of cluster work (SharedCache.claim): taken without waiting, renewed
     by one thread every third of a short TTL while held, released compare-and-delete with a
     notice on the fingerprint's channel. A node that dies stops renewing: its units are

@@ -107,7 +107,9 @@ class RedisNodeRecords(NodeRecords):
     def server_size(self) -> dict | None:
         def measure(c) -> dict:
             memory = c.info("memory")
-            return {"used_memory": int(memory.get("used_memory", 0)), "keys": int(c.dbsize())}
+            return {"used_memory": int(memory.get("used_memory", 0)), "keys": int(c.dbsize()),
+                    "maxmemory": int(memory.get("maxmemory", 0)),
+                    "maxmemory_policy": str(memory.get("maxmemory_policy", ""))}
 
         try:
             return self._call("server_size", measure, None)

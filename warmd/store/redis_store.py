@@ -37,8 +37,9 @@ from warmd.store.connection import CONNECT_TIMEOUT, StoreURL
 from warmd.store.counters import StoreStats
 from warmd.store.entries import Entries
 from warmd.store.fingerprint import Fingerprint
-from warmd.store.layout import BadRecord, Manifest, StoredTaskRecord
-from warmd.store.leases import KERNEL_LEASE_SECONDS, Claims, Leases, spread_start
+from warmd.store.layout import BadRecord, Manifest, PendingClaim, StoredTaskRecord
+from warmd.store.leases import KERNEL_LEASE_SECONDS, Leases, WorkClaims, spread_start
+from warmd.store.pending import PendingClaims
 from warmd.store.publish import Publisher
 from warmd.store.session import Session, StaleRecords
 from warmd.store.signing import check as check_signature
@@ -77,7 +78,8 @@ class RedisSharedCache(SharedCache):
         self.entries = Entries(self.session, stale)
         self.leases = Leases(self.session, stale)
         self.publisher = Publisher(self.session, stale)
-        self.claims = Claims(self.session, stale, int(kernel_lease_seconds * 1000))
+        self.claims = PendingClaims(self.session)
+        self.work_claims = WorkClaims(self.session, stale, int(kernel_lease_seconds * 1000))
         self.embedded = embedded  # the embedded server this cache uses, if any
 
     # -- SharedCache -------------------------------------------------------------------------
@@ -131,6 +133,20 @@ class RedisSharedCache(SharedCache):
         decoded = [n.decode() if isinstance(n, bytes) else str(n) for n in names or []]
         return [n for n in decoded if layout.is_entry_name(n)]
 
+    def submit_claim(self, adapter: CacheAdapter, plans: list[str], name: str,
+                     artifact: bytes, compile_seconds: float = 0.0) -> bool:
+        return self.claims.submit(adapter, plans, name, artifact, compile_seconds)
+
+    def pending(self, adapter: CacheAdapter) -> list[str]:
+        return self.claims.names(adapter)
+
+    def read_claim(self, adapter: CacheAdapter, name: str
+                   ) -> tuple[PendingClaim, bytes] | None:
+        return self.claims.read(adapter, name)
+
+    def drop_claim(self, adapter: CacheAdapter, name: str, chunks: int = 0) -> bool:
+        return self.claims.drop(adapter, name, chunks)
+
     def shard_order(self, task_keys: list[str]) -> list[str]:
         """The order in which this node should try a plan's tasks so that N nodes warming the
         same plan start on different tasks: each arrival gets a counter value i and starts
@@ -163,25 +179,25 @@ class RedisSharedCache(SharedCache):
         except Exception:  # the adapter could not describe itself: nothing is shared
             return None
 
-    def claim(self, adapter: CacheAdapter, unit: str, task: bool = False) -> Claim:
+    def claim_work(self, adapter: CacheAdapter, unit: str, task: bool = False) -> Claim:
         fp = self._fp(adapter)
         if fp is None or self.transport.disabled_reason:
-            return super().claim(adapter, unit, task)
+            return super().claim_work(adapter, unit, task)
         if task:
             self.session.task_fp[unit] = fp
-        return self.claims.claim(fp, unit, task)
+        return self.work_claims.claim(fp, unit, task)
 
-    def release(self, adapter: CacheAdapter, unit: str, task: bool = False) -> None:
+    def release_work(self, adapter: CacheAdapter, unit: str, task: bool = False) -> None:
         fp = self._fp(adapter)
         if fp is not None:
-            self.claims.release(fp, unit, task)
+            self.work_claims.release(fp, unit, task)
 
     def wait_for_claims(self, adapter: CacheAdapter, seconds: float) -> None:
         fp = self._fp(adapter)
         if fp is None or self.transport.disabled_reason or not self.reachable:
             time.sleep(seconds)
             return
-        self.claims.wait(fp, seconds)
+        self.work_claims.wait(fp, seconds)
 
     def publish_entries(self, adapter: CacheAdapter, entries: list[CacheEntry],
                         compile_seconds: float) -> Publication:
@@ -208,7 +224,7 @@ class RedisSharedCache(SharedCache):
         fp = self._fp(adapter)
         if fp is None or self.transport.disabled_reason:
             return super().claim_discovery(adapter, digest)
-        return self.claims.claim(fp, discovery_unit(digest), False,
+        return self.work_claims.claim(fp, discovery_unit(digest), False,
                                  marker=layout.kernel_list_key(fp, digest))
 
     def kernel_list(self, adapter: CacheAdapter, tasks: list[str]) -> KernelList:
@@ -320,7 +336,7 @@ class RedisSharedCache(SharedCache):
         return not self.transport.breaker.is_open
 
     def close(self) -> None:
-        self.claims.close()
+        self.work_claims.close()
         if not self.stats.flush():
             self.stats.spool()  # kept locally for the next process that reaches the store
         self.transport.close()

@@ -193,7 +193,7 @@ class ClaimLoop(Generic[C]):
     def _one(self, unit: Unit, context: C) -> None:
         state = "mine"
         if not unit.claimed and not unit.local_only and self.shared is not None:
-            state = self.shared.claim(unit.adapter, unit.name, unit.task).state.value
+            state = self.shared.claim_work(unit.adapter, unit.name, unit.task).state.value
         if state != "mine":
             if state == "held" and unit.waited_since is None:
                 unit.waited_since = time.monotonic()
@@ -209,7 +209,7 @@ class ClaimLoop(Generic[C]):
             built = self.build(unit, context)
         finally:
             if self.shared is not None and not unit.local_only:
-                self.shared.release(unit.adapter, unit.name, unit.task)
+                self.shared.release_work(unit.adapter, unit.name, unit.task)
         ended = time.monotonic()
         with self._cond:
             self.timeline.last_compile_end = ended
@@ -263,7 +263,7 @@ class ClaimLoop(Generic[C]):
         assert self.shared is not None
         held, published = [], []
         for unit in waiting:
-            state = self.shared.claim(unit.adapter, unit.name, unit.task).state.value
+            state = self.shared.claim_work(unit.adapter, unit.name, unit.task).state.value
             if state == "published":
                 published.append(unit)
             elif state == "mine":  # its claimer gave up or died: ours now

@@ -253,7 +253,7 @@ class StageWork:
     def release_discovery(self, digest: str) -> None:
         from warmd.store.api import discovery_unit
 
-        self.shared.release(self.adapter, discovery_unit(digest))
+        self.shared.release_work(self.adapter, discovery_unit(digest))
 
     def publish_kernel_list(self, digest: str, tasks: dict[str, list[str]],
                             jobs: dict[str, dict]) -> bool:

@@ -43,4 +43,5 @@ LIBRARY = Library(
     # a builder builds the kernels GPU nodes' discoveries listed (it cannot discover)
     builds_without_gpu=True,
     probe_follows_engine=True,
+    rederive="warmd.libraries.deep_gemm.rederive:rederive",
 )

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import importlib
+import inspect
 import json
 import os
 import re
@@ -53,6 +54,11 @@ GEMMS = {
     "m_grouped_fp8_gemm_nt_masked": (("m_grouped_fp8_gemm_nt_masked",
                                       "fp8_m_grouped_gemm_nt_masked"), "MGroupedMasked"),
 }
+# The contiguous grouped layouts a task can ask for (its spec's "layout"): an expert id per row
+# (DeepGEMM's default), or each expert's end row (use_psum_layout=True, DeepGEMM 2.x; vLLM's
+# serving on sm90 and sm100). warmd.libraries.deep_gemm.kernels plans them.
+LAYOUTS = ("contiguous", "psum")
+PSUM_GEMM_TYPE = "MGroupedContiguousWithPsumLayout"  # the GemmType its kernel.cu names
 # Elements per chunk when making inputs: bounds the float32 temporaries of the casts.
 _CHUNK_ELEMENTS = 1 << 26
 _SF_BLOCK = 128
@@ -73,6 +79,8 @@ class GemmSpec:
     k: int
     num_groups: int | None
     m: tuple[int, ...]
+    layout: str = "contiguous"  # contiguous grouped GEMMs: contiguous | psum
+    alignment: int | None = None  # the BLOCK_M cap set around the calls; None: DeepGEMM's own
 
 
 def gemm_spec(task: Task) -> GemmSpec:
@@ -94,7 +102,45 @@ def gemm_spec(task: Task) -> GemmSpec:
             raise ValueError(f"grouped task {task.key} needs num_groups >= 1")
         if task.n % _SF_BLOCK:
             raise ValueError(f"grouped task {task.key}: N={task.n} is not a multiple of 128")
-    return GemmSpec(functions, gemm_type, task.n, task.k, groups, tuple(sorted(set(task.m))))
+    layout, alignment = _layout_of(task, gemm_type)
+    if layout == "psum":
+        gemm_type = PSUM_GEMM_TYPE
+    return GemmSpec(functions, gemm_type, task.n, task.k, groups, tuple(sorted(set(task.m))),
+                    layout, alignment)
+
+
+def _layout_of(task: Task, gemm_type: str) -> tuple[str, int | None]:
+    spec = task.spec or {}
+    layout, alignment = spec.get("layout", "contiguous"), spec.get("alignment")
+    if gemm_type != "MGroupedContiguous":
+        if "layout" in spec or alignment is not None:
+            raise ValueError(f"task {task.key}: a layout or alignment is for contiguous "
+                             f"grouped GEMMs only")
+        return "contiguous", None
+    if layout not in LAYOUTS:
+        raise ValueError(f"task {task.key}: unknown grouped layout {layout!r} "
+                         f"(known: {', '.join(LAYOUTS)})")
+    if alignment is not None and (type(alignment) is not int or alignment < 16
+                                  or alignment % 16):
+        raise ValueError(f"task {task.key}: alignment must be a positive multiple of 16, "
+                         f"got {alignment!r}")
+    bad = [m for m in task.m if alignment and m % alignment]
+    if bad:
+        raise ValueError(f"task {task.key}: grouped GEMM rows must be multiples of the "
+                         f"alignment {alignment}; got {bad[:5]}")
+    return layout, alignment
+
+
+def psum_layout_ends(rows: int, groups: int, alignment: int) -> list[int]:
+    """A psum grouped layout for `rows` rows: each expert's end row, every expert owning a
+    whole number of aligned blocks (spread as evenly as they go), as vLLM's
+    deepgemm_moe_permute writes it when every expert's tokens fill their blocks."""
+    blocks, ends, end = rows // alignment, [], 0
+    base, extra = divmod(blocks, groups)
+    for expert in range(groups):
+        end += (base + (expert < extra)) * alignment
+        ends.append(end)
+    return ends
 
 
 _LOAD_LINE = re.compile(r"^Load time \((?P<path>.+)\): [0-9.]+ ms\s*$")
@@ -386,10 +432,16 @@ def _make_inputs(torch, deep_gemm, spec: GemmSpec, device, fill: bool = True) ->
     if spec.num_groups is None:
         return {"a": a, "b": _dense_weights(torch, cast_b, spec, device, use_ue8m0), "d": d}
     b = _grouped_weights(torch, cast_b, spec, device, use_ue8m0)
-    # Contiguous layout: every 128-row block belongs to one expert, round robin, so any
-    # prefix of a multiple of 128 rows is a valid layout too.
-    blocks = torch.arange(-(-m_max // _SF_BLOCK), dtype=torch.int32, device=device)
-    layout = (blocks % spec.num_groups).repeat_interleave(_SF_BLOCK)[:m_max].contiguous()
+    block = spec.alignment or int(deep_gemm.get_mk_alignment_for_contiguous_layout())
+    if spec.layout == "psum":
+        # One row of expert end rows per M, all made at once.
+        ends = torch.tensor([psum_layout_ends(m, spec.num_groups, block) for m in spec.m],
+                            dtype=torch.int32).to(device)
+        return {"a": a, "b": b, "d": d, "psum": dict(zip(spec.m, ends.unbind(0), strict=True))}
+    # Contiguous layout: every aligned block belongs to one expert, round robin, so any
+    # prefix of a multiple of the alignment is a valid layout too.
+    blocks = torch.arange(-(-m_max // block), dtype=torch.int32, device=device)
+    layout = (blocks % spec.num_groups).repeat_interleave(block)[:m_max].contiguous()
     return {"a": a, "b": b, "d": d, "layout": layout}
 
 
@@ -448,12 +500,67 @@ def _caller(deep_gemm, spec: GemmSpec, inputs: dict):
             return function((a, sfa), b, d, masked_m, m)
 
         return masked_call
-    alignment = int(deep_gemm.get_mk_alignment_for_contiguous_layout())
-    bad = [m for m in spec.m if m % alignment]
+    return _contiguous_caller(deep_gemm, function, spec, inputs)
+
+
+def _contiguous_caller(deep_gemm, function, spec: GemmSpec, inputs: dict):
+    """The contiguous grouped GEMM called as vLLM calls it: inside an alignment scope
+    (mk_alignment_scope: set_mk_alignment_for_contiguous_layout, restored after), with the
+    psum layout when the task asks for it."""
+    (a, sfa), b, d = inputs["a"], inputs["b"], inputs["d"]
+    alignment = spec.alignment
+    if alignment is not None and not hasattr(deep_gemm, "set_mk_alignment_for_contiguous_layout"):
+        own = int(deep_gemm.get_mk_alignment_for_contiguous_layout())
+        if own != alignment:
+            raise ValueError(f"{deep_gemm.__name__} cannot set the alignment {alignment} "
+                             f"(its own: {own})")
+        alignment = None
+    block = alignment or int(deep_gemm.get_mk_alignment_for_contiguous_layout())
+    bad = [m for m in spec.m if m % block]
     if bad:
-        raise ValueError(f"grouped GEMM rows must be multiples of {alignment}; got {bad[:5]}")
+        raise ValueError(f"grouped GEMM rows must be multiples of {block}; got {bad[:5]}")
+    if spec.layout == "psum":
+        if _accepts(function, "use_psum_layout") is False:
+            raise ValueError(f"{deep_gemm.__name__} {function.__name__} has no psum layout "
+                             f"(use_psum_layout: DeepGEMM 2.x)")
+        ends = inputs["psum"]
+
+        def psum_call(m: int):
+            with alignment_scope(deep_gemm, alignment):
+                return function((a[:m], sfa[:m]), b, d[:m], ends[m], use_psum_layout=True)
+
+        return psum_call
     layout = inputs["layout"]
-    return lambda m: function((a[:m], sfa[:m]), b, d[:m], layout[:m])
+
+    def plain_call(m: int):
+        with alignment_scope(deep_gemm, alignment):
+            return function((a[:m], sfa[:m]), b, d[:m], layout[:m])
+
+    return plain_call
+
+
+@contextlib.contextmanager
+def alignment_scope(deep_gemm, value: int | None):
+    """vLLM's mk_alignment_scope (vllm/utils/deep_gemm.py): DeepGEMM's BLOCK_M cap for
+    contiguous grouped GEMMs set to value, and restored afterwards; nothing for None."""
+    if value is None:
+        yield
+        return
+    previous = int(deep_gemm.get_mk_alignment_for_contiguous_layout())
+    deep_gemm.set_mk_alignment_for_contiguous_layout(value)
+    try:
+        yield
+    finally:
+        deep_gemm.set_mk_alignment_for_contiguous_layout(previous)
+
+
+def _accepts(function, name: str) -> bool | None:
+    """Whether function takes the keyword; None when its signature cannot be read."""
+    try:
+        parameters = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
 
 
 def _describe(exc: BaseException) -> str:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from warmd.engines.moe_backends import BATCHED_ALL2ALL
+from warmd.engines.versions import parse_version
+from warmd.errors import WarmdInputError
 from warmd.kernels.base import (
     OK,
     Branch,
@@ -15,7 +18,14 @@ from warmd.kernels.base import (
 )
 from warmd.kernels.registry import TritonExperts
 from warmd.models import Layer
-from warmd.mvalues import MSpec, clip, grouped_m_values
+from warmd.mvalues import (
+    GROUPED_BLOCK_M,
+    MSpec,
+    clip,
+    grouped_m_values,
+    vllm_grouped_rows,
+    vllm_grouped_warmup_tokens,
+)
 
 # DeepGEMM's shape rules as vLLM applies them before dispatching (should_use_deepgemm_for_
 # fp8_linear: N % 64, K % 128; grouped contiguous layout: N and K % 128).
@@ -93,12 +103,107 @@ def _experts_aligned(layer: Layer) -> Check:
 
 
 def _contiguous_work(layer: Layer, env: Environment, mspec: MSpec, m_range: MRange):
+    if _vllm_grouped_calls(env):
+        return _vllm_contiguous_work(layer, env, mspec, m_range)
     rows = grouped_m_values(mspec, layer.n, env.target.sms, layer.topk or 1,
                             layer.num_groups, *m_range)
     if not rows:
         return []
     return [JitWork("deep_gemm", "m_grouped_fp8_gemm_nt_contiguous", layer.n, layer.k,
                     layer.num_groups, tuple(rows), spec=_deep_gemm_spec(env))]
+
+
+# The contiguous grouped layouts of DeepGEMM 2.x: the plain one (an expert id per row) and
+# the psum one (each expert's end row; GemmType MGroupedContiguousWithPsumLayout, another
+# kernel.cu, so another cache entry). The task's spec names the layout and the
+# alignment (BLOCK_M cap) the engine sets around its calls; the executor calls them so.
+PLAIN, PSUM = "contiguous", "psum"
+
+# DeepGEMM's per-call theoretical alignment (get_theoretical_mk_alignment_for_contiguous_
+# layout) by release and GPU generation, read from DeepGEMM 2.8.1's extension as vLLM
+# 0.34.0 ships it (the function's machine code: 256 on sm100, else 128, whatever the
+# expected M). vLLM shrinks its 128-row alignment to it only when smaller.
+THEORETICAL_ALIGNMENT: dict[tuple[int, int], dict[int, int]] = {(2, 8): {10: 256}}
+
+
+def _deep_gemm_release(env: Environment) -> tuple[int, int] | None:
+    """The (major, minor) of the DeepGEMM the engine imports; None when unknown (a plan for
+    another machine: vLLM's vendored copy is then taken)."""
+    version = env.library("deep_gemm").version
+    if not version:
+        return None
+    try:
+        major, minor, _ = parse_version(version)
+    except WarmdInputError:
+        return None
+    return major, minor
+
+
+def _vllm_grouped_calls(env: Environment) -> bool:
+    """vLLM >= 0.33.0 with DeepGEMM 2.x (rules vllm-moe-psum-layout, vllm-grouped-warmup):
+    its serving and its warmup call the grouped GEMM in an alignment scope, serving with the
+    psum layout where it can. With sgl-deep-gemm 0.1.x (no psum layout) warmd keeps its
+    plain calls."""
+    from warmd.engines.rules import BY_ID
+
+    release = _deep_gemm_release(env)
+    return (env.engine == "vllm" and (release is None or release[0] >= 2)
+            and BY_ID["vllm-moe-psum-layout"].versions.contains(env.engine_version))
+
+
+def vllm_grouped_alignment(env: Environment) -> int:
+    """The per-call alignment vLLM's compute_aligned_M_and_alignment settles on (rule
+    vllm-grouped-alignment): 128, or DeepGEMM's theoretical alignment when smaller."""
+    release = _deep_gemm_release(env) or (2, 8)  # vLLM's vendored DeepGEMM 2.8.1
+    theoretical = THEORETICAL_ALIGNMENT.get(release, {}).get(env.target.capability[0],
+                                                            GROUPED_BLOCK_M)
+    return min(GROUPED_BLOCK_M, theoretical)
+
+
+def vllm_serves_psum(env: Environment) -> bool:
+    """DeepGemmExperts.apply's use_psum_layout for FP8 block experts (SiLU, the activation
+    of every MoE model warmd reads): sm90, and sm100 with UE8M0 scales (E8M0 on)."""
+    major = env.target.capability[0]
+    return major == 9 or (major == 10 and env.deep_gemm_e8m0)
+
+
+# vLLM all2all backends whose dispatch hands the experts their token counts on the CPU
+# (ExpertTokensMetadata.make_from_list): every expert's rows are then padded exactly, so
+# any multiple of the alignment up to the worst case can reach the GEMM.
+_COUNTS_ON_CPU = ("deepep_high_throughput", "deepep_v2")
+
+
+def _vllm_serving_rows(layer: Layer, env: Environment, mspec: MSpec, m_range: MRange,
+                       alignment: int) -> list[int]:
+    """Every row count vLLM's serving can give the grouped GEMM for the token counts the
+    layer routes to DeepGEMM (compute_aligned_M_and_alignment)."""
+    tokens = mspec.moe_tokens or mspec.max_tokens
+    lo, hi = m_range[0], tokens if m_range[1] is None else min(m_range[1], tokens)
+    if hi < lo:
+        return []
+    topk, groups = layer.topk or 1, layer.num_groups or 1
+    if env.moe_a2a_backend in _COUNTS_ON_CPU:
+        last = vllm_grouped_rows(hi, topk, groups, alignment)
+        return list(range(alignment, last + 1, alignment))
+    counts = clip(list(mspec.explicit), lo, hi) if mspec.explicit else range(lo, hi + 1)
+    return sorted({vllm_grouped_rows(t, topk, groups, alignment) for t in counts})
+
+
+def _vllm_contiguous_work(layer: Layer, env: Environment, mspec: MSpec, m_range: MRange):
+    """What vLLM >= 0.33.0 loads for one grouped GEMM: its warmup's plain-layout calls
+    (every token count of its set, the Triton wrapper's small M included: the warmup calls
+    DeepGEMM directly) and its serving's calls, in the psum layout where it serves so."""
+    alignment = vllm_grouped_alignment(env)
+    topk, groups = layer.topk or 1, layer.num_groups or 1
+    widest = max(2 * layer.param["intermediate"], layer.param["hidden"])
+    warm = {vllm_grouped_rows(t, topk, groups, alignment)
+            for t in vllm_grouped_warmup_tokens(mspec, widest, env.target.sms)}
+    serve = set(_vllm_serving_rows(layer, env, mspec, m_range, alignment))
+    layouts = {PLAIN: warm, PSUM: serve} if vllm_serves_psum(env) else {PLAIN: warm | serve}
+    return [JitWork("deep_gemm", "m_grouped_fp8_gemm_nt_contiguous", layer.n, layer.k,
+                    layer.num_groups, tuple(sorted(rows)),
+                    spec=(*_deep_gemm_spec(env), ("layout", layout), ("alignment", alignment)))
+            for layout, rows in layouts.items() if rows]
 
 
 class DeepGemmExperts(Kernel):
@@ -150,6 +255,50 @@ class DeepEPDeepGemmExperts(DeepGemmExperts):
         return work
 
 
+def batched_expected_m(layer: Layer, mspec: MSpec) -> list[int]:
+    """The expected_m values vLLM's BatchedDeepGemmExperts passes the masked grouped GEMM
+    (estimate_expected_m, rule vllm-batched-deepgemm): the tokens of every DP rank x topk /
+    global experts, rounded up to 16, between 16 and the per-expert capacity
+    (max_num_batched_tokens x EP ranks); the capacity itself where no DP metadata is there."""
+    budget = mspec.max_tokens
+    total = mspec.moe_tokens or budget  # DP x budget
+    ranks = int(layer.param.get("ep") or 1)
+    experts = (layer.num_groups or 1) * ranks
+    capacity = budget * ranks
+    top = min(capacity, max(16, -(-(total * (layer.topk or 1) // experts) // 16) * 16))
+    return sorted({*range(16, top + 1, 16), capacity})
+
+
+class BatchedDeepGemmExperts(Kernel):
+    """vLLM's BATCHED_DEEPGEMM (fused_moe/experts/batched_deep_gemm_moe.py): DeepGEMM's masked
+    grouped GEMM for the batched format of the DeepEP low-latency and NIXL EP all2all. vLLM's
+    own warmup does not visit it (deep_gemm_warmup.py warms DeepGemmExperts and
+    TritonOrDeepGemmExperts only): its kernels compile in traffic unless warmd warms them."""
+
+    name = "BatchedDeepGemmExperts"
+    op = "moe"
+    library = "deep_gemm"
+    capabilities = DEEP_GEMM_CAPABILITIES
+    schemes = ("fp8_block",)
+
+    @classmethod
+    def is_supported(cls, env: Environment) -> Check:
+        if env.moe_a2a_backend not in BATCHED_ALL2ALL:
+            return False, ("runs the batched format only (vLLM --all2all-backend "
+                           "deepep_low_latency or nixl_ep, with expert parallel and DP > 1)")
+        return super().is_supported(env)
+
+    @classmethod
+    def can_implement(cls, layer: Layer, env: Environment) -> Check:
+        return fp8_block_128(layer)
+
+    @classmethod
+    def jit_work(cls, layer: Layer, env: Environment, mspec: MSpec, m_range: MRange):
+        return [JitWork("deep_gemm", "m_grouped_fp8_gemm_nt_masked", layer.n, layer.k,
+                        layer.num_groups, tuple(batched_expected_m(layer, mspec)),
+                        spec=_deep_gemm_spec(env))]
+
+
 class TritonOrDeepGemmExperts(WrapperKernel):
     """vLLM's MoE experts with E8M0 scales off: Triton below DeepGEMM's 128-row alignment,
     DeepGEMM from there."""
@@ -171,5 +320,5 @@ class TritonOrDeepGemmExperts(WrapperKernel):
 
 KERNELS: tuple[type[Kernel], ...] = (
     DeepGemmFp8BlockScaledMMKernel, DeepGemmExperts, DeepEPDeepGemmExperts,
-    TritonOrDeepGemmExperts,
+    TritonOrDeepGemmExperts, BatchedDeepGemmExperts,
 )

@@ -30,4 +30,5 @@ LIBRARY = Library(
     entries=lambda base: base / ".cache" / "flashinfer",
     worker_env="warmd.libraries.flashinfer.executor:worker_env",
     builds_without_gpu=True,
+    rederive="warmd.libraries.flashinfer.rederive:rederive",
 )

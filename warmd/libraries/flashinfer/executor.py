@@ -13,12 +13,17 @@ the worker process before this executor imports flashinfer; nothing leaks into t
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import importlib.util
 import os
 import shutil
+import signal
 import subprocess
+import threading
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 from warmd import settings
@@ -130,6 +135,67 @@ def _short_reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {detail}"[:_REASON_CHARS]
 
 
+@contextlib.contextmanager
+def _terminate_raises() -> Iterator[None]:
+    """SIGTERM, which stops a warmup's workers (their whole process group, ninja and nvcc
+    with them), raises KeyboardInterrupt here while a build runs, so that it can clean up
+    before the process ends. Only in the main thread, where signal handlers live."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(_signum, _frame) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+class _Leftovers:
+    """What an interrupted build of a spec leaves that this build made: the module's build
+    directory (build.ninja, objects) or, in one that was there, its build.ninja; and the
+    module's lock file. Nothing is removed once the module is complete, and the lock file
+    only when nobody holds it."""
+
+    def __init__(self, spec) -> None:
+        self.spec = spec
+        self.paths = {name: getattr(spec, name, None)
+                      for name in ("build_dir", "ninja_path", "lock_path")}
+        self.existed = {name for name, path in self.paths.items()
+                        if path is not None and Path(path).exists()}
+
+    def remove(self) -> None:
+        with contextlib.suppress(Exception):  # a best effort while the process ends
+            if not self.spec.is_compiled:
+                self._remove_build()
+            self._remove_lock()
+
+    def _fresh(self, name: str) -> Path | None:
+        path = self.paths[name]
+        return Path(path) if path is not None and name not in self.existed else None
+
+    def _remove_build(self) -> None:
+        build_dir, ninja = self._fresh("build_dir"), self._fresh("ninja_path")
+        if build_dir is not None:
+            shutil.rmtree(build_dir, ignore_errors=True)
+        elif ninja is not None:
+            ninja.unlink(missing_ok=True)
+
+    def _remove_lock(self) -> None:
+        lock = self._fresh("lock_path")
+        if lock is None or not lock.exists():
+            return
+        with open(lock, "a") as fh:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:  # another build holds it: it is theirs
+                return
+            lock.unlink(missing_ok=True)
+
+
 class FlashInferExecutor(Executor):
     library = LIBRARY
 
@@ -205,11 +271,16 @@ class FlashInferExecutor(Executor):
     def _build(self, task: Task, spec, started: float, failed) -> TaskResult:
         log_path = self.cache().root / spec.name / ".ninja_log"
         before = read_ninja_log(log_path)[1]
+        leftovers = _Leftovers(spec)
         try:
-            if self.can_load():
-                spec.build_and_load()
-            else:
-                spec.build(need_lock=True)
+            with _terminate_raises():
+                if self.can_load():
+                    spec.build_and_load()
+                else:
+                    spec.build(need_lock=True)
+        except KeyboardInterrupt:  # the warmup is stopping: leave no half-made module
+            leftovers.remove()
+            raise
         except Exception as exc:
             return failed(f"building {spec.name} failed: {_short_reason(exc)}")
         elapsed = time.perf_counter() - started

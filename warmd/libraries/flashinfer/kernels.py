@@ -130,32 +130,50 @@ _H20_SMS = 78
 
 
 class FlashInferFusedMoE(Kernel):
-    """A vLLM FP8 MoE backend on FlashInfer's fused MoE. warmd plans it for 128x128 block FP8,
-    the scheme both vLLM kernels take on their GPUs (kFp8Static128BlockSym x
-    kFp8Dynamic128Sym); one module serves every expert shape."""
+    """A vLLM FP8 MoE backend on FlashInfer's fused MoE: 128x128 block FP8 (kFp8Static128BlockSym
+    x kFp8Dynamic128Sym) and per-tensor FP8 with static activation scales (kFp8StaticTensorSym
+    for both); one module serves every expert shape."""
 
     op = "moe"
     library = "flashinfer"
-    schemes = ("fp8_block",)
+    schemes = ("fp8_block", "fp8_tensor")
+    block_capabilities: tuple[int, ...] = ()  # GPU generations of the block FP8 scheme
 
     @classmethod
     def can_implement(cls, layer: Layer, env: Environment) -> Check:
-        return fp8_block_128(layer)
+        if layer.quant == "fp8_tensor":
+            if layer.param.get("act_scales") != "static":
+                return False, ("per-tensor FP8 needs static activation scales; the "
+                               "checkpoint's are dynamic")
+            return OK
+        ok, reason = fp8_block_128(layer)
+        if ok and env.target.capability[0] not in cls.block_capabilities:
+            return False, f"block FP8 on sm{cls.block_capabilities[0]}x only"
+        return ok, reason
 
 
 class FlashInferExperts(FlashInferFusedMoE):
     """FLASHINFER_CUTLASS (fused_moe/experts/flashinfer_cutlass_moe.py): cutlass_fused_moe;
-    block FP8 on sm90 only (_supports_quant_scheme: is_device_capability(90))."""
+    _supports_quant_scheme: block FP8 on sm90 only, static per-tensor FP8 from sm90."""
 
     name = "FlashInferExperts"
-    capabilities = (9,)
+    capabilities = (9, 10, 12)
+    block_capabilities = (9,)
 
     @classmethod
     def jit_work(cls, layer: Layer, env: Environment, mspec: MSpec, m_range: MRange):
-        # fused_moe/core.py get_cutlass_fused_moe_module: sm90 builds fused_moe_90.
-        module = "fused_moe_90_h20_prebuilt_d" if env.target.sms == _H20_SMS else "fused_moe_90"
+        # fused_moe/core.py get_cutlass_fused_moe_module: one module per GPU generation
+        # (sm90 builds fused_moe_90, the H20 variant on an H20).
+        major, minor = env.target.capability
+        if major == 9:
+            module = "fused_moe_90_h20_prebuilt_d" if env.target.sms == _H20_SMS \
+                else "fused_moe_90"
+            generator = "gen_cutlass_fused_moe_sm90_module"
+        else:
+            arch = {(10, 3): "103"}.get((major, minor), "120" if major == 12 else "100")
+            module, generator = f"fused_moe_{arch}", f"gen_cutlass_fused_moe_sm{arch}_module"
         return [JitWork("flashinfer", "cutlass_fused_moe", module=module,
-                        spec=_spec("flashinfer.jit.fused_moe:gen_cutlass_fused_moe_sm90_module"))]
+                        spec=_spec(f"flashinfer.jit.fused_moe:{generator}"))]
 
 
 class TrtLlmFp8Experts(FlashInferFusedMoE):
@@ -165,6 +183,7 @@ class TrtLlmFp8Experts(FlashInferFusedMoE):
 
     name = "TrtLlmFp8Experts"
     capabilities = (10,)
+    block_capabilities = (10,)
 
     @classmethod
     def jit_work(cls, layer: Layer, env: Environment, mspec: MSpec, m_range: MRange):

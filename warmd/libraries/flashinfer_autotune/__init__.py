@@ -18,4 +18,5 @@ LIBRARY = Library(
     roots=(CacheRoot("vllm_cache_root", "VLLM_CACHE_ROOT"),
            CacheRoot("flashinfer_workspace", "FLASHINFER_WORKSPACE_BASE")),
     entries=lambda root: root / "flashinfer_autotune_cache",
+    rederive="warmd.libraries.flashinfer_autotune.rederive:rederive",
 )

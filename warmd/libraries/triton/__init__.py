@@ -28,4 +28,5 @@ LIBRARY = Library(
     adapter="warmd.libraries.triton.cache:make_adapter",
     roots=(CacheRoot("triton_cache_dir", "TRITON_CACHE_DIR"),),
     entries=lambda root: root,
+    rederive="warmd.libraries.triton.rederive:rederive",
 )

@@ -1,0 +1,225 @@
+"""The trusted producer's side of capture: pending claims rebuilt and published as signed,
+installable learned entries.
+
+A claim (warmd.capture, ``SharedCache.submit_claim``) is what a serving node's cache held:
+bytes nothing vouches for. A node the operator trusts to produce code (warmd.yaml
+``capture.rederive_nodes``) reads the claims under each fingerprint it can build for,
+hands each to its library's ``rederive`` (``Library.rederive``: Triton compiles the recorded
+IR, FlashInfer rebuilds the module's sources with a build file it writes itself, DeepGEMM
+compiles kernel.cu with this node's recorded nvcc command, autotune results pass
+FlashInfer's own checks), and publishes *what it built* (``publish_learned``: signed with
+the cluster key when signing is on), then drops the claim. A claim the re-derivation
+refuses is dropped and counted; one this node cannot judge (no compiler, no GPU) stays for
+another trusted producer. Each claim is handled on its own: one failure never stops the
+others.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from warmd import settings
+from warmd.cache.artifacts import check_artifact
+from warmd.cache.base import CacheAdapter, CacheEntry, UnsafeArtifact
+from warmd.cache.rederived import CannotRederiveHere, Rederived
+from warmd.capture import CaptureScope, adapters_for, publish_learned
+
+if TYPE_CHECKING:
+    from warmd.store.api import SharedCache
+    from warmd.targets import Target
+
+log = logging.getLogger(__name__)
+
+POLL_SECONDS = 5.0  # how often a trusted producer looks for new claims
+
+
+@dataclass(frozen=True)
+class ClaimResult:
+    """What re-deriving one claim did: "rederived" (published; ``identical`` says whether
+    the rebuilt bytes were the claim's), "refused" (dropped), "kept" (this node cannot
+    judge it: left pending) or "failed" (an error: left pending)."""
+
+    library: str
+    name: str
+    outcome: str
+    identical: bool = False
+    why: str = ""
+
+
+class _Prebuilt(CacheAdapter):
+    """The library's adapter, packing the artifact this node re-derived instead of a cache
+    directory (the fingerprint, hence where it is published, is the adapter's)."""
+
+    def __init__(self, adapter: CacheAdapter, artifact: bytes) -> None:
+        self.adapter, self.artifact = adapter, artifact
+        self.library = adapter.library
+
+    @property
+    def root(self) -> Path:
+        return self.adapter.root
+
+    def list_entries(self) -> list[CacheEntry]:
+        return []
+
+    def pack(self, entry: CacheEntry) -> bytes:
+        return self.artifact
+
+    def install(self, name: str, artifact: bytes) -> CacheEntry:
+        raise UnsafeArtifact("a re-derived artifact is published, not installed here")
+
+    def fingerprint_inputs(self) -> dict:
+        return self.adapter.fingerprint_inputs()
+
+
+def rederive_library(library: str) -> Callable[..., Rederived]:
+    """The library's re-derivation function; CannotRederiveHere when it has none."""
+    from warmd.libraries import LIBRARIES
+    from warmd.libraries.base import resolve
+
+    registered = LIBRARIES.get(library)
+    if registered is None or registered.rederive is None:
+        raise CannotRederiveHere(f"{library} entries cannot be re-derived")
+    return resolve(registered.rederive)
+
+
+def rederive_claim(shared: SharedCache, adapter: CacheAdapter, name: str,
+                   scratch_root: Path | None = None) -> ClaimResult:
+    """Re-derive one pending claim and publish the result; never raises."""
+    from warmd.store.layout import BadRecord
+
+    library = adapter.library
+    try:
+        found = shared.read_claim(adapter, name)
+    except BadRecord as exc:
+        shared.drop_claim(adapter, name)
+        return ClaimResult(library, name, "refused", why=f"malformed claim: {exc}")
+    except Exception as exc:  # the store degrades; anything else is a bug, not fatal
+        return ClaimResult(library, name, "failed", why=f"{type(exc).__name__}: {exc}")
+    if found is None:
+        return ClaimResult(library, name, "kept", why="claim not readable now")
+    claim, artifact = found
+    scratch = Path(tempfile.mkdtemp(prefix="warmd-rederive-", dir=scratch_root))
+    try:
+        check_artifact(artifact, settings.max_artifact_bytes())
+        rebuilt = rederive_library(library)(adapter, name, artifact, scratch)
+        check_artifact(rebuilt.artifact, settings.max_artifact_bytes())
+    except CannotRederiveHere as exc:
+        return ClaimResult(library, name, "kept", why=str(exc))
+    except UnsafeArtifact as exc:  # RederiveRefused among them
+        shared.drop_claim(adapter, name, claim.chunks)
+        return ClaimResult(library, name, "refused", why=str(exc))
+    except Exception as exc:  # a rebuild step's surprise: this claim only, left pending
+        return ClaimResult(library, name, "failed", why=f"{type(exc).__name__}: {exc}")
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    entry = CacheEntry(library, name, adapter.root / name)
+    taken = publish_learned(shared, _Prebuilt(adapter, rebuilt.artifact), list(claim.plans),
+                            [entry], claim.compile_seconds)
+    if not taken:
+        return ClaimResult(library, name, "failed", rebuilt.identical,
+                           why="the store did not take the re-derived entry")
+    shared.drop_claim(adapter, name, claim.chunks)
+    return ClaimResult(library, name, "rederived", rebuilt.identical,
+                       ", ".join(rebuilt.differs))
+
+
+def rederive_pending(shared: SharedCache, adapter: CacheAdapter,
+                     skip: set[str] | None = None) -> list[ClaimResult]:
+    """Every pending claim under the adapter's fingerprint (but those in skip)."""
+    return [rederive_claim(shared, adapter, name) for name in shared.pending(adapter)
+            if name not in (skip or set())]
+
+
+CountCallback = Callable[[str, str, int], None]  # (counter, library, amount)
+
+
+class Rederiver:
+    """A trusted producer's loop: every POLL_SECONDS, each pending claim under the
+    fingerprints of the scopes this node warmed, in a thread of its own."""
+
+    def __init__(self, scopes: list[CaptureScope],
+                 open_shared: Callable[[Target], SharedCache | None],
+                 on_count: CountCallback | None = None, env: dict[str, str] | None = None,
+                 poll_seconds: float = POLL_SECONDS,
+                 on_result: Callable[[ClaimResult], None] | None = None) -> None:
+        self.scopes, self.open_shared = scopes, open_shared
+        self.on_count, self.env, self.on_result = on_count, env or {}, on_result
+        self.poll_seconds = poll_seconds
+        self.results: list[ClaimResult] = []
+        self._given_up: set[tuple[str, str]] = set()  # failed here once: not retried
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="warmd-rederive", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    def _loop(self) -> None:
+        with settings.scoped_env(self.env):
+            caches = self._caches()
+            while not self._stop.is_set():
+                try:
+                    self.run_once(caches)
+                except Exception:  # never takes the agent down
+                    log.exception("re-derivation pass failed")
+                self._stop.wait(self.poll_seconds)
+            for shared, _adapter in caches:
+                if shared is not None:
+                    shared.close()
+
+    def _caches(self) -> list[tuple[SharedCache, CacheAdapter]]:
+        out, seen = [], set()
+        for scope in self.scopes:
+            shared = self.open_shared(scope.target_object())
+            if shared is None:
+                continue
+            for library, adapter in adapters_for(scope).items():
+                key = (library, repr(sorted(scope.target.items())))
+                if key not in seen:
+                    seen.add(key)
+                    out.append((shared, adapter))
+        return out
+
+    def run_once(self, caches: list[tuple[SharedCache, CacheAdapter]] | None = None
+                 ) -> list[ClaimResult]:
+        done = []
+        for shared, adapter in caches if caches is not None else self._caches():
+            skip = {n for lib, n in self._given_up if lib == adapter.library}
+            for result in rederive_pending(shared, adapter, skip):
+                if self._stop.is_set():
+                    return done
+                self._note(result)
+                done.append(result)
+        return done
+
+    def _note(self, result: ClaimResult) -> None:
+        self.results.append(result)
+        if self.on_result is not None:
+            self.on_result(result)
+        counter = {"rederived": "rederived", "refused": "rederive_refused",
+                   "failed": "capture_failed"}.get(result.outcome)
+        if result.outcome == "failed" or (result.outcome == "kept"
+                                          and result.why != "claim not readable now"):
+            self._given_up.add((result.library, result.name))  # not retried by this process
+        if result.outcome == "rederived":
+            log.info("re-derived %s %s (%s)", result.library, result.name,
+                     "identical" if result.identical else f"differs: {result.why}")
+        elif result.outcome != "kept" or result.why:
+            log.warning("re-derivation %s %s %s: %s", result.outcome, result.library,
+                        result.name, result.why)
+        if counter is not None and self.on_count is not None:
+            self.on_count(counter, result.library, 1)
+        if result.outcome == "rederived" and not result.identical and self.on_count:
+            self.on_count("rederived_differs", result.library, 1)

@@ -1,0 +1,134 @@
+"""The pending tier: entries captured on serving nodes, held apart until a trusted producer
+re-derives them (warmd.capture, warmd.rederive).
+
+A claim is an artifact and a record (layout.PendingClaim) under keys of its own
+(``claim:``, ``claimblob:``, ``claims:``), never under a manifest, task record or learned
+index: nothing a node installs reads them, and nothing here is signed. What a claim says is
+read back through the store's bounded decoder and the artifact checked against the claim's
+digest; whether the artifact is what the library builds is the re-derivation's question.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from warmd.cache.base import CacheAdapter
+from warmd.store import layout
+from warmd.store.api import StoreFailed
+from warmd.store.connection import classify
+from warmd.store.layout import BadRecord, PendingClaim
+from warmd.store.session import Session
+
+log = logging.getLogger("warmd.store")
+
+MAX_PENDING_LISTED = 1000  # claims one listing returns (oldest first): a bounded read
+
+
+class PendingClaims:
+    def __init__(self, session: Session) -> None:
+        self.session = session
+        self.op = session.transport.op
+
+    def submit(self, adapter: CacheAdapter, plans: list[str], name: str, artifact: bytes,
+               compile_seconds: float = 0.0) -> bool:
+        """Store a claim (artifact chunks first, then its record, then its name in the
+        index); True when the store took it. A claim already there is replaced only by the
+        same bytes' record (nodes claiming one entry at once write the same thing)."""
+        if self.session.read_only or not layout.is_entry_name(name):
+            return False
+        if len(artifact) > self.session.max_artifact_bytes:
+            return False
+        try:
+            fp = self.session.fingerprint(adapter).digest
+        except Exception:  # the adapter could not describe itself: nothing to claim under
+            return False
+        claim = PendingClaim(adapter.library, name, fp, layout.sha256(artifact), len(artifact),
+                             self.session.node, tuple(plans[:layout.MAX_CLAIM_PLANS]),
+                             float(compile_seconds))
+        ttl = self.session.ttl_ms
+
+        def run(client):
+            pipe = client.pipeline(transaction=False)
+            for i, chunk in enumerate(layout.split_chunks(artifact, claim.chunk_size)):
+                pipe.set(layout.claim_blob_key(fp, name, i), chunk, px=ttl)
+            pipe.set(layout.claim_key(fp, name), claim.encode(), px=ttl)
+            pipe.zadd(layout.claims_key(fp), {name: time.time()})
+            pipe.pexpire(layout.claims_key(fp), ttl)
+            return pipe.execute()
+
+        try:
+            self.op(run, "publish")
+        except StoreFailed as failed:
+            if failed.kind == "denied":
+                self.session.note_read_only(failed)
+            return False
+        return True
+
+    def names(self, adapter: CacheAdapter) -> list[str]:
+        """The pending claims of the adapter's fingerprint, oldest first (at most
+        MAX_PENDING_LISTED); empty when none or unreachable."""
+        try:
+            key = layout.claims_key(self.session.fingerprint(adapter).digest)
+            names = self.op(lambda c: c.zrange(key, 0, MAX_PENDING_LISTED - 1), "fetch")
+        except StoreFailed:
+            return []
+        except Exception as exc:  # a wrong type at the key, an adapter without fingerprint
+            log.warning("shared cache: cannot list pending claims of %s: %s",
+                        adapter.library, exc)
+            return []
+        decoded = [n.decode(errors="replace") if isinstance(n, bytes) else str(n)
+                   for n in names or []]
+        return [n for n in decoded if layout.is_entry_name(n)]
+
+    def read(self, adapter: CacheAdapter, name: str) -> tuple[PendingClaim, bytes] | None:
+        """The claim and its artifact, each checked (bounded record, the artifact's chunk
+        lengths and digest); None when absent or unreachable. Raises BadRecord for a claim
+        that is malformed or does not match its artifact (the caller drops it)."""
+        fp = self.session.fingerprint(adapter).digest
+        try:
+            raw = self.op(lambda c: c.get(layout.claim_key(fp, name)), "fetch")
+        except StoreFailed as failed:
+            if failed.kind == "error":  # WRONGTYPE: not a claim
+                raise BadRecord(f"claim {name} is not a string value") from None
+            return None
+        if raw is None:
+            return None
+        claim = PendingClaim.decode(raw, self.session.max_artifact_bytes)
+        if (claim.name, claim.fingerprint, claim.library) != (name, fp, adapter.library):
+            raise BadRecord(f"claim {name} describes another entry")
+
+        def chunks(client):
+            pipe = client.pipeline(transaction=False)
+            for i, length in enumerate(layout.chunk_lengths(claim)):
+                pipe.getrange(layout.claim_blob_key(fp, name, i), 0, length)
+            return pipe.execute(raise_on_error=False)
+
+        try:
+            replies = self.op(chunks, "fetch")
+        except StoreFailed:
+            return None
+        if any(isinstance(r, Exception) and classify(r) != "error" for r in replies):
+            return None
+        replies = [None if isinstance(r, Exception) else r for r in replies]
+        return claim, layout.check_blob(claim, replies)
+
+    def drop(self, adapter: CacheAdapter, name: str, chunks: int = 0) -> bool:
+        """Remove a claim (re-derived, or refused): its record, chunks and index entry."""
+        try:
+            fp = self.session.fingerprint(adapter).digest
+        except Exception:
+            return False
+
+        def run(client):
+            pipe = client.pipeline(transaction=False)
+            pipe.delete(layout.claim_key(fp, name),
+                        *[layout.claim_blob_key(fp, name, i) for i in range(max(chunks, 1))])
+            pipe.zrem(layout.claims_key(fp), name)
+            return pipe.execute()
+
+        try:
+            self.op(run, "publish")
+        except StoreFailed:
+            return False
+        return True
