@@ -16,6 +16,7 @@ def main() -> None:
     args = json.loads(sys.argv[1])
     cache = open_shared_cache(args["url"], node=args["node"],
                               lease_seconds=args.get("lease_seconds", 30.0),
+                              kernel_lease_seconds=args.get("lease_seconds", 3.0),
                               poll_interval=args.get("poll_interval", 0.2))
     adapter = DirAdapter(Path(args["root"]))
     counts = warm(cache, adapter, args["plan"], Path(args["log"]), args.get("seconds", 0.0))

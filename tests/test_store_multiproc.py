@@ -68,10 +68,10 @@ def test_killed_lease_holder_is_taken_over(server, tmp_path):
         time.sleep(0.05)
     waiter = _spawn(server, tmp_path, "waiter", plan, lease_seconds=1.5)
     client = server.client()
-    while not client.pubsub_channels("warmd:v1:pub:*"):  # the waiter subscribed: it waits
+    while not client.pubsub_channels("warmd:v1:kpub:*"):  # the waiter subscribed: it waits
         assert time.monotonic() < deadline and waiter.poll() is None
         time.sleep(0.05)
-    time.sleep(1.0)  # longer than the lease: the holder's renewals keep it
+    time.sleep(2.0)  # longer than the claim's TTL: the holder's renewals keep it
     assert waiter.poll() is None
     client.close()
     holder.send_signal(signal.SIGKILL)

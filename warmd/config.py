@@ -153,11 +153,12 @@ class NodeSelector:
 
 @dataclass(frozen=True)
 class BuilderConfig:
-    """Nodes without GPUs build FlashInfer modules for `target` (no GPU needed)."""
+    """Nodes without GPUs build for `target`: FlashInfer modules, and the DeepGEMM kernels
+    GPU nodes' discoveries listed (no GPU needed to compile them)."""
 
-    enabled: bool = _key(bool, "nodes without GPUs build FlashInfer modules", False)
-    target: str | None = _key(str, "the GPU preset builders build for (DeepGEMM needs a GPU)",
-                              None)
+    enabled: bool = _key(bool, "nodes without GPUs build FlashInfer modules and listed "
+                               "DeepGEMM kernels", False)
+    target: str | None = _key(str, "the GPU preset builders build for", None)
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@ root warmup gave it (WARMD_TESTLIB_DIR) unless they are already there."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from pathlib import Path
@@ -44,3 +45,11 @@ class TestlibExecutor(Executor):
                           spec.get("seconds", 0.0))
             kernels.append(KernelOutcome(name, "compiled", time.monotonic() - start))
         return TaskResult(task.key, task.library, True, time.monotonic() - began, kernels)
+
+
+def task_kernels(task: Task) -> tuple[tuple[str, Task], ...]:
+    """Each entry of a task, with the task that builds only that entry (the registry's
+    ``task_kernels``: each is then one unit of cluster work)."""
+    return tuple((name, dataclasses.replace(task, key=f"{task.key}#{name}",
+                                            spec={**task.spec, "entries": [name]}))
+                 for name in task.spec["entries"])

@@ -32,4 +32,5 @@ LIBRARY = Library(
     roots=(_TestRoot("testlib_dir", ROOT_ENV),),
     entries=lambda root: root,
     builds_without_gpu=True,
+    task_kernels="testlib.executor:task_kernels",
 )

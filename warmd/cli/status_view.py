@@ -96,7 +96,7 @@ def start_seconds(started: dict, waited: float, total: float, snap: StatusSnapsh
     nodes = {n.node_id: {"warm": n.warm_seconds, "state": n.state,
                          "remote_hits": n.kernels.get("remote_hits"),
                          "compiled": n.kernels.get("compiled"),
-                         "bytes_fetched": n.counters.get("bytes_fetched"),
+                         "bytes_fetched": n.counters.get("bytes_fetched"), "boot": n.boot,
                          **{i: n.counters.get(i) for i in ids(CounterFlag.RUN |
                                                               CounterFlag.TIME)}}
              for n in snap.nodes}
@@ -151,9 +151,23 @@ def _node_table(nodes: tuple[NodeState, ...], width: int,
         jit = _runtime_jit_note(n)
         if jit:
             notes.append(jit)
+        boot = boot_note(n.boot)
+        if boot:
+            notes.append(boot)
         for note in notes:
             out += wrapped(f"{_label(n)} {n.state}: {note}", width, "  ")
     return out
+
+
+def boot_note(boot: dict) -> str | None:
+    """'cluster: 12 compiled here, 40 from peers, 5 waited for (3.1 s)' for a warmup that
+    shared work with other nodes."""
+    if not boot or not any(boot.get(k) for k in ("compiled", "installed", "waited")):
+        return None
+    waited = f" ({boot.get('wait_seconds', 0.0):.1f} s)" if boot.get("waited") else ""
+    took = f", {boot['took_over']} taken over" if boot.get("took_over") else ""
+    return (f"cluster: {boot.get('compiled', 0)} compiled here, {boot.get('installed', 0)} "
+            f"from peers, {boot.get('waited', 0)} waited for{waited}{took}")
 
 
 def _runtime_jit_note(node: NodeState) -> str | None:

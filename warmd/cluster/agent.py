@@ -175,6 +175,7 @@ class NodeAgent:
             s.warmed_at = time.time()
             s.store = next((r.store.reason for r in results if not r.store.ok), "ok")
             s.capture = {**s.capture, "learned": summary["learned"]}
+            s.boot = summary["boot"]
             self._schedule_retry()
         self.metrics.observe_warmup(self.state)
         if self.state.state in WARM_STATES:

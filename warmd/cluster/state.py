@@ -91,6 +91,9 @@ class NodeState:
     runtime_jit: dict = field(default_factory=dict)
     runtime_jit_events: list = field(default_factory=list)  # RuntimeJit.to_json(), newest last
     capture: dict = field(default_factory=dict)  # mode, captured, capture_refused, learned
+    # the cluster's work in the last warmup (warmd.warmup.report.BootReport, summed over
+    # models): kernels compiled here, installed from peers, waited for, and when
+    boot: dict = field(default_factory=dict)
 
     @property
     def runtime_jit_total(self) -> int:

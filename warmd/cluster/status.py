@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from warmd.cluster.state import WARM_STATES, NodeState, NodeStatus
 from warmd.stats import Counters
 
+BOOT_KEYS = ("compiled", "installed", "waited", "took_over")
+
 
 @dataclass(frozen=True)
 class StoreSize:
@@ -157,6 +159,19 @@ class StatusSnapshot:
             return all(n.state in WARM_STATES for n in nodes)
         return None
 
+    def boot(self) -> dict:
+        """The cluster boot as the nodes did it: per node kernels compiled here, installed
+        from peers, waited for, and its warmup's length and timeline; and the sums."""
+        nodes = [{"node": n.name or n.node_id[:8], "node_id": n.node_id, "state": n.state,
+                  "warm_seconds": n.warm_seconds, "warmed_at": n.warmed_at,
+                  **{k: n.boot.get(k, 0) for k in BOOT_KEYS},
+                  "timeline": n.boot.get("timeline") or {}} for n in self.nodes]
+        total = {k: sum(int(n[k]) for n in nodes) for k in BOOT_KEYS}
+        ends = [n.warmed_at for n in self.nodes if n.warmed_at]
+        starts = [n.warmed_at - n.warm_seconds for n in self.nodes if n.warmed_at]
+        return {**total, "span_seconds": round(max(ends) - min(starts), 3) if ends else None,
+                "nodes": nodes}
+
     def to_json(self) -> dict:
         counters = self.totals()
         summary = counters.to_json()
@@ -167,6 +182,6 @@ class StatusSnapshot:
         return {"running": self.running, "source": self.source,
                 "ray_address": self.ray_address, "ready": self.ready,
                 "controller": self.controller.record if self.controller else None,
-                "nodes": list(self.records), "totals": summary,
+                "nodes": list(self.records), "totals": summary, "boot": self.boot(),
                 "runtime_jit": self.runtime_jit_events(),
                 "key_proof": self.key_proof.to_json() if self.key_proof else None}

@@ -43,6 +43,7 @@ class ModelResult:
     counters: dict = field(default_factory=dict)
     failures: list = field(default_factory=list)  # first few failed tasks: key and error
     learned: int = 0  # captured entries of the plan (warmd.capture) present after the warmup
+    boot: dict = field(default_factory=dict)  # the cluster's work done here (BootReport)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -92,6 +93,7 @@ class NodeSummary:
     cache_bytes: dict[str, int]
     learned: int  # captured entries installed
     capture: list[CaptureScope]
+    boot: dict = field(default_factory=dict)  # the cluster's work done here, summed
 
     def to_json(self) -> dict:
         c = self.counters
@@ -102,7 +104,7 @@ class NodeSummary:
                 "saved_seconds": round(c.compile_seconds_saved, 3),
                 "hit_rate": round(c.hit_rate, 4), "cache_bytes": self.cache_bytes,
                 "counters": c.to_json(), "learned": self.learned,
-                "capture": [scope.to_json() for scope in self.capture]}
+                "capture": [scope.to_json() for scope in self.capture], "boot": self.boot}
 
 
 def node_env(config: WarmdConfig, node_name: str | None = None) -> dict[str, str]:
@@ -116,14 +118,18 @@ def node_env(config: WarmdConfig, node_name: str | None = None) -> dict[str, str
     return env
 
 
-def model_libraries(model: ModelConfig, builder: bool) -> tuple[str, ...] | None:
+def model_libraries(model: ModelConfig, builder: bool, shared: bool = True
+                    ) -> tuple[str, ...] | None:
     """The libraries to warm; None when a builder has nothing to do for this model (a
-    builder, a node without a GPU, warms only the libraries that build without one)."""
+    builder, a node without a GPU, warms only the libraries that build without one; of a
+    library with a kernel stage only what GPU nodes list in the shared cache, so nothing
+    without one)."""
     from warmd.libraries import LIBRARIES
 
     if not builder:
         return model.libraries
-    buildable = tuple(name for name, lib in LIBRARIES.items() if lib.builds_without_gpu)
+    buildable = tuple(name for name, lib in LIBRARIES.items() if lib.builds_without_gpu
+                      and (shared or lib.kernel_stage is None))
     wanted = tuple(name for name in model.libraries or buildable if name in buildable)
     return wanted or None
 
@@ -155,7 +161,7 @@ def warm_node(config: WarmdConfig, *, builder: bool = False, shard: int = 0, sha
     store = StoreHealth()
     with settings.scoped_env(node_env(config, node_name)):
         results, planned = _plan_all(config, builder, shard, shards, progress, workers,
-                                     warm_only)
+                                     warm_only, not settings.store_is_off(redis_url))
         warm = True
         for model, plan, options, result in planned:
             warm &= _warm_model(model, plan, options, result, redis_url, store, progress,
@@ -167,20 +173,21 @@ def warm_node(config: WarmdConfig, *, builder: bool = False, shard: int = 0, sha
 
 
 def _plan_all(config: WarmdConfig, builder: bool, shard: int, shards: int,
-              progress: ProgressFn | None, workers: int | None, warm_only: bool = False):
+              progress: ProgressFn | None, workers: int | None, warm_only: bool = False,
+              shared: bool = True):
     """Plan every model first, so that progress knows the whole amount of work."""
     from warmd.warmup import WarmupOptions
 
     target = config.builders.target if builder else None
     results, planned = [], []
     for model in config.models:
-        libraries = model_libraries(model, builder)
+        libraries = model_libraries(model, builder, shared)
         if libraries is None:
             continue
         result = ModelResult(model.name)
         results.append(result)
         options = WarmupOptions(libraries=libraries, task_filter=model.task_filter,
-                                workers=workers, warm_only=warm_only)
+                                workers=workers, warm_only=warm_only, builder=builder)
         try:
             plan = _plan(model, target)
             mine = tuple(options.select(plan.tasks)[shard::shards])
@@ -233,6 +240,7 @@ def _warm_model(model: ModelConfig, plan, options, result: ModelResult, redis_ur
     if report.not_warm:
         return False
     result.counters = report.counters.to_json()
+    result.boot = report.boot.to_json() if report.boot is not None else {}
     result.tasks_failed = len(report.failed)
     result.failures = [{"task": r.task.key, "error": (r.result.error or "")[:300]}
                        for r in report.failed[:3]]
@@ -291,11 +299,12 @@ def summarize(shards: list[NodeWarm]) -> NodeSummary:
     failures: list[str] = []
     store_reasons: list[str] = []
     sizes: dict[str, int] = {}
-    learned, scopes = 0, []
+    learned, scopes, boot = 0, [], {}
     for part in shards:
         scopes += part.capture
         for model in part.models:
             learned += model.learned
+            boot = sum_boot(boot, model.boot)
             counters.add(model.counters)
             if model.plan_key:
                 plans[model.name] = model.plan_key
@@ -311,4 +320,23 @@ def summarize(shards: list[NodeWarm]) -> NodeSummary:
         state, reason = DEGRADED, "; ".join(store_reasons)
     else:
         state, reason = READY, ""
-    return NodeSummary(state, reason[:1000], plans, counters, sizes, learned, scopes)
+    return NodeSummary(state, reason[:1000], plans, counters, sizes, learned, scopes, boot)
+
+
+BOOT_COUNTS = ("compiled", "installed", "waited", "took_over", "failed")
+
+
+def sum_boot(total: dict, part: dict) -> dict:
+    """Two BootReport JSONs summed: counts and wait seconds added, each timeline moment
+    the later of the two (a node is done when its last model is)."""
+    if not part:
+        return total
+    out = {k: int(total.get(k, 0)) + int(part.get(k, 0)) for k in BOOT_COUNTS}
+    out["wait_seconds"] = round(float(total.get("wait_seconds", 0.0))
+                                + float(part.get("wait_seconds", 0.0)), 3)
+    timeline = dict(total.get("timeline") or {})
+    for key, value in (part.get("timeline") or {}).items():
+        if value is not None:
+            timeline[key] = max(value, timeline.get(key) or value)
+    out["timeline"] = timeline
+    return out

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from warmd.cache.base import CacheAdapter
 from warmd.plan import Task
@@ -52,6 +53,45 @@ class Executor(ABC):
         """Run one task; failures are returned in the result, never raised."""
 
 
+class KernelRun(Protocol):
+    """Kernels built or installed through the cluster's claims (warmd.warmup.claims),
+    running in the background: names added as they are known, until closed."""
+
+    def add(self, names: list[str]) -> None: ...
+
+    def close(self) -> None: ...
+
+    def join(self) -> dict:
+        """Wait for every kernel; what this node did (compiled, installed, waited...)."""
+
+
+class StageCluster(Protocol):
+    """What a kernel stage may ask of the cluster (given one with a shared cache): the
+    kernel lists of its tasks (by task digest), the claim on a discovery, and kernels
+    claimed one by one. ``builder``: this node has no GPU (it only follows lists)."""
+
+    builder: bool
+
+    def kernel_list(self, tasks: list[str]) -> Any:
+        """warmd.store.api.KernelList of these task digests."""
+
+    def claim_discovery(self, digest: str) -> str:
+        """"mine", "published" or "held"."""
+
+    def release_discovery(self, digest: str) -> None: ...
+
+    def publish_kernel_list(self, digest: str, tasks: dict[str, list[str]],
+                            jobs: dict[str, dict]) -> bool: ...
+
+    def wait(self, seconds: float) -> None:
+        """Up to seconds, or until a claim of the library is released."""
+
+    def run_kernels(self, build: Callable[[str], tuple[bool, float, str]],
+                    threads: int) -> KernelRun:
+        """Start claiming kernels on threads threads; build(entry) -> (ok, seconds, error)
+        builds one into the cache root (then it is published)."""
+
+
 class KernelStage(Protocol):
     """Compiles a library's cold tasks below the task, before and while its workers run
     them: each distinct kernel once on the node, as many at once as ``jobs`` allows. Made
@@ -60,7 +100,7 @@ class KernelStage(Protocol):
     stage compiled, so what is counted is still what the library did."""
 
     def __init__(self, root: Path, tasks: list[Task], jobs: int, gpu_ids: list[str],
-                 env: dict[str, str]) -> None: ...
+                 env: dict[str, str], cluster: StageCluster | None = None) -> None: ...
 
     def start(self) -> dict[str, str]:
         """Start in the background; the environment the library's workers need meanwhile."""
@@ -70,6 +110,10 @@ class KernelStage(Protocol):
 
     def compile_seconds(self, entry: str) -> float | None:
         """What compiling this entry took, when the stage compiled it."""
+
+    def task_entries(self, task_key: str) -> list[str] | None:
+        """With a cluster: once its share is done, the task's entries when all are here
+        (built or installed: the task needs no worker); None: run it through the library."""
 
     def stop(self) -> None:
         """Stop now (Ctrl-C): its compilers end, nothing half written is left."""

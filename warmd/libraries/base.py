@@ -55,6 +55,10 @@ class Library:
     # "module:Class" of a warmd.executors.base.KernelStage that compiles cold tasks below
     # the task (each distinct kernel once, on every core); None: per task only
     kernel_stage: str | None = None
+    # "module:function" (task) -> ((entry name, a task that builds only it), ...): the
+    # entries a task makes, known before it runs, so that each is one unit of cluster work
+    # (warmd.warmup.claims); None: the task is the unit
+    task_kernels: str | None = None
     aliases: tuple[str, ...] = ()  # other spellings accepted by --with/--without
     # True: probe(engine) finds the library the way that engine imports it ("vllm",
     # "sglang"); probe() the way any engine could

@@ -20,9 +20,11 @@ it for annotations only, so warming without any store imports no store client.
 from __future__ import annotations
 
 import contextlib
+import enum
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from warmd.cache.base import CacheAdapter, CacheEntry
@@ -82,6 +84,38 @@ class BlobPeers(Protocol):
         """Verified blobs this node now serves to the others."""
 
 
+class ClaimState(str, enum.Enum):
+    """What a claim on one unit of cluster work (an entry, or a task) found."""
+
+    MINE = "mine"  # this process holds it now: compile it, publish it, release it
+    PUBLISHED = "published"  # another node published it: install it
+    HELD = "held"  # another node is compiling it: come back to it later
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class Claim:
+    state: ClaimState
+    holder: str = ""  # who holds it (HELD)
+
+
+@dataclass(frozen=True)
+class KernelList:
+    """What the store holds of the kernel lists discoveries published: per task (by its
+    digest) the entries it needs, and each of those entries' job record (each verified)."""
+
+    tasks: dict[str, tuple[str, ...]] = field(default_factory=dict)  # task digest -> entries
+    jobs: dict[str, dict] = field(default_factory=dict)  # entry -> its job record
+    refused: str | None = None  # a record failed verification: none of it is used
+
+
+def discovery_unit(digest: str) -> str:
+    """The unit a discovery of a set of tasks is claimed as."""
+    return f"discovery.{digest}"
+
+
 class SharedCache(ABC):
     """The cluster-wide side of the kernel cache.
 
@@ -130,6 +164,49 @@ class SharedCache(ABC):
                      compile_seconds: float) -> Publication:
         """Publish the entries a task produced (once per entry cluster-wide) and the task's
         record naming them; says what it did."""
+
+    # -- cluster work: one unit (an entry, or a task whose entries are not known before it
+    # runs) claimed cluster-wide before it is compiled, published when done (these claims
+    # on work are not the capture's pending claims below) -----------------------------------
+
+    def claim_work(self, adapter: CacheAdapter, unit: str, task: bool = False) -> Claim:
+        """Claim an entry (task=False) or a task (task=True) without waiting; a held claim
+        is renewed until ``release_work``. Without a store to share with: always MINE."""
+        return Claim(ClaimState.MINE)
+
+    def release_work(self, adapter: CacheAdapter, unit: str, task: bool = False) -> None:
+        """Give a claim up (after publishing what it built, or after failing)."""
+        return None
+
+    def wait_for_claims(self, adapter: CacheAdapter, seconds: float) -> None:
+        """Wait up to seconds for a claim of this adapter's library to be released."""
+        time.sleep(seconds)
+
+    def publish_entries(self, adapter: CacheAdapter, entries: list[CacheEntry],
+                        compile_seconds: float) -> Publication:
+        """Publish entries at once, without a task record (what a task's record names
+        is published with publish_task)."""
+        return Publication(skipped="no shared cache")
+
+    def install_entries(self, adapter: CacheAdapter, names: list[str]) -> list[str]:
+        """Install these entries from the cluster (verified); the names now present."""
+        return []
+
+    def claim_discovery(self, adapter: CacheAdapter, digest: str) -> Claim:
+        """Claim the discovery of a set of tasks (digest: of the set), as ``claim_work``;
+        PUBLISHED once its kernel list is. Released with ``release_work(adapter,
+        discovery_unit(digest))``."""
+        return Claim(ClaimState.MINE)
+
+    def kernel_list(self, adapter: CacheAdapter, tasks: list[str]) -> KernelList:
+        """The published kernel lists of these tasks (by task digest), with their jobs."""
+        return KernelList()
+
+    def publish_kernel_list(self, adapter: CacheAdapter, digest: str,
+                            tasks: dict[str, list[str]], jobs: dict[str, dict]) -> bool:
+        """Publish a discovery's kernel list: each task's entries, each entry's job
+        (signed when signing is on), then the mark that the discovery of digest is done."""
+        return False
 
     # -- learned entries: what the engine compiled that no plan named (warmd.capture) ---------
 

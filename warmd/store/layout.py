@@ -28,6 +28,11 @@ Keys that must live together in Redis Cluster share a hash tag: every chunk of o
     warmd:v1:claims:{<fp>}            ZSET claim name -> when it was (last) claimed
     warmd:v1:renewed:<fp>:<plan>      marker: a node renewed the TTLs of what this plan uses
                                       (no hash tag: spread over a cluster's shards)
+    warmd:v1:klease:{<fp>}:<entry>    claim on one entry being compiled (short PX, renewed)
+    warmd:v1:kpub:{<fp>}              pub/sub channel: a claim of this fingerprint released
+    warmd:v1:kjob:{<fp>}:<entry>      how an entry is built: a discovery's job record (signed)
+    warmd:v1:ktask:{<fp>}:<digest>    the entries one task needs (a task digest; signed)
+    warmd:v1:klist:{<fp>}:<digest>    a discovery of a set of tasks is published (its mark)
 
 Every key is built, matched (SCAN patterns) and parsed here and nowhere else.
 """
@@ -126,6 +131,26 @@ def renewed_key(fp: str, plan: str) -> str:
     """Set (NX, for the renew interval) by the node that renews the TTLs of what a plan of
     this fingerprint uses; the others find it and renew nothing."""
     return f"{PREFIX}renewed:{fp}:{plan}"
+
+
+def kernel_lease_key(fp: str, name: str) -> str:
+    return f"{PREFIX}klease:{{{fp}}}:{name}"
+
+
+def kernel_channel(fp: str) -> str:
+    return f"{PREFIX}kpub:{{{fp}}}"
+
+
+def kernel_job_key(fp: str, entry: str) -> str:
+    return f"{PREFIX}kjob:{{{fp}}}:{entry}"
+
+
+def kernel_task_key(fp: str, digest: str) -> str:
+    return f"{PREFIX}ktask:{{{fp}}}:{digest}"
+
+
+def kernel_list_key(fp: str, digest: str) -> str:
+    return f"{PREFIX}klist:{{{fp}}}:{digest}"
 
 
 def blob_keys_pattern() -> str:

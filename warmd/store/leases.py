@@ -1,5 +1,7 @@
 """Single flight: one node compiles a task while the others wait for its publication (a
-lease per task, renewed while held, taken over when its holder dies or gives up)."""
+lease per task, renewed while held, taken over when its holder dies or gives up); and
+claims on units of cluster work (WorkClaims), taken without waiting, so that a node that
+finds one held moves on to another."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from warmd.store import layout
-from warmd.store.api import StoreFailed
+from warmd.store.api import Claim, ClaimState, StoreFailed
 from warmd.store.connection import STORE_ERRORS
 from warmd.store.session import Session, StaleRecords
 
@@ -175,3 +177,157 @@ def _text(value: Any) -> str:
     if isinstance(value, bytes):
         return value.decode(errors="replace")
     return str(value) if value else ""
+
+
+KERNEL_LEASE_SECONDS = 3.0  # a dead claimer's work is free again this soon
+
+
+class WorkClaims:
+    """Claims on units of cluster work (SharedCache.claim): taken without waiting, renewed
+    by one thread every third of a short TTL while held, released compare-and-delete with a
+    notice on the fingerprint's channel. A node that dies stops renewing: its units are
+    free again within the TTL."""
+
+    def __init__(self, session: Session, stale: StaleRecords, lease_ms: int) -> None:
+        self.session, self.stale, self.lease_ms = session, stale, lease_ms
+        self.op = session.transport.op
+        self.count = session.stats.count
+        self._held: dict[str, tuple[str, str]] = {}  # lease key -> (token, fp)
+        self._lock = threading.Lock()
+        self._renewer: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._pubsubs: dict[str, Any] = {}
+        self._seen_held: set[str] = set()  # lease keys found held by another node
+
+    def claim(self, fp: str, unit: str, task: bool, marker: str | None = None) -> Claim:
+        """marker: the key whose presence means published (default: the task's record, or
+        the entry's manifest)."""
+        lease = layout.lease_key(fp, unit) if task else layout.kernel_lease_key(fp, unit)
+        marker = marker or (layout.task_key(fp, unit) if task else layout.manifest_key(fp, unit))
+        stale = self.stale.of(unit) if task else b""
+        if self.session.read_only:
+            return Claim(ClaimState.MINE)
+        token = f"{self.session.node}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+        try:
+            state, holder = self.op(lambda c: self.session.transport.script(
+                "claim", c, keys=[marker, lease], args=[token, self.lease_ms, stale]), "lease")
+        except StoreFailed as failed:
+            if failed.kind in ("denied", "readonly"):
+                self.session.note_read_only(failed)
+            return Claim(ClaimState.MINE)  # nobody to share with: build it here
+        state = int(state)
+        with self._lock:
+            waited = lease in self._seen_held
+            if state == 0:
+                self._seen_held.add(lease)
+            else:
+                self._seen_held.discard(lease)
+        if state == 2:
+            self.count("lease_waits_satisfied" if waited else "published_meanwhile", fp=fp)
+            return Claim(ClaimState.PUBLISHED)
+        if state == 1:
+            self.count("lease_takeovers" if waited else "leases_acquired", fp=fp)
+            with self._lock:
+                self._held[lease] = (token, fp)
+                self._start_renewer()
+            return Claim(ClaimState.MINE)
+        if not waited:
+            self.count("lease_waits", fp=fp)
+        return Claim(ClaimState.HELD, _text(holder))
+
+    def release(self, fp: str, unit: str, task: bool) -> None:
+        lease = layout.lease_key(fp, unit) if task else layout.kernel_lease_key(fp, unit)
+        with self._lock:
+            held = self._held.pop(lease, None)
+        if held is None:
+            return
+        transport = self.session.transport
+
+        def run(client):
+            transport.script("release", client, keys=[lease], args=[held[0]])
+            client.publish(layout.kernel_channel(fp), unit.encode())
+            if task:
+                client.publish(layout.channel(fp, unit), b"released")
+
+        with contextlib.suppress(StoreFailed):
+            self.op(run, "lease release")
+
+    def wait(self, fp: str, seconds: float) -> None:
+        """Up to seconds, or until a claim of fp is released (pub/sub; a sleep without).
+        Each thread has its own subscription (a PubSub serves one reader)."""
+        channel = layout.kernel_channel(fp)
+        key = f"{channel}#{threading.get_ident()}"
+        with self._lock:
+            pubsub = self._pubsubs.get(key)
+        if pubsub is None:
+            try:
+                pubsub = self.op(lambda c: c.pubsub(ignore_subscribe_messages=True),
+                                 "subscribe")
+                pubsub.subscribe(channel)
+            except (StoreFailed, *STORE_ERRORS):
+                time.sleep(seconds)
+                return
+            with self._lock:
+                self._pubsubs[key] = pubsub
+        try:
+            deadline = time.monotonic() + seconds
+            while pubsub.get_message(timeout=max(0.0, deadline - time.monotonic())) is None:
+                if time.monotonic() >= deadline:
+                    return
+            while pubsub.get_message(timeout=0.0) is not None:  # take what else came
+                pass
+        except STORE_ERRORS:
+            with self._lock:
+                self._pubsubs.pop(key, None)
+            time.sleep(seconds)
+
+    def _start_renewer(self) -> None:
+        if self._renewer is None or not self._renewer.is_alive():
+            self._renewer = threading.Thread(target=self._renew, daemon=True,
+                                             name="warmd-claims")
+            self._renewer.start()
+
+    def _renew(self) -> None:
+        transport = self.session.transport
+        while not self._stop.wait(self.lease_ms / 3000):
+            with self._lock:
+                held = dict(self._held)
+            if not held:
+                with self._lock:
+                    if not self._held:
+                        self._renewer = None
+                        return
+                continue
+            for lease, (token, fp) in held.items():
+                try:
+                    alive = transport.op(lambda c, lease=lease, token=token: transport.script(
+                        "renew", c, keys=[lease], args=[token, self.lease_ms]), "lease renew")
+                except StoreFailed:
+                    continue
+                if not alive:
+                    with self._lock:
+                        self._held.pop(lease, None)
+                    self.count("lease_lost", fp=fp)
+                    log.warning("shared cache: lost the claim %s (it expired); finishing the "
+                                "compile anyway", lease)
+
+    def close(self) -> None:
+        self._stop.set()
+        with self._lock:
+            pubsubs = list(self._pubsubs.values())
+        for pubsub in pubsubs:
+            with contextlib.suppress(*STORE_ERRORS):
+                pubsub.close()
+        self._pubsubs.clear()
+
+
+def spread_start(arrival: int, count: int) -> int:
+    """Where the arrival-th node (0-based) starts in a list of count units: the van der
+    Corput point of arrival (0, 1/2, 1/4, 3/4, 1/8...), so that the first K arrivals start
+    on K different units whenever K <= count, each as far from the others as it can be."""
+    point, denominator, n = 0.0, 1.0, arrival
+    while n:
+        denominator *= 2
+        n, bit = divmod(n, 2)
+        point += bit / denominator
+    return int(point * count) % max(1, count)

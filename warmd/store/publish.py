@@ -60,6 +60,34 @@ class Publisher:
         self.session.stats.maybe_flush()
         return Publication(written=len(new), already_published=len(packed) - len(new))
 
+    def publish_entries(self, adapter: CacheAdapter, entries: list[CacheEntry],
+                        compile_seconds: float) -> Publication:
+        """Entries published the moment they are built (no task record: the task's own
+        publication names them later), then a notice to the nodes waiting on claims."""
+        if not entries:
+            return Publication(skipped="no entries")
+        try:
+            fp = self.session.fingerprint(adapter)
+        except Exception as exc:  # the adapter could not describe itself
+            return Publication(skipped=f"no fingerprint: {exc}")
+        if self.session.transport.disabled_reason or self.session.read_only:
+            self.count("publish_skipped", fp=fp.digest)
+            return Publication(skipped=self.session.transport.disabled_reason or "read-only")
+        self.session.holds_cluster_key()
+        packed = self._pack(adapter, fp, entries, compile_seconds)
+        if packed is None:
+            return Publication(skipped="an entry could not be packed")
+        try:
+            new = self.write_entries(fp, packed)
+        except StoreFailed as failed:
+            self._publish_failed(failed, fp.digest)
+            return Publication(skipped=f"store {failed.kind}: {failed}")
+        self.count("published", len(new), fp.digest)
+        self.count("already_published", len(packed) - len(new), fp.digest)
+        self.count("bytes_published", sum(len(b) for _m, b in new), fp.digest)
+        self.count("compile_seconds", float(compile_seconds), fp.digest)
+        return Publication(written=len(new), already_published=len(packed) - len(new))
+
     def _pack(self, adapter: CacheAdapter, fp: Fingerprint, entries: list[CacheEntry],
               compile_seconds: float) -> list[tuple[Manifest, bytes]] | None:
         share = float(compile_seconds) / len(entries)

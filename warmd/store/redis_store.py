@@ -2,7 +2,7 @@
 
     transport.py  connection, circuit breaker, the op wrapper, failure classification
     entries.py    fetch: task records, manifests, blobs; verify, install, quarantine
-    leases.py     single flight
+    leases.py     single flight, and claims on units of cluster work
     publish.py    pack and publish a task's entries and record
     counters.py   this process's counters and the per-node / per-fingerprint stats
     session.py    what the parts share (settings, fingerprints, learnt state)
@@ -17,6 +17,7 @@ in `counters` and in the store's per-node and per-fingerprint stats. Operator co
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -24,20 +25,31 @@ from typing import Any
 from warmd import settings
 from warmd.cache.base import CacheAdapter, CacheEntry
 from warmd.store import layout
-from warmd.store.api import BlobPeers, Publication, SharedCache, StoreFailed
+from warmd.store.api import (
+    BlobPeers,
+    Claim,
+    KernelList,
+    Publication,
+    SharedCache,
+    StoreFailed,
+    discovery_unit,
+)
 from warmd.store.breaker import CircuitBreaker, JoinBudget
 from warmd.store.connection import CONNECT_TIMEOUT, StoreURL, classify
 from warmd.store.counters import StoreStats
 from warmd.store.entries import Entries
 from warmd.store.fingerprint import Fingerprint
-from warmd.store.layout import Manifest, PendingClaim, StoredTaskRecord
-from warmd.store.leases import Leases
+from warmd.store.layout import BadRecord, Manifest, PendingClaim, StoredTaskRecord
+from warmd.store.leases import KERNEL_LEASE_SECONDS, Leases, WorkClaims, spread_start
 from warmd.store.pending import PendingClaims
 from warmd.store.publish import Publisher
 from warmd.store.session import Session, StaleRecords
-from warmd.store.signing import KeyProof
+from warmd.store.signing import KeyProof, sign
+from warmd.store.signing import check as check_signature
 from warmd.store.transport import RedisTransport
 from warmd.targets import Target
+
+log = logging.getLogger("warmd.store")
 
 
 class RedisSharedCache(SharedCache):
@@ -51,7 +63,8 @@ class RedisSharedCache(SharedCache):
                  poll_interval: float = 0.5, max_artifact_bytes: int | None = None,
                  breaker: CircuitBreaker | None = None, disabled_reason: str | None = None,
                  embedded: Any = None, join_budget: float | None = None,
-                 peers: BlobPeers | None = None) -> None:
+                 peers: BlobPeers | None = None,
+                 kernel_lease_seconds: float = KERNEL_LEASE_SECONDS) -> None:
         node = node or settings.node_name()
         self.stats = StoreStats(node)
         self.transport = RedisTransport(
@@ -70,6 +83,7 @@ class RedisSharedCache(SharedCache):
         self.leases = Leases(self.session, stale)
         self.publisher = Publisher(self.session, stale)
         self.claims = PendingClaims(self.session)
+        self.work_claims = WorkClaims(self.session, stale, int(kernel_lease_seconds * 1000))
         self.embedded = embedded  # the embedded server this cache uses, if any
 
     # -- SharedCache -------------------------------------------------------------------------
@@ -168,7 +182,8 @@ class RedisSharedCache(SharedCache):
     def shard_order(self, task_keys: list[str]) -> list[str]:
         """The order in which this node should try a plan's tasks so that N nodes warming the
         same plan start on different tasks: each arrival gets a counter value i and starts
-        at position frac(i * golden ratio) of the list. Unchanged when the store is down."""
+        at the van der Corput point of i (leases.spread_start). Unchanged when the store is
+        down."""
         keys = list(task_keys)
         if len(keys) < 2 or self.session.all_hit(keys):
             return keys  # (every task installed: nothing to spread, nothing to write)
@@ -185,8 +200,136 @@ class RedisSharedCache(SharedCache):
             arrival = int(self.transport.op(run, "shard")[0])
         except StoreFailed:
             return keys
-        start = int(((arrival - 1) * 0.6180339887498949) % 1.0 * len(keys))
+        start = spread_start(arrival - 1, len(keys))
         return keys[start:] + keys[:start]
+
+    # -- cluster work ------------------------------------------------------------------------
+
+    def _fp(self, adapter: CacheAdapter) -> str | None:
+        try:
+            return self.session.fingerprint(adapter).digest
+        except Exception:  # the adapter could not describe itself: nothing is shared
+            return None
+
+    def claim_work(self, adapter: CacheAdapter, unit: str, task: bool = False) -> Claim:
+        fp = self._fp(adapter)
+        if fp is None or self.transport.disabled_reason:
+            return super().claim_work(adapter, unit, task)
+        if task:
+            self.session.task_fp[unit] = fp
+        return self.work_claims.claim(fp, unit, task)
+
+    def release_work(self, adapter: CacheAdapter, unit: str, task: bool = False) -> None:
+        fp = self._fp(adapter)
+        if fp is not None:
+            self.work_claims.release(fp, unit, task)
+
+    def wait_for_claims(self, adapter: CacheAdapter, seconds: float) -> None:
+        fp = self._fp(adapter)
+        if fp is None or self.transport.disabled_reason or not self.reachable:
+            time.sleep(seconds)
+            return
+        self.work_claims.wait(fp, seconds)
+
+    def publish_entries(self, adapter: CacheAdapter, entries: list[CacheEntry],
+                        compile_seconds: float) -> Publication:
+        return self.publisher.publish_entries(adapter, entries, compile_seconds)
+
+    def install_entries(self, adapter: CacheAdapter, names: list[str]) -> list[str]:
+        try:
+            fp = self.session.fingerprint(adapter)
+            present = {e.name for e in adapter.list_entries()}
+            wanted = sorted(set(names) - present)
+            installed = self.entries.install_named(adapter, fp, wanted) if wanted else set()
+        except StoreFailed:
+            return []
+        except Exception as exc:  # a bug or an unforeseen value: a miss, never a failure
+            self.stats.count("fetch_failed")
+            log.warning("shared cache: installing %s entries failed (%s: %s)",
+                        adapter.library, type(exc).__name__, exc)
+            return []
+        return sorted((set(names) & present) | installed)
+
+    def claim_discovery(self, adapter: CacheAdapter, digest: str) -> Claim:
+        fp = self._fp(adapter)
+        if fp is None or self.transport.disabled_reason:
+            return super().claim_discovery(adapter, digest)
+        return self.work_claims.claim(fp, discovery_unit(digest), False,
+                                 marker=layout.kernel_list_key(fp, digest))
+
+    def kernel_list(self, adapter: CacheAdapter, tasks: list[str]) -> KernelList:
+        fp = self._fp(adapter)
+        if fp is None or not tasks:
+            return KernelList()
+        try:
+            raws = self._get_all([layout.kernel_task_key(fp, t) for t in tasks])
+            found = {t: self._accept_signed(raw, fp) for t, raw in zip(tasks, raws, strict=True)
+                     if raw is not None}
+            listed = {t: tuple(rec.get("entries") or ()) for t, rec in found.items()}
+            names = sorted({n for entries in listed.values() for n in entries})
+            if not all(layout.is_entry_name(n) for n in names):
+                raise BadRecord("kernel list names an entry badly")
+            raws = self._get_all([layout.kernel_job_key(fp, n) for n in names])
+            jobs = {n: self._accept_signed(raw, fp) for n, raw in zip(names, raws, strict=True)
+                    if raw is not None}
+        except StoreFailed:
+            return KernelList()
+        except BadRecord as exc:
+            self.stats.count_refusal(exc.counter, fp)
+            log.warning("shared cache: refused a kernel list (fingerprint %s): %s", fp, exc)
+            return KernelList(refused=str(exc))
+        # a task whose every job is there is listed; the others are not (yet)
+        return KernelList({t: e for t, e in listed.items() if all(n in jobs for n in e)}, jobs)
+
+    def _get_all(self, keys: list[str]) -> list[bytes | None]:
+        def run(client):
+            pipe = client.pipeline(transaction=False)
+            for key in keys:
+                pipe.get(key)
+            return pipe.execute()
+
+        return self.transport.op(run, "fetch") if keys else []
+
+    def _accept_signed(self, raw: bytes, fp: str) -> dict:
+        """A kernel-list record if it decodes, is signed as this node requires, and
+        belongs to this fingerprint; raises BadRecord."""
+        data = layout.load_record(raw)
+        refused = check_signature(data, self.session.signing_key)
+        if refused:
+            raise layout.SignatureRefused(refused)
+        if data.get("fingerprint") != fp:
+            raise BadRecord("kernel list record of another fingerprint")
+        data.pop("sig", None)
+        return data
+
+    def publish_kernel_list(self, adapter: CacheAdapter, digest: str,
+                            tasks: dict[str, list[str]], jobs: dict[str, dict]) -> bool:
+        fp = self._fp(adapter)
+        if fp is None or self.session.read_only or self.transport.disabled_reason:
+            return False
+        key, ttl = self.session.signing_key, self.session.ttl_ms
+
+        def signed(record: dict) -> bytes:
+            return layout.json_bytes(sign({**record, "fingerprint": fp}, key))
+
+        def run(client):
+            pipe = client.pipeline(transaction=False)
+            for name, job in jobs.items():
+                pipe.set(layout.kernel_job_key(fp, name), signed(job), px=ttl, nx=True)
+            for task, entries in tasks.items():
+                pipe.set(layout.kernel_task_key(fp, task),
+                         signed({"task": task, "entries": sorted(entries)}), px=ttl)
+            pipe.set(layout.kernel_list_key(fp, digest),
+                     signed({"digest": digest, "tasks": sorted(tasks),
+                             "producer": self.session.node, "created": time.time()}), px=ttl)
+            pipe.publish(layout.kernel_channel(fp), b"kernel list")
+            return pipe.execute()
+
+        try:
+            self.transport.op(run, "publish")
+        except StoreFailed:
+            return False
+        return True
 
     def record_outcomes(self, counts: dict[str, float]) -> None:
         self.stats.record_outcomes(counts)
@@ -232,6 +375,7 @@ class RedisSharedCache(SharedCache):
         return not self.transport.breaker.is_open
 
     def close(self) -> None:
+        self.work_claims.close()
         if not self.stats.flush():
             self.stats.spool()  # kept locally for the next process that reaches the store
         self.transport.close()

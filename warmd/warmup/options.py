@@ -22,6 +22,9 @@ class WarmupOptions:
     verify_load: bool = False  # replay warm tasks through the library (loads every kernel)
     kernel_split: bool = True  # let libraries split cold tasks below the task
     warm_only: bool = False  # finish only if no task needs a library; else run nothing
+    # a node without a GPU building for the plan's target: its caches describe that GPU,
+    # and a library that needs a GPU to run its tasks builds only what a kernel list names
+    builder: bool = False
 
     def __post_init__(self) -> None:
         from warmd.libraries import LIBRARIES  # the registry loads every library's kernels

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from warmd.executors.base import TaskResult
 from warmd.plan import Task
 from warmd.stats import BY_OUTCOME, CounterFlag, Counters, Outcome, ids
+from warmd.warmup.claims import Got, UnitResult
 
 if TYPE_CHECKING:  # the interface only: warming without a store imports no store client
     from warmd.store.api import SharedCache
@@ -59,6 +60,45 @@ class TaskReport:
 
 
 @dataclass
+class BootReport:
+    """What one node did of the cluster's work in a run: kernels compiled here, installed
+    from peers, found held by another node (waited for), taken over from a dead claimer;
+    and when (seconds from the run's start)."""
+
+    compiled: int = 0
+    installed: int = 0
+    waited: int = 0
+    took_over: int = 0
+    failed: int = 0
+    wait_seconds: float = 0.0  # summed over the units waited for
+    timeline: dict = field(default_factory=dict)
+
+    def add(self, results: dict[str, UnitResult]) -> None:
+        for result in results.values():
+            self.compiled += result.got == Got.COMPILED
+            self.installed += result.got == Got.INSTALLED
+            self.failed += result.got == Got.FAILED
+            self.waited += result.waited > 0 or result.took_over
+            self.took_over += result.took_over
+            self.wait_seconds += result.waited
+
+    def add_stage(self, stage: dict | None) -> None:
+        """What a kernel stage did of the cluster's work (its report's ``cluster``)."""
+        if not stage:
+            return
+        for name in ("compiled", "installed", "waited", "took_over", "failed"):
+            setattr(self, name, getattr(self, name) + int(stage.get(name, 0)))
+        self.wait_seconds += float(stage.get("wait_seconds", 0.0))
+        self.timeline = {**self.timeline, **{f"{stage.get('library', 'stage')}.{k}": v
+                                             for k, v in (stage.get("timeline") or {}).items()}}
+
+    def to_json(self) -> dict:
+        return {"compiled": self.compiled, "installed": self.installed, "waited": self.waited,
+                "took_over": self.took_over, "failed": self.failed,
+                "wait_seconds": round(self.wait_seconds, 3), "timeline": self.timeline}
+
+
+@dataclass
 class WarmupReport:
     plan_key: str
     selected: int
@@ -72,6 +112,7 @@ class WarmupReport:
     workers: int = 0  # worker processes started
     stages: list[dict] = field(default_factory=list)  # what kernel stages did
     not_warm: list[str] = field(default_factory=list)  # warm_only: tasks left to a library
+    boot: BootReport | None = None  # the cluster's work done here (None: no shared cache)
 
     def hits_by_mode(self) -> dict[Mode, int]:
         """Hits counted from verified entries alone, and by running the library."""
@@ -104,6 +145,7 @@ class WarmupReport:
             "shared": self.shared,
             "store": {**self.store.to_json(), "counters": self.store_counts}
             if self.store is not None else None,
+            "cluster": self.boot.to_json() if self.boot is not None else None,
             "task_details": [r.to_json() for r in self.reports],
         }
 

@@ -1,5 +1,7 @@
 """The run: prefetch the plan from the shared cache, check each task once, start workers
-only for what is cold, and hand tasks out to worker threads (warmd.warmup.task runs each)."""
+only for what is cold; with a shared cache, the cold tasks' units of cluster work are
+claimed, built or installed (warmd.warmup.units); the tasks left are handed out to worker
+threads (warmd.warmup.task runs each)."""
 
 from __future__ import annotations
 
@@ -15,9 +17,17 @@ from warmd.executors.pool import Worker
 from warmd.plan import Plan, Task
 from warmd.stats import Counters
 from warmd.warmup.options import WarmupOptions
-from warmd.warmup.report import TaskReport, WarmupReport, count, store_counters, store_health
+from warmd.warmup.report import (
+    BootReport,
+    TaskReport,
+    WarmupReport,
+    count,
+    store_counters,
+    store_health,
+)
 from warmd.warmup.state import RunState, StoreAnswer, TaskState
 from warmd.warmup.task import check, run_task
+from warmd.warmup.units import run_units, splits
 from warmd.warmup.workers import start_workers
 
 if TYPE_CHECKING:
@@ -50,12 +60,22 @@ def run_warmup(plan: Plan, options: WarmupOptions, shared: SharedCache | None = 
     if options.warm_only and cold:
         return WarmupReport(plan.key, len(tasks), [], Counters(), time.monotonic() - began,
                             shared=shared is not None, not_warm=[t.key for t in cold])
-    handout = _Handout(run, order, progress, started)
+    handout = _Handout(run, progress, started)
     workers: list[Worker] = []
     interrupted = False
+    boot = BootReport()
     try:
         workers = start_workers(run, cold)
-        handout.run(workers)
+        split = [s for s in order if not s.settled and splits(s)] if shared is not None else []
+        if split:
+            work, loop = run_units(run, split, workers, handout.add_report)
+            boot.add(loop.results)
+            boot.timeline = {"claims_began": round(loop.timeline.began - began, 3),
+                             **{k: None if v is None else round(v + loop.timeline.began
+                                                                - began, 3)
+                                for k, v in loop.timeline.to_json().items()}}
+            order = [s for s in order if s not in split] + work.left_over
+        handout.run(workers, order)
     except KeyboardInterrupt:
         interrupted = True
         handout.stop.set()
@@ -74,12 +94,15 @@ def run_warmup(plan: Plan, options: WarmupOptions, shared: SharedCache | None = 
             shared.record_outcomes(counters.to_json())
         counters.add(store_counters(shared))
     reports = sorted(handout.reports, key=lambda r: r.task.key)
+    for stage in stages:
+        boot.add_stage(stage.get("cluster"))
     return WarmupReport(plan.key, len(tasks), reports, counters, time.monotonic() - began,
                         interrupted, shared is not None,
                         store_health(shared) if shared is not None else None,
                         dict(shared.counters) if shared is not None else {},
                         sum(w.started for w in workers) + sum(
-                            s.get("workers_started", 0) for s in stages), stages)
+                            s.get("workers_started", 0) for s in stages), stages,
+                        boot=boot if shared is not None else None)
 
 
 def _prefetch(run: RunState) -> list[TaskState]:
@@ -112,20 +135,27 @@ def _prefetch(run: RunState) -> list[TaskState]:
 
 
 class _Handout:
-    """Hands the tasks out, in order, to one thread per worker."""
+    """Hands the tasks out, in order, to one thread per worker; collects every task's
+    report (those the units made too), telling progress of each."""
 
-    def __init__(self, run: RunState, order: list[TaskState], progress: Progress | None,
+    def __init__(self, run: RunState, progress: Progress | None,
                  started: Started | None) -> None:
         self.run_state, self.progress, self.started = run, progress, started
-        self.total = len(order)
+        self.total = len(run.tasks)
         self.pending: queue.Queue[TaskState] = queue.Queue()
-        for state in order:
-            self.pending.put(state)
         self.stop = threading.Event()
         self.lock = threading.Lock()
         self.reports: list[TaskReport] = []
 
-    def run(self, workers: list[Worker]) -> None:
+    def add_report(self, report: TaskReport) -> None:
+        with self.lock:
+            self.reports.append(report)
+            done = len(self.reports)
+        _notify(self.progress, report, done, self.total)
+
+    def run(self, workers: list[Worker], order: list[TaskState]) -> None:
+        for state in order:
+            self.pending.put(state)
         threads = [threading.Thread(target=self._loop, args=(w,), daemon=True)
                    for w in workers]
         for t in threads:
@@ -141,11 +171,7 @@ class _Handout:
             except queue.Empty:
                 return
             _notify(self.started, state.task)
-            report = run_task(self.run_state, state, worker)
-            with self.lock:
-                self.reports.append(report)
-                done = len(self.reports)
-            _notify(self.progress, report, done, self.total)
+            self.add_report(run_task(self.run_state, state, worker))
 
 
 def _notify(callback, *args) -> None:

@@ -139,4 +139,9 @@ def _adapter(library: str, plan: Plan, options: WarmupOptions) -> CacheAdapter |
     registered = LIBRARIES.get(library)
     if registered is None:
         return None
-    return registered.make_adapter(options.cache_roots[library], plan.env.target.arch)
+    target = plan.env.target
+    adapter = registered.make_adapter(options.cache_roots[library], target.arch)
+    describe = getattr(adapter, "for_gpu", None)  # a cache keyed on the GPU it runs on
+    if options.builder and describe is not None:
+        return describe(target.arch, target.sms)
+    return adapter

@@ -97,6 +97,14 @@ def _steps(run: RunState, state: TaskState, worker: Worker) -> TaskReport:
         if state.store_lacks and state.library.adapter is not None:
             publish(run, state, report, sum(report.recorded.values()))
         return report
+    stage = state.library.stage
+    if state.found is None and run.shared is not None and stage is not None:
+        names = stage.task_entries(state.task.key)
+        if names is not None:
+            return from_stage(run, state, names)
+    if state.found is None and run.options.builder and _needs_stage(state.task.library):
+        return TaskReport(state.task, TaskResult(state.task.key, state.task.library, True,
+                                                 0.0, []))  # no kernel list: not built here
     if state.library.adapter is None or run.shared is None:
         return finish(run, state, TaskReport(state.task, compile_task(worker, state)))
     if state.found is None and fetch(run, state).found:
@@ -116,6 +124,32 @@ def _steps(run: RunState, state: TaskState, worker: Worker) -> TaskReport:
         if report.result.ok and state.found is None:
             publish(run, state, report)
     return report
+
+
+def from_stage(run: RunState, state: TaskState, names: list[str]) -> TaskReport:
+    """The report of a task whose every entry its library's kernel stage built here or
+    installed from the cluster (the cluster's kernel list names them): no worker runs it.
+    Each is counted as finish counts a stage's kernels; its record is then published."""
+    task = state.task
+    began = time.monotonic()
+    kernels = [KernelOutcome(name, Outcome.LOCAL_HIT) for name in names]
+    result = TaskResult(task.key, task.library, True, 0.0, kernels)
+    report = finish(run, state, TaskReport(task, result, list(state.found or [])))
+    compiled = any(k.outcome == Outcome.COMPILED for k in result.kernels)
+    report.mode = Mode.LIBRARY if compiled else Mode.VERIFIED
+    result.seconds = round(time.monotonic() - began, 3)
+    if run.shared is not None:
+        publish(run, state, report, 0.0)  # its entries are out already: the record
+    return report
+
+
+def _needs_stage(library: str) -> bool:
+    """Whether a builder builds this library's tasks only from a kernel list (a library
+    whose tasks run on a GPU, with a kernel stage that can build from a list)."""
+    from warmd.libraries import LIBRARIES
+
+    registered = LIBRARIES.get(library)
+    return registered is not None and registered.kernel_stage is not None
 
 
 def finish(run: RunState, state: TaskState, report: TaskReport) -> TaskReport:

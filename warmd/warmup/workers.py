@@ -15,6 +15,7 @@ from warmd.plan import Plan, Task
 from warmd.warmup.options import WarmupOptions
 from warmd.warmup.sizing import default_workers, gpu_ids, worker_count
 from warmd.warmup.state import RunState
+from warmd.warmup.units import StageWork
 
 log = logging.getLogger(__name__)
 
@@ -86,8 +87,11 @@ def _start_stages(run: RunState, cold: list[Task], jobs: int, ids: list[str]
             continue
         tasks = [t for t in cold if t.library == library]
         base = worker_env(run.plan, run.options, {library})
+        cluster = (StageWork(run, run.libraries[library], run.options.builder)
+                   if run.shared is not None else None)
         try:
-            stage = resolve(registered.kernel_stage)(adapter.root, tasks, jobs, ids, base)
+            stage = resolve(registered.kernel_stage)(adapter.root, tasks, jobs, ids, base,
+                                                     cluster=cluster)
             extra.update(stage.start())
         except WarmdInputError:
             raise  # a setting of the user's is wrong: said in one line, not worked around

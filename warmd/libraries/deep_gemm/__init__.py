@@ -40,6 +40,8 @@ LIBRARY = Library(
            CacheRoot("vllm_cache_root", "VLLM_CACHE_ROOT"),),
     entries=lambda root: root / "cache",
     aliases=("deepgemm",),
+    # a builder builds the kernels GPU nodes' discoveries listed (it cannot discover)
+    builds_without_gpu=True,
     probe_follows_engine=True,
     rederive="warmd.libraries.deep_gemm.rederive:rederive",
 )

@@ -168,6 +168,11 @@ class DeepGemmCacheAdapter(CacheAdapter):
     def root(self) -> Path:
         return self._root
 
+    def for_gpu(self, arch: str, sms: int) -> DeepGemmCacheAdapter:
+        """The same cache described as on that GPU (a builder's, building for its target:
+        its fingerprint must be a GPU node's)."""
+        return DeepGemmCacheAdapter(self._root, arch, sms)
+
     @property
     def entries_dir(self) -> Path:
         return self._root / "cache"

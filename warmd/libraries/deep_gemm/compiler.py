@@ -51,6 +51,7 @@ from pathlib import Path
 
 from warmd import settings
 from warmd.cache.artifacts import rename_noreplace
+from warmd.executors.base import StageCluster
 from warmd.executors.pool import Worker
 from warmd.libraries.deep_gemm.cache import DeepGemmCacheAdapter, entry_state
 from warmd.libraries.deep_gemm.install import (
@@ -58,6 +59,14 @@ from warmd.libraries.deep_gemm.install import (
     DeepGemmInstall,
     Generation,
     resolve,
+)
+from warmd.libraries.deep_gemm.listed import (
+    BadListing,
+    ListedJob,
+    build_entry,
+    listed_from_entry,
+    set_digest,
+    task_digest,
 )
 from warmd.libraries.deep_gemm.nvcc_shim import (
     BUILD,
@@ -82,6 +91,8 @@ RECORDERS = 2
 POLL_SECONDS = 0.05
 # At most: a plan of many kernels, or a discovery that never ends, holds no one longer.
 WORKERS_HELD_SECONDS = 60.0
+# A builder waits this long at most for GPU nodes to publish the kernel lists of its tasks.
+BUILDER_WAIT_SECONDS = 120.0
 
 log = logging.getLogger(__name__)
 
@@ -143,8 +154,15 @@ class DeepGemmKernelStage:
     """See the module docstring; a warmd.executors.base.KernelStage."""
 
     def __init__(self, root: Path, tasks: list[Task], jobs: int, gpu_ids: list[str],
-                 env: dict[str, str]) -> None:
+                 env: dict[str, str], cluster: StageCluster | None = None) -> None:
         self.root = Path(root)
+        self.cluster = cluster  # with a shared cache: kernels claimed and listed cluster-wide
+        self.listed: dict[str, ListedJob] = {}  # entry -> how it is built (the kernel list)
+        self.task_lists: dict[str, tuple[str, ...]] = {}  # task key -> its entries, listed
+        self.found_by_task: dict[str, set[str]] = {}  # task key -> entries its discovery named
+        self.cluster_report: dict | None = None
+        self.cluster_done = threading.Event()
+        self.kernel_list_source = ""  # "read", "discovered here", or why none
         self.tasks = list(tasks)
         self.jobs = max(1, jobs)
         self.gpu_ids = list(gpu_ids)
@@ -179,6 +197,7 @@ class DeepGemmKernelStage:
         self.placeholder_entries: set[str] = set()  # recorded, never published
         self.linked: set[str] = set()  # real entries of the discovery, linked into root
         self.discovery_seconds: dict[str, float] = {}  # entry -> its discovery call time
+        self.built_here: set[str] = set()  # listed kernels this node built (claimed)
 
     # -- starting --
 
@@ -189,6 +208,9 @@ class DeepGemmKernelStage:
         problem = fast_path_problem(self.install, settings.deep_gemm_key_env())
         if problem:
             self._fast_path_lost(problem)
+        if problem or self.cluster is None:
+            self.cluster = None
+            self.cluster_done.set()
         try:
             return self._start()
         except BaseException:
@@ -210,15 +232,210 @@ class DeepGemmKernelStage:
         if recording:
             self.recorder_env["DG_JIT_NVCC_COMPILER"] = str(write_shim(self.run, RECORD,
                                                                        self.nvcc))
-        # Cut for the fallback's processes: the fast path's few take the pieces in turn.
-        units = discovery_units(self.tasks, self.jobs)
-        for unit in units:
-            self.pending.put(unit)
-        self._add_discovery(self._discovery_processes())
-        self._thread(self._watch)
+        if self.cluster is not None:
+            self._thread(self._cluster_work)
+        else:
+            self._discover_tasks(self.tasks)
         if not recording:
             return {}
         return {"DG_JIT_NVCC_COMPILER": str(write_shim(self.run, BUILD, self.nvcc))}
+
+    def _discover_tasks(self, tasks: list[Task]) -> None:
+        """Start the discovery of these tasks, and the thread that follows it."""
+        # Cut for the fallback's processes: the fast path's few take the pieces in turn.
+        for unit in discovery_units(tasks, self.jobs):
+            self.pending.put(unit)
+        self._add_discovery(self._discovery_processes())
+        self._thread(self._watch)
+
+    # -- the cluster's share: kernel lists and claims (with a shared cache) --
+
+    def _cluster_work(self) -> None:
+        """Read the cluster's kernel lists of these tasks; discover the tasks nobody listed
+        (once in the cluster: claimed), listing what was found; build each listed kernel
+        this node lacks by claiming it cluster-wide (or install it when another node did).
+        A builder only follows lists."""
+        cluster = self.cluster
+        assert cluster is not None
+        began = time.monotonic()
+        self.cluster_moments: dict[str, float] = {}
+        digests = {t.key: task_digest(t) for t in self.tasks}
+        kernels = cluster.run_kernels(self._build_listed, self.jobs)
+        try:
+            missing = self._take_lists(digests, kernels)
+            if missing is None:
+                self._cluster_lost(kernels)
+                return
+            self.cluster_moments["lists_read"] = time.monotonic()
+            if missing and not cluster.builder:
+                self._discover_missing(missing, digests, kernels)
+            elif missing:
+                self._builder_waits(missing, digests, kernels)
+            if not self.kernel_list_source:
+                self.kernel_list_source = "read"
+        finally:
+            kernels.close()
+            report = kernels.join()
+            self.cluster_report = {**report, "library": "deep_gemm",
+                                   "kernel_list": self.kernel_list_source,
+                                   "timeline": {**report.get("timeline", {}), **{
+                                       k: round(v - began, 3)
+                                       for k, v in self.cluster_moments.items()}}}
+            self.cluster_done.set()
+            self.discovery_done.set()
+            self.workers_may_start.set()
+
+    def _take_lists(self, digests: dict[str, str], kernels) -> list[Task] | None:
+        """Take what the cluster listed of these tasks; the tasks still unlisted (None: a
+        list was refused here: none is used)."""
+        assert self.cluster is not None
+        wanted = [d for key, d in digests.items() if key not in self.task_lists]
+        listing = self.cluster.kernel_list(wanted)
+        if listing.refused:
+            self.kernel_list_source = f"refused: {listing.refused}"
+            return None
+        by_digest = {d: key for key, d in digests.items()}
+        fresh = []
+        for digest, entries in listing.tasks.items():
+            try:
+                jobs = [ListedJob.from_json(listing.jobs[n]) for n in entries]
+            except BadListing as exc:
+                self.kernel_list_source = f"refused: {exc}"
+                return None
+            self.task_lists[by_digest[digest]] = tuple(entries)
+            for job in jobs:
+                if job.entry not in self.listed:
+                    self.listed[job.entry] = job
+                    fresh.append(job.entry)
+        kernels.add([n for n in fresh if not (self.root / "cache" / n).exists()])
+        return [t for t in self.tasks if t.key not in self.task_lists]
+
+    def _discover_missing(self, missing: list[Task], digests: dict[str, str], kernels) -> None:
+        """Discover the unlisted tasks here once the cluster says nobody else is (the
+        claim on their discovery), listing what was found; or take the list another
+        node publishes meanwhile."""
+        assert self.cluster is not None
+        digest = set_digest([digests[t.key] for t in missing])
+        while not self.stopped.is_set():
+            state = self.cluster.claim_discovery(digest)
+            if state == "mine":
+                self.cluster_moments["discovery_claimed"] = time.monotonic()
+                try:
+                    self._discover_and_list(missing, digest, kernels)
+                finally:
+                    self.cluster.release_discovery(digest)
+                return
+            left = self._take_lists(digests, kernels)
+            if left is None:
+                return
+            if not left:
+                return
+            if state == "published":  # listed, yet not every task: discover them here
+                self._discover_and_list(left, None, kernels)
+                return
+            missing = left
+            self.cluster.wait(0.25)
+
+    def _builder_waits(self, missing: list[Task], digests: dict[str, str], kernels) -> None:
+        """A builder cannot discover: it takes lists as GPU nodes publish them, for at most
+        BUILDER_WAIT_SECONDS."""
+        assert self.cluster is not None
+        deadline = time.monotonic() + BUILDER_WAIT_SECONDS
+        while missing and not self.stopped.is_set() and time.monotonic() < deadline:
+            self.cluster.wait(0.5)
+            left = self._take_lists(digests, kernels)
+            if left is None:
+                return
+            missing = left
+        if missing:
+            self.kernel_list_source = f"no kernel list for {len(missing)} task(s)"
+
+    def _discover_and_list(self, tasks: list[Task], digest: str | None, kernels) -> None:
+        """Discover tasks here; each job, as soon as DeepGEMM named its entry, becomes a
+        kernel to claim; the list is published at the end (digest None: not published)."""
+        assert self.cluster is not None
+        self.kernel_list_source = "discovered here"
+        self._discover_tasks(tasks)
+        while not self.stopped.is_set():
+            last = self.discovery_done.is_set()
+            kernels.add([n for n in self._map_jobs() if not (self.root / "cache" / n).exists()])
+            if last:
+                break
+            time.sleep(POLL_SECONDS)
+        self.cluster_moments["discovery_ended"] = time.monotonic()
+        lists = {t.key: sorted(self.found_by_task.get(t.key, set())) for t in tasks}
+        for key, entries in lists.items():
+            if entries and all(n in self.listed for n in entries):
+                self.task_lists[key] = tuple(entries)
+        if digest is not None and not self.record_errors:
+            digests = {t.key: task_digest(t) for t in tasks}
+            jobs = {n: job.to_json() for n, job in self.listed.items()}
+            published = self.cluster.publish_kernel_list(
+                digest, {digests[k]: list(v) for k, v in self.task_lists.items()
+                         if k in digests}, jobs)
+            if published:
+                self.cluster_moments["list_published"] = time.monotonic()
+
+    def _map_jobs(self) -> list[str]:
+        """The entries DeepGEMM named for the jobs recorded so far (a placeholder entry in
+        the discovery's root holds the job's source): each listed; the new ones."""
+        record = DeepGemmCacheAdapter(self.run / "record")
+        include = str(self.install.location / "include") if self.install else ""
+        try:
+            with os.scandir(self.run / "jobs") as it:
+                jobs = {hashlib.sha256(Job(Path(e.path)).source.read_bytes()).hexdigest():
+                        Job(Path(e.path)) for e in it if e.is_dir() and Job(Path(e.path)).ready}
+        except OSError:
+            return []
+        fresh = []
+        for name in sorted(record.entry_names() - self.seeded - set(self.listed)):
+            path = record.entries_dir / name
+            if entry_state(path) != "complete":
+                continue
+            try:
+                job = jobs.get(hashlib.sha256((path / "kernel.cu").read_bytes()).hexdigest())
+            except OSError:
+                continue
+            if job is None:
+                continue
+            self.listed[name] = listed_from_entry(job, path, self.nvcc, include)
+            fresh.append(name)
+        return fresh
+
+    def _cluster_lost(self, kernels) -> None:
+        """A kernel list refused here: this node discovers and builds on its own."""
+        log.warning("warmd: DeepGEMM kernel stage: %s; discovering here, sharing kernels "
+                    "only as tasks finish", self.kernel_list_source)
+        self.cluster = None
+        self._discover_tasks(self.tasks)
+
+    def _build_listed(self, entry: str) -> tuple[bool, float, str]:
+        """Build one listed kernel into the cache root (the cluster publishes it)."""
+        job = self.listed[entry]
+        include = str(self.install.location / "include") if self.install else ""
+        began = time.monotonic()
+        failure = build_entry(self.run, job, self.nvcc, self.root, include, self._started)
+        if failure is None:
+            with self.lock:
+                self.built_here.add(entry)
+        return failure is None, time.monotonic() - began, failure or ""
+
+    def task_entries(self, task_key: str) -> list[str] | None:
+        """Once the cluster's work is done: the task's listed entries when every one is in
+        the cache root (the task then needs no worker); None: run it through DeepGEMM."""
+        if self.cluster is None and not self.cluster_report:
+            return None
+        self.cluster_done.wait()
+        entries = self.task_lists.get(task_key)
+        if entries is None:
+            return None
+        if not all(entry_state(self.root / "cache" / n) == "complete" for n in entries):
+            return None
+        return list(entries)
+
+    @property
+    def builder(self) -> bool:
+        return self.cluster is not None and self.cluster.builder
 
     def _discovery_processes(self) -> int:
         """RECORDERS record (at most one per two compile jobs); without the fast path,
@@ -270,6 +487,8 @@ class DeepGemmKernelStage:
                 break
             result = worker.run(task)
             with self.lock:
+                self.found_by_task.setdefault(self._task_of(task.key), set()).update(
+                    k.name for k in result.kernels if k.outcome != "failed")
                 for kernel in result.kernels:
                     if kernel.outcome == "compiled":
                         self.discovery_seconds.setdefault(kernel.name, kernel.seconds)
@@ -282,13 +501,19 @@ class DeepGemmKernelStage:
                 self.discovered_at = time.monotonic()
                 self.discovery_done.set()
 
+    def _task_of(self, unit_key: str) -> str:
+        """The task a discovery unit (a task, or an M range of one) belongs to."""
+        return next((t.key for t in self.tasks if unit_key == t.key
+                     or unit_key.startswith(f"{t.key}@m")), unit_key)
+
     def _watch(self) -> None:
         """Hand each recorded job to the compile pool as soon as it is written; link each
         real entry the discovery compiled itself into the cache root (and then know that
-        the fast path is not running)."""
+        the fast path is not running). With the cluster, its claims build the jobs."""
         while not self.stopped.is_set():
             last = self.discovery_done.is_set()
-            self._submit_new()
+            if self.cluster is None:
+                self._submit_new()
             self._link_real_entries()
             if self.fast_path_off is None:
                 self._check_recording()
@@ -394,6 +619,7 @@ class DeepGemmKernelStage:
     def stop(self) -> None:
         self.stopped.set()
         self.discovery_done.set()
+        self.cluster_done.set()
         self.workers_may_start.set()
         for worker in self.recorders:
             worker.stop(kill=True)
@@ -442,6 +668,7 @@ class DeepGemmKernelStage:
             "nvcc_args": args,  # DeepGEMM's arguments ({source}/{output}: the paths)
             "workers_started": sum(w.started for w in self.recorders),
             "timeline": stage_timeline(self.run, self.began_wall, jobs, compiles, self.jobs),
+            "cluster": self.cluster_report,
         }
         shutil.rmtree(self.run, ignore_errors=True)
         return summary

@@ -26,7 +26,13 @@ the source and output paths as placeholders, and of the source), holding ``kerne
   the real nvcc unless done already, and hand DeepGEMM the cubin.
 
 warmd's parent compiles recorded jobs with ``compile_job`` meanwhile, as many at once as
-it has cores. Every real nvcc run appends a line to ``<run>/compiles.log``; a call that
+it has cores. Every compile reads the source from one path that is the same on every node
+(``CANONICAL_DIR/<key>/kernel.cu``) with ``-frandom-seed=<key>``: nvcc names internal
+symbols from the source's path and a random seed, so this makes a kernel's cubin the same
+bytes whichever node (GPU node or CPU builder) compiles it. Neither changes DeepGEMM's key:
+DeepGEMM hashes its own arguments before calling the compiler.
+
+Every real nvcc run appends a line to ``<run>/compiles.log``; a call that
 names a ``.cu`` file in a form the shim does not know goes to nvcc as is and is noted in
 ``<run>/passthrough.log`` (the kernel stage then knows its fast path is not running).
 
@@ -52,6 +58,7 @@ from pathlib import Path
 RECORD, BUILD = "record", "build"
 SOURCE, OUTPUT = "{source}", "{output}"
 PLACEHOLDER_SOURCE = 'extern "C" __global__ void warmd_discovery_placeholder() {}\n'
+CANONICAL_DIR = Path("/tmp/warmd-nvcc")  # the same path on every node: the same cubin
 
 
 class Job:
@@ -127,9 +134,10 @@ def _write_atomically(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def save_job(run: Path, template: list[str], source: bytes) -> Job:
-    """The job for this request, written once (concurrent savers write the same bytes)."""
-    job = Job(run / "jobs" / job_key(template, source))
+def save_job(run: Path, template: list[str], source: bytes, key: str | None = None) -> Job:
+    """The job for this request, written once (concurrent savers write the same bytes);
+    key: the one a kernel list gave it (its template may name this node's include paths)."""
+    job = Job(run / "jobs" / (key or job_key(template, source)))
     if job.ready:
         return job
     job.path.mkdir(parents=True, exist_ok=True)
@@ -178,16 +186,17 @@ def _compile(run: Path, job: Job, nvcc: str,
     scratch = run / "cwd"  # an empty directory: no file there shadows a header
     scratch.mkdir(exist_ok=True)
     partial = job.path / f".kernel.{uuid.uuid4().hex[:8]}.cubin"
-    command = [nvcc, *(str(job.source) if a == SOURCE else str(partial) if a == OUTPUT
-                       else a for a in job.args())]
     began, wall = time.monotonic(), time.time()
     nice = compile_nice(run)
-    proc = subprocess.Popen(command, cwd=scratch, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True,
-                            preexec_fn=(lambda: os.nice(nice)) if nice else None)
-    if started is not None:
-        started(proc)
-    output, _ = proc.communicate()
+    with _canonical_source(job) as source:
+        command = [nvcc, *(str(source) if a == SOURCE else str(partial) if a == OUTPUT
+                           else a for a in job.args()), f"-frandom-seed={job.key}"]
+        proc = subprocess.Popen(command, cwd=scratch, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True,
+                                preexec_fn=(lambda: os.nice(nice)) if nice else None)
+        if started is not None:
+            started(proc)
+        output, _ = proc.communicate()
     seconds = time.monotonic() - began
     ok = proc.returncode == 0 and partial.is_file()
     if ok:
@@ -199,6 +208,25 @@ def _compile(run: Path, job: Job, nvcc: str,
                           .encode())
     _log_compile(run, job, ok, seconds, wall)
     return None if ok else (output or f"nvcc exited {proc.returncode}")
+
+
+@contextlib.contextmanager
+def _canonical_source(job: Job):
+    """The job's source at CANONICAL_DIR/<key>/kernel.cu, held (an flock) while nvcc reads
+    it; the job's own path where that directory cannot be written (the cubin is then
+    right, only not the same bytes as another node's)."""
+    try:
+        folder = CANONICAL_DIR / job.key
+        folder.mkdir(parents=True, exist_ok=True)
+        lock = folder / "lock"
+        with _locked(lock):
+            source = folder / "kernel.cu"
+            data = job.source.read_bytes()
+            if not source.is_file() or source.read_bytes() != data:
+                _write_atomically(source, data)
+            yield source
+    except PermissionError:
+        yield job.source
 
 
 @contextlib.contextmanager

@@ -1,0 +1,293 @@
+"""The unit of cluster work is the kernel: each one claimed cluster-wide before it is
+compiled, published the moment it is built, and installed by every other node as soon as
+it lands.
+
+A ``ClaimLoop`` runs one node's share. Its compile threads (one per worker process, or
+per nvcc slot for a kernel stage) take units in the order given (spread across nodes by
+the store's arrival order) and claim each without waiting:
+
+    mine       build it here, publish it, release the claim
+    published  another node built it: the collector installs it
+    held       another node is building it: move on; the collector comes back for it
+
+The collector thread installs what was published (in batches), looks again at what was
+held whenever a claim is released (pub/sub) or every ``poll`` seconds, and hands a unit
+whose claimer died (its claim expired: it renews a short TTL while alive) back to the
+compile threads, first in line. The loop ends when every unit is built or installed (or
+failed). Without a shared cache every claim is ``mine``.
+"""
+
+from __future__ import annotations
+
+import collections
+import enum
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Generic, TypeVar
+
+from warmd.cache.base import CacheAdapter
+
+if TYPE_CHECKING:
+    from warmd.store.api import SharedCache
+
+log = logging.getLogger(__name__)
+C = TypeVar("C")  # what a compile thread holds (its worker process, or nothing)
+POLL_SECONDS = 0.25
+
+
+class Got(str, enum.Enum):
+    """How this node got a unit."""
+
+    COMPILED = "compiled"  # claimed and built here
+    INSTALLED = "installed"  # built by another node, installed from the store
+    FAILED = "failed"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(eq=False)
+class Unit:
+    """One unit of cluster work: an entry (task=False), or a task whose entries are not
+    known before it runs (task=True; its name is the task key)."""
+
+    name: str
+    adapter: CacheAdapter
+    task: bool = False
+    payload: object = None  # what the builder needs (a sub-task, a job)
+    claimed: bool = False  # the collector took the claim over from a dead claimer
+    waited_since: float | None = None  # first found held by another node
+    local_only: bool = False  # published, yet not installable here: built without a claim
+
+
+@dataclass
+class UnitResult:
+    name: str
+    got: Got
+    seconds: float = 0.0  # what building it took here
+    waited: float = 0.0  # seconds between first finding it held and having it
+    took_over: bool = False  # its claimer died; built here
+    at: float = 0.0  # seconds from the loop's start to when it was done
+    error: str = ""
+
+
+@dataclass
+class Built:
+    """What a builder says of one unit."""
+
+    ok: bool
+    seconds: float = 0.0
+    error: str = ""
+
+
+@dataclass
+class LoopTimeline:
+    began: float = field(default_factory=time.monotonic)
+    first_compile: float | None = None
+    last_compile_end: float | None = None
+    last_install: float | None = None
+    ended: float | None = None
+
+    def to_json(self) -> dict:
+        def at(moment: float | None) -> float | None:
+            return None if moment is None else round(moment - self.began, 3)
+
+        return {"first_compile": at(self.first_compile),
+                "last_compile_end": at(self.last_compile_end),
+                "last_install": at(self.last_install), "ended": at(self.ended)}
+
+
+class ClaimLoop(Generic[C]):
+    """See the module docstring. ``build(unit, context)`` builds and publishes a unit it
+    holds the claim of; ``install(adapter, units)`` installs published ones and returns the
+    names now present. Units may be added while it runs (a discovery names them as it
+    goes) until ``close``."""
+
+    def __init__(self, shared: SharedCache | None, contexts: list[C],
+                 build: Callable[[Unit, C], Built],
+                 install: Callable[[CacheAdapter, list[Unit]], set[str]],
+                 poll: float = POLL_SECONDS,
+                 done: Callable[[Unit, UnitResult], None] | None = None) -> None:
+        self.shared, self.contexts, self.build, self.install = shared, contexts, build, install
+        self.done = done  # hears of each unit as it is done (from the loop's threads)
+        self.poll = poll
+        self.results: dict[str, UnitResult] = {}
+        self.timeline = LoopTimeline()
+        self._pending: collections.deque[Unit] = collections.deque()
+        self._waiting: list[Unit] = []  # held by others, or published: the collector's
+        self._seen: set[str] = set()
+        self._busy = 0  # units a compile thread or the collector is working on
+        self._closed = False
+        self._stop = threading.Event()
+        self._cond = threading.Condition()
+
+    # -- feeding it --
+
+    def add(self, units: list[Unit]) -> None:
+        with self._cond:
+            for unit in units:
+                if unit.name not in self._seen:
+                    self._seen.add(unit.name)
+                    self._pending.append(unit)
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        """No more units will be added."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def stop(self) -> None:
+        self._stop.set()
+        with self._cond:
+            self._cond.notify_all()
+
+    # -- running it --
+
+    def run(self) -> dict[str, UnitResult]:
+        threads = [threading.Thread(target=self._compile_loop, args=(ctx,), daemon=True,
+                                    name=f"warmd-claims-{i}")
+                   for i, ctx in enumerate(self.contexts or [None])]  # type: ignore[list-item]
+        collector = threading.Thread(target=self._collect_loop, daemon=True,
+                                     name="warmd-collector")
+        for thread in [*threads, collector]:
+            thread.start()
+        for thread in [*threads, collector]:
+            while thread.is_alive():
+                thread.join(timeout=0.2)
+        self.timeline.ended = time.monotonic()
+        return self.results
+
+    def _done(self) -> bool:
+        """Under the lock: nothing left to do and nothing can come back."""
+        return self._stop.is_set() or (self._closed and not self._pending and not self._busy
+                                        and not self._waiting)
+
+    def _next(self) -> Unit | None:
+        with self._cond:
+            while not self._pending:
+                if self._done():
+                    self._cond.notify_all()
+                    return None
+                self._cond.wait(timeout=0.5)
+            if self._stop.is_set():
+                return None
+            self._busy += 1
+            return self._pending.popleft()
+
+    def _compile_loop(self, context: C) -> None:
+        while (unit := self._next()) is not None:
+            try:
+                self._one(unit, context)
+            except Exception as exc:  # a broken store or builder fails the unit, not the loop
+                log.exception("cluster work on %s failed", unit.name)
+                self._finish(unit, UnitResult(unit.name, Got.FAILED, error=f"{exc}"))
+            finally:
+                with self._cond:
+                    self._busy -= 1
+                    self._cond.notify_all()
+
+    def _one(self, unit: Unit, context: C) -> None:
+        state = "mine"
+        if not unit.claimed and not unit.local_only and self.shared is not None:
+            state = self.shared.claim_work(unit.adapter, unit.name, unit.task).state.value
+        if state != "mine":
+            if state == "held" and unit.waited_since is None:
+                unit.waited_since = time.monotonic()
+            with self._cond:
+                self._waiting.append(unit)
+                self._cond.notify_all()
+            return
+        began = time.monotonic()
+        with self._cond:
+            if self.timeline.first_compile is None:
+                self.timeline.first_compile = began
+        try:
+            built = self.build(unit, context)
+        finally:
+            if self.shared is not None and not unit.local_only:
+                self.shared.release_work(unit.adapter, unit.name, unit.task)
+        ended = time.monotonic()
+        with self._cond:
+            self.timeline.last_compile_end = ended
+        got = Got.COMPILED if built.ok else Got.FAILED
+        self._finish(unit, UnitResult(unit.name, got, built.seconds or ended - began,
+                                      self._waited(unit, ended), unit.claimed, error=built.error))
+
+    def _waited(self, unit: Unit, now: float) -> float:
+        return 0.0 if unit.waited_since is None else round(now - unit.waited_since, 3)
+
+    def _finish(self, unit: Unit, result: UnitResult) -> None:
+        result.at = round(time.monotonic() - self.timeline.began, 3)
+        with self._cond:
+            self.results[unit.name] = result
+        if self.done is not None:
+            try:
+                self.done(unit, result)
+            except Exception:  # a report or display problem must not stop the loop
+                log.exception("reporting %s failed", unit.name)
+        with self._cond:
+            self._cond.notify_all()
+
+    # -- the collector --
+
+    def _collect_loop(self) -> None:
+        while True:
+            with self._cond:
+                if self._done():
+                    self._cond.notify_all()
+                    return
+                waiting, self._waiting = self._waiting, []
+                self._busy += len(waiting)
+            if not waiting:
+                with self._cond:
+                    self._cond.wait(timeout=0.2)
+                continue
+            try:
+                left = self._collect(waiting)
+            except Exception:  # the store failed under us: look again next round
+                log.exception("collecting cluster work failed")
+                left = waiting
+            with self._cond:
+                self._waiting = left + self._waiting
+                self._busy -= len(waiting)
+                self._cond.notify_all()
+            if left and len(left) == len(waiting) and self.shared is not None:
+                self.shared.wait_for_claims(left[0].adapter, self.poll)  # nothing moved
+
+    def _collect(self, waiting: list[Unit]) -> list[Unit]:
+        """Install what is published, hand back what is free again; the units still held."""
+        assert self.shared is not None
+        held, published = [], []
+        for unit in waiting:
+            state = self.shared.claim_work(unit.adapter, unit.name, unit.task).state.value
+            if state == "published":
+                published.append(unit)
+            elif state == "mine":  # its claimer gave up or died: ours now
+                unit.claimed = True
+                with self._cond:
+                    self._pending.appendleft(unit)
+                    self._cond.notify_all()
+            else:
+                held.append(unit)
+        by_adapter: dict[int, list[Unit]] = {}
+        for unit in published:
+            by_adapter.setdefault(id(unit.adapter), []).append(unit)
+        for units in by_adapter.values():
+            present = self.install(units[0].adapter, units)
+            now = time.monotonic()
+            for unit in units:
+                if unit.name in present:
+                    with self._cond:
+                        self.timeline.last_install = now
+                    self._finish(unit, UnitResult(unit.name, Got.INSTALLED,
+                                                  waited=self._waited(unit, now)))
+                else:  # published, but not usable here (refused, incompatible): build it
+                    unit.local_only = True
+                    with self._cond:
+                        self._pending.appendleft(unit)
+                        self._cond.notify_all()
+        return held

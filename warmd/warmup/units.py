@@ -1,0 +1,307 @@
+"""A run's cold tasks as units of cluster work (warmd.warmup.claims), and each task's
+report made from what its units did.
+
+A library that knows a task's entries before it runs (``Library.task_kernels``) gives one
+unit per entry this node lacks, built by a task that makes only that entry and published
+the moment it is built; an entry several tasks share is one unit. Any other task (a
+FlashInfer module: one task, one entry) is one unit itself, published with its record.
+A library with a kernel stage (DeepGEMM) splits its own tasks: its tasks are not units
+here.
+
+A task is done when its last unit is: compiled here (counted compiled by the first task
+that names it), installed from another node (a remote hit, verified by the store) or
+found here (a hit); any unit failed fails the task. Its record is written and published
+as always.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from warmd.cache.base import CacheAdapter
+from warmd.executors.base import KernelOutcome, TaskResult
+from warmd.executors.pool import Worker
+from warmd.stats import Outcome
+from warmd.warmup.claims import Built, ClaimLoop, Got, Unit, UnitResult
+from warmd.warmup.report import BootReport, Mode, TaskReport
+from warmd.warmup.state import LibraryState, RunState, TaskState
+from warmd.warmup.task import check, compile_task, fetch, finish, publish
+
+if TYPE_CHECKING:
+    from warmd.store.api import SharedCache
+
+Done = Callable[[TaskReport], None]
+
+
+def splits(state: TaskState) -> bool:
+    """Whether the task's cold work goes through units here (not its library's stage)."""
+    return state.library.adapter is not None and state.library.stage is None
+
+
+def _task_kernels(library: str):
+    from warmd.libraries import LIBRARIES, resolve
+
+    registered = LIBRARIES.get(library)
+    if registered is None or registered.task_kernels is None:
+        return None
+    return resolve(registered.task_kernels)
+
+
+class TaskWork:
+    """The units of some cold tasks, how each is built and installed, and each task's
+    report once its units are done (handed to ``done``)."""
+
+    def __init__(self, run: RunState, states: list[TaskState], done: Done) -> None:
+        self.run, self.done = run, done
+        self.shared: SharedCache | None = run.shared
+        self.units: dict[str, Unit] = {}
+        self.needs: dict[int, set[str]] = {}  # id(state) -> units it still waits on
+        self.names: dict[int, list[str]] = {}  # id(state) -> its entries, in order
+        self.present: dict[int, set[str]] = {}  # entries it had before the run's units
+        self.by_unit: dict[str, list[TaskState]] = {}
+        self.results: dict[str, UnitResult] = {}
+        self.reports: dict[int, TaskReport] = {}  # task units: the report their build made
+        self.left_over: list[TaskState] = []  # to run through the library as before
+        self.lock = threading.Lock()
+        self.states = states
+        # In the plan's order (not this node's task order): the store spreads nodes over
+        # one order, the same on every node.
+        for state in sorted(states, key=lambda s: s.task.key):
+            self._add(state)
+
+    def _add(self, state: TaskState) -> None:
+        adapter = state.library.adapter
+        assert adapter is not None
+        split = _task_kernels(state.task.library)
+        if split is None:
+            unit = Unit(state.task.key, adapter, task=True, payload=state)
+            self._depends(state, unit, [state.task.key])
+            return
+        parts = tuple(split(state.task))
+        have = {e.name for e in adapter.list_entries()}
+        self.names[id(state)] = [name for name, _sub in parts]
+        self.present[id(state)] = {name for name, _sub in parts if name in have}
+        wanted = [(name, sub) for name, sub in parts if name not in have]
+        units = [self.units.get(name) or Unit(name, adapter, payload=sub)
+                 for name, sub in wanted]
+        self._depends(state, None, [u.name for u in units], units)
+
+    def _depends(self, state: TaskState, unit: Unit | None, names: list[str],
+                 units: list[Unit] | None = None) -> None:
+        for u in units if units is not None else [unit]:
+            assert u is not None
+            self.units.setdefault(u.name, u)
+            self.by_unit.setdefault(u.name, []).append(state)
+        self.needs[id(state)] = set(names)
+
+    def ordered(self) -> list[Unit]:
+        """The units in the order this node should claim them: the store's, so that nodes
+        starting together start on different units."""
+        names = list(self.units)
+        if self.shared is not None:
+            with contextlib.suppress(Exception):  # an optimisation only
+                names = self.shared.shard_order(names)
+        return [self.units[n] for n in names]
+
+    def ready_now(self) -> list[TaskState]:
+        """Tasks with no unit to wait for (every entry here already)."""
+        return [s for s in self.states if not self.needs[id(s)]]
+
+    # -- the loop's callbacks --
+
+    def build(self, unit: Unit, worker: Worker) -> Built:
+        if unit.task:
+            return self._build_task(unit.payload, worker)  # type: ignore[arg-type]
+        result = worker.run(unit.payload)  # type: ignore[arg-type]
+        entry = next((e for e in unit.adapter.list_entries() if e.name == unit.name), None)
+        if not result.ok or entry is None:
+            return Built(False, result.seconds, result.error or f"{unit.name} not built")
+        seconds = sum(k.seconds for k in result.kernels if k.outcome == Outcome.COMPILED)
+        if self.shared is not None and not unit.local_only:
+            self.shared.publish_entries(unit.adapter, [entry], seconds)
+        return Built(True, seconds or result.seconds)
+
+    def _build_task(self, state: TaskState, worker: Worker) -> Built:
+        report = TaskReport(state.task, compile_task(worker, state), list(state.found or []))
+        report = finish(self.run, state, report)
+        if report.result.ok and self.shared is not None:
+            publish(self.run, state, report)
+        self.reports[id(state)] = report
+        return Built(report.result.ok, report.result.seconds, report.result.error or "")
+
+    def install(self, adapter: CacheAdapter, units: list[Unit]) -> set[str]:
+        assert self.shared is not None
+        shared = self.shared
+        present = set()
+        entries = [u.name for u in units if not u.task]
+        if entries:
+            library = self._library_of(units)
+            present |= set(library.installing(
+                lambda a: shared.install_entries(a, entries)))
+        for unit in (u for u in units if u.task):
+            state: TaskState = unit.payload  # type: ignore[assignment]
+            if fetch(self.run, state).found:
+                warm = check(self.run, state)
+                if warm is not None:
+                    self.reports[id(state)] = finish(self.run, state, warm)
+                    present.add(unit.name)
+        return present
+
+    def _library_of(self, units: list[Unit]):
+        return next(s.library for u in units for s in self.by_unit[u.name])
+
+    def unit_done(self, unit: Unit, result: UnitResult) -> None:
+        finished = []
+        with self.lock:
+            self.results[unit.name] = result
+            for state in self.by_unit[unit.name]:
+                needs = self.needs[id(state)]
+                needs.discard(unit.name)
+                if not needs:
+                    finished.append(state)
+        for state in finished:
+            self.finish_task(state)
+
+    # -- a task's report --
+
+    def finish_task(self, state: TaskState) -> None:
+        """The task's report from its units (or the left-over list when a task unit was
+        published, yet its entries did not verify here)."""
+        if id(state) not in self.names:  # a task unit
+            report = self.reports.get(id(state))
+            result = self.results.get(state.task.key)
+            if report is None and result is not None and result.got == Got.FAILED:
+                report = TaskReport(state.task, TaskResult(
+                    state.task.key, state.task.library, False, result.seconds, [],
+                    result.error or "failed"))
+            if report is None:
+                with self.lock:
+                    self.left_over.append(state)
+                return
+            self.done(report)
+            return
+        self.done(self._split_report(state))
+
+    def _split_report(self, state: TaskState) -> TaskReport:
+        began = time.monotonic()
+        library, task = state.library, state.task
+        kernels, errors, compiled_any = [], [], False
+        for name in self.names[id(state)]:
+            result = self.results.get(name)
+            if result is None or name in self.present[id(state)]:
+                kernels.append(KernelOutcome(name, Outcome.LOCAL_HIT))
+            elif result.got == Got.COMPILED:
+                first = library.claim_compile(name)
+                compiled_any |= first
+                kernels.append(KernelOutcome(name, Outcome.COMPILED if first
+                                             else Outcome.LOCAL_HIT,
+                                             result.seconds if first else 0.0))
+            elif result.got == Got.INSTALLED:
+                kernels.append(KernelOutcome(name, Outcome.REMOTE_HIT))
+            else:
+                kernels.append(KernelOutcome(name, Outcome.FAILED, result.seconds))
+                errors.append(f"{name}: {result.error}")
+        seconds = round(time.monotonic() - began + sum(k.seconds for k in kernels), 3)
+        result = TaskResult(task.key, task.library, not errors, seconds, kernels,
+                            "; ".join(errors)[:600] or None)
+        mode = Mode.LIBRARY if compiled_any or errors else Mode.VERIFIED
+        report = finish(self.run, state, TaskReport(task, result, list(state.found or []),
+                                                    mode=mode))
+        if report.result.ok and self.shared is not None:
+            publish(self.run, state, report, 0.0)  # its entries are out already: the record
+        return report
+
+
+def run_units(run: RunState, states: list[TaskState], workers: list[Worker],
+              done: Done) -> tuple[TaskWork, ClaimLoop]:
+    """Run the units of these cold tasks on this node's workers (one claim thread each);
+    each task's report goes to done as its last unit is. Returns the work (its left-over
+    tasks still need their library) and the loop (its results and timeline)."""
+    work = TaskWork(run, states, done)
+    loop: ClaimLoop[Worker] = ClaimLoop(run.shared, workers, work.build, work.install,
+                                        done=work.unit_done)
+    for state in work.ready_now():
+        work.finish_task(state)
+    loop.add(work.ordered())
+    loop.close()
+    loop.run()
+    return work, loop
+
+
+class StageWork:
+    """What a library's kernel stage asks of the cluster (warmd.executors.base.StageCluster),
+    over the run's shared cache and the library's part of the run: its kernel lists,
+    discovery claims, and kernels claimed one by one, each published as soon as built and
+    installed (counted as the shared cache's) as soon as another node publishes it."""
+
+    def __init__(self, run: RunState, library: LibraryState, builder: bool) -> None:
+        assert run.shared is not None and library.adapter is not None
+        self.shared: SharedCache = run.shared
+        self.library, self.adapter = library, library.adapter
+        self.builder = builder
+
+    def kernel_list(self, tasks: list[str]):
+        return self.shared.kernel_list(self.adapter, tasks)
+
+    def claim_discovery(self, digest: str) -> str:
+        return self.shared.claim_discovery(self.adapter, digest).state.value
+
+    def release_discovery(self, digest: str) -> None:
+        from warmd.store.api import discovery_unit
+
+        self.shared.release_work(self.adapter, discovery_unit(digest))
+
+    def publish_kernel_list(self, digest: str, tasks: dict[str, list[str]],
+                            jobs: dict[str, dict]) -> bool:
+        return self.shared.publish_kernel_list(self.adapter, digest, tasks, jobs)
+
+    def wait(self, seconds: float) -> None:
+        self.shared.wait_for_claims(self.adapter, seconds)
+
+    def run_kernels(self, build: Callable[[str], tuple[bool, float, str]],
+                    threads: int) -> KernelRun:
+        return KernelRun(self, build, threads)
+
+
+class KernelRun:
+    """A stage's kernels through a ClaimLoop in the background (StageWork.run_kernels)."""
+
+    def __init__(self, work: StageWork, build: Callable[[str], tuple[bool, float, str]],
+                 threads: int) -> None:
+        self.work, self.build_one = work, build
+        self.loop: ClaimLoop[None] = ClaimLoop(work.shared, [None] * max(1, threads),
+                                               self._build, self._install)
+        self.thread = threading.Thread(target=self.loop.run, daemon=True,
+                                       name="warmd-stage-claims")
+        self.thread.start()
+
+    def add(self, names: list[str]) -> None:
+        self.loop.add([Unit(name, self.work.adapter) for name in names])
+
+    def close(self) -> None:
+        self.loop.close()
+
+    def join(self) -> dict:
+        self.thread.join()
+        boot = BootReport()
+        boot.add(self.loop.results)
+        return {**boot.to_json(), "timeline": self.loop.timeline.to_json()}
+
+    def _build(self, unit: Unit, _context: None) -> Built:
+        adapter = self.work.adapter
+        if any(e.name == unit.name for e in adapter.list_entries()):
+            return Built(True)  # here already (a seeded or earlier entry)
+        ok, seconds, error = self.build_one(unit.name)
+        if ok and not unit.local_only:
+            entries = [e for e in adapter.list_entries() if e.name == unit.name]
+            self.work.shared.publish_entries(adapter, entries, seconds)
+        return Built(ok, seconds, error)
+
+    def _install(self, adapter: CacheAdapter, units: list[Unit]) -> set[str]:
+        names = [u.name for u in units]
+        shared = self.work.shared
+        return set(self.work.library.installing(lambda a: shared.install_entries(a, names)))
