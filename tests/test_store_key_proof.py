@@ -157,6 +157,24 @@ def test_a_proof_of_another_key_is_an_alarm_not_an_authority(server, rclient, ca
     assert counts["remote_hits"] == len(NAMES) and built == []
 
 
+@pytest.mark.parametrize("proof", ["foreign", "keyless"])
+def test_kernels_built_without_the_clusters_key_are_never_published(proof, server, rclient,
+                                                                    caches, cluster, tmp_path):
+    """Each kernel is published as soon as it is built (no task record yet): a node whose
+    key is not the cluster's (or that has none in a signed cluster) builds a plan nobody
+    published, and writes none of it, counting what it held back."""
+    names = ["kernel.q0_0.00000000", "kernel.q0_1.00000001"]
+    fresh = {"testlib/unpublished/0": names}
+    before = entries_state(rclient)
+    key = WRONG if proof == "foreign" else None
+    cache = caches(server.url, signing_key=key, node=proof)
+    counts = warm(cache, DirAdapter(tmp_path / proof), fresh)
+    assert counts["compiled"] == len(names)
+    assert "published" not in cache.counters
+    assert cache.counters["publish_blocked"] == len(names) + 1  # its kernels, its record
+    assert entries_state(rclient) == before
+
+
 @pytest.mark.parametrize("planted", ["garbage", "wrong-type"])
 def test_a_value_that_is_no_proof_is_replaced_by_the_clusters_key(planted, server, rclient,
                                                                   caches, cluster):

@@ -100,6 +100,15 @@ def test_same_entry_published_twice_is_stored_once(server, rclient, caches, tmp_
     assert "published" not in two.counters
 
 
+def test_kernels_published_as_built_count_once(server, rclient, caches, tmp_path):
+    """Each kernel is published as it is built, then named again by its task's record:
+    the node stored each once, and none was another node's."""
+    plan = task_entries(2, per_task=2)
+    cache = caches(server.url)
+    assert warm(cache, DirAdapter(tmp_path / "a"), plan)["compiled"] == 4
+    assert cache.counters["published"] == 4 and "already_published" not in cache.counters
+
+
 # ----------------------------------------------------------------------------- integrity
 
 def _corrupt_cases(rclient, fp, man, other):

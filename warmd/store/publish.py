@@ -4,6 +4,7 @@ cluster-wide), then the task's record and a notice to nodes waiting on it."""
 from __future__ import annotations
 
 import logging
+import threading
 import time
 
 from warmd.cache.base import CacheAdapter, CacheEntry
@@ -24,6 +25,11 @@ class Publisher:
         self.stale = stale  # cleared here: this node's record replaced it
         self.op = session.transport.op
         self.count = session.stats.count
+        # Entries this process published as they were built, or held back for the key
+        # proof: their task's publication names them again, and counts them no second time.
+        self._written: set[tuple[str, str]] = set()
+        self._held_back: set[tuple[str, str]] = set()
+        self._lock = threading.Lock()  # compile threads publish at once
 
     def publish_task(self, adapter: CacheAdapter, task_key: str, entries: list[CacheEntry],
                      compile_seconds: float) -> Publication:
@@ -36,10 +42,9 @@ class Publisher:
         if self.session.transport.disabled_reason or self.session.read_only:
             self.count("publish_skipped", fp=fp.digest)
             return Publication(skipped=self.session.transport.disabled_reason or "read-only")
-        proof = self.session.key_state()  # a keyed node claims a missing proof here
-        if proof.alarm:  # entries no node with the cluster's key would use, or no key here
-            self.count("publish_blocked", len(entries) + 1, fp.digest)
-            return Publication(skipped=f"key proof {proof}")
+        blocked = self._blocked(fp, entries, record=True)
+        if blocked is not None:
+            return blocked
         packed = self._pack(adapter, fp, entries, compile_seconds)
         if packed is None:
             return Publication(skipped="an entry could not be packed")
@@ -53,10 +58,7 @@ class Publisher:
             self._publish_failed(failed, fp.digest)
             return Publication(skipped=f"store {failed.kind}: {failed}")
         self.stale.clear(task_key)
-        self.count("published", len(new), fp.digest)
-        self.count("already_published", len(packed) - len(new), fp.digest)
-        self.count("bytes_published", sum(len(b) for _m, b in new), fp.digest)
-        self.count("compile_seconds", float(compile_seconds), fp.digest)
+        self._count_written(fp, packed, new, compile_seconds)
         self.session.stats.maybe_flush()
         return Publication(written=len(new), already_published=len(packed) - len(new))
 
@@ -73,7 +75,9 @@ class Publisher:
         if self.session.transport.disabled_reason or self.session.read_only:
             self.count("publish_skipped", fp=fp.digest)
             return Publication(skipped=self.session.transport.disabled_reason or "read-only")
-        self.session.holds_cluster_key()
+        blocked = self._blocked(fp, entries)
+        if blocked is not None:
+            return blocked
         packed = self._pack(adapter, fp, entries, compile_seconds)
         if packed is None:
             return Publication(skipped="an entry could not be packed")
@@ -82,11 +86,37 @@ class Publisher:
         except StoreFailed as failed:
             self._publish_failed(failed, fp.digest)
             return Publication(skipped=f"store {failed.kind}: {failed}")
+        self._count_written(fp, packed, new, compile_seconds)
+        return Publication(written=len(new), already_published=len(packed) - len(new))
+
+    def _count_written(self, fp: Fingerprint, packed: list[tuple[Manifest, bytes]],
+                       new: list[tuple[Manifest, bytes]], compile_seconds: float) -> None:
+        """Count a publication: an entry found stored counts already_published only when
+        another node stored it (not this process, as it was built)."""
+        written = {(fp.digest, m.name) for m, _ in new}
+        with self._lock:
+            mine = written | self._written
+            self._written |= written
+        others = [m for m, _ in packed if (fp.digest, m.name) not in mine]
         self.count("published", len(new), fp.digest)
-        self.count("already_published", len(packed) - len(new), fp.digest)
+        self.count("already_published", len(others), fp.digest)
         self.count("bytes_published", sum(len(b) for _m, b in new), fp.digest)
         self.count("compile_seconds", float(compile_seconds), fp.digest)
-        return Publication(written=len(new), already_published=len(packed) - len(new))
+
+    def _blocked(self, fp: Fingerprint, entries: list[CacheEntry], record: bool = False
+                 ) -> Publication | None:
+        """None when this node may publish now (warmd.store.keyproof: a keyed node claims a
+        missing proof here); else the skipped publication, counted publish_blocked once per
+        entry (and task record) held back: entries no node with the cluster's key would
+        use, or a keyless node's in a signed cluster."""
+        proof = self.session.key_state()
+        if not proof.alarm:
+            return None
+        with self._lock:
+            names = {(fp.digest, e.name) for e in entries} - self._held_back
+            self._held_back |= names
+        self.count("publish_blocked", len(names) + int(record), fp.digest)
+        return Publication(skipped=f"key proof {proof}")
 
     def _pack(self, adapter: CacheAdapter, fp: Fingerprint, entries: list[CacheEntry],
               compile_seconds: float) -> list[tuple[Manifest, bytes]] | None:
