@@ -17,14 +17,16 @@ VDG=${VDG:-.vdg/vdg.tar.xz}
 mkdir -p "$OUT"
 LOG="$OUT/device.log"
 STARTED=$SECONDS
+# Fresh directories: a warm machine keeps /tmp from an earlier call (another DeepGEMM).
+TMP=$(mktemp -d /tmp/rederive.XXXXXX)
 pip_target() {
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
         --target "$@" >>"$LOG" 2>&1 || { cat "$LOG"; exit 1; }
 }
 mapfile -t deps < <(ls "$WHEELS"/*.whl | grep -v -e sgl_deep_gemm -e apache_tvm_ffi)
-pip_target /tmp/site "${deps[@]}"
-pip_target /tmp/dg014 "$WHEELS"/sgl_deep_gemm-*.whl "$WHEELS"/apache_tvm_ffi-*.whl
-V=/tmp/vllm034
+pip_target "$TMP/site" "${deps[@]}"
+pip_target "$TMP/dg014" "$WHEELS"/sgl_deep_gemm-*.whl "$WHEELS"/apache_tvm_ffi-*.whl
+V=$TMP/vllm034
 mkdir -p "$V/vllm/third_party" "$V/vllm-0.34.0.dist-info"
 : >"$V/vllm/__init__.py"
 : >"$V/vllm/third_party/__init__.py"
@@ -33,11 +35,11 @@ printf 'Metadata-Version: 2.1\nName: vllm\nVersion: 0.34.0\n' >"$V/vllm-0.34.0.d
 export PYTHONUNBUFFERED=1 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} RAY_AUTH_MODE=disabled
 { nvidia-smi -L; nproc | sed 's/^/cores: /'; } 2>&1 | tee -a "$LOG"
 rc=0
-PYTHONPATH="/tmp/dg014:/tmp/site:$V:$PWD" timeout 150 python3 \
+PYTHONPATH="$TMP/dg014:$TMP/site:$V:$PWD" timeout 150 python3 \
     scripts/capture_rederive_bench.py --out "$OUT" --label v014 2>&1 | tee -a "$LOG"
 rc=$(( rc | ${PIPESTATUS[0]} ))
 if (( SECONDS - STARTED < 120 )); then  # 2.8.1 only when it fits in the 4 minutes
-    PYTHONPATH="/tmp/site:$V:$PWD" timeout $(( 230 - (SECONDS - STARTED) )) python3 \
+    PYTHONPATH="$TMP/site:$V:$PWD" timeout $(( 230 - (SECONDS - STARTED) )) python3 \
         scripts/capture_rederive_bench.py --out "$OUT" --label v281 2>&1 | tee -a "$LOG"
     rc=$(( rc | ${PIPESTATUS[0]} ))
 else

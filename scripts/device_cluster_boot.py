@@ -63,7 +63,8 @@ def entries(root: Path) -> dict[str, Path]:
     cache = root / "cache"
     if not cache.is_dir():
         return {}
-    return {p.name: p for p in cache.iterdir() if p.is_dir()}
+    # .warmd-staging (where installs unpack) is warmd's, not an entry
+    return {p.name: p for p in cache.iterdir() if p.is_dir() and not p.name.startswith(".")}
 
 
 def node_row(report: dict | None, rc, wall: float, held: set[str]) -> dict:
@@ -75,6 +76,8 @@ def node_row(report: dict | None, rc, wall: float, held: set[str]) -> dict:
             "compiled": ((report or {}).get("kernels") or {}).get("compiled", 0),
             "remote_hits": ((report or {}).get("kernels") or {}).get("remote_hits", 0),
             "nvcc_runs": stage.get("nvcc_runs", 0), "nvcc_seconds": stage.get("nvcc_seconds"),
+            "distinct_sources": stage.get("distinct_sources"),
+            "compiled_in_discovery": stage.get("compiled_in_discovery"),
             "discovery_seconds": stage.get("discovery_seconds"),
             "kernel_list": (stage.get("cluster") or {}).get("kernel_list"),
             "installed": cluster.get("installed", 0), "waited": cluster.get("waited", 0),
@@ -181,6 +184,10 @@ class Bench:
             except ValueError:
                 report = None
             reports.append((node, report, rc, wall, err))
+        saved = self.out / "reports"
+        saved.mkdir(exist_ok=True)
+        for i, (_node, report, *_rest) in enumerate(reports):
+            (saved / f"{label}-n{i}.json").write_text(json.dumps(report, indent=1))
         wall = max(r[3] for r in reports)
         held = [set(entries(node / "dg")) for node, *_rest in reports]
         distinct = set().union(*held)

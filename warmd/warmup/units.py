@@ -141,7 +141,7 @@ class TaskWork:
         if entries:
             library = self._library_of(units)
             present |= set(library.installing(
-                lambda a: shared.install_entries(a, entries)))
+                shared, lambda a: shared.install_entries(a, entries)))
         for unit in (u for u in units if u.task):
             state: TaskState = unit.payload  # type: ignore[assignment]
             if fetch(self.run, state).found:
@@ -304,4 +304,5 @@ class KernelRun:
     def _install(self, adapter: CacheAdapter, units: list[Unit]) -> set[str]:
         names = [u.name for u in units]
         shared = self.work.shared
-        return set(self.work.library.installing(lambda a: shared.install_entries(a, names)))
+        return set(self.work.library.installing(
+            shared, lambda a: shared.install_entries(a, names)))
