@@ -1,8 +1,10 @@
 """Issue 11's must-hold, on a real 3-node Ray cluster (ray.cluster_utils.Cluster) with a real
 redis-server: node A is READY; a process on A compiles a Triton kernel (real sm_90) and a
 FlashInfer module no plan names (real nvcc build); within seconds `warmd status` shows
-runtime JIT = 2 on A; a node added afterwards installs both before READY, and the same
-compiles there create no new entries (runtime JIT = 0 there).
+runtime JIT = 2 on A; A, the cluster's trusted producer (capture.trust `rederive`, the
+default, with A in rederive_nodes), re-derives both from what it captured and publishes what
+it built; a node added afterwards installs both before READY, and the same compiles there
+create no new entries (runtime JIT = 0 there).
 
 Worker nodes advertise fake GPUs (no GPU here), as in tests/test_cluster_daemon.py; each
 node has its own caches through per-node environment variables, so entries move between
@@ -44,7 +46,8 @@ def node_env(base: Path, name: str) -> dict:
     return {"FLASHINFER_WORKSPACE_BASE": str(base / name / "fi"),
             "TRITON_CACHE_DIR": str(base / name / "triton"),
             "VLLM_CACHE_ROOT": str(base / name / "vllm"),
-            "WARMD_STATE_DIR": str(base / name / "state"), "PYTHONPATH": REPO}
+            "WARMD_STATE_DIR": str(base / name / "state"), "WARMD_NODE_NAME": f"node-{name}",
+            "PYTHONPATH": REPO}
 
 
 def add_node(cluster, base: Path, name: str, gpu: bool = True):
@@ -93,9 +96,8 @@ def cluster(tmp_path_factory):
     config = base / "warmd.yaml"
     data = json.loads(cluster_config(server.url, "capture-test",
                                      [flashinfer_model(str(base / "models"))]))
-    # the daemon's capture as issue 11 built it: a cluster trusting its own nodes (the
-    # default, re-derivation, is tests/test_capture_rederive.py's)
-    data["capture"] = {"trust": "own-nodes"}
+    # the default trust (re-derivation), node A the trusted producer
+    data["capture"] = {"trust": "rederive", "rederive_nodes": ["node-a"]}
     config.write_text(json.dumps(data))
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1,
                                                       "env_vars": node_env(base, "head")})
@@ -146,6 +148,11 @@ def test_runtime_jit_is_counted_shared_and_never_compiled_again(cluster):
 
     until(lambda: sum(node(status(base, c.address)[1], a)["capture"].get(
         "captured", {}).values()) >= 2, timeout=30, interval=0.25)
+    captured = time.monotonic()
+    rederived = until(lambda: (n := node(status(base, c.address)[1], a)["capture"]) and
+                      sum(n.get("rederived", {}).values()) >= 2 and n, timeout=240, interval=1)
+    assert rederived["rederived"] == {"triton": 1, "flashinfer": 1}, rederived
+    print(f"re-derived on A and published {time.monotonic() - captured:.1f}s after capture")
     later = add_node(c, base, "c").node_id
     done = cli(base, "wait-ready", "--address", c.address, "--node-id", later[:12],
                "--timeout", "300")

@@ -4,6 +4,7 @@ of libraries reads it; registering imports no GPU library)."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -198,3 +199,47 @@ def test_registering_imports_no_gpu_library():
 
 def test_config_imports_no_cli_and_no_cluster():
     assert _loaded_after_import("warmd.config", ("click", "warmd.cluster.work", "warmd.cli")) == []
+
+
+def test_overlapping_scopes_of_two_threads_keep_the_variable_until_the_last_closes(
+        monkeypatch):
+    """An agent's capture thread opens and closes the node's env around every scan while its
+    re-derivation thread holds it open: the first closing must not take the variable away
+    from the second (it did: the re-deriver then looked under the default namespace's
+    fingerprints and never found a claim)."""
+    import threading
+
+    monkeypatch.delenv("WARMD_NAMESPACE", raising=False)
+    monkeypatch.setenv("WARMD_NODE_NAME", "before")
+    env = {"WARMD_NAMESPACE": "capture-test", "WARMD_NODE_NAME": "node-a"}
+    first_in, second_in, first_out = threading.Event(), threading.Event(), threading.Event()
+    seen = {}
+
+    def first():
+        with settings.scoped_env(env):
+            first_in.set()
+            second_in.wait(5)
+        first_out.set()
+
+    def second():
+        first_in.wait(5)
+        with settings.scoped_env(dict(env)):
+            second_in.set()
+            first_out.wait(5)
+            seen["namespace"] = settings.namespace()
+            seen["node"] = os.environ.get("WARMD_NODE_NAME")
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert seen == {"namespace": "capture-test", "node": "node-a"}
+    assert "WARMD_NAMESPACE" not in os.environ and os.environ["WARMD_NODE_NAME"] == "before"
+
+
+def test_a_nested_scope_gives_back_the_outer_value():
+    with settings.scoped_env({"WARMD_NAMESPACE": "outer"}):
+        with settings.scoped_env({"WARMD_NAMESPACE": "inner"}):
+            assert settings.namespace() == "inner"
+        assert settings.namespace() == "outer"

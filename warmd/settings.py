@@ -18,6 +18,7 @@ import contextlib
 import math
 import os
 import shutil
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -227,19 +228,40 @@ def present(names: tuple[str, ...]) -> dict[str, str]:
     return {name: raw for name in names if (raw := _BY_ENV[name].raw()) is not None}
 
 
+# The environment is the process's, and an agent's threads (capture, re-derivation) each
+# hold a scope of the node's env at once: a variable stays set while any scope that set it
+# is open, and only the last one to close puts back what was there before the first.
+_SCOPES_LOCK = threading.Lock()
+_OPEN_SCOPES: list[dict[str, str]] = []
+_BEFORE_SCOPES: dict[str, str | None] = {}
+
+
 @contextlib.contextmanager
 def scoped_env(env: dict[str, str]) -> Iterator[None]:
-    """Set variables for the duration of a block, then restore what was there."""
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
+    """Set variables for the duration of a block, then restore what was there; safe when
+    scopes of several threads overlap (a variable keeps the newest open scope's value)."""
+    scope = dict(env)
+    with _SCOPES_LOCK:
+        for key in scope:
+            if not any(key in other for other in _OPEN_SCOPES):
+                _BEFORE_SCOPES[key] = os.environ.get(key)
+        _OPEN_SCOPES.append(scope)
+        os.environ.update(scope)
     try:
         yield
     finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+        with _SCOPES_LOCK:
+            del _OPEN_SCOPES[next(i for i, o in enumerate(_OPEN_SCOPES) if o is scope)]
+            for key in scope:
+                holder = next((o for o in reversed(_OPEN_SCOPES) if key in o), None)
+                if holder is not None:
+                    os.environ[key] = holder[key]
+                    continue
+                before = _BEFORE_SCOPES.pop(key, None)
+                if before is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = before
 
 
 # ----- named accessors -----

@@ -33,18 +33,9 @@ class Publisher:
 
     def publish_task(self, adapter: CacheAdapter, task_key: str, entries: list[CacheEntry],
                      compile_seconds: float) -> Publication:
-        if not entries:
-            return Publication(skipped="no entries")
-        try:
-            fp = self.session.fingerprint(adapter)
-        except Exception as exc:  # the adapter could not describe itself
-            return Publication(skipped=f"no fingerprint: {exc}")
-        if self.session.transport.disabled_reason or self.session.read_only:
-            self.count("publish_skipped", fp=fp.digest)
-            return Publication(skipped=self.session.transport.disabled_reason or "read-only")
-        blocked = self._blocked(fp, entries, record=True)
-        if blocked is not None:
-            return blocked
+        fp = self._may_publish(adapter, entries, record=True)
+        if isinstance(fp, Publication):
+            return fp
         packed = self._pack(adapter, fp, entries, compile_seconds)
         if packed is None:
             return Publication(skipped="an entry could not be packed")
@@ -66,18 +57,9 @@ class Publisher:
                         compile_seconds: float) -> Publication:
         """Entries published the moment they are built (no task record: the task's own
         publication names them later), then a notice to the nodes waiting on claims."""
-        if not entries:
-            return Publication(skipped="no entries")
-        try:
-            fp = self.session.fingerprint(adapter)
-        except Exception as exc:  # the adapter could not describe itself
-            return Publication(skipped=f"no fingerprint: {exc}")
-        if self.session.transport.disabled_reason or self.session.read_only:
-            self.count("publish_skipped", fp=fp.digest)
-            return Publication(skipped=self.session.transport.disabled_reason or "read-only")
-        blocked = self._blocked(fp, entries)
-        if blocked is not None:
-            return blocked
+        fp = self._may_publish(adapter, entries, record=False)
+        if isinstance(fp, Publication):
+            return fp
         packed = self._pack(adapter, fp, entries, compile_seconds)
         if packed is None:
             return Publication(skipped="an entry could not be packed")
@@ -88,6 +70,23 @@ class Publisher:
             return Publication(skipped=f"store {failed.kind}: {failed}")
         self._count_written(fp, packed, new, compile_seconds)
         return Publication(written=len(new), already_published=len(packed) - len(new))
+
+    def _may_publish(self, adapter: CacheAdapter, entries: list[CacheEntry], record: bool
+                     ) -> Fingerprint | Publication:
+        """The fingerprint to publish these entries under (with a task record when record),
+        or why nothing is published: no entries, no fingerprint, no store or a read-only
+        one, or the key proof (counted)."""
+        if not entries:
+            return Publication(skipped="no entries")
+        try:
+            fp = self.session.fingerprint(adapter)
+        except Exception as exc:  # the adapter could not describe itself
+            return Publication(skipped=f"no fingerprint: {exc}")
+        if self.session.transport.disabled_reason or self.session.read_only:
+            self.count("publish_skipped", fp=fp.digest)
+            return Publication(skipped=self.session.transport.disabled_reason or "read-only")
+        blocked = self._blocked(fp, entries, record)
+        return fp if blocked is None else blocked
 
     def _count_written(self, fp: Fingerprint, packed: list[tuple[Manifest, bytes]],
                        new: list[tuple[Manifest, bytes]], compile_seconds: float) -> None:
@@ -103,7 +102,7 @@ class Publisher:
         self.count("bytes_published", sum(len(b) for _m, b in new), fp.digest)
         self.count("compile_seconds", float(compile_seconds), fp.digest)
 
-    def _blocked(self, fp: Fingerprint, entries: list[CacheEntry], record: bool = False
+    def _blocked(self, fp: Fingerprint, entries: list[CacheEntry], record: bool
                  ) -> Publication | None:
         """None when this node may publish now (warmd.store.keyproof: a keyed node claims a
         missing proof here); else the skipped publication, counted publish_blocked once per
