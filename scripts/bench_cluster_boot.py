@@ -141,13 +141,9 @@ def testlib_run(k: int, tmp: Path, url: str, opts: argparse.Namespace) -> dict:
     started_s = round(began - spawned, 3)
     go.touch()
     nodes = []
-    for proc in procs:
-        out, err = proc.communicate(timeout=opts.timeout)
-        ended = time.monotonic()
-        if proc.returncode != 0:
-            raise SystemExit(f"a node failed (exit {proc.returncode}):\n{err[-3000:]}")
+    for out, wall in _outputs(procs, began, opts.timeout):
         data = json.loads(out.strip().splitlines()[-1])
-        data["wall"] = round(ended - began, 3)
+        data["wall"] = wall
         data["moments"] = {k: round(v - began_wall, 3) for k, v in data["moments"].items()}
         nodes.append(data)
     wall = round(time.monotonic() - began, 3)
@@ -213,18 +209,25 @@ def flashinfer_run(k: int, tmp: Path, url: str, opts: argparse.Namespace) -> dic
              "--task-filter", opts.filter, "--redis", url, "--workers", str(opts.workers),
              "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
             cwd=node))
-    nodes = []
-    for proc in procs:
-        out, err = proc.communicate(timeout=opts.timeout)
-        ended = time.monotonic()
-        if proc.returncode != 0:
-            raise SystemExit(f"a node failed (exit {proc.returncode}):\n{err[-3000:]}")
-        data = json.loads(out)
-        data["wall"] = round(ended - began, 3)
-        nodes.append(data)
+    nodes = [{**json.loads(out), "wall": wall}
+             for out, wall in _outputs(procs, began, opts.timeout)]
     wall = round(time.monotonic() - began, 3)
     distinct = len({k["name"] for n in nodes for d in n["task_details"] for k in d["kernels"]})
     return _summary(k, wall, nodes, distinct)
+
+
+def _outputs(procs: list[subprocess.Popen], began: float, timeout: float
+             ) -> list[tuple[str, float]]:
+    """Each node's stdout and its wall time from the common start; SystemExit (with its
+    stderr's tail) for a node that failed."""
+    outputs = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=timeout)
+        ended = time.monotonic()
+        if proc.returncode != 0:
+            raise SystemExit(f"a node failed (exit {proc.returncode}):\n{err[-3000:]}")
+        outputs.append((out, round(ended - began, 3)))
+    return outputs
 
 
 def main(argv: list[str] | None = None) -> int:

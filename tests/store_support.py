@@ -13,6 +13,8 @@ import contextlib
 import dataclasses
 import functools
 import json
+import os
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,8 +30,9 @@ from warmd.store.api import SharedCache
 from warmd.warmup import WarmupOptions, run_warmup
 
 SRC = str(Path(__file__).resolve().parent.parent)
-__all__ = ["SRC", "DirAdapter", "compile_entry", "compiles", "entry_bytes", "task_entries",
-           "run_worker", "start_test_server", "registered_testlib", "warm"]
+__all__ = ["SRC", "DirAdapter", "compile_entry", "compiles", "entry_bytes", "node_result",
+           "registered_testlib", "run_worker", "spawn_node", "start_test_server",
+           "task_entries", "warm"]
 
 
 def compiles(log: Path, what: str = "done") -> list[str]:
@@ -109,3 +112,20 @@ def module_server(password: str | None = None):
 def run_worker(args: dict) -> list[str]:
     """argv for a worker process running tests/store_worker.py with JSON args."""
     return [sys.executable, str(Path(__file__).with_name("store_worker.py")), json.dumps(args)]
+
+
+def spawn_node(server: ServerProcess, tmp_path: Path, node: str, plan: dict,
+               **kw) -> subprocess.Popen:
+    """A node of its own (tests/store_worker.py) warming plan against server, its cache root
+    under tmp_path, every compile logged to tmp_path/compiles.log."""
+    args = {"url": server.url, "node": node, "root": str(tmp_path / node), "plan": plan,
+            "log": str(tmp_path / "compiles.log"), **kw}
+    return subprocess.Popen(run_worker(args), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=SRC, env={**os.environ, "PYTHONPATH": SRC})
+
+
+def node_result(proc: subprocess.Popen) -> dict:
+    """A spawned node's report, once it exited 0."""
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    return json.loads(out.strip().splitlines()[-1])

@@ -5,16 +5,12 @@ finishing every task."""
 
 from __future__ import annotations
 
-import json
-import os
 import signal
-import subprocess
 import time
 from collections import Counter
-from pathlib import Path
 
 import pytest
-from store_support import SRC, compiles, run_worker, start_test_server, task_entries
+from store_support import compiles, node_result, spawn_node, start_test_server, task_entries
 
 
 @pytest.fixture
@@ -24,23 +20,12 @@ def server(tmp_path):
     srv.stop()
 
 
-def _spawn(server, tmp_path: Path, node: str, plan: dict, **kw) -> subprocess.Popen:
-    args = {"url": server.url, "node": node, "root": str(tmp_path / node), "plan": plan,
-            "log": str(tmp_path / "compiles.log"), **kw}
-    return subprocess.Popen(run_worker(args), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, cwd=SRC, env={**os.environ, "PYTHONPATH": SRC})
-
-
-def _result(proc: subprocess.Popen) -> dict:
-    out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, err
-    return json.loads(out.strip().splitlines()[-1])
 
 
 def test_cold_nodes_split_the_kernels_each_compiled_once(server, tmp_path):
     plan = task_entries(3, per_task=4)  # 12 kernels, few tasks: the kernel is the unit
-    procs = [_spawn(server, tmp_path, f"node-{i}", plan, seconds=0.4) for i in range(3)]
-    results = [_result(p) for p in procs]
+    procs = [spawn_node(server, tmp_path, f"node-{i}", plan, seconds=0.4) for i in range(3)]
+    results = [node_result(p) for p in procs]
     every = sorted(n for names in plan.values() for n in names)
     assert sorted(compiles(tmp_path / "compiles.log")) == every  # once each, cluster-wide
     assert sum(r["counts"]["compiled"] for r in results) == len(every)
@@ -53,13 +38,13 @@ def test_cold_nodes_split_the_kernels_each_compiled_once(server, tmp_path):
 def test_a_killed_claimer_s_kernels_are_compiled_elsewhere_within_seconds(server, tmp_path):
     plan = task_entries(2, per_task=3)
     log = tmp_path / "compiles.log"
-    victim = _spawn(server, tmp_path, "victim", plan, seconds=60)
+    victim = spawn_node(server, tmp_path, "victim", plan, seconds=60)
     deadline = time.monotonic() + 60
     while not compiles(log, "start"):  # it holds a claim and is compiling under it
         assert time.monotonic() < deadline and victim.poll() is None
         time.sleep(0.05)
     held_by_victim = set(compiles(log, "start"))  # its worker logs each start (one worker)
-    others = [_spawn(server, tmp_path, f"node-{i}", plan, seconds=0.2) for i in range(2)]
+    others = [spawn_node(server, tmp_path, f"node-{i}", plan, seconds=0.2) for i in range(2)]
     client = server.client()
     while not client.pubsub_channels("warmd:v1:kpub:*"):  # one found the claim held: waits
         assert time.monotonic() < deadline and all(p.poll() is None for p in others)
@@ -73,7 +58,7 @@ def test_a_killed_claimer_s_kernels_are_compiled_elsewhere_within_seconds(server
     while not held_by_victim <= set(compiles(log, "done")):
         assert time.monotonic() - killed < 10.0, "a dead claimer's kernel waited 10 s"
         time.sleep(0.05)
-    results = [_result(p) for p in others]  # both finish every task (their warm asserts)
+    results = [node_result(p) for p in others]  # both finish every task (their warm asserts)
     every = Counter(n for names in plan.values() for n in names)
     done = Counter(compiles(log, "done"))
     assert set(done) == set(every) and all(v == 1 for v in done.values())

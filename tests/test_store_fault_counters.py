@@ -43,7 +43,8 @@ def _node_totals(url: str, node: str) -> dict:
 def test_counters_of_a_paused_store_reach_cache_stats_when_it_returns(tmp_path, caches, state):
     srv = start_test_server(tmp_path)
     try:
-        cache = caches(srv.url, node="paused", socket_timeout=0.3)
+        # a short join budget: the paused store is given up on in 2 s, not the default 60
+        cache = caches(srv.url, node="paused", socket_timeout=0.3, join_budget=2.0)
         warm(cache, DirAdapter(tmp_path / "a"), PLAN)  # publishes and flushes: store known
         os.kill(srv.pid, signal.SIGSTOP)
         try:

@@ -3,15 +3,12 @@ and a lease holder killed mid-compile."""
 
 from __future__ import annotations
 
-import json
-import os
 import signal
-import subprocess
 import time
 from collections import Counter
 
 import pytest
-from store_support import SRC, compiles, run_worker, start_test_server, task_entries
+from store_support import compiles, node_result, spawn_node, start_test_server, task_entries
 
 
 @pytest.fixture
@@ -21,24 +18,13 @@ def server(tmp_path):
     srv.stop()
 
 
-def _spawn(server, tmp_path, node: str, plan: dict, **kw) -> subprocess.Popen:
-    args = {"url": server.url, "node": node, "root": str(tmp_path / node), "plan": plan,
-            "log": str(tmp_path / "compiles.log"), **kw}
-    return subprocess.Popen(run_worker(args), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, cwd=SRC, env={**os.environ, "PYTHONPATH": SRC})
-
-
-def _result(proc: subprocess.Popen) -> dict:
-    out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, err
-    return json.loads(out.strip().splitlines()[-1])
 
 
 def test_second_process_compiles_nothing(server, tmp_path):
     plan = task_entries(6)
-    first = _result(_spawn(server, tmp_path, "node-a", plan))
+    first = node_result(spawn_node(server, tmp_path, "node-a", plan))
     assert first["counts"]["compiled"] == 12
-    second = _result(_spawn(server, tmp_path, "node-b", plan))
+    second = node_result(spawn_node(server, tmp_path, "node-b", plan))
     assert second["counts"] == {"local_hits": 0, "remote_hits": 12, "compiled": 0}
     assert second["store"]["remote_hits"] == 12 and second["store"]["tasks_hit"] == 6
     assert Counter(compiles(tmp_path / "compiles.log")) == Counter(
@@ -47,8 +33,8 @@ def test_second_process_compiles_nothing(server, tmp_path):
 
 def test_concurrent_cold_warmups_compile_each_kernel_once(server, tmp_path):
     plan = task_entries(8)
-    procs = [_spawn(server, tmp_path, f"node-{i}", plan, seconds=0.3) for i in range(3)]
-    results = [_result(p) for p in procs]
+    procs = [spawn_node(server, tmp_path, f"node-{i}", plan, seconds=0.3) for i in range(3)]
+    results = [node_result(p) for p in procs]
     built = compiles(tmp_path / "compiles.log")
     assert sorted(built) == sorted(n for names in plan.values() for n in names)  # once each
     assert sum(r["counts"]["compiled"] for r in results) == 16
@@ -60,13 +46,13 @@ def test_concurrent_cold_warmups_compile_each_kernel_once(server, tmp_path):
 def test_killed_lease_holder_is_taken_over(server, tmp_path):
     plan = task_entries(1, per_task=1)
     (name,) = next(iter(plan.values()))
-    holder = _spawn(server, tmp_path, "holder", plan, seconds=60, lease_seconds=1.5)
+    holder = spawn_node(server, tmp_path, "holder", plan, seconds=60, lease_seconds=1.5)
     log = tmp_path / "compiles.log"
     deadline = time.monotonic() + 30
     while name not in compiles(log, "start"):
         assert time.monotonic() < deadline and holder.poll() is None
         time.sleep(0.05)
-    waiter = _spawn(server, tmp_path, "waiter", plan, lease_seconds=1.5)
+    waiter = spawn_node(server, tmp_path, "waiter", plan, lease_seconds=1.5)
     client = server.client()
     while not client.pubsub_channels("warmd:v1:kpub:*"):  # the waiter subscribed: it waits
         assert time.monotonic() < deadline and waiter.poll() is None
@@ -76,7 +62,7 @@ def test_killed_lease_holder_is_taken_over(server, tmp_path):
     client.close()
     holder.send_signal(signal.SIGKILL)
     holder.communicate()
-    result = _result(waiter)
+    result = node_result(waiter)
     assert result["counts"]["compiled"] == 1
     assert result["store"]["lease_waits"] == 1 and result["store"]["lease_takeovers"] == 1
     assert compiles(log) == [name]  # the holder never finished; the waiter did, once

@@ -302,7 +302,9 @@ def test_tls_with_auth(tmp_path, caches):
         assert caches(srv.url).fetch_task(b, "testlib/tls") == ["kernel.t.0001"]
         # Without the CA the certificate is not trusted: a miss, never an exception.
         untrusted = caches(srv.url.split("?")[0])
+        began = time.monotonic()
         assert untrusted.fetch_task(DirAdapter(tmp_path / "c"), "testlib/tls") is None
+        assert time.monotonic() - began < 15  # not retried for the join budget (60 s)
         assert untrusted.counters["store_errors"] >= 1
     finally:
         srv.stop()

@@ -3,6 +3,7 @@ and the classification of store errors into what warmd does about them."""
 
 from __future__ import annotations
 
+import ssl
 from dataclasses import dataclass, field
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
 
@@ -182,13 +183,19 @@ def classify(exc: BaseException) -> str:
     return "error"
 
 
+_NEVER_ANSWERS = (ConnectionRefusedError, FileNotFoundError, ssl.SSLCertVerificationError)
+_NEVER_ANSWERS_TEXT = ("Connection refused", "No such file or directory",
+                       "CERTIFICATE_VERIFY_FAILED")
+
+
 def is_refused(exc: BaseException) -> bool:
-    """Whether nothing listens where the store should be (the connection was refused): a
-    store that is down, not a slow one."""
+    """Whether waiting cannot help: nothing listens where the store should be (the
+    connection refused, no socket file at the path), or its certificate is not trusted
+    here. A store that is down or misconfigured, not a slow one."""
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
-        if isinstance(exc, ConnectionRefusedError) or "Connection refused" in str(exc):
+        if isinstance(exc, _NEVER_ANSWERS) or any(t in str(exc) for t in _NEVER_ANSWERS_TEXT):
             return True
         exc = exc.__cause__ or exc.__context__
     return False
