@@ -30,9 +30,9 @@ from warmd.store.api import SharedCache
 from warmd.warmup import WarmupOptions, run_warmup
 
 SRC = str(Path(__file__).resolve().parent.parent)
-__all__ = ["SRC", "DirAdapter", "compile_entry", "compiles", "entry_bytes", "node_result",
-           "registered_testlib", "run_worker", "spawn_node", "start_test_server",
-           "task_entries", "warm"]
+__all__ = ["SRC", "DirAdapter", "compile_entry", "compiles", "entry_bytes", "isolate_capture",
+           "node_result", "registered_testlib", "run_worker", "spawn_node",
+           "start_test_server", "task_entries", "warm"]
 
 
 def compiles(log: Path, what: str = "done") -> list[str]:
@@ -107,6 +107,18 @@ def module_server(password: str | None = None):
         srv.stop()
 
     return server
+
+
+def isolate_capture(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, server: ServerProcess,
+                    flashinfer_workspace: str = "fi-unused") -> None:
+    """A capture test's process: every library cache it does not name explicitly under
+    tmp_path (never the real HOME's), and an empty store."""
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "unused"))
+    monkeypatch.setenv("WARMD_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setenv("FLASHINFER_WORKSPACE_BASE", str(tmp_path / flashinfer_workspace))
+    monkeypatch.setenv("FLASHINFER_AUTOTUNE_CACHE_DIR", str(tmp_path / "fi-autotune"))
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "vllm-unused"))
+    server.client().flushall()
 
 
 def run_worker(args: dict) -> list[str]:

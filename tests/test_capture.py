@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from store_support import isolate_capture
 
 from warmd.capture import (
     Capture,
@@ -38,11 +39,7 @@ def server(tmp_path_factory):
 
 @pytest.fixture(autouse=True)
 def _env(monkeypatch, server, tmp_path):
-    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "unused"))
-    monkeypatch.setenv("WARMD_STATE_DIR", str(tmp_path / "state"))
-    monkeypatch.setenv("FLASHINFER_WORKSPACE_BASE", str(tmp_path / "fi-unused"))
-    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "vllm-unused"))
-    server.client().flushall()
+    isolate_capture(monkeypatch, tmp_path, server)
 
 
 def scope(base: Path) -> CaptureScope:

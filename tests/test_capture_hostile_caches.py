@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
-from store_support import SRC, module_server
+from store_support import SRC, isolate_capture, module_server
 
 from warmd.cache.artifacts import pack_directory, unpack_safely
 from warmd.cache.base import CacheEntry, UnsafeArtifact
@@ -39,12 +39,7 @@ server = module_server()
 
 @pytest.fixture(autouse=True)
 def _env(monkeypatch, server, tmp_path):
-    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "unused"))
-    monkeypatch.setenv("WARMD_STATE_DIR", str(tmp_path / "state"))
-    monkeypatch.setenv("FLASHINFER_WORKSPACE_BASE", str(tmp_path / "fi"))
-    monkeypatch.setenv("FLASHINFER_AUTOTUNE_CACHE_DIR", str(tmp_path / "fi-autotune"))
-    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "vllm-unused"))
-    server.client().flushall()
+    isolate_capture(monkeypatch, tmp_path, server, flashinfer_workspace="fi")
 
 
 def _scope(base: Path) -> CaptureScope:

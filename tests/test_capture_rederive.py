@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from store_support import module_server
+from store_support import isolate_capture, module_server
 
 from warmd.capture import Capture, CaptureScope, CaptureTrust, install_learned
 from warmd.libraries.flashinfer_autotune.cache import FlashInferAutotuneAdapter
@@ -35,12 +35,7 @@ server = module_server()
 
 @pytest.fixture(autouse=True)
 def _env(monkeypatch, server, tmp_path):
-    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "unused"))
-    monkeypatch.setenv("WARMD_STATE_DIR", str(tmp_path / "state"))
-    monkeypatch.setenv("FLASHINFER_WORKSPACE_BASE", str(tmp_path / "fi-unused"))
-    monkeypatch.setenv("FLASHINFER_AUTOTUNE_CACHE_DIR", str(tmp_path / "fi-autotune"))
-    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "vllm-unused"))
-    server.client().flushall()
+    isolate_capture(monkeypatch, tmp_path, server)
 
 
 def scope(base: Path) -> CaptureScope:
