@@ -6,7 +6,7 @@
         kernel.cubin   what DeepGEMM loads
         kernel.ptx, kernel.sass   only with DG_JIT_DUMP_* set
 
-    deep_jit (DeepGEMM 2.8, vLLM 0.34.0's vendored copy):
+    deep_jit (DeepGEMM 2.8: vLLM 0.34.0's vendored copy; sgl-deep-gemm 0.2.x: SGLang's):
     <root>/cache/<kernel name>.<hex digest>/
         kernel.cu, kernel.cubin, meta.json (the nvcc command, DeepJIT's config)
         .committed     empty; DeepJIT's own test for a complete entry (written last)
@@ -25,11 +25,12 @@ The digest does not depend on the cache root: a copied cache hits at any path. n
 hashes the kernel name, the compiler signature (NVCC version), the flags (which carry
 ``-I<deep_gemm install path>/include`` and the arch) and the source (which carries the SM
 count); deep_jit's the nvcc --version output, the flags without include directories and
-the source with the contents of the headers it includes (not their path).
+the source with the contents of the headers it includes (not their path): deep_jit.py
+computes it.
 
 DG_JIT_CACHE_DIR: sgl-deep-gemm 0.1.4.post1 takes it as one directory (an "A:B" value is a
-directory literally named "A:B"); DeepGEMM 2.8 as a lookup list that compiles into its
-first directory. The adapter's root is the one directory kernels are compiled into.
+directory literally named "A:B"); the deep_jit generation as a lookup list that compiles
+into its first directory. The adapter's root is the one directory kernels are compiled into.
 
 This module never imports torch or deep_gemm.
 """

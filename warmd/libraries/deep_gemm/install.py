@@ -13,7 +13,8 @@ stage, the cache adapter and the fingerprint follow it):
   ``<root>/cache/kernel.<name>.<md5>/`` holding ``kernel.cu`` and ``kernel.cubin``; nvcc
   called as ``<src> -cubin -o <out> <flags>``; the flags carry ``-I<package>/include``, so
   the install path is part of every key.
-- ``deep_jit`` (DeepGEMM 2.8, DeepJIT in ``third-party/deep_jit``): entries
+- ``deep_jit`` (DeepGEMM 2.8, and sgl-deep-gemm 0.2.x, which ships DeepJIT's headers in
+  ``deep_gemm/include/deep_jit``; deep_jit.py computes its keys): entries
   ``<root>/cache/<name>.<32 hex>/`` holding ``kernel.cu``, ``kernel.cubin``, ``meta.json``
   and the empty marker ``.committed`` (DeepJIT's test for a complete entry); nvcc called as
   ``<src> --cubin --output-file <out> <flags> --include-path <dir>``; the key hashes the
@@ -65,6 +66,11 @@ GENERATIONS = (
                   "DeepGEMM 2.6.1: csrc/jit/compiler.hpp"),
     GenerationRow("2.8.x", VersionRange((2, 8, 0), (2, 9, 0)), Generation.DEEP_JIT,
                   "DeepGEMM 2.8.1 (vLLM 0.34.0): third-party/deep_jit, measured on the H200"),
+    # SGLang 0.5.23's pin. Its _C.so loads with neither the H200's torch 2.11 nor a CPU
+    # torch: read in its wheel (include/deep_jit, the _C.so's strings), never run.
+    GenerationRow("0.2.x", VersionRange((0, 2, 0), (0, 3, 0)), Generation.DEEP_JIT,
+                  "sgl-deep-gemm 0.2.3.post2 (SGLang 0.5.23): include/deep_jit in its wheel, "
+                  "read on the CPU machine, not run"),
 )
 KNOWN_VERSIONS = ", ".join(row.label for row in GENERATIONS)
 

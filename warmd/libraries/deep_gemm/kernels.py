@@ -17,6 +17,7 @@ from warmd.kernels.base import (
     fp8_block_128,
 )
 from warmd.kernels.registry import TritonExperts
+from warmd.libraries.deep_gemm.install import Generation, generation_of
 from warmd.models import Layer
 from warmd.mvalues import (
     GROUPED_BLOCK_M,
@@ -140,14 +141,16 @@ def _deep_gemm_release(env: Environment) -> tuple[int, int] | None:
 
 
 def _vllm_grouped_calls(env: Environment) -> bool:
-    """vLLM >= 0.33.0 with DeepGEMM 2.x (rules vllm-moe-psum-layout, vllm-grouped-warmup):
-    its serving and its warmup call the grouped GEMM in an alignment scope, serving with the
-    psum layout where it can. With sgl-deep-gemm 0.1.x (no psum layout) warmd keeps its
-    plain calls."""
+    """vLLM >= 0.33.0 with DeepGEMM 2.x or sgl-deep-gemm 0.2.x (rules vllm-moe-psum-layout,
+    vllm-grouped-warmup): its serving and its warmup call the grouped GEMM in an alignment
+    scope, serving with the psum layout where it can. With sgl-deep-gemm 0.1.x (no psum
+    layout) warmd keeps its plain calls."""
     from warmd.engines.rules import BY_ID
 
     release = _deep_gemm_release(env)
-    return (env.engine == "vllm" and (release is None or release[0] >= 2)
+    psum = (release is None or release[0] >= 2
+            or generation_of(env.library("deep_gemm").version) is Generation.DEEP_JIT)
+    return (env.engine == "vllm" and psum
             and BY_ID["vllm-moe-psum-layout"].versions.contains(env.engine_version))
 
 
