@@ -1,0 +1,42 @@
+"""Real library wheels for CPU tests: downloaded once per session with pip's own client
+(`pip download --no-deps`), or taken from $WARMD_TEST_WHEELS when it holds them, and
+unpacked into a temporary site directory. Nothing is installed into the environment."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+
+def wheel_file(requirement: str, into: Path) -> Path:
+    """The wheel of requirement (``name==version``); the test is skipped when it cannot be
+    had (no network and no $WARMD_TEST_WHEELS copy)."""
+    name, version = requirement.split("==")
+    pattern = f"{name.replace('-', '_')}-{version}-*.whl"
+    for folder in filter(None, [os.environ.get("WARMD_TEST_WHEELS"), str(into)]):
+        found = sorted(Path(folder).glob(pattern))
+        if found:
+            return found[0]
+    try:
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps",
+                        "--only-binary=:all:", requirement, "-d", str(into)],
+                       check=True, capture_output=True, timeout=300)
+    except (OSError, subprocess.SubprocessError) as exc:
+        pytest.skip(f"cannot download {requirement}: {exc}")
+    found = sorted(into.glob(pattern))
+    if not found:
+        pytest.skip(f"pip downloaded no wheel for {requirement}")
+    return found[0]
+
+
+def unpacked_site(requirement: str, into: Path) -> Path:
+    """A site directory holding the wheel's files, as pip would install them."""
+    site = into / "site"
+    with zipfile.ZipFile(wheel_file(requirement, into)) as wheel:
+        wheel.extractall(site)
+    return site
