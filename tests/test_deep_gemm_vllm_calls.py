@@ -103,6 +103,19 @@ def test_older_vllm_and_sgl_deep_gemm_keep_the_plain_calls():
     assert {layout for _, layout in grouped(sgl)} == {None}
 
 
+def test_an_external_sgl_deep_gemm_0_2_serves_vllms_psum_layout():
+    # sgl-deep-gemm 0.2.3.post2 (a deep_jit release) takes use_psum_layout, as 2.8.1 does:
+    # vLLM, which imports an external deep_gemm first, calls it as it calls its vendored one.
+    from warmd.plan import build_plan
+
+    plan = make_plan(BASE)
+    probe = LibraryProbe("deep_gemm", True, "0.2.3.post2", can_jit=True, module="deep_gemm")
+    env = replace(plan.env, libraries={**plan.env.libraries, "deep_gemm": probe})
+    tasks = grouped(build_plan(plan.model, env, plan.mspec))
+    assert set(tasks) == set(grouped(plan))
+    assert {t.spec["layout"] for t in tasks.values()} == {"psum", "contiguous"}
+
+
 def test_deepep_high_throughput_sends_every_aligned_row_count():
     # ExpertTokensMetadata.make_from_list: the counts are on the CPU, each expert padded
     # exactly, so every multiple of 128 up to the worst case can reach the GEMM.
