@@ -8,6 +8,7 @@ sgl-deep-gemm 0.1.4.post1's wheel is the other generation beside it."""
 from __future__ import annotations
 
 import importlib
+import os
 import re
 import shutil
 import subprocess
@@ -228,3 +229,43 @@ def test_a_0_2_job_compiles_on_cpu_into_the_entry_deep_gemm_loads(dg023, tmp_pat
     listed = DeepGemmCacheAdapter(root).list_entries()
     assert [e.name for e in listed] == [name] and generation_of("0.2.3.post2") is \
         Generation.DEEP_JIT
+    # The engine's side: SGLang's DG_JIT_CACHE_DIR as a lookup list, this root read second;
+    # the entry's kernel re-keyed with this node's nvcc and flags gives its own name.
+    roots = deep_jit.cache_roots({"DG_JIT_CACHE_DIR": f"{tmp_path / 'own'}:{root}"}, tmp_path)
+    assert deep_jit.lookup(roots, name) == entry
+    assert f"{entry.name}" == deep_jit.entry_name(
+        "transpose_fp32", deep_jit.entry_key(entry, config, version, flags))
+    other = deep_jit.default_flags((9, 0), {"DG_JIT_WITH_LINEINFO": "1"})
+    assert deep_jit.entry_key(entry, config, version, other) not in name
+
+
+def test_deep_jits_cache_dir_is_a_lookup_list_with_its_own_default(tmp_path):
+    assert deep_jit.cache_roots({"DG_JIT_CACHE_DIR": "/a:/b", "DJ_JIT_CACHE_DIR": "/c"},
+                                tmp_path) == [Path("/a"), Path("/b")]
+    assert deep_jit.cache_roots({"DJ_JIT_CACHE_DIR": "/c"}, tmp_path) == [Path("/c")]
+    assert deep_jit.cache_roots({}, tmp_path) == [tmp_path / ".dj"]
+    with pytest.raises(ValueError, match="empty path"):
+        deep_jit.cache_roots({"DG_JIT_CACHE_DIR": "/a::/b"}, tmp_path)
+    (tmp_path / "b" / "cache" / "k.0f").mkdir(parents=True)
+    assert deep_jit.lookup([tmp_path / "a", tmp_path / "b"], "k.0f") is None  # no marker
+    (tmp_path / "b" / "cache" / "k.0f" / COMMITTED).touch()
+    assert deep_jit.lookup([tmp_path / "a", tmp_path / "b"], "k.0f") == \
+        tmp_path / "b" / "cache" / "k.0f"
+
+
+def test_every_variable_that_moves_deep_jits_flags_is_in_the_fingerprint(dg023, on_path,
+                                                                         monkeypatch):
+    options = (dg023 / "deep_gemm" / "include" / "deep_jit" / "backend" / "cuda" /
+               "options.hpp").read_text()
+    read = set(re.findall(r'env\.get<(?:bool|int)>\("(JIT_[A-Z_]+)"', options))
+    dumps = {"JIT_DUMP_ASM", "JIT_DUMP_PTX", "JIT_DUMP_SASS"}  # extra files, same flags
+    assert read - dumps == set(deep_jit.FLAG_ENV)
+    for name in deep_jit.FLAG_ENV:
+        assert {f"DG_{name}", f"DJ_{name}"} <= set(settings.DEEP_GEMM_KEY_ENV)
+    for name in settings.DEEP_GEMM_KEY_ENV:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("DJ_JIT_WITH_LINEINFO", "1")
+    on_path(dg023)
+    adapter = DeepGemmCacheAdapter(dg023 / "cache", "sm_90a", 132)
+    assert adapter.fingerprint_inputs()["env"] == {"DJ_JIT_WITH_LINEINFO": "1"}
+    assert "--generate-line-info" in deep_jit.default_flags((9, 0), dict(os.environ))

@@ -93,10 +93,12 @@ def _engine(env: str, doc: str, default: str | None = None) -> Knob:
     return Knob(env, STRING, default, doc)
 
 
-# DeepGEMM knobs that change its compiler signature or flags, hence every kernel's cache key.
-DEEP_GEMM_KEY_ENV = ("DG_JIT_USE_NVRTC", "DG_JIT_NVCC_COMPILER", "DG_JIT_CPP_STANDARD",
-                     "DG_JIT_WITH_LINEINFO", "DG_JIT_DEBUG", "DG_JIT_PTXAS_VERBOSE",
-                     "DG_JIT_PTXAS_CHECK")
+# DeepGEMM knobs that change its compiler signature or flags, hence every kernel's cache key
+# (DeepJIT, the 2.8 / sgl-deep-gemm 0.2 JIT, also reads each DG_JIT_X as DJ_JIT_X).
+_DEEP_JIT_KEY_ENV = ("JIT_NVCC_COMPILER", "JIT_CPP_STANDARD", "JIT_WITH_LINEINFO", "JIT_DEBUG",
+                     "JIT_PTXAS_VERBOSE", "JIT_CHECK_NO_SPILLS", "JIT_CHECK_NO_LOCAL_MEMORY")
+DEEP_GEMM_KEY_ENV = ("DG_JIT_USE_NVRTC", "DG_JIT_PTXAS_CHECK",
+                     *(f"{prefix}_{name}" for prefix in ("DG", "DJ") for name in _DEEP_JIT_KEY_ENV))
 # Env knobs FlashInfer copies into the build commands (cpp_ext.py, core.py).
 FLASHINFER_COMMAND_ENV = ("CC", "CXX", "CUDA_HOME", "CUDA_PATH", "FLASHINFER_NVCC",
                           "FLASHINFER_CXX_LAUNCHER", "FLASHINFER_NVCC_LAUNCHER",

@@ -43,11 +43,10 @@ _SEEDS = (0xc6a4a7935bd1e995, 0xff51afd7ed558ccd)
 _PRIMES = (0x100000001b3, 0x9e3779b97f4a7c15)
 PREFIX, FALLBACK_PREFIX = "DG", "DJ"  # DeepGEMM's env prefix; DeepJIT's global one
 INCLUDE_PREFIXES = ("deep_gemm/",)  # the includes whose text is in the key
-# Variables that change DeepJIT's flags (options.hpp default_options), hence every key.
+# Variables that change DeepJIT's flags (options.hpp default_options), hence every key (each
+# DG_X or DJ_X; settings.DEEP_GEMM_KEY_ENV puts them in the fingerprint).
 FLAG_ENV = ("JIT_DEBUG", "JIT_PTXAS_VERBOSE", "JIT_CHECK_NO_SPILLS", "JIT_CHECK_NO_LOCAL_MEMORY",
             "JIT_WITH_LINEINFO", "JIT_CPP_STANDARD")
-KEY_ENV = tuple(f"{p}_{name}" for name in (*FLAG_ENV, "JIT_NVCC_COMPILER")
-                for p in (PREFIX, FALLBACK_PREFIX))
 
 
 class Fnv1a:
@@ -242,3 +241,33 @@ def job_template(flags: list[str], config: DeepJitConfig) -> list[str]:
     them (``{source}``/``{output}`` for the build directory's kernel.cu and kernel.cubin)."""
     return [SOURCE, "--cubin", "--output-file", OUTPUT, *flags,
             "--include-path", str(config.include_dir)]
+
+
+def cache_roots(env: Mapping[str, str], home: Path) -> list[Path]:
+    """DiskCache::from_env: DG_JIT_CACHE_DIR (else DJ_JIT_CACHE_DIR) split at ':', the
+    first root written, the others only read; else ``$HOME/.dj``. ValueError for an empty
+    item (DeepJIT refuses it)."""
+    for prefix in (PREFIX, FALLBACK_PREFIX):
+        value = env.get(f"{prefix}_JIT_CACHE_DIR")
+        if value is not None:
+            items = value.split(":")
+            if not all(items):
+                raise ValueError(f"disk cache path list contains an empty path: {value}")
+            return [Path(item) for item in items]
+    return [home / ".dj"]
+
+
+def lookup(roots: list[Path], name: str) -> Path | None:
+    """DiskCache::entry's hit: the first root whose ``cache/<name>/.committed`` exists."""
+    for root in roots:
+        entry = root / "cache" / name
+        if (entry / ".committed").exists():
+            return entry
+    return None
+
+
+def entry_key(entry: Path, config: DeepJitConfig, nvcc_version: str, flags: list[str]) -> str:
+    """The key DeepJIT computes, on a node with this config, nvcc and flags, for the
+    kernel an entry holds: the entry is a hit there only when it equals the key in its
+    name (entry_name)."""
+    return cache_key(config, nvcc_version, flags, (entry / "kernel.cu").read_bytes())
