@@ -56,17 +56,6 @@ def on_path(monkeypatch: pytest.MonkeyPatch):
     return use
 
 
-def generated_source(package: Path, kernel: str, args: list[object]) -> str:
-    """The kernel.cu DeepGEMM generates: its std::format template for the kernel, read
-    from the package's _C.so, with the template arguments filled in."""
-    data = (package / "_C.so").read_bytes()
-    at = data.index(f"&{kernel}<".encode())
-    template = data[data.rindex(b"\0", 0, at) + 1:data.index(b"\0", at)].decode()
-    values = iter(args)
-    return re.sub(r"\{\{|\}\}|\{\}", lambda m: {"{{": "{", "}}": "}"}.get(m.group(0))
-                  or str(next(values)), template)
-
-
 def test_sglangs_pin_is_probed_as_a_deep_jit_release_without_import(dg023, dg014, on_path):
     on_path(dg023)
     probe = probe_library("deep_gemm", "sglang")
@@ -164,8 +153,8 @@ def test_warmds_key_is_the_one_deep_jits_own_code_computes(dg023, key_harness, t
     package = dg023 / "deep_gemm"
     config = deep_jit.config_of(package)
     flags = deep_jit.default_flags(capability, env)
-    sources = [generated_source(package, "transpose_fp32", [512, 64, 32, 32]),
-               generated_source(package, "sm90_fp8_gemm_1d2d_impl", [
+    sources = [deep_jit.template_source(package, "transpose_fp32", [512, 64, 32, 32]),
+               deep_jit.template_source(package, "sm90_fp8_gemm_1d2d_impl", [
                    "cute::UMMA::Major::K", 0, 2304, 4096, 1, 64, 16, 128, 128, 128, 32, 16,
                    128, 128, 1, "false", 132, "GemmType::Normal", "cutlass::bfloat16_t",
                    "epilogue::transform::EpilogueIdentity", 128])]
@@ -184,7 +173,7 @@ def test_warmds_key_is_the_one_deep_jits_own_code_computes(dg023, key_harness, t
 
 def test_the_key_follows_the_headers_text_not_the_install_path(dg023, tmp_path):
     package = dg023 / "deep_gemm"
-    source = generated_source(package, "transpose_fp32", [512, 64, 32, 32])
+    source = deep_jit.template_source(package, "transpose_fp32", [512, 64, 32, 32])
     flags = deep_jit.default_flags((9, 0))
     key = deep_jit.cache_key(deep_jit.config_of(package), "v", flags, source)
     copy = tmp_path / "elsewhere" / "deep_gemm" / "include"
@@ -205,7 +194,7 @@ def test_a_0_2_job_compiles_on_cpu_into_the_entry_deep_gemm_loads(dg023, tmp_pat
     built by nvcc for sm_90a here as a CPU builder builds a listed kernel."""
     package = dg023 / "deep_gemm"
     config = deep_jit.config_of(package)
-    source = generated_source(package, "transpose_fp32", [512, 64, 32, 32])
+    source = deep_jit.template_source(package, "transpose_fp32", [512, 64, 32, 32])
     flags = deep_jit.default_flags((9, 0))
     template = deep_jit.job_template(flags, config)
     build = tmp_path / "dg" / "tmp" / "1234"

@@ -271,3 +271,23 @@ def entry_key(entry: Path, config: DeepJitConfig, nvcc_version: str, flags: list
     kernel an entry holds: the entry is a hit there only when it equals the key in its
     name (entry_name)."""
     return cache_key(config, nvcc_version, flags, (entry / "kernel.cu").read_bytes())
+
+
+def template_source(package: Path, kernel: str, args: list[object]) -> str:
+    """The kernel.cu DeepGEMM generates for kernel with these template arguments: the
+    std::format template its extension holds for it, filled in. For showing and building
+    a release's jobs without a GPU; on a GPU DeepGEMM's heuristics choose the arguments."""
+    extension = next((p for p in sorted(Path(package).glob("_C*.so"))), None)
+    if extension is None:
+        raise FileNotFoundError(f"no _C*.so extension in {package}")
+    data = extension.read_bytes()
+    at = data.find(f"&{kernel}<".encode())
+    if at < 0:
+        raise ValueError(f"{extension.name} holds no source template for {kernel}")
+    template = data[data.rindex(b"\0", 0, at) + 1:data.index(b"\0", at)].decode()
+    values = iter(args)
+    filled = re.sub(r"\{\{|\}\}|\{\}", lambda m: {"{{": "{", "}}": "}"}.get(m.group(0))
+                    or str(next(values)), template)
+    if next(values, None) is not None:
+        raise ValueError(f"{kernel} takes fewer template arguments than given")
+    return filled
