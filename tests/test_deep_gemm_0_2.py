@@ -100,9 +100,15 @@ def test_the_wheel_configures_deep_jit_as_warmd_models_it(dg023):
                      r"get_post_hook_hash\(config\)\)\s*\.update\(parser\.parse_into_hash"
                      r"\(source\)\)", runtime)
     options = (include / "backend" / "cuda" / "options.hpp").read_text()
-    for flag in ("--compiler-options=-fPIC", "--compiler-options=-fconcepts",
-                 "--expt-relaxed-constexpr", "--expt-extended-lambda"):
-        assert f'"{flag}"' in options
+    vector = re.search(r"\.nvcc_flags = std::vector<std::string> \{(.*?)\n\s*\}", options, re.S)
+    assert re.findall(r'"([^"]+)"', vector.group(1)) == [
+        "-std=c++{}", "JIT_CPP_STANDARD", "--compiler-options=-fPIC",
+        "--compiler-options=-fconcepts", "--expt-relaxed-constexpr", "--expt-extended-lambda"]
+    assert 'env.get<int>("JIT_CPP_STANDARD", 20)' in options
+    defaults = deep_jit.default_flags((9, 0))
+    assert defaults[4:9] == ["-std=c++20", "--compiler-options=-fPIC",
+                             "--compiler-options=-fconcepts", "--expt-relaxed-constexpr",
+                             "--expt-extended-lambda"]
     assert '.optimize_level = "3"' in options and ".ptxas_register_usage_level = 10" in options
     extension = (dg023 / "deep_gemm" / "_C.so").read_bytes()
     for text in ("cutlass-", "--diag-suppress=39,161,174,177,186,940",
