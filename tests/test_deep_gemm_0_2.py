@@ -21,11 +21,17 @@ from wheels import unpacked_site
 from warmd import settings
 from warmd.libraries import probe_library
 from warmd.libraries.deep_gemm import deep_jit
-from warmd.libraries.deep_gemm.cache import COMMITTED, DeepGemmCacheAdapter, entry_state
+from warmd.libraries.deep_gemm.cache import (
+    COMMITTED,
+    DeepGemmCacheAdapter,
+    entry_state,
+    parse_kernel_source,
+)
 from warmd.libraries.deep_gemm.compiler import fast_path_problem
 from warmd.libraries.deep_gemm.install import Generation, generation_of, resolve
 from warmd.libraries.deep_gemm.listed import ListedJob, build_entry, nvcc_version
 from warmd.libraries.deep_gemm.nvcc_shim import job_key, parse_compile
+from warmd.libraries.deep_gemm.rederive import check_source
 
 SGLANG_PIN = "sgl-deep-gemm==0.2.3.post2"
 OLD = "sgl-deep-gemm==0.1.4.post1"
@@ -175,6 +181,23 @@ def test_warmds_key_is_the_one_deep_jits_own_code_computes(dg023, key_harness, t
             assert key == cpp_key and re.fullmatch(r"[0-9a-f]{32}", key)
             keys.add(key)
     assert len(keys) == 4  # the source (headers included) and the nvcc version both count
+
+
+def test_0_2_generated_sources_read_as_deep_gemm_kernels(dg023):
+    """The adapter's accounting and the re-derivation take 0.2.3.post2's kernel.cu as
+    they take 2.8.1's (its template has blank lines and an epilogue type more)."""
+    package = dg023 / "deep_gemm"
+    gemm = deep_jit.template_source(package, "sm90_fp8_gemm_1d2d_impl", [
+        "cute::UMMA::Major::K", 0, 2304, 4096, 1, 64, 16, 128, 128, 128, 32, 16, 128, 128, 1,
+        "false", 132, "GemmType::Normal", "cutlass::bfloat16_t",
+        "epilogue::transform::EpilogueIdentity", 128])
+    parsed = parse_kernel_source(gemm)
+    assert parsed.impl == "sm90_fp8_gemm_1d2d_impl" and parsed.gemm_type == "Normal"
+    assert parsed.args[-2:] == ("epilogue::transform::EpilogueIdentity", "128")
+    for source in (gemm, deep_jit.template_source(package, "transpose_fp32", [512, 64, 32, 32])):
+        check_source(source)
+    with pytest.raises(ValueError, match="fewer template arguments"):
+        deep_jit.template_source(package, "transpose_fp32", [512, 64, 32, 32, 1])
 
 
 def test_the_key_follows_the_headers_text_not_the_install_path(dg023, tmp_path):
