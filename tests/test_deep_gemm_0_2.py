@@ -287,3 +287,39 @@ def test_every_variable_that_moves_deep_jits_flags_is_in_the_fingerprint(dg023, 
     adapter = DeepGemmCacheAdapter(dg023 / "cache", "sm_90a", 132)
     assert adapter.fingerprint_inputs()["env"] == {"DJ_JIT_WITH_LINEINFO": "1"}
     assert "--generate-line-info" in deep_jit.default_flags((9, 0), dict(os.environ))
+
+
+def _defined(path: Path) -> dict[str, list[str]]:
+    """Names a module defines at any depth (functions with their parameters, assignments
+    with the name they alias), read from its source: 0.2.3.post2 cannot be imported here."""
+    import ast
+
+    names: dict[str, list[str]] = {}
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.FunctionDef):
+            names[node.name] = [a.arg for a in (*node.args.args, *node.args.kwonlyargs)]
+        elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Name):
+            for target in node.targets:
+                if isinstance(target, ast.Name):
+                    names[target.id] = names.get(node.value.id, [])
+    return names
+
+
+def test_the_executor_calls_only_what_0_2_offers(dg023):
+    """The executor's calls (executor.GEMMS, the psum layout, the alignment scope, the
+    casts), checked against 0.2.3.post2's Python API as its source defines it."""
+    from warmd.libraries.deep_gemm.executor import GEMMS
+
+    package = dg023 / "deep_gemm"
+    api = _defined(package / "__init__.py")
+    for functions, _gemm_type in GEMMS.values():
+        assert any(f in api for f in functions), functions
+    assert "use_psum_layout" in api["m_grouped_fp8_gemm_nt_contiguous"]
+    assert "disable_ue8m0_cast" in api["fp8_gemm_nt"]
+    layout = _defined(package / "utils" / "layout.py")
+    for name in ("get_mk_alignment_for_contiguous_layout",
+                 "set_mk_alignment_for_contiguous_layout"):
+        assert name in layout  # re-exported by `from .utils import *`
+    casts = _defined(package / "utils" / "math.py")
+    for name in ("per_token_cast_to_fp8", "per_block_cast_to_fp8"):
+        assert "use_ue8m0" in casts[name]
