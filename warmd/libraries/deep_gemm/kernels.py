@@ -124,6 +124,10 @@ PLAIN, PSUM = "contiguous", "psum"
 # layout) by release and GPU generation, read from DeepGEMM 2.8.1's extension as vLLM
 # 0.34.0 ships it (the function's machine code: 256 on sm100, else 128, whatever the
 # expected M). vLLM shrinks its 128-row alignment to it only when smaller.
+# sgl-deep-gemm 0.2.x is not in it (128 everywhere is assumed): its extension was read, not
+# run, and upstream's source of that function shrinks the alignment with the expected M on
+# sm100/sm120 (HeuristicsRuntime::get_theoretical_mk_alignment_for_contiguous_layout), which
+# warmd does not model for vLLM with an external 0.2.x on those GPUs.
 THEORETICAL_ALIGNMENT: dict[tuple[int, int], dict[int, int]] = {(2, 8): {10: 256}}
 
 
