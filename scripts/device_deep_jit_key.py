@@ -9,8 +9,13 @@ package's headers, and compares warmd's default flags with the recorded ones. A 
 process with DG_JIT_WITH_LINEINFO=1 checks that an environment flag moves the key as warmd
 says. Copies of two entries (and the headers their keys read) go to $OUT for tests/data.
 
-Through the device tool (kind nvidia-h200), carrying .dgcarry/vdg281.tar.xz (the vLLM
-0.34.0 wheel's vllm/third_party/deep_gemm):
+Through the device tool (kind nvidia-h200), from the checkout the tool copies, carrying
+.dgcarry/vdg281.tar.xz, made there once (ignored by git) from the vLLM 0.34.0 wheel:
+    pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+        --platform manylinux_2_28_x86_64 -d /tmp/v vllm==0.34.0 && \
+    unzip -q -d /tmp/v /tmp/v/vllm-0.34.0-*.whl 'vllm/third_party/deep_gemm/*' && \
+    mkdir -p .dgcarry && tar -cJf .dgcarry/vdg281.tar.xz -C /tmp/v/vllm/third_party deep_gemm
+then run:
     mkdir -p /tmp/x/vllm/third_party && tar -xJf .dgcarry/vdg281.tar.xz \
         -C /tmp/x/vllm/third_party && touch /tmp/x/vllm/__init__.py \
         /tmp/x/vllm/third_party/__init__.py && PYTHONPATH=/tmp/x:$PWD \
