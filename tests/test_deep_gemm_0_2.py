@@ -8,6 +8,7 @@ sgl-deep-gemm 0.1.4.post1's wheel is the other generation beside it."""
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import re
 import shutil
@@ -323,3 +324,17 @@ def test_the_executor_calls_only_what_0_2_offers(dg023):
     casts = _defined(package / "utils" / "math.py")
     for name in ("per_token_cast_to_fp8", "per_block_cast_to_fp8"):
         assert "use_ue8m0" in casts[name]
+
+
+def test_an_sglang_plan_names_the_pinned_deep_gemm_it_would_import(dg023):
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(dg023), str(root)])}
+    done = subprocess.run([sys.executable, "-m", "warmd", "plan", "--target", "h200", "--json",
+                           "--engine-version", "0.5.23", "--", "python", "-m",
+                           "sglang.launch_server", "--model-path",
+                           "tests/data/models/qwen3-235b-a22b-fp8", "--tp", "4"],
+                          cwd=root, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    library = json.loads(done.stdout)["libraries"]["deep_gemm"]
+    assert (library["version"], library["module"]) == ("0.2.3.post2", "deep_gemm")
+    assert library["location"] == str(dg023 / "deep_gemm")

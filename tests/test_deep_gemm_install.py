@@ -105,7 +105,8 @@ def test_generation_follows_the_version():
     assert generation_of("2.6.1") is Generation.NVCC_JIT
     assert generation_of("2.8.1") is Generation.DEEP_JIT
     assert generation_of("2.8.0+cu130") is Generation.DEEP_JIT
-    for unknown in ("2.7.0", "3.0.0", "0.0.0.dev0", "not a version", None):
+    assert generation_of("0.2.3.post2") is Generation.DEEP_JIT  # SGLang 0.5.23's pin
+    for unknown in ("2.7.0", "3.0.0", "0.3.0", "0.0.0.dev0", "not a version", None):
         assert generation_of(unknown) is None
 
 
