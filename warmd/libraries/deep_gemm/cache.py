@@ -252,9 +252,8 @@ class DeepGemmCacheAdapter(CacheAdapter):
         hashes the headers' contents, not their path (measured: an entry compiled through
         one copy hits through vllm.third_party.deep_gemm and through a copy elsewhere; for
         sgl-deep-gemm 0.2.x, whose headers hold the same DeepJIT, deep_jit.py's key shows it
-        on the CPU). An
-        unknown version keeps the path: a needless miss, never a wrong hit. torch is not in
-        it: neither the source nor the flags mention it."""
+        on the CPU). An unknown version keeps the path: a needless miss, never a wrong hit.
+        torch is not in it: neither the source nor the flags mention it."""
         from warmd.libraries import probe_library
 
         probe = probe_library("deep_gemm")
