@@ -338,3 +338,32 @@ def test_an_sglang_plan_names_the_pinned_deep_gemm_it_would_import(dg023):
     library = json.loads(done.stdout)["libraries"]["deep_gemm"]
     assert (library["version"], library["module"]) == ("0.2.3.post2", "deep_gemm")
     assert library["location"] == str(dg023 / "deep_gemm")
+
+
+def test_the_fingerprint_holds_only_what_each_generations_key_reads(dg023, dg014, on_path,
+                                                                    monkeypatch):
+    """SGLang sets DG_JIT_USE_NVRTC=0 in the engine's process: with either generation the
+    fingerprint there equals warmd's, where it is unset. DeepJIT has no NVRTC and reads the
+    DJ_ names; 0.1.x reads neither those nor DeepJIT's checks."""
+    from warmd.libraries.deep_gemm.cache import key_env
+    from warmd.libraries.deep_gemm.install import NVCC_JIT_KEY_ENV
+
+    assert set(settings.DEEP_GEMM_KEY_ENV) == {*NVCC_JIT_KEY_ENV, *(
+        f"{p}_{n}" for p in ("DG", "DJ") for n in deep_jit.KEYED_ENV)}
+    for name in settings.DEEP_GEMM_KEY_ENV:
+        monkeypatch.delenv(name, raising=False)
+
+    def fingerprint(site: Path, **env: str) -> dict:
+        with monkeypatch.context() as scope:
+            for name, value in env.items():
+                scope.setenv(name, value)
+            on_path(site)
+            return DeepGemmCacheAdapter(site / "cache", "sm_90a", 132).fingerprint_inputs()
+
+    for site in (dg023, dg014):
+        assert fingerprint(site) == fingerprint(site, DG_JIT_USE_NVRTC="0")
+    assert fingerprint(dg023, DG_JIT_USE_NVRTC="1", DG_JIT_PTXAS_CHECK="1")["env"] == {}
+    assert fingerprint(dg023, DJ_JIT_DEBUG="1")["env"] == {"DJ_JIT_DEBUG": "1"}
+    assert fingerprint(dg014, DG_JIT_USE_NVRTC="1")["env"] == {"DG_JIT_USE_NVRTC": "1"}
+    assert fingerprint(dg014, DJ_JIT_DEBUG="1", DG_JIT_CHECK_NO_SPILLS="1")["env"] == {}
+    assert key_env(None) == {}  # nothing set; an unknown generation keeps every name set

@@ -48,7 +48,13 @@ from warmd import settings
 from warmd.cache.artifacts import install_atomically, pack_directory
 from warmd.cache.base import CacheAdapter, CacheEntry, UnsafeArtifact
 from warmd.cache.safe_fs import CacheTree
-from warmd.libraries.deep_gemm.install import Generation, generation_of
+from warmd.libraries.deep_gemm.deep_jit import KEYED_ENV
+from warmd.libraries.deep_gemm.install import (
+    NVCC_JIT_KEY_ENV,
+    Generation,
+    generation_of,
+    nvrtc_on,
+)
 
 LIBRARY = "deep_gemm"
 COMMITTED = ".committed"
@@ -274,8 +280,23 @@ class DeepGemmCacheAdapter(CacheAdapter):
             "nvcc": nvcc.location,
             "arch": arch,
             "sms": sms,
-            "env": settings.deep_gemm_key_env(),
+            "env": key_env(generation),
         }
+
+
+def key_env(generation: Generation | None) -> dict[str, str]:
+    """The key-changing variables set here, as this generation reads them: deep_jit each
+    DG_JIT_X or DJ_JIT_X of KEYED_ENV (it has no NVRTC path); nvcc_jit its DG_ names, with
+    DG_JIT_USE_NVRTC only when on (SGLang sets it to "0", the same as unset); an unknown
+    generation every name."""
+    env = settings.deep_gemm_key_env()
+    if generation is Generation.DEEP_JIT:
+        return {k: v for k, v in env.items()
+                if k[:3] in ("DG_", "DJ_") and k[3:] in KEYED_ENV}
+    if generation is Generation.NVCC_JIT:
+        return {k: v for k, v in env.items() if k in NVCC_JIT_KEY_ENV
+                and (k != "DG_JIT_USE_NVRTC" or nvrtc_on(v))}
+    return env
 
 
 def _check_layout(path: Path) -> None:

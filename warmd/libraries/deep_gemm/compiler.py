@@ -58,6 +58,7 @@ from warmd.libraries.deep_gemm.install import (
     KNOWN_VERSIONS,
     DeepGemmInstall,
     Generation,
+    nvrtc_on,
     resolve,
 )
 from warmd.libraries.deep_gemm.listed import (
@@ -145,18 +146,9 @@ def fast_path_problem(found: DeepGemmInstall | None, key_env: dict[str, str]) ->
     if found.generation is None:
         return (f"{found.describe()} is a version warmd does not know (known: "
                 f"{KNOWN_VERSIONS}): its nvcc calls are not recorded")
-    if found.generation is Generation.NVCC_JIT and _nvrtc_on(key_env.get("DG_JIT_USE_NVRTC")):
+    if found.generation is Generation.NVCC_JIT and nvrtc_on(key_env.get("DG_JIT_USE_NVRTC")):
         return "DG_JIT_USE_NVRTC is set: DeepGEMM compiles in-process with NVRTC, not nvcc"
     return None
-
-
-def _nvrtc_on(value: str | None) -> bool:
-    """DG_JIT_USE_NVRTC as sgl-deep-gemm 0.1.x reads it (get_env<int>: non-zero is on).
-    SGLang always sets it, to "0" unless SGLANG_DG_USE_NVRTC is on."""
-    try:
-        return int((value or "0").strip() or "0") != 0
-    except ValueError:
-        return True  # not a number: DeepGEMM's parse fails; no fast path is promised
 
 
 class DeepGemmKernelStage:

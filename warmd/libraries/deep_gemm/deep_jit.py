@@ -47,6 +47,8 @@ INCLUDE_PREFIXES = ("deep_gemm/",)  # the includes whose text is in the key
 # DG_X or DJ_X; settings.DEEP_GEMM_KEY_ENV puts them in the fingerprint).
 FLAG_ENV = ("JIT_DEBUG", "JIT_PTXAS_VERBOSE", "JIT_CHECK_NO_SPILLS", "JIT_CHECK_NO_LOCAL_MEMORY",
             "JIT_WITH_LINEINFO", "JIT_CPP_STANDARD")
+# ... and the compiler, whose `--version` output is hashed.
+KEYED_ENV = (*FLAG_ENV, "JIT_NVCC_COMPILER")
 
 
 class Fnv1a:

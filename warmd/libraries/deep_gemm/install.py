@@ -73,6 +73,20 @@ GENERATIONS = (
                   "read on the CPU machine, not run"),
 )
 KNOWN_VERSIONS = ", ".join(row.label for row in GENERATIONS)
+# What nvcc_jit (0.1.x csrc/jit/compiler.hpp) reads that changes a key; deep_jit's are in
+# deep_jit.py (KEYED_ENV), each under DG_ and DJ_.
+NVCC_JIT_KEY_ENV = ("DG_JIT_USE_NVRTC", "DG_JIT_NVCC_COMPILER", "DG_JIT_CPP_STANDARD",
+                    "DG_JIT_WITH_LINEINFO", "DG_JIT_DEBUG", "DG_JIT_PTXAS_VERBOSE",
+                    "DG_JIT_PTXAS_CHECK")
+
+
+def nvrtc_on(value: str | None) -> bool:
+    """DG_JIT_USE_NVRTC as sgl-deep-gemm 0.1.x reads it (get_env<int>: non-zero is on).
+    SGLang always sets it, to "0" unless SGLANG_DG_USE_NVRTC is on."""
+    try:
+        return int((value or "0").strip() or "0") != 0
+    except ValueError:
+        return True  # not a number: DeepGEMM's parse fails; no fast path is promised
 
 
 @dataclass(frozen=True)
