@@ -367,3 +367,30 @@ def test_the_fingerprint_holds_only_what_each_generations_key_reads(dg023, dg014
     assert fingerprint(dg014, DG_JIT_USE_NVRTC="1")["env"] == {"DG_JIT_USE_NVRTC": "1"}
     assert fingerprint(dg014, DJ_JIT_DEBUG="1", DG_JIT_CHECK_NO_SPILLS="1")["env"] == {}
     assert key_env(None) == {}  # nothing set; an unknown generation keeps every name set
+
+
+def test_0_1_keys_are_computed_as_its_jit_named_the_h200s_entries(dg014):
+    """The other generation's key (nvcc_jit.py), from 0.1.4.post1's own format strings,
+    gives the very names its JIT gave the real entries in tests/data/deep_gemm/cache on the
+    H200 (sgl-deep-gemm installed with pip --target /tmp/site, nvcc 13.0, sm_90a); with
+    the package elsewhere every name changes."""
+    from warmd.libraries.deep_gemm import nvcc_jit
+
+    strings = (dg014 / "deep_gemm" / "_C.so").read_bytes()
+    for text in ("{}$${}$${}$${}", "kernel.{}.{}", "NVCC{}.{}", "cd {} && {} {} -cubin -o {} {}",
+                 "-std=c++{} --diag-suppress=39,161,174,177,186,940 "
+                 "--ptxas-options=--register-usage-level=10",
+                 "{} -I{} --gpu-architecture=sm_{} --compiler-options=-fPIC,-O3,-fconcepts,"
+                 "-Wno-deprecated-declarations,-Wno-abi -O3 --expt-relaxed-constexpr "
+                 "--expt-extended-lambda"):
+        assert f"\0{text}\0".encode() in strings, text
+    entries = sorted((Path(__file__).parent / "data" / "deep_gemm" / "cache").iterdir())
+    version = "Cuda compilation tools, release 13.0, V13.0.88\n"
+    for include, same in ((Path("/tmp/site/deep_gemm/include"), True),
+                          (dg014 / "deep_gemm" / "include", False)):
+        flags = nvcc_jit.default_flags(include)
+        for entry in entries:
+            name = entry.name.split(".")[1]
+            built = nvcc_jit.entry_name(name, version, flags, (entry / "kernel.cu").read_bytes())
+            assert (built == entry.name) is same
+    assert len(entries) == 4

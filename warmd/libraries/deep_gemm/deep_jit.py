@@ -68,10 +68,10 @@ class Fnv1a:
         return self
 
     def hexdigest(self) -> str:
-        return "".join(f"{_split_mix(s):016x}" for s in self.states)
+        return "".join(f"{split_mix(s):016x}" for s in self.states)
 
 
-def _split_mix(value: int) -> int:
+def split_mix(value: int) -> int:
     value = ((value ^ (value >> 30)) * 0xbf58476d1ce4e5b9) & _MASK
     value = ((value ^ (value >> 27)) * 0x94d049bb133111eb) & _MASK
     return value ^ (value >> 31)
