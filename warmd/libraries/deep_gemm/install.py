@@ -10,9 +10,9 @@ A DeepGEMM's *generation* says how its JIT names, lays out and keys a kernel (th
 stage, the cache adapter and the fingerprint follow it):
 
 - ``nvcc_jit`` (sgl-deep-gemm 0.1.x, DeepGEMM 2.6): ``csrc/jit/compiler.hpp``. Entries
-  ``<root>/cache/kernel.<name>.<md5>/`` holding ``kernel.cu`` and ``kernel.cubin``; nvcc
+  ``<root>/cache/kernel.<name>.<32 hex>/`` holding ``kernel.cu`` and ``kernel.cubin``; nvcc
   called as ``<src> -cubin -o <out> <flags>``; the flags carry ``-I<package>/include``, so
-  the install path is part of every key.
+  the install path is part of every key (nvcc_jit.py computes it).
 - ``deep_jit`` (DeepGEMM 2.8, and sgl-deep-gemm 0.2.x, which ships DeepJIT's headers in
   ``deep_gemm/include/deep_jit``; deep_jit.py computes its keys): entries
   ``<root>/cache/<name>.<32 hex>/`` holding ``kernel.cu``, ``kernel.cubin``, ``meta.json``
