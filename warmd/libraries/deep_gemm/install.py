@@ -70,7 +70,8 @@ GENERATIONS = (
     # torch: read in its wheel (include/deep_jit, the _C.so's strings), never run.
     GenerationRow("0.2.x", VersionRange((0, 2, 0), (0, 3, 0)), Generation.DEEP_JIT,
                   "sgl-deep-gemm 0.2.3.post2 (SGLang 0.5.23): include/deep_jit in its wheel, "
-                  "read on the CPU machine, not run"),
+                  "read on the CPU machine, not run; 0.2.0 and 0.2.5 ship the same DeepJIT "
+                  "(0.2.5 with CUTLASS 4.8.1: another signature, other keys)"),
 )
 KNOWN_VERSIONS = ", ".join(row.label for row in GENERATIONS)
 # What nvcc_jit (0.1.x csrc/jit/compiler.hpp) reads that changes a key; deep_jit's are in
