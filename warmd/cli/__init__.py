@@ -36,9 +36,9 @@ def main() -> None:
 
     \b
     Typical flow:
-      warmd plan   --model PATH --tp 8 --target h200   # what will be compiled, and why
-      warmd warmup --model PATH --tp 8                 # compile it now, share it via Redis
-      warmd start                                      # warm every GPU node of a Ray cluster
+      warmd plan --model PATH --tp 8 --target h200  # what will be compiled, why
+      warmd warmup --model PATH --tp 8              # compile it, share via Redis
+      warmd start                                   # warm every GPU node (Ray)
     """
 
 
