@@ -5,6 +5,7 @@ from a real daemon in docs/screens.md are held here too."""
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from pathlib import Path
@@ -90,3 +91,46 @@ def test_the_documented_screens_are_80_columns_with_nothing_cut():
     for screen in screens:
         assert max(len(line) for line in screen.splitlines()) <= WIDTH
         assert ELLIPSIS not in screen
+
+
+def _commands(command, path=()):
+    """Every command of the click group, as (its path, the command), the group's first."""
+    import click
+
+    yield path, command
+    if isinstance(command, click.Group):
+        for name, sub in sorted(command.commands.items()):
+            yield from _commands(sub, (*path, name))
+
+
+def test_every_help_fits_80_columns_with_no_word_cut(monkeypatch):
+    from click.testing import CliRunner
+
+    from warmd.cli import main
+
+    monkeypatch.setenv("COLUMNS", str(WIDTH))
+    commands = list(_commands(main))
+    assert len(commands) > 15 and ("cache", "server", "status") in dict(commands)
+    for path, _command in commands:
+        result = CliRunner().invoke(main, [*path, "--help"])
+        assert result.exit_code == 0, (path, result.output)
+        for line in result.output.splitlines():
+            assert len(line) <= WIDTH, (" ".join(path), line)
+
+
+def test_cache_fingerprint_fits_80_columns_with_every_value_whole(monkeypatch):
+    from click.testing import CliRunner
+
+    from warmd.cli import main
+
+    monkeypatch.setenv("COLUMNS", str(WIDTH))
+    text = CliRunner().invoke(main, ["cache", "fingerprint", "--target", "h200", "--json"])
+    assert text.exit_code == 0, text.output
+    inputs = {item["library"]: item["inputs"] for item in json.loads(text.output)}
+    result = CliRunner().invoke(main, ["cache", "fingerprint", "--target", "h200"])
+    assert result.exit_code == 0, result.output
+    assert max(len(line) for line in result.output.splitlines()) <= WIDTH
+    for values in inputs.values():
+        for value in values.values():
+            shown = json.dumps(value, sort_keys=True) if isinstance(value, dict) else value
+            assert _whole(str(shown), result.output)

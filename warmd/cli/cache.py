@@ -15,7 +15,7 @@ import click
 from rich.console import RenderableType
 
 from warmd import settings
-from warmd.cli.render import Col, fitted_table, make_console
+from warmd.cli.render import Col, console_width, fitted_table, fold, make_console
 from warmd.errors import WarmdInputError
 from warmd.stats import (
     CounterFlag,
@@ -179,7 +179,8 @@ def fingerprint(libraries, target, capability, sms, config_path, as_json) -> Non
         click.echo(f"{item['library']}  {item['digest']}")
         for key, value in sorted(item["inputs"].items()):
             shown = json.dumps(value, sort_keys=True) if isinstance(value, dict) else value
-            click.echo(f"  {key:<18} {shown}")
+            for line in fold(f"  {key:<18} {shown}", console_width(), " " * 21):
+                click.echo(line)
 
 
 # ----------------------------------------------------------------------------- stats
