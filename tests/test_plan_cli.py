@@ -76,6 +76,17 @@ def test_bundled_examples_all_plan():
 
 @pytest.mark.parametrize("args, message", [
     (["--model", "/no/such/dir"], "model config not found"),
+    # a mistyped bundled name lists the bundled names
+    (["--model", "deepseek-v4", "--target", "h200"], "no bundled model of that name; "
+     "bundled: deepseek-v3, llama-3.1-8b, mixtral-8x7b, qwen3-30b-a3b-fp8"),
+    (["--target", "h200", "--", "vllm", "serve", "llama3"], "bundled: deepseek-v3,"),
+    # an engine's flag given to warmd: its own option, and the serve-command form
+    (["--model", "llama-3.1-8b", "--tensor-parallel-size", "8"],
+     "--tensor-parallel-size is vLLM's flag, not warmd plan's: use --tp, or give the serve "
+     "command after --: warmd plan -- vllm serve MODEL --tensor-parallel-size ..."),
+    (["--tp-size=8"], "--tp-size is SGLang's flag, not warmd plan's: use --tp"),
+    (["--enforce-eager"], "--enforce-eager is vLLM's flag, not warmd plan's: give the serve "
+     "command after --"),
     (["--model", "llama-3.1-8b", "--tp", "3"], "--tp=3 does not divide"),
     # SGLang takes any EP size that divides the experts; vLLM only 1 or TP x DP.
     (["--model", "qwen3-30b-a3b-fp8", "--engine", "sglang", "--ep", "5"],
