@@ -147,8 +147,8 @@ HELP: dict[str, str] = {
     "tasks": "Warmup tasks run (a task is one JIT module, or one GEMM shape's kernels)",
     "tasks_failed": "Warmup tasks that failed",
     "compile_seconds": "Time spent compiling kernels",
-    "compile_seconds_saved": "Compile time saved: what the kernels found in a cache took "
-                             "to compile where they were built",
+    "compile_seconds_saved": "Compile time saved: what the kernels another node compiled "
+                             "(installed from the shared cache) took to compile there",
     "fetch_seconds": "Time spent reading entries from the shared cache and checking digests",
     "install_seconds": "Time spent writing fetched entries into the local kernel caches",
     "verify_seconds": "Time spent checking kernels already on disk against their records",
@@ -171,6 +171,14 @@ BY_ID = {s.id: s for s in COUNTERS}
 LABEL_WIDTH = len("Corrupt entries rejected") + 2
 VALUE_WIDTH = 12
 BY_OUTCOME = {s.outcome: s for s in COUNTERS if s.outcome}
+
+
+def compile_seconds_saved(outcome: Outcome, recorded: float, compiled_here: bool) -> float:
+    """What a kernel's outcome saved: for a hit of someone else's compile (installed from
+    the shared cache, in this run or an earlier one), what the compile took where it was
+    built (`recorded`); a re-hit of this node's own compile saved nothing (the time was
+    spent here, and counted as compile time), nor did a compile or a failure."""
+    return recorded if outcome.is_hit and not compiled_here else 0.0
 
 
 def help_text(stat: Stat) -> str:
