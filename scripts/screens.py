@@ -163,6 +163,7 @@ def document(live: bool, kept: dict[str, str]) -> str:
             for screen in SCREENS_LIST:
                 block = render(screen, cwd, env) if live or not screen.live else \
                     kept.get(screen.title, "(not captured yet: scripts/screens.py --live)\n")
+                block = "".join(f"{line.rstrip()}\n" for line in block.splitlines())
                 parts.append(f"\n## {screen.title}\n\n{screen.prose}\n\n```text\n{block}```\n")
         finally:
             if live:  # whatever happened, nothing of ours keeps running
