@@ -540,3 +540,20 @@ def test_rejection_reasons_are_one_line_each_and_relevant():
     assert w13["kernel"] == "TritonExperts"
     [deepep] = [r["reason"] for r in w13["rejected"] if r["kernel"] == "DeepEPDeepGemmExperts"]
     assert "only with DeepEP" in deepep and "DeepGEMM unavailable" not in deepep
+
+
+def test_shipped_library_data_names_libraries_and_releases_warmd_follows():
+    """Every library the engines' release data names is one warmd probes, and every
+    release is one whose flags warmd follows (the newest it has data for)."""
+    from warmd.engines.cli_args import FOLLOWED
+    from warmd.engines.shipped import shipped_release
+    from warmd.engines.versions import parse_version
+    from warmd.libraries import probe_names
+
+    for engine, release in FOLLOWED.items():
+        shipped = shipped_release(engine, parse_version(release))
+        assert shipped is not None and shipped.release == release and not shipped.newest
+        assert {lib.name for lib in shipped.libraries} <= set(probe_names())
+        assert {"deep_gemm", "flashinfer"} <= {lib.name for lib in shipped.libraries}
+        assert shipped_release(engine, None).newest
+    assert shipped_release("vllm", (0, 20, 0)) is None  # no data: this machine's libraries
