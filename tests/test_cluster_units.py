@@ -216,8 +216,9 @@ def test_controller_endpoint_counts_nodes_by_state_and_the_boot_progress():
                NodeState("d" * 56, state=st.DEGRADED, progress_done=2, progress_total=2)]
     current = [r.to_json() for r in records]
     metrics = ControllerMetrics(lambda: current, lambda: {"reconciles": 7, "errors": 0})
-    port = metrics.serve(0)
+    port = metrics.serve(0, "127.0.0.1")
     try:
+        assert metrics.endpoint_url("10.0.0.7") == f"http://127.0.0.1:{port}/metrics"
         text = _scrape(port)
         current[1] = NodeState("b" * 56, state=st.READY, progress_done=4,
                                progress_total=4).to_json()

@@ -69,8 +69,8 @@ class Controller:
 
         self.metrics = ControllerMetrics(records, lambda: dict(self.counters))
         wanted = self.config.agent.metrics_port
-        port = self.metrics.serve(wanted + 1 if 0 < wanted < 65535 else 0)
-        return f"http://{ray_api.current_node_ip()}:{port}/metrics"
+        self.metrics.serve(wanted + 1 if 0 < wanted < 65535 else 0)
+        return self.metrics.endpoint_url(ray_api.current_node_ip())
 
     def _configure(self, config_json: dict, redis_url: str | None) -> None:
         self.config = WarmdConfig.from_json(config_json)

@@ -145,6 +145,15 @@ class AgentMetrics:
             self._server, _ = start_http_server(0, addr=host, registry=self.registry)
         return self._server.server_address[1]
 
+    def endpoint_url(self, node_ip: str) -> str:
+        """The served endpoint's URL: the address it is bound to, or the node's IP where it
+        listens on every address."""
+        assert self._server is not None
+        host, port = self._server.server_address[:2]
+        if host in ("", "0.0.0.0", "::"):
+            host = node_ip or "127.0.0.1"
+        return f"http://{host}:{port}/metrics"
+
     def close(self) -> None:
         if self._server is not None:
             with contextlib.suppress(Exception):
@@ -180,6 +189,7 @@ class ControllerMetrics:
         self._server = None
 
     serve = AgentMetrics.serve  # the one endpoint logic (bind, a taken port's fallback)
+    endpoint_url = AgentMetrics.endpoint_url
     close = AgentMetrics.close
 
 
