@@ -140,9 +140,10 @@ def test_runtime_jit_is_counted_shared_and_never_compiled_again(cluster):
     assert "runtime JIT: 2 (last: " in shown.stdout
     failing = cli(base, "status", "--address", c.address, "--fail-on-runtime-jit")
     assert failing.returncode == 1 and "2 kernel(s) compiled after READY" in failing.stderr
+    jit = f'warmd_runtime_jit_total{{library="triton",node="{record["name"]}"}}'
     metrics = until(lambda: (t := _metrics(record["metrics_url"])) and
-                       "warmd_captured_total" in t and t, timeout=10)
-    assert f'warmd_runtime_jit_total{{library="triton",node="{record["name"]}"}}' in metrics
+                    f"{jit} 1.0" in t and t, timeout=10)  # (its series is there from 0)
+    assert f"{jit} 1.0" in metrics
     print(f"engine compiles {compiled}; runtime JIT = 2 in status {seen_after:.2f}s after "
           "they finished")
 

@@ -251,6 +251,17 @@ def test_start_warms_every_selected_node(world):
     name = nodes[world.node_id("a")]["name"]  # the stable name, not Ray's id
     assert f'warmd_node_state{{node="{name}",state="READY"}} 1.0' in text
     assert "warmd_warmup_seconds_count" in text and 'outcome="compiled"' in text
+    assert f'warmd_runtime_jit_total{{library="triton",node="{name}"}} 0.0' in text
+    assert 'warmd_build_info{component="agent"' in text and "process_cpu_seconds_total" in text
+
+    # the controller serves the cluster's gauges: both nodes READY, the boot done
+    url = world.status()["controller"]["metrics_url"]
+    cluster = urllib.request.urlopen(url, timeout=10).read().decode()
+    assert 'warmd_cluster_nodes{state="READY"} 2.0' in cluster
+    assert 'warmd_cluster_nodes{state="FAILED"} 0.0' in cluster
+    assert "warmd_cluster_warm_ratio 1.0" in cluster
+    assert 'warmd_cluster_progress_tasks{kind="done"} 2.0' in cluster
+    assert 'warmd_build_info{component="controller"' in cluster
 
     shown = world.cli("status", "--address", world.cluster.address)
     assert shown.returncode == 0, shown.stderr

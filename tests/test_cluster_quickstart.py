@@ -67,7 +67,8 @@ def _quickstart(env: dict, tmp_path) -> None:
         # the store commands read the daemon's store; with it stopped they start none
         gone = warmd(env, "cache", "stats")
         assert gone.returncode == 1 and "no shared cache is running" in gone.stderr
-        assert "not running" in warmd(env, "cache", "server", "status").stdout
+        server = warmd(env, "cache", "server", "status")
+        assert server.returncode == 3 and "not running" in server.stdout
 
         down = warmd(env, "status")
         assert down.returncode == 1 and down.stderr == ""

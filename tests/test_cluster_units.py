@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import platform
 import re
 import time
 import urllib.request
@@ -156,9 +157,84 @@ def test_every_metric_is_in_the_docs_table():
     docs = (Path(__file__).resolve().parent.parent / "docs" / "daemon.md").read_text()
     table = docs.split("## Metrics and logs", 1)[1].split("\n\n", 3)[2]
     documented = set(re.findall(r"`(warmd_[a-z_]+)`", table))
-    names = {f"{m.name}_total" if m.type == "counter" else m.name
-             for m in AgentMetrics("n").registry.collect()}
+    names = {f"{m.name}_total" if m.type == "counter" else
+             f"{m.name}_info" if m.type == "info" else m.name
+             for m in AgentMetrics("n").registry.collect() if m.name.startswith("warmd_")}
     assert documented == names
+    controller = docs.split("The controller serves", 1)[1].split("\n\n", 2)[1]
+    assert set(re.findall(r"`(warmd_[a-z_]+)`", controller)) == _controller_metric_names()
+
+
+def _controller_metric_names() -> set[str]:
+    from warmd.cluster.metrics import ControllerMetrics
+
+    counters = {"reconciles": 1, "agents_started": 1, "agents_replaced": 0,
+                "nodes_removed": 0, "errors": 0}
+    metrics = ControllerMetrics(lambda: [], lambda: counters)
+    return {f"{m.name}_total" if m.type == "counter" else
+            f"{m.name}_info" if m.type == "info" else m.name
+            for m in metrics.registry.collect() if m.name.startswith("warmd_")}
+
+
+def _scrape(port: int) -> str:
+    return urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+
+
+def test_every_series_exists_at_zero_before_the_first_event_with_build_and_process_info():
+    pytest.importorskip("prometheus_client")
+    from warmd import __version__
+    from warmd.cluster.metrics import AgentMetrics
+    from warmd.libraries import LIBRARIES
+
+    metrics = AgentMetrics("gpu-a-1f2e3d4c")
+    port = metrics.serve(0)
+    try:
+        text = _scrape(port)
+    finally:
+        metrics.close()
+    node = 'node="gpu-a-1f2e3d4c"'
+    for library in ("deep_gemm", "flashinfer", "triton"):
+        assert library in LIBRARIES
+        assert f'warmd_runtime_jit_total{{library="{library}",{node}}} 0.0' in text
+        assert f'warmd_captured_total{{library="{library}",{node}}} 0.0' in text
+    for outcome in ("local_hit", "remote_hit", "compiled", "failed"):
+        assert f'warmd_kernels_total{{{node},outcome="{outcome}"}} 0.0' in text
+    assert f"warmd_compile_seconds_total{{{node}}} 0.0" in text
+    assert f"warmd_warmup_seconds_count{{{node}}} 0.0" in text
+    assert (f'warmd_build_info{{component="agent",{node},python="{platform.python_version()}",'
+            f'version="{__version__}"}} 1.0') in text
+    assert "process_resident_memory_bytes " in text and "process_cpu_seconds_total " in text
+
+
+def test_controller_endpoint_counts_nodes_by_state_and_the_boot_progress():
+    pytest.importorskip("prometheus_client")
+    from warmd.cluster.metrics import ControllerMetrics
+
+    records = [NodeState("a" * 56, state=st.READY, progress_done=4, progress_total=4),
+               NodeState("b" * 56, state=st.WARMING, progress_done=1, progress_total=4),
+               NodeState("c" * 56, state=st.WARMING, progress_done=0, progress_total=2),
+               NodeState("d" * 56, state=st.DEGRADED, progress_done=2, progress_total=2)]
+    current = [r.to_json() for r in records]
+    metrics = ControllerMetrics(lambda: current, lambda: {"reconciles": 7, "errors": 0})
+    port = metrics.serve(0, "127.0.0.1")
+    try:
+        assert metrics.endpoint_url("10.0.0.7") == f"http://127.0.0.1:{port}/metrics"
+        text = _scrape(port)
+        current[1] = NodeState("b" * 56, state=st.READY, progress_done=4,
+                               progress_total=4).to_json()
+        later = _scrape(port)  # read at each scrape
+    finally:
+        metrics.close()
+    assert 'warmd_cluster_nodes{state="WARMING"} 2.0' in text
+    assert 'warmd_cluster_nodes{state="READY"} 1.0' in text
+    assert 'warmd_cluster_nodes{state="FAILED"} 0.0' in text  # every state, zeros too
+    assert "warmd_cluster_warm_ratio 0.5" in text
+    assert 'warmd_cluster_progress_tasks{kind="done"} 7.0' in text
+    assert 'warmd_cluster_progress_tasks{kind="total"} 12.0' in text
+    assert "warmd_controller_reconciles_total 7.0" in text
+    assert 'component="controller"' in text and "process_start_time_seconds " in text
+    assert 'warmd_cluster_nodes{state="READY"} 2.0' in later
+    assert "warmd_cluster_warm_ratio 0.75" in later
 
 
 def test_metrics_endpoint(tmp_path):

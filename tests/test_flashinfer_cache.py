@@ -92,7 +92,7 @@ def test_second_run_is_a_local_hit_with_no_ninja_work(built):
     report = _warm(built.plan, built.base / "wsA")
     c = report.counters
     assert (c.local_hits, c.compiled, c.failed) == (1, 0, 0)
-    assert c.compile_seconds_saved == pytest.approx(built.report.counters.compile_seconds)
+    assert c.compile_seconds_saved == 0.0  # this node's own compile: no time saved
     assert _log(built.adapter) == before
 
 

@@ -76,6 +76,17 @@ def test_bundled_examples_all_plan():
 
 @pytest.mark.parametrize("args, message", [
     (["--model", "/no/such/dir"], "model config not found"),
+    # a mistyped bundled name lists the bundled names
+    (["--model", "deepseek-v4", "--target", "h200"], "no bundled model of that name; "
+     "bundled: deepseek-v3, llama-3.1-8b, mixtral-8x7b, qwen3-30b-a3b-fp8"),
+    (["--target", "h200", "--", "vllm", "serve", "llama3"], "bundled: deepseek-v3,"),
+    # an engine's flag given to warmd: its own option, and the serve-command form
+    (["--model", "llama-3.1-8b", "--tensor-parallel-size", "8"],
+     "--tensor-parallel-size is vLLM's flag, not warmd plan's: use --tp, or give the serve "
+     "command after --: warmd plan -- vllm serve MODEL --tensor-parallel-size ..."),
+    (["--tp-size=8"], "--tp-size is SGLang's flag, not warmd plan's: use --tp"),
+    (["--enforce-eager"], "--enforce-eager is vLLM's flag, not warmd plan's: give the serve "
+     "command after --"),
     (["--model", "llama-3.1-8b", "--tp", "3"], "--tp=3 does not divide"),
     # SGLang takes any EP size that divides the experts; vLLM only 1 or TP x DP.
     (["--model", "qwen3-30b-a3b-fp8", "--engine", "sglang", "--ep", "5"],
@@ -168,8 +179,9 @@ def test_planned_flashinfer_modules_match_flashinfer_spec_names(tmp_path):
     """The planner names FlashInfer modules without importing it; FlashInfer must agree."""
     pytest.importorskip("flashinfer", reason="FlashInfer names are checked where it is installed")
     plans = [
+        # (without sgl-kernel, which SGLang pins: its activation is then FlashInfer's)
         plan_json("--model", "llama-3.1-8b", "--target", "b200", "--quantization", "mxfp8",
-                  "--with", "flashinfer", "--engine", "sglang"),
+                  "--with", "flashinfer", "--engine", "sglang", "--without", "sgl_kernel"),
         # SGLang's flashinfer MLA builds batch_mla on Hopper (vLLM's FLASHINFER_MLA is sm100
         # TRT-LLM-gen only: docs/selection.md).
         plan_json("--model", "deepseek-v3", "--tp", "8", "--target", "h200", "--with",
@@ -238,23 +250,60 @@ def _absent_here(monkeypatch, *names: str) -> None:
     monkeypatch.setattr(registry, "probe_library", probe)
 
 
-def test_plan_for_a_preset_notes_missing_libraries_it_would_use(monkeypatch):
+def test_plan_for_a_preset_assumes_the_libraries_the_engine_ships(monkeypatch):
+    """A plan for another GPU is for a node that runs the engine: vLLM 0.34.0 vendors
+    DeepGEMM 2.8.1 and pins FlashInfer 0.7.3, whatever this machine has."""
     _absent_here(monkeypatch, "deep_gemm", "sgl_kernel")
-    args = ["plan", "--model", "deepseek-v3", "--tp", "8", "--target", "h200"]
+    args = ["plan", "--target", "h200", "--", "vllm", "serve", "deepseek-v3",
+            "--tensor-parallel-size", "8"]
+    result = CliRunner(env={"COLUMNS": "80"}).invoke(main, args)
+    assert result.exit_code == 0 and result.stderr == ""
+    assert "Summary: 10 tasks (8 deep_gemm, 2 flashinfer)" in result.stdout
+    assert _flat("vendored by vllm 0.34.0 (newest known): deep_gemm 2.8.1") in \
+        _flat(result.stdout)
+    data = json.loads(CliRunner().invoke(main, [*args[:3], "--json", *args[3:]]).stdout)
+    assert data["assumed_on_target"]["from_engine"]["deep_gemm"] == {
+        "version": "2.8.1", "why": "vendored by vllm 0.34.0 (newest known)"}
+    assert data["assumed_on_target"]["from_engine"]["flashinfer"]["version"] == "0.7.3"
+    assert data["libraries"]["deep_gemm"]["module"] == "vllm.third_party.deep_gemm"
+    given = json.loads(CliRunner().invoke(main, [*args[:3], "--json", "--engine-version",
+                                                 "0.34.0", *args[3:]]).stdout)
+    assert given["libraries"]["deep_gemm"]["assumed"] == "vendored by vllm 0.34.0"
+    # --without says otherwise: planned as if absent, as said
+    without = json.loads(CliRunner().invoke(main, [*args[:3], "--json", "--without",
+                                                   "deep_gemm", *args[3:]]).stdout)
+    assert len(without["tasks"]) == 1 and "deep_gemm" in without["assumed_on_target"]["absent"]
+    sglang = CliRunner().invoke(main, ["plan", "--model", "deepseek-v3", "--tp", "8",
+                                       "--target", "h200", "--engine", "sglang", "--json"])
+    assert sglang.stderr == ""
+    shipped = json.loads(sglang.stdout)["assumed_on_target"]["from_engine"]
+    assert shipped["deep_gemm"]["version"] == "0.2.3.post2"
+    assert shipped["sgl_kernel"]["why"] == "pinned by sglang 0.5.23 (newest known)"
+
+
+def test_plan_for_a_release_warmd_has_no_data_for_notes_missing_libraries(monkeypatch):
+    _absent_here(monkeypatch, "deep_gemm", "sgl_kernel")
+    args = ["plan", "--model", "deepseek-v3", "--tp", "8", "--target", "h200",
+            "--engine-version", "0.33.0"]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0
     assert result.stderr.splitlines() == [
         "warmd: note: deep_gemm is not installed here; planning as if absent (pass --with "
         "deep_gemm to plan for a node that has it, or --without deep_gemm to confirm)"]
-    assert "Summary: 1 tasks" in result.stdout  # behaviour kept: planned as if absent
+    assert "Summary: 1 tasks" in result.stdout  # planned as if absent
     for flag in ("--with", "--without"):
         quiet = CliRunner().invoke(main, [*args, flag, "deep_gemm", "--json"])
         assert quiet.exit_code == 0 and quiet.stderr == ""
     # sgl_kernel matters to SGLang's plan only
-    sglang = CliRunner().invoke(main, [*args, "--engine", "sglang", "--json"])
+    sglang = CliRunner().invoke(main, [*args[:-2], "--engine", "sglang", "--engine-version",
+                                       "0.5.22", "--json"])
     assert "deep_gemm, sgl_kernel are not installed here" in sglang.stderr
     assert "--with deep_gemm --with sgl_kernel" in sglang.stderr
     assert len(sglang.stderr.splitlines()) == 1 and json.loads(sglang.stdout)["tasks"]
+
+
+def _flat(text: str) -> str:
+    return " ".join(text.split())
 
 
 def test_plan_for_the_local_gpu_notes_nothing(monkeypatch):
@@ -491,3 +540,20 @@ def test_rejection_reasons_are_one_line_each_and_relevant():
     assert w13["kernel"] == "TritonExperts"
     [deepep] = [r["reason"] for r in w13["rejected"] if r["kernel"] == "DeepEPDeepGemmExperts"]
     assert "only with DeepEP" in deepep and "DeepGEMM unavailable" not in deepep
+
+
+def test_shipped_library_data_names_libraries_and_releases_warmd_follows():
+    """Every library the engines' release data names is one warmd probes, and every
+    release is one whose flags warmd follows (the newest it has data for)."""
+    from warmd.engines.cli_args import FOLLOWED
+    from warmd.engines.shipped import shipped_release
+    from warmd.engines.versions import parse_version
+    from warmd.libraries import probe_names
+
+    for engine, release in FOLLOWED.items():
+        shipped = shipped_release(engine, parse_version(release))
+        assert shipped is not None and shipped.release == release and not shipped.newest
+        assert {lib.name for lib in shipped.libraries} <= set(probe_names())
+        assert {"deep_gemm", "flashinfer"} <= {lib.name for lib in shipped.libraries}
+        assert shipped_release(engine, None).newest
+    assert shipped_release("vllm", (0, 20, 0)) is None  # no data: this machine's libraries

@@ -5,7 +5,9 @@ from a real daemon in docs/screens.md are held here too."""
 
 from __future__ import annotations
 
+import json
 import re
+import sys
 import time
 from pathlib import Path
 
@@ -90,3 +92,71 @@ def test_the_documented_screens_are_80_columns_with_nothing_cut():
     for screen in screens:
         assert max(len(line) for line in screen.splitlines()) <= WIDTH
         assert ELLIPSIS not in screen
+
+
+def _commands(command, path=()):
+    """Every command of the click group, as (its path, the command), the group's first."""
+    import click
+
+    yield path, command
+    if isinstance(command, click.Group):
+        for name, sub in sorted(command.commands.items()):
+            yield from _commands(sub, (*path, name))
+
+
+def test_every_help_fits_80_columns_with_no_word_cut(monkeypatch):
+    from click.testing import CliRunner
+
+    from warmd.cli import main
+
+    monkeypatch.setenv("COLUMNS", str(WIDTH))
+    commands = list(_commands(main))
+    assert len(commands) > 15 and ("cache", "server", "status") in dict(commands)
+    for path, _command in commands:
+        result = CliRunner().invoke(main, [*path, "--help"])
+        assert result.exit_code == 0, (path, result.output)
+        for line in result.output.splitlines():
+            assert len(line) <= WIDTH, (" ".join(path), line)
+
+
+def test_cache_fingerprint_fits_80_columns_with_every_value_whole(monkeypatch):
+    from click.testing import CliRunner
+
+    from warmd.cli import main
+
+    monkeypatch.setenv("COLUMNS", str(WIDTH))
+    text = CliRunner().invoke(main, ["cache", "fingerprint", "--target", "h200", "--json"])
+    assert text.exit_code == 0, text.output
+    inputs = {item["library"]: item["inputs"] for item in json.loads(text.output)}
+    result = CliRunner().invoke(main, ["cache", "fingerprint", "--target", "h200"])
+    assert result.exit_code == 0, result.output
+    assert max(len(line) for line in result.output.splitlines()) <= WIDTH
+    for values in inputs.values():
+        for value in values.values():
+            shown = json.dumps(value, sort_keys=True) if isinstance(value, dict) else value
+            assert _whole(str(shown), result.output)
+
+
+def _screens_script():
+    import importlib.util
+
+    path = SCREENS.parent.parent / "scripts" / "screens.py"
+    spec = importlib.util.spec_from_file_location("screens_script", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # (its dataclasses look their module up)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_docs_screens_md_is_what_scripts_screens_py_writes():
+    """The plans and --help texts in docs/screens.md are rendered again by the script (real
+    `python -m warmd` runs at 80 columns) and must be what is committed: run
+    `python scripts/screens.py` after changing what they show. The daemon's screens are
+    kept as captured (`--live` renders them)."""
+    script = _screens_script()
+    committed = SCREENS.read_text()
+    written = script.document(live=False, kept=script.kept_blocks(committed))
+    assert written == committed, "docs/screens.md is stale: run python scripts/screens.py"
+    titles = [s.title for s in script.SCREENS_LIST if not s.live]
+    assert {"warmd --help", "warmd plan: DeepSeek-V3"} <= set(titles)
+    assert "Summary: 10 tasks (8 deep_gemm, 2 flashinfer)" in committed

@@ -12,6 +12,7 @@ from click.testing import CliRunner
 from store_support import DirAdapter, module_server, task_entries, warm
 
 from warmd.cli import main
+from warmd.stats import LABEL_WIDTH, VALUE_WIDTH
 from warmd.store import layout, open_shared_cache
 
 server = module_server("cli-secret")
@@ -98,12 +99,19 @@ def test_stats_and_ls(url, tmp_path):
 
 def test_stats_tables_at_80_columns_keep_every_header_and_name_whole(url, tmp_path):
     """Columns are left out (the JSON has them all) before a header or a node name is cut;
-    a fingerprint is shortened in the middle, its head and tail kept."""
+    a fingerprint is shortened in the middle, its head and tail kept. Every counter's value
+    ends in one column, whatever its label."""
     _fill(url, tmp_path)
     result = CliRunner(env={"COLUMNS": "80"}).invoke(main, ["cache", "stats", "--redis", url])
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
     assert max(len(line) for line in lines) <= 80
+    listing = lines[2:lines.index(next(x for x in lines if x.startswith("Key proof")))]
+    assert len(listing) >= 30
+    end = LABEL_WIDTH + VALUE_WIDTH
+    for line in listing:  # "label   value", a counter's share or the store's size after it
+        assert line[LABEL_WIDTH - 1] == " " and line[end - 1] != " ", line
+        assert line[end:end + 1] in ("", " ", ","), line
     headers = " ".join(line for line in lines if line.startswith("┃"))
     assert "…" not in headers and "node" in headers and "hit rate" in headers
     assert any("filler" in line for line in lines if line.startswith("│"))
@@ -227,15 +235,17 @@ def test_import_refuses_unsafe_archives_writing_nothing(url, server, tmp_path):
     client.close()
 
 
-def test_server_commands(tmp_path, monkeypatch):
+def test_server_commands_and_status_exits_3_when_not_running(tmp_path, monkeypatch):
     monkeypatch.setenv("WARMD_STATE_DIR", str(tmp_path / "state"))
-    assert "not running" in run("cache", "server", "status").output
+    assert "not running" in run("cache", "server", "status", code=3).output
+    assert json.loads(run("cache", "server", "status", "--json", code=3).output) == \
+        {"running": False}
     started = json.loads(run("cache", "server", "start", "--json").output)
     assert started["running"] and ":***@" in started["url"]
     assert json.loads(run("cache", "server", "status", "--json").output)["pid"] == \
         started["pid"]
     assert "stopped" in run("cache", "server", "stop").output
-    assert "not running" in run("cache", "server", "status").output
+    assert "not running" in run("cache", "server", "status", code=3).output
 
 
 # ----- which store a command talks to: the daemon's, never one it starts -----

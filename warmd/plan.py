@@ -214,6 +214,7 @@ def make_plan(request: PlanRequest) -> Plan:
     )
     from warmd.engines.environment import EngineEnv, process_engine_env
     from warmd.engines.hub import resolve_model
+    from warmd.engines.shipped import assume_shipped, shipped_release
     from warmd.engines.versions import resolve_version
     from warmd.errors import WarmdInputError
     from warmd.kernels.preferences import ENGINES
@@ -240,6 +241,10 @@ def make_plan(request: PlanRequest) -> Plan:
     disabled = (frozenset(request.disabled_kernels) | disabled_kernels_from_env()
                 | frozenset(decisions.disabled))
     libraries = probe_libraries(request.with_libs, request.without_libs, request.engine)
+    shipped = shipped_release(request.engine, version) \
+        if request.engine_node and target.source in ("preset", "flags") else None
+    if shipped is not None:
+        libraries = assume_shipped(libraries, shipped)
     moe = moe_preference(request, engine_env, target.capability, model)
     env = Environment(target, libraries, request.engine, disabled,
                       deep_gemm_e8m0=decisions.deep_gemm_e8m0,

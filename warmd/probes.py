@@ -26,6 +26,10 @@ class LibraryProbe:
     overridden: bool = False
     module: str | None = None  # the import name, where the engine imports another than name
     display: str = ""  # how messages name the library (the registry sets it); "": its name
+    # Why it is taken as present rather than found here: a plan for another GPU assumes
+    # what the engine's release ships or pins (warmd.engines.shipped), e.g. "vendored by
+    # vllm 0.34.0"; "" when probed here or set by --with/--without.
+    assumed: str = ""
 
     @property
     def title(self) -> str:
@@ -41,6 +45,7 @@ class LibraryProbe:
             "location": self.location,
             "overridden": self.overridden,
             "module": self.module,
+            "assumed": self.assumed or None,
         }
 
 

@@ -41,6 +41,10 @@ class PlanRequest:
     # change kernels but that warmd does not model (listed by the plan).
     launch_args: tuple[tuple[str, str], ...] = ()
     unmodelled_args: tuple[str, ...] = ()
+    # A plan for the engine's node (`warmd plan`): for another GPU than this machine's, the
+    # libraries the engine's release ships or pins are assumed there (warmd.engines.shipped)
+    # instead of what this machine has. A warmup compiles here, so it probes here.
+    engine_node: bool = False
 
 
 def jsonable(value):

@@ -91,7 +91,7 @@ COUNTERS: tuple[Stat, ...] = (
     Stat("bytes_published", "Published", _F.RUN | _F.STORE | _F.BYTES | _F.NODE_COLUMN,
          column="published"),
     # What only the store counts (its per-node and per-fingerprint stats).
-    Stat("signature_rejected", "bad or missing signature",
+    Stat("signature_rejected", "bad/missing signature",
          _F.STORE | _F.ERROR | _F.REFUSAL | _F.DETAIL | _F.SHOWN),
     Stat("unsafe_rejected", "unsafe archive",
          _F.STORE | _F.ERROR | _F.REFUSAL | _F.DETAIL | _F.SHOWN),
@@ -107,12 +107,12 @@ COUNTERS: tuple[Stat, ...] = (
     Stat("publish_skipped", "Publish skipped (store off or read-only)", _F.STORE),
     Stat("store_errors", "Store errors", _F.STORE | _F.ERROR | _F.TROUBLE | _F.DOWN | _F.SHOWN),
     Stat("store_skipped", "Skipped (breaker open)", _F.STORE | _F.TROUBLE | _F.DOWN | _F.SHOWN),
-    Stat("store_retries", "Store calls retried (slow store)", _F.STORE | _F.SHOWN),
-    Stat("store_unreachable", "Store unreachable past the join budget",
+    Stat("store_retries", "Store calls retried", _F.STORE | _F.SHOWN),
+    Stat("store_unreachable", "Store down past budget",
          _F.STORE | _F.ERROR | _F.TROUBLE | _F.DOWN | _F.SHOWN),
-    Stat("peer_hits", "Entries fetched from other nodes", _F.STORE | _F.SHOWN),
+    Stat("peer_hits", "Entries from other nodes", _F.STORE | _F.SHOWN),
     Stat("bytes_from_peers", "Fetched from other nodes", _F.STORE | _F.BYTES),
-    Stat("peer_refused", "Peer bytes refused (digest)", _F.STORE | _F.ERROR | _F.SHOWN),
+    Stat("peer_refused", "Peer bytes bad digest", _F.STORE | _F.ERROR | _F.SHOWN),
     Stat("install_failed", "Installs failed here", _F.STORE | _F.ERROR),
     Stat("fetch_failed", "Fetches failed (bug)", _F.STORE | _F.ERROR | _F.SHOWN),
     Stat("tasks_hit", "Tasks found complete", _F.STORE),
@@ -126,7 +126,7 @@ COUNTERS: tuple[Stat, ...] = (
     Stat("lease_lost", "Leases lost while compiling", _F.STORE | _F.ERROR),
     # What happened to entries this node refused.
     Stat("replaced", "Refused entries replaced", _F.STORE | _F.SHOWN),
-    Stat("publish_blocked", "Blocked (key proof not ours)",
+    Stat("publish_blocked", "Blocked (other key proof)",
          _F.STORE | _F.ERROR | _F.SHOWN),
     # Learned-index names a node did not read (beyond the newest layout.MAX_LEARNED).
     Stat("learned_cut", "Learned names left out", _F.STORE | _F.ERROR | _F.SHOWN),
@@ -147,8 +147,8 @@ HELP: dict[str, str] = {
     "tasks": "Warmup tasks run (a task is one JIT module, or one GEMM shape's kernels)",
     "tasks_failed": "Warmup tasks that failed",
     "compile_seconds": "Time spent compiling kernels",
-    "compile_seconds_saved": "Compile time saved: what the kernels found in a cache took "
-                             "to compile where they were built",
+    "compile_seconds_saved": "Compile time saved: what the kernels another node compiled "
+                             "(installed from the shared cache) took to compile there",
     "fetch_seconds": "Time spent reading entries from the shared cache and checking digests",
     "install_seconds": "Time spent writing fetched entries into the local kernel caches",
     "verify_seconds": "Time spent checking kernels already on disk against their records",
@@ -166,7 +166,19 @@ HELP: dict[str, str] = {
                         "from, inputs outside what the library uses, a failed rebuild)",
 }
 BY_ID = {s.id: s for s in COUNTERS}
+# The columns of a counter listing: a label (at most LABEL_WIDTH - 1 characters, so that one
+# space is left; tests/test_screens.py holds every shown label to it), then the value.
+LABEL_WIDTH = len("Corrupt entries rejected") + 2
+VALUE_WIDTH = 12
 BY_OUTCOME = {s.outcome: s for s in COUNTERS if s.outcome}
+
+
+def compile_seconds_saved(outcome: Outcome, recorded: float, compiled_here: bool) -> float:
+    """What a kernel's outcome saved: for a hit of someone else's compile (installed from
+    the shared cache, in this run or an earlier one), what the compile took where it was
+    built (`recorded`); a re-hit of this node's own compile saved nothing (the time was
+    spent here, and counted as compile time), nor did a compile or a failure."""
+    return recorded if outcome.is_hit and not compiled_here else 0.0
 
 
 def help_text(stat: Stat) -> str:
@@ -237,10 +249,7 @@ class _CountersBase:
             rows.append((_label(stat), format_value(stat, value), share))
             if stat.id == ids(CounterFlag.KERNEL)[-1]:
                 rows.append(("Hit rate", f"{100.0 * self.hit_rate:.1f} %", ""))
-        width = max(len(r[0]) for r in rows) + 2
-        lines = [title]
-        lines += [f"{label:<{width}}{value:>12} {extra}".rstrip() for label, value, extra in rows]
-        return "\n".join(lines)
+        return "\n".join([title, *(counter_line(*row) for row in rows)])
 
 
 Counters = make_dataclass(
@@ -253,9 +262,17 @@ Counters.__module__ = __name__
 Counters.__doc__ = "One set of cache counters, for a warmup run and the cluster totals alike."
 
 
+def counter_line(label: str, value: str, extra: str = "") -> str:
+    """One line of a counter listing (`warmd status`, `warmd cache stats`, a warmup's
+    summary): the label in LABEL_WIDTH, the value right-aligned in VALUE_WIDTH, then extra.
+    Every label is shorter than LABEL_WIDTH, so every value ends in the same column."""
+    return f"{label:<{LABEL_WIDTH}}{value:>{VALUE_WIDTH}} {extra}".rstrip()
+
+
 def render_details(totals: dict) -> list[str]:
     """The store counters `warmd cache stats` lists under the Counters summary."""
-    return [f"{_label(s):<26}{int(totals.get(s.id, 0)):>12}" for s in select(CounterFlag.SHOWN)]
+    return [counter_line(_label(s), str(int(totals.get(s.id, 0))))
+            for s in select(CounterFlag.SHOWN)]
 
 
 def _label(stat: Stat) -> str:

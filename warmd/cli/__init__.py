@@ -24,7 +24,13 @@ class WarmdGroup(click.Group):
             sys.exit(2)
         except click.UsageError as exc:
             where = exc.ctx.command_path if exc.ctx else "warmd"
-            click.echo(f"warmd: error: {exc.format_message()} (see '{where} --help')", err=True)
+            message = exc.format_message()
+            if isinstance(exc, click.NoSuchOption):
+                from warmd.engines.launch import engine_flag_hint
+
+                hint = engine_flag_hint(exc.option_name, where)
+                message = hint or message
+            click.echo(f"warmd: error: {message} (see '{where} --help')", err=True)
             sys.exit(2)
 
 
@@ -36,9 +42,9 @@ def main() -> None:
 
     \b
     Typical flow:
-      warmd plan   --model PATH --tp 8 --target h200   # what will be compiled, and why
-      warmd warmup --model PATH --tp 8                 # compile it now, share it via Redis
-      warmd start                                      # warm every GPU node of a Ray cluster
+      warmd plan --model PATH --tp 8 --target h200  # what will be compiled, why
+      warmd warmup --model PATH --tp 8              # compile it, share via Redis
+      warmd start                                   # warm every GPU node (Ray)
     """
 
 

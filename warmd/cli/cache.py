@@ -15,7 +15,7 @@ import click
 from rich.console import RenderableType
 
 from warmd import settings
-from warmd.cli.render import Col, fitted_table, make_console
+from warmd.cli.render import Col, console_width, fitted_table, fold, make_console
 from warmd.errors import WarmdInputError
 from warmd.stats import (
     CounterFlag,
@@ -37,6 +37,7 @@ STORE_HELP = ("Shared cache URL: redis://[user:password@]host:port/db, rediss://
               "--config, else WARMD_REDIS_URL, else WARMD_CONFIG's, else the one the running "
               "daemon (`warmd start`) uses, else the embedded server if it runs (never "
               "started by this command).")
+NOT_RUNNING = 3  # the LSB init-script status code for "not running"
 CONFIG_HELP = ("warmd.yaml whose store (redis.url, redis.namespace, signing_key_file) to use "
                "(default: WARMD_CONFIG, else the running daemon's).")
 
@@ -118,7 +119,6 @@ def _ago(when: float | None) -> str:
 def cache() -> None:
     """Inspect and maintain the shared compiled-kernel cache (Redis).
 
-    \b
     Every node warming a plan installs what the cluster already compiled and publishes what
     it compiles. See docs/redis.md for deployment (maxmemory, ACL users, TLS).
     """
@@ -179,7 +179,8 @@ def fingerprint(libraries, target, capability, sms, config_path, as_json) -> Non
         click.echo(f"{item['library']}  {item['digest']}")
         for key, value in sorted(item["inputs"].items()):
             shown = json.dumps(value, sort_keys=True) if isinstance(value, dict) else value
-            click.echo(f"  {key:<18} {shown}")
+            for line in fold(f"  {key:<18} {shown}", console_width(), " " * 21):
+                click.echo(line)
 
 
 # ----------------------------------------------------------------------------- stats
@@ -482,11 +483,16 @@ def _print_server(found) -> None:
 @server.command(name="status")
 @json_option
 def server_status(as_json) -> None:
-    """Whether the embedded server of this state dir (WARMD_STATE_DIR) is running."""
+    """Whether the embedded server of this state dir (WARMD_STATE_DIR) is running.
+
+    Exit codes (the LSB's for a service's status): 0 running, 3 not running.
+    """
     from warmd.store import embedded_status
 
     found = embedded_status()
     _echo_json(_server_json(found)) if as_json else _print_server(found)
+    if found is None:
+        sys.exit(NOT_RUNNING)
 
 
 @server.command(name="start")

@@ -96,8 +96,9 @@ def start(config_path, redis_url, namespace, address, metrics_port, wait, timeou
     the new configuration; nodes re-warm when the work changed.
 
     \b
-    Exit codes: 0 every selected node warm (READY or DEGRADED), 1 a node FAILED, the
-    wait timed out or the config selects no node, 2 bad input (config, address).
+    Exit codes: 0 every selected node warm (READY or DEGRADED), 1 a node FAILED,
+    the wait timed out or the config selects no node, 2 bad input (config,
+    address).
     """
     from warmd.cluster import client
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import click
 from rich.console import Console
@@ -35,12 +36,15 @@ def plan(request: PlanRequest, as_json: bool, learned: bool, redis_url: str | No
     Every rejected kernel is listed with its reason. Plans from any machine, no GPU needed:
     pick the GPU with --target (a preset) or --capability and --sms (a custom GPU; with
     --target they may only repeat the preset's values), and the libraries with
-    --with/--without. Libraries are otherwise those installed here: a plan for another
-    GPU notes on stderr each missing library that would change it. Tables follow the
+    --with/--without. A plan for another GPU assumes the libraries the engine's release
+    ships or pins (vLLM 0.34.0: DeepGEMM 2.8.1 vendored, FlashInfer 0.7.3; the newest
+    release known when the engine is not installed here and --engine-version is not
+    given); others are those installed here, and stderr notes each missing library that
+    would change the plan. Tables follow the
     terminal's width: too narrow for a table, each layer and task is a block of lines;
     names and keys are never cut (a key's digest, its last part, works as --task-filter).
     """
-    result = make_plan(request)
+    result = make_plan(replace(request, engine_node=True))
     note_absent_libraries(result)
     indexes = _learned(result.key, redis_url) if learned else None
     if as_json:
@@ -93,7 +97,9 @@ def assumed_libraries(result: Plan) -> dict | None:
         return None
     probes = result.env.libraries.items()
     return {"present": [n for n, p in probes if p.available],
-            "absent": [n for n, p in probes if not p.available]}
+            "absent": [n for n, p in probes if not p.available],
+            "from_engine": {n: {"version": p.version, "why": p.assumed}
+                            for n, p in probes if p.assumed}}
 
 
 def _root_reason(reason: str) -> str:
@@ -154,6 +160,11 @@ def render_plan(result: Plan, console: Console) -> None:
     if assumed is not None:
         _say(console, f"Assumed on the target: {', '.join(assumed['present']) or 'none'}"
                       f"; not: {', '.join(assumed['absent']) or 'none'}")
+        by_why: dict[str, list[str]] = {}
+        for name, lib in assumed["from_engine"].items():
+            by_why.setdefault(lib["why"], []).append(f"{name} {lib['version']}")
+        for why, names in by_why.items():
+            _say(console, f"  {why}: {', '.join(names)}")
     for note in result.engine_notes:
         _say(console, f"Engine: {note}")
     layer_rows = [[f"{s.layer.name} [{s.layer.quant}]", s.layer.describe_shape(),

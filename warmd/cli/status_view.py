@@ -9,9 +9,8 @@ import time
 from warmd.cli.render import Col, console_width, table_lines, wrapped
 from warmd.cluster.state import NodeState, NodeStatus
 from warmd.cluster.status import StatusSnapshot, StoreSize
-from warmd.stats import BY_ID, CounterFlag, format_bytes, ids
+from warmd.stats import BY_ID, CounterFlag, counter_line, format_bytes, ids
 
-_LABEL_WIDTH = len("Corrupt entries rejected") + 2
 # What status sums (the nodes' records) differs from what `warmd cache stats` sums (every
 # warmup the store counted, per machine, since it began): each says which.
 TOTALS_TITLE = "Cluster totals (each selected node's last warmup)"
@@ -38,7 +37,7 @@ def render_status(snap: StatusSnapshot, width: int | None = None) -> str:
     no_node = ctl.no_node if ctl else None
     lines += ["", *_node_table(snap.nodes, width, no_node), ""]
     lines.append(snap.totals().render_text(TOTALS_TITLE))
-    lines.append(f"{BY_ID['runtime_jit'].description:<{_LABEL_WIDTH}}{snap.runtime_jit:>12}")
+    lines.append(counter_line(BY_ID['runtime_jit'].description, str(snap.runtime_jit)))
     lines += store_lines(snap.store_size)
     return "\n".join(lines + _key_proof_alarm(snap, width))
 
@@ -184,14 +183,14 @@ def _runtime_jit_note(node: NodeState) -> str | None:
 def store_lines(size: StoreSize | None) -> list[str]:
     """The store's size and capacity, as `warmd status` and `warmd cache stats` show them."""
     if size is None:
-        return [f"{'Store size':<{_LABEL_WIDTH}}{'unknown':>12}"]
-    lines = [f"{'Store size':<{_LABEL_WIDTH}}{format_bytes(size.used_memory):>12}, "
-             f"{size.keys} keys"]
+        return [counter_line("Store size", "unknown")]
+    lines = [counter_line("Store size", format_bytes(size.used_memory)).rstrip()
+             + f", {size.keys} keys"]
     if size.maxmemory:
         used = 100 * size.used_memory / size.maxmemory
         policy = f" ({size.maxmemory_policy})" if size.maxmemory_policy else ""
-        lines.append(f"{'Store capacity':<{_LABEL_WIDTH}}{format_bytes(size.maxmemory):>12} "
-                     f"maxmemory, {used:.1f}% used{policy}")
+        lines.append(counter_line("Store capacity", format_bytes(size.maxmemory),
+                                  f"maxmemory, {used:.1f}% used{policy}"))
     else:
-        lines.append(f"{'Store capacity':<{_LABEL_WIDTH}}{'no limit':>12} (maxmemory 0)")
+        lines.append(counter_line("Store capacity", "no limit", "(maxmemory 0)"))
     return lines

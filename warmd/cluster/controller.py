@@ -52,10 +52,25 @@ class Controller:
         self.no_node = ""  # why the config selects no node, after a round that found none
         self.reconciled_hash = ""  # the config of the last round: no_node and nodes are its
         self._configure(config_json, redis_url)
+        self.metrics_url = self._serve_metrics()
         self._thread = threading.Thread(target=self._loop, name="warmd-controller", daemon=True)
         self._thread.start()
         self.log.info("controller started", extra={"config_hash": self.config_hash,
                                                    "redis": redact_url(redis_url)})
+
+    def _serve_metrics(self) -> str:
+        """The cluster's gauges on the port after the agents' (9465 by default; a taken
+        port, or agent.metrics_port 0, gets any free one): its URL."""
+        from warmd.cluster.metrics import ControllerMetrics
+
+        def records() -> list[dict]:
+            with self._lock:
+                return [dict(r) for r in self.records.values()]
+
+        self.metrics = ControllerMetrics(records, lambda: dict(self.counters))
+        wanted = self.config.agent.metrics_port
+        self.metrics.serve(wanted + 1 if 0 < wanted < 65535 else 0)
+        return self.metrics.endpoint_url(ray_api.current_node_ip())
 
     def _configure(self, config_json: dict, redis_url: str | None) -> None:
         self.config = WarmdConfig.from_json(config_json)
@@ -89,6 +104,7 @@ class Controller:
                         "redis": redact_url(self.redis_url), "counters": dict(self.counters),
                         "last_error": self.last_error, "info": self.info,
                         "no_node": self.no_node, "reconciled_hash": self.reconciled_hash,
+                        "metrics_url": self.metrics_url,
                         "store_size": self.store.server_size(),
                         "key_proof": self.store.key_proof(self.config.signing_key_file)},
                     "nodes": records}
@@ -109,6 +125,7 @@ class Controller:
                 self.store.delete(nid)
             self.records.clear()
             self.store.delete_daemon()
+        self.metrics.close()
         self.log.info("controller stopped", extra={"agents_stopped": len(agents)})
         return {"agents_stopped": len(agents)}
 

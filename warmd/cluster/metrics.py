@@ -11,23 +11,36 @@ Prometheus names units: TIME in `_seconds` (compile_seconds_saved:
 Every series is labelled `node`: the node's stable name (WARMD_NODE_NAME, else the node-id
 file; what `warmd status` shows), not Ray's node id, which changes at every restart and
 would start new series each time. No `_created` series: a counter's start time says nothing
-an operator needs (the heartbeat gauge says the agent is alive).
+an operator needs (the heartbeat gauge says the agent is alive). Every series of a counter
+exists from the start at zero (per outcome, per library for the capture's), so that a rate or
+an alert on it works before the first event. Both endpoints carry `warmd_build_info` and the
+process collector's `process_*` series.
+
+The controller's endpoint (ControllerMetrics) holds the cluster's gauges: nodes by state and
+the boot's progress, read from the controller's node records at each scrape.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import platform
+from collections.abc import Callable, Iterator
 
 from prometheus_client import (
     CollectorRegistry,
     Counter,
     Gauge,
     Histogram,
+    Info,
+    ProcessCollector,
     disable_created_metrics,
     start_http_server,
 )
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
 
+from warmd import __version__
 from warmd.cluster.state import NodeState, NodeStatus
 from warmd.stats import CounterFlag, Stat, help_text, select
 
@@ -80,6 +93,23 @@ class AgentMetrics:
                                          ["node", "library"], registry=r)
                         for stat in select(CounterFlag.CAPTURE)}
         self._server = None
+        self._zero_series()
+        process_metrics(r, "agent", {"node": node_name})
+
+    def _zero_series(self) -> None:
+        """Every counter's series at zero from the start (per outcome; per library for the
+        capture's), so that a rate or an alert works before the first event."""
+        from warmd.libraries import LIBRARIES
+
+        name = self.node
+        self.warmup_seconds.labels(name)
+        for outcome in OUTCOMES.values():
+            self.kernels.labels(name, outcome)
+        for metric in self.counters.values():
+            metric.labels(name)
+        for metric in self.capture.values():
+            for library in LIBRARIES:
+                metric.labels(name, library)
 
     def observe_state(self, node: NodeState) -> None:
         name = self.node
@@ -115,12 +145,93 @@ class AgentMetrics:
             self._server, _ = start_http_server(0, addr=host, registry=self.registry)
         return self._server.server_address[1]
 
+    def endpoint_url(self, node_ip: str) -> str:
+        """The served endpoint's URL: the address it is bound to, or the node's IP where it
+        listens on every address."""
+        assert self._server is not None
+        host, port = self._server.server_address[:2]
+        if host in ("", "0.0.0.0", "::"):
+            host = node_ip or "127.0.0.1"
+        return f"http://{host}:{port}/metrics"
+
     def close(self) -> None:
         if self._server is not None:
             with contextlib.suppress(Exception):
                 self._server.shutdown()
                 self._server.server_close()
             self._server = None
+
+
+def process_metrics(registry: CollectorRegistry, component: str,
+                    labels: dict[str, str]) -> None:
+    """`warmd_build_info` (warmd's version, this component, Python's version) and the
+    process collector's `process_*` series (CPU, memory, open files, start time)."""
+    info = Info("warmd_build", "The warmd version, the component serving it and its Python",
+                list(labels), registry=registry)
+    (info.labels(**labels) if labels else info).info(
+        {"version": __version__, "component": component,
+         "python": platform.python_version()})
+    ProcessCollector(registry=registry)
+
+
+class ControllerMetrics:
+    """The controller's endpoint: the cluster's gauges, computed at each scrape from the
+    node records `records()` returns (NodeState JSON, as the controller keeps them) and its
+    counters `counters()` returns (reconciles, agents started and replaced, nodes removed,
+    errors)."""
+
+    def __init__(self, records: Callable[[], list[dict]],
+                 counters: Callable[[], dict[str, int]]) -> None:
+        disable_created_metrics()
+        self.registry = CollectorRegistry()
+        self.registry.register(_ClusterCollector(records, counters))
+        process_metrics(self.registry, "controller", {})
+        self._server = None
+
+    serve = AgentMetrics.serve  # the one endpoint logic (bind, a taken port's fallback)
+    endpoint_url = AgentMetrics.endpoint_url
+    close = AgentMetrics.close
+
+
+class _ClusterCollector(Collector):
+    def __init__(self, records: Callable[[], list[dict]],
+                 counters: Callable[[], dict[str, int]]) -> None:
+        self.records, self.counters = records, counters
+
+    def collect(self) -> Iterator:
+        nodes = [NodeState.from_json(r) for r in self.records()]
+        by_state = GaugeMetricFamily("warmd_cluster_nodes",
+                                     "Nodes the config selects, by their state", labels=["state"])
+        for state in NodeStatus:
+            by_state.add_metric([state.value], sum(n.state == state for n in nodes))
+        yield by_state
+        warm = GaugeMetricFamily(
+            "warmd_cluster_warm_ratio", "Share of the selected nodes warm (READY or DEGRADED); "
+            "1 when none is selected")
+        ready = sum(n.state in (NodeStatus.READY, NodeStatus.DEGRADED) for n in nodes)
+        warm.add_metric([], ready / len(nodes) if nodes else 1.0)
+        yield warm
+        progress = GaugeMetricFamily(
+            "warmd_cluster_progress_tasks",
+            "Tasks of the nodes' current or last warmups: done so far, and in total",
+            labels=["kind"])
+        progress.add_metric(["done"], sum(n.progress_done for n in nodes))
+        progress.add_metric(["total"], sum(n.progress_total for n in nodes))
+        yield progress
+        for key, value in sorted(self.counters().items()):
+            counter = CounterMetricFamily(f"warmd_controller_{key}",
+                                          _CONTROLLER_HELP.get(key, f"Controller {key}"))
+            counter.add_metric([], value)
+            yield counter
+
+
+_CONTROLLER_HELP = {
+    "reconciles": "Reconcile rounds the controller ran",
+    "agents_started": "Node agents the controller started",
+    "agents_replaced": "Node agents found dead and started again",
+    "nodes_removed": "Nodes forgotten after they left the cluster or the selection",
+    "errors": "Reconcile rounds that failed (each logged; the next round runs)",
+}
 
 
 def _counter(stat: Stat, registry: CollectorRegistry) -> Counter:

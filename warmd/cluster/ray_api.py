@@ -77,6 +77,10 @@ def current_node_id() -> str:
     return ray.get_runtime_context().get_node_id()
 
 
+def current_node_ip() -> str:
+    return ray.util.get_node_ip_address()
+
+
 def current_actor_id() -> str:
     return ray.get_runtime_context().get_actor_id() or ""
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from warmd import settings
 from warmd.errors import WarmdInputError
-from warmd.examples import resolve_model_path
+from warmd.examples import example_names, resolve_model_path
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
@@ -32,7 +32,12 @@ def cached_snapshot(hub_id: str, cache: Path | None = None) -> Path | None:
 def resolve_model(model: str) -> str:
     """A local path, a bundled example, or a hub id found in the local cache."""
     resolved = resolve_model_path(model)
-    if resolved != model or Path(model).expanduser().exists() or not _HUB_ID.match(model):
+    if resolved != model or Path(model).expanduser().exists():
+        return resolved
+    if "/" not in model and "\\" not in model:  # a name: a bundled example's, mistyped
+        raise WarmdInputError(f"model {model!r}: no such path and no bundled model of that "
+                              f"name; bundled: {', '.join(example_names())}")
+    if not _HUB_ID.match(model):
         return resolved
     snapshot = cached_snapshot(model)
     if snapshot is None:

@@ -16,7 +16,7 @@ import shlex
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from warmd.engines.cli_args import choices_of, known_values, parse_engine_args
+from warmd.engines.cli_args import choices_of, flag_table, known_values, parse_engine_args
 from warmd.errors import WarmdInputError
 
 _PYTHONS = ("python", "python3")
@@ -263,3 +263,29 @@ def launch_request(command: str | list[str] | tuple[str, ...], base=None):
     if base is None:
         return PlanRequest(**fields)
     return replace(base, **fields)
+
+
+# A field a serve command fills in -> the warmd option that sets it (hints for an engine's
+# flag given to warmd itself).
+_WARMD_OPTIONS = {"model": "--model", "tp": "--tp", "dp": "--dp", "ep": "--ep",
+                  "max_tokens": "--max-tokens", "quantization": "--quantization",
+                  "chunked_prefill_size": "--chunked-prefill-size",
+                  "attention_backend": "--attention-backend", "moe_backend": "--moe-backend",
+                  "moe_a2a_backend": "--moe-a2a-backend"}
+_ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang"}
+
+
+def engine_flag_hint(option: str, command: str) -> str | None:
+    """For an engine's serve flag given as an option of a warmd command (`warmd plan
+    --tensor-parallel-size 8`): which warmd option says the same, and the serve-command
+    form that takes the engine's flags as they are; None when no engine has the flag."""
+    for engine, reads in (("vllm", _VLLM_READ), ("sglang", _SGLANG_READ)):
+        for entry in flag_table(engine)["options"]:
+            if option not in entry["strings"]:
+                continue
+            ours = _WARMD_OPTIONS.get(reads.get(entry["dest"], ("",))[0])
+            instead = f"use {ours}, or give" if ours else "give"
+            return (f"{option} is {_ENGINE_NAMES[engine]}'s flag, not {command}'s: {instead} "
+                    f"the serve command after --: {command} -- {_SERVE_BINARIES[engine]} "
+                    f"serve MODEL {option} ...")
+    return None

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from warmd.executors.base import TaskResult
 from warmd.plan import Task
-from warmd.stats import BY_OUTCOME, CounterFlag, Counters, Outcome, ids
+from warmd.stats import BY_OUTCOME, CounterFlag, Counters, Outcome, compile_seconds_saved, ids
 from warmd.warmup.claims import Got, UnitResult
 
 if TYPE_CHECKING:  # the interface only: warming without a store imports no store client
@@ -49,6 +49,7 @@ class TaskReport:
     fetched: list[str] = field(default_factory=list)
     published: bool = False
     recorded: dict[str, float] = field(default_factory=dict)  # compile seconds on record
+    own: frozenset[str] = frozenset()  # entries this node compiled itself, on record
     mode: Mode = Mode.LIBRARY
 
     def to_json(self) -> dict:
@@ -151,8 +152,8 @@ class WarmupReport:
 
 
 def count(reports: list[TaskReport]) -> Counters:
-    """The run's counters from its task reports (a hit saved what its record says the
-    compile took)."""
+    """The run's counters from its task reports (a hit of another node's compile saved what
+    its record says the compile took; a re-hit of this node's own, nothing)."""
     counters = Counters(tasks=len(reports))
     for report in reports:
         counters.tasks_failed += 0 if report.result.ok else 1
@@ -163,8 +164,9 @@ def count(reports: list[TaskReport]) -> Counters:
                 counters.compiled += 1
                 counters.compile_seconds += k.seconds
             elif k.outcome.is_hit:
-                counters.add({BY_OUTCOME[k.outcome].id: 1,
-                              "compile_seconds_saved": report.recorded.get(k.name, 0.0)})
+                counters.add({BY_OUTCOME[k.outcome].id: 1, "compile_seconds_saved":
+                              compile_seconds_saved(k.outcome, report.recorded.get(k.name, 0.0),
+                                                    k.name in report.own)})
             else:
                 counters.failed += 1
     return counters

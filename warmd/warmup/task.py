@@ -180,6 +180,7 @@ def finish(run: RunState, state: TaskState, report: TaskReport) -> TaskReport:
     if result.ok:
         record(state, report, recorded, complete)
     report.recorded = recorded
+    report.own = state.record.compiled
     return report
 
 
@@ -219,8 +220,11 @@ def record(state: TaskState, report: TaskReport, recorded: dict[str, float],
         return Recorded.UNCHANGED
     digests = {name: d for name in entries if name in complete
                and (d := entry_digest(complete[name].path)) is not None}
+    compiled = frozenset(k.name for k in report.result.kernels
+                         if k.outcome == Outcome.COMPILED
+                         or (k.outcome == Outcome.LOCAL_HIT and k.name in old.compiled))
     written = write_record(adapter.root, LocalTaskRecord(state.task.key, entries, digests,
-                                                         fingerprint))
+                                                         fingerprint, compiled))
     return Recorded.WRITTEN if written else Recorded.REFUSED
 
 
