@@ -355,7 +355,8 @@ def test_a_deep_gemm_claim_cannot_include_outside_the_library_or_bring_code(tmp_
     (tmp_path / "evil.cuh").write_text(TINY_IMPL.replace("*= kScale", "= 1234567"))
     climbing = TINY_SOURCE.replace("deep_gemm/impls/tiny.cuh",
                                    "deep_gemm/../../../../evil.cuh")
-    code = TINY_SOURCE.replace("        3\n", '        3>); asm(".incbin"); auto q = (&tiny_scale<3\n')
+    code = TINY_SOURCE.replace(
+        "        3\n", '        3>); asm(".incbin"); auto q = (&tiny_scale<3\n')
     for n, source in enumerate((climbing, code)):
         planted = DeepGemmCacheAdapter(tmp_path / f"p{n}", arch="9.0a", sms=132)
         _dg_entry(planted.root, TINY_NAME, source, b"cubin")
