@@ -450,29 +450,36 @@ def test_a_flashinfer_claim_cannot_make_the_producer_embed_its_signing_key(
 
 
 def test_a_rebuild_step_sees_no_secret_in_its_environment_or_files(tmp_path, monkeypatch):
-    """What every re-derivation compile runs through (run_rebuild): the signing key and the
-    store's URL are not in its environment, and, where bubblewrap can sandbox it, the key's
-    file cannot be read and nothing outside its scratch, a private directory, is written."""
+    """What every re-derivation compile runs through (run_rebuild), in a producer holding
+    the key inline and in a file, and the store's URL with its password: the compile's
+    environment holds none of them (ae15aac passed its whole environment on); where
+    bubblewrap can sandbox it, the key's file cannot be read and nothing outside its
+    scratch, a private directory, is written."""
     import stat
     import sys
 
-    from warmd.cache.rederived import RederiveRefused, bwrap, private_dir, run_rebuild
+    from warmd.cache.rederived import RederiveRefused, run_rebuild
 
     key_file = tmp_path / "signing.key"
     key_file.write_bytes(SECRET)
     monkeypatch.setenv("WARMD_SIGNING_KEY_FILE", str(key_file))
-    monkeypatch.setenv("WARMD_SIGNING_KEY", "inline-key")
+    monkeypatch.setenv("WARMD_SIGNING_KEY", SECRET.decode())
     monkeypatch.setenv("WARMD_REDIS_URL", "redis://:pw@127.0.0.1:1/0")
+    probe = ("import os, sys\n"
+             "sys.exit(1 if any(k.startswith(('WARMD_SIGNING', 'WARMD_REDIS')) "
+             f"or {SECRET.decode()!r} in v for k, v in os.environ.items()) else 0)\n")
+    (tmp_path / "work").mkdir()
+    run_rebuild([sys.executable, "-c", probe], env=dict(os.environ),
+                cwd=str(tmp_path / "work"))
+
+    from warmd.cache.rederived import bwrap, private_dir
+
     scratch = private_dir("warmd-test-", tmp_path)
     assert stat.S_IMODE(scratch.stat().st_mode) == 0o700
-    probe = ("import os, sys\n"
-             "bad = [k for k in os.environ if 'SIGNING' in k or 'REDIS' in k]\n"
-             "sys.exit(1 if bad else 0)\n")
-    run_rebuild([sys.executable, "-c", probe], env=dict(os.environ), cwd=str(scratch))
-    read = ("import sys\ntry:\n    data = open(sys.argv[1], 'rb').read()\n"
-            "except OSError:\n    data = b''\nsys.exit(1 if data else 0)\n")
     if bwrap() is None:
         pytest.skip("no usable bubblewrap here: the key file is not hidden")
+    read = ("import sys\ntry:\n    data = open(sys.argv[1], 'rb').read()\n"
+            "except OSError:\n    data = b''\nsys.exit(1 if data else 0)\n")
     run_rebuild([sys.executable, "-c", read, str(key_file)], env=dict(os.environ),
                 cwd=str(scratch))
     with pytest.raises(RederiveRefused):  # the scratch is writable, the rest is not
