@@ -485,3 +485,22 @@ def test_a_rebuild_step_sees_no_secret_in_its_environment_or_files(tmp_path, mon
     with pytest.raises(RederiveRefused):  # the scratch is writable, the rest is not
         run_rebuild(["touch", str(tmp_path / "outside")], env=dict(os.environ),
                     cwd=str(scratch))
+
+
+def test_the_plan_and_status_say_how_each_librarys_captures_are_re_derived():
+    """`warmd plan` names, per library of its tasks, what a trusted producer regenerates a
+    captured kernel from; a library with no re-derivation says its captures stay local."""
+    from click.testing import CliRunner
+
+    from warmd.cli import main
+    from warmd.rederive import NOT_REDERIVED, how_rederived
+
+    result = CliRunner().invoke(main, ["plan", "--json", "--model", "deepseek-v3", "--tp",
+                                       "8", "--target", "h200", "--with", "deep_gemm",
+                                       "--without", "flashinfer"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["rederivation"] == {"deep_gemm": how_rederived("deep_gemm")}
+    assert "template arguments" in data["rederivation"]["deep_gemm"]
+    assert "URI" in how_rederived("flashinfer")
+    assert how_rederived("sgl_kernel") == NOT_REDERIVED  # a helper: nothing to re-derive

@@ -94,6 +94,26 @@ def rederive_library(library: str) -> Callable[..., Rederived]:
     return resolve(registered.rederive)
 
 
+NOT_REDERIVED = "not re-derived: its captures stay on the node that built them"
+
+
+def how_rederived(library: str) -> str:
+    """How a trusted producer re-derives the library's claims (the library's ``HOW``), or
+    that it does not."""
+    import sys
+
+    try:
+        function = rederive_library(library)
+    except CannotRederiveHere:
+        return NOT_REDERIVED
+    return getattr(sys.modules[function.__module__], "HOW", "re-derived")
+
+
+def rederivation_lines(libraries: list[str]) -> list[str]:
+    """'<library>: <how>' for each library, as `warmd status` and `warmd plan` show it."""
+    return [f"{library}: {how_rederived(library)}" for library in libraries]
+
+
 def rederive_claim(shared: SharedCache, adapter: CacheAdapter, name: str,
                    scratch_root: Path | None = None) -> ClaimResult:
     """Re-derive one pending claim and publish the result; never raises."""

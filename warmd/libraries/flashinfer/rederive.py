@@ -76,6 +76,9 @@ _FAMILIES: tuple[tuple[re.Pattern, str, object], ...] = (
      "flashinfer.jit.fused_moe:gen_trtllm_gen_fused_moe_sm100_module", lambda g: []),
 )
 
+# How a claim of this library is re-derived (`warmd status`, `warmd plan`).
+HOW = "from its URI, through FlashInfer's gen_* specs"
+
 
 def _attn(g) -> list:
     return [*(_DTYPE[d] for d in g[:4]), int(g[4]), int(g[5]), int(g[6]), g[7] == "True",
