@@ -72,9 +72,7 @@ _FAMILIES: tuple[tuple[re.Pattern, str, object], ...] = (
      lambda g: []),
     (re.compile("mxfp8_gemm_cutlass(_sm120)?"), "", lambda g: []),
     (re.compile("fused_moe_(90|100|103|120)"), "", lambda g: []),
-    (re.compile("fused_moe_trtllm_sm100"),
-     "flashinfer.jit.fused_moe:gen_trtllm_gen_fused_moe_sm100_module", lambda g: []),
-)
+)  # not the TRT-LLM-gen MoE modules: they link cubins FlashInfer downloads, not sources
 
 # How a claim of this library is re-derived (`warmd status`, `warmd plan`).
 HOW = "from its URI, through FlashInfer's gen_* specs"
