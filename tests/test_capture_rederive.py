@@ -442,9 +442,15 @@ def test_a_flashinfer_claim_cannot_make_the_producer_embed_its_signing_key(
     code = (f'\nasm(".pushsection .rodata\\n.incbin \\"{key_file}\\"\\n.popsection");\n'
             "extern \"C\" int warmd_planted() { return 1; }\n")
     submit(server, tmp_path / "a", name, planted_module(tmp_path, name, code))
-    (result,) = trusted(server, tmp_path / "b").run_once()
+    counts: list[tuple[str, str, int]] = []
+    producer = Rederiver([scope(tmp_path / "b")], opener(server, "node-b"),
+                         on_count=lambda *c: counts.append(c))
+    (result,) = producer.run_once()
     expected = "quarantined" if name == "gelu_tanh_and_mul" else "refused"
     assert (result.name, result.outcome) == (name, expected), result
+    counter = "rederive_quarantined" if expected == "quarantined" else "rederive_refused"
+    assert counts == [(counter, "flashinfer", 1)]
+    assert not server.client().keys("warmd:v1:claim*")  # dropped: not tried again
     assert not any(SECRET in value for value in published_values(server))
     assert not list(server.client().scan_iter(match="warmd:v1:man:*"))  # nothing published
 
