@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -510,3 +511,25 @@ def test_the_plan_and_status_say_how_each_librarys_captures_are_re_derived():
     assert "template arguments" in data["rederivation"]["deep_gemm"]
     assert "URI" in how_rederived("flashinfer")
     assert how_rederived("sgl_kernel") == NOT_REDERIVED  # a helper: nothing to re-derive
+
+
+def test_a_warmup_workers_compiles_inherit_no_secret(tmp_path):
+    """A real warmup worker process, started from a process holding the signing key and
+    the store's URL: what it starts (nvcc, ninja: here a stand-in child) gets neither."""
+    from warmd.executors.pool import Worker
+    from warmd.plan import Task
+
+    out = tmp_path / "child-env.json"
+    secrets = {"WARMD_SIGNING_KEY": SECRET.decode(), "WARMD_SIGNING_KEY_FILE": "/k",
+               "WARMD_REDIS_URL": "redis://:pw@127.0.0.1:1/0"}
+    worker = Worker({**secrets, "PYTHONPATH": os.pathsep.join(sys.path)},
+                    {"flashinfer": "tests.env_executor:EnvExecutor"})
+    try:
+        result = worker.run(Task(key="env/probe", library="flashinfer", kernel=str(out)))
+    finally:
+        worker.stop()
+    assert result.ok, result.error
+    env = json.loads(out.read_text())
+    assert not set(secrets) & set(env)
+    assert not any(SECRET.decode() in value for value in env.values())
+    assert "PATH" in env

@@ -64,13 +64,17 @@ class RederiveMismatch(RederiveRefused):
     (``rederive_quarantined``), never published."""
 
 
+def without_secrets(base: Mapping[str, str]) -> dict[str, str]:
+    """base without any variable that names or holds a secret or the store (what a
+    process that compiles, and never publishes, is given)."""
+    return {k: v for k, v in base.items() if not _SECRET_VARIABLE.search(k)
+            and settings.SECRET_FILE_PREFIX not in v}
+
+
 def compile_env(base: Mapping[str, str], home: Path) -> dict[str, str]:
-    """base without any variable that names or holds a secret or the store; HOME and
-    TMPDIR are the compile's own scratch (nothing of the user's home is needed to compile,
-    and the sandbox writes nowhere else)."""
-    return {**{k: v for k, v in base.items() if not _SECRET_VARIABLE.search(k)
-               and settings.SECRET_FILE_PREFIX not in v}, "HOME": str(home),
-            "TMPDIR": str(home)}
+    """without_secrets(base); HOME and TMPDIR are the compile's own scratch (nothing of
+    the user's home is needed to compile, and the sandbox writes nowhere else)."""
+    return {**without_secrets(base), "HOME": str(home), "TMPDIR": str(home)}
 
 
 def secret_paths(base: Mapping[str, str]) -> list[Path]:
