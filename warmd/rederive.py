@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import shutil
-import tempfile
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,7 +27,12 @@ from typing import TYPE_CHECKING
 from warmd import settings
 from warmd.cache.artifacts import check_artifact
 from warmd.cache.base import CacheAdapter, CacheEntry, UnsafeArtifact
-from warmd.cache.rederived import CannotRederiveHere, Rederived
+from warmd.cache.rederived import (
+    CannotRederiveHere,
+    Rederived,
+    RederiveMismatch,
+    private_dir,
+)
 from warmd.capture import CaptureScope, adapters_for, publish_learned
 
 if TYPE_CHECKING:
@@ -43,8 +47,9 @@ POLL_SECONDS = 5.0  # how often a trusted producer looks for new claims
 @dataclass(frozen=True)
 class ClaimResult:
     """What re-deriving one claim did: "rederived" (published; ``identical`` says whether
-    the rebuilt bytes were the claim's), "refused" (dropped), "kept" (this node cannot
-    judge it: left pending) or "failed" (an error: left pending)."""
+    the rebuilt bytes were the claim's), "quarantined" (its source is not the library's:
+    dropped, never published), "refused" (dropped), "kept" (this node cannot judge it:
+    left pending) or "failed" (an error: left pending)."""
 
     library: str
     name: str
@@ -89,6 +94,26 @@ def rederive_library(library: str) -> Callable[..., Rederived]:
     return resolve(registered.rederive)
 
 
+NOT_REDERIVED = "not re-derived: its captures stay on the node that built them"
+
+
+def how_rederived(library: str) -> str:
+    """How a trusted producer re-derives the library's claims (the library's ``HOW``), or
+    that it does not."""
+    import sys
+
+    try:
+        function = rederive_library(library)
+    except CannotRederiveHere:
+        return NOT_REDERIVED
+    return getattr(sys.modules[function.__module__], "HOW", "re-derived")
+
+
+def rederivation_lines(libraries: list[str]) -> list[str]:
+    """'<library>: <how>' for each library, as `warmd status` and `warmd plan` show it."""
+    return [f"{library}: {how_rederived(library)}" for library in libraries]
+
+
 def rederive_claim(shared: SharedCache, adapter: CacheAdapter, name: str,
                    scratch_root: Path | None = None) -> ClaimResult:
     """Re-derive one pending claim and publish the result; never raises."""
@@ -105,13 +130,16 @@ def rederive_claim(shared: SharedCache, adapter: CacheAdapter, name: str,
     if found is None:
         return ClaimResult(library, name, "kept", why="claim not readable now")
     claim, artifact = found
-    scratch = Path(tempfile.mkdtemp(prefix="warmd-rederive-", dir=scratch_root))
+    scratch = private_dir("warmd-rederive-", scratch_root)
     try:
         check_artifact(artifact, settings.max_artifact_bytes())
         rebuilt = rederive_library(library)(adapter, name, artifact, scratch)
         check_artifact(rebuilt.artifact, settings.max_artifact_bytes())
     except CannotRederiveHere as exc:
         return ClaimResult(library, name, "kept", why=str(exc))
+    except RederiveMismatch as exc:
+        shared.drop_claim(adapter, name, claim.chunks)
+        return ClaimResult(library, name, "quarantined", why=str(exc))
     except UnsafeArtifact as exc:  # RederiveRefused among them
         shared.drop_claim(adapter, name, claim.chunks)
         return ClaimResult(library, name, "refused", why=str(exc))
@@ -209,6 +237,7 @@ class Rederiver:
         if self.on_result is not None:
             self.on_result(result)
         counter = {"rederived": "rederived", "refused": "rederive_refused",
+                   "quarantined": "rederive_quarantined",
                    "failed": "capture_failed"}.get(result.outcome)
         if result.outcome == "failed" or (result.outcome == "kept"
                                           and result.why != "claim not readable now"):

@@ -139,6 +139,8 @@ COUNTERS: tuple[Stat, ...] = (
     Stat("rederived", "Claims re-derived and published", _F.CAPTURE),
     Stat("rederived_differs", "of which not the claim's bytes", _F.CAPTURE | _F.DETAIL),
     Stat("rederive_refused", "Claims refused by re-derivation", _F.CAPTURE | _F.ERROR),
+    Stat("rederive_quarantined", "Claims whose source is not the library's",
+         _F.CAPTURE | _F.ERROR),
 )
 # HELP of the Prometheus counters derived from the table (warmd.cluster.metrics): every
 # counter a warmup or a capture counts that is not a kernel outcome (those are one
@@ -164,6 +166,8 @@ HELP: dict[str, str] = {
                          "(the rebuilt ones are published)",
     "rederive_refused": "Captured entries the re-derivation refused (no source to rebuild "
                         "from, inputs outside what the library uses, a failed rebuild)",
+    "rederive_quarantined": "Captured entries whose recorded source is not what the trusted "
+                            "producer's library generates from their parameters (dropped)",
 }
 BY_ID = {s.id: s for s in COUNTERS}
 # The columns of a counter listing: a label (at most LABEL_WIDTH - 1 characters, so that one

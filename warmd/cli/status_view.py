@@ -39,7 +39,19 @@ def render_status(snap: StatusSnapshot, width: int | None = None) -> str:
     lines.append(snap.totals().render_text(TOTALS_TITLE))
     lines.append(counter_line(BY_ID['runtime_jit'].description, str(snap.runtime_jit)))
     lines += store_lines(snap.store_size)
-    return "\n".join(lines + _key_proof_alarm(snap, width))
+    return "\n".join(lines + _rederivation(width) + _key_proof_alarm(snap, width))
+
+
+def _rederivation(width: int | None) -> list[str]:
+    """How a trusted producer re-derives each library's captured kernels, or that it
+    does not (then they stay on the node that built them)."""
+    from warmd.libraries import LIBRARIES
+    from warmd.rederive import rederivation_lines
+
+    lines = ["Captured kernels, re-derived by trusted producers:"]
+    for line in rederivation_lines(sorted(LIBRARIES)):
+        lines += wrapped(line, width, "  ")
+    return lines
 
 
 def _key_proof_alarm(snap: StatusSnapshot, width: int | None = None) -> list[str]:

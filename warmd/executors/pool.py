@@ -152,7 +152,11 @@ def _drop_if_empty(log: Path | None) -> None:
 def _worker_main(conn: Connection, env: dict[str, str], targets: dict[str, str]) -> None:
     os.setpgrp()
     _set_parent_death_signal()
-    os.environ.update(env)
+    from warmd.cache.rederived import without_secrets
+
+    kept = without_secrets({**os.environ, **env})  # a worker compiles; it never publishes
+    os.environ.clear()
+    os.environ.update(kept)
     log = _log_output_to_file()
     try:
         _serve(conn, targets)

@@ -26,11 +26,11 @@ the source and output paths as placeholders, and of the source), holding ``kerne
   the real nvcc unless done already, and hand DeepGEMM the cubin.
 
 warmd's parent compiles recorded jobs with ``compile_job`` meanwhile, as many at once as
-it has cores. Every compile reads the source from one path that is the same on every node
-(``CANONICAL_DIR/<key>/kernel.cu``) with ``-frandom-seed=<key>``: nvcc names internal
-symbols from the source's path and a random seed, so this makes a kernel's cubin the same
-bytes whichever node (GPU node or CPU builder) compiles it. Neither changes DeepGEMM's key:
-DeepGEMM hashes its own arguments before calling the compiler.
+it has cores. Every compile reads the source as ``kernel.cu`` in a fresh private directory
+(mkdtemp, 0700) it runs in, with ``-frandom-seed=<key>``: nvcc names internal symbols from
+the source's path as given and a random seed, so this makes a kernel's cubin the same bytes
+whichever node (GPU node, CPU builder or trusted producer) compiles it. Neither changes
+DeepGEMM's key: DeepGEMM hashes its own arguments before calling the compiler.
 
 Every real nvcc run appends a line to ``<run>/compiles.log``; a call that
 names a ``.cu`` file in a form the shim does not know goes to nvcc as is and is noted in
@@ -50,6 +50,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Callable
@@ -58,7 +59,6 @@ from pathlib import Path
 RECORD, BUILD = "record", "build"
 SOURCE, OUTPUT = "{source}", "{output}"
 PLACEHOLDER_SOURCE = 'extern "C" __global__ void warmd_discovery_placeholder() {}\n'
-CANONICAL_DIR = Path("/tmp/warmd-nvcc")  # the same path on every node: the same cubin
 
 
 class Job:
@@ -183,15 +183,13 @@ def compile_job(run: Path, job: Job, nvcc: str,
 def _compile(run: Path, job: Job, nvcc: str,
              started: Callable[[subprocess.Popen], None] | None) -> str | None:
     """Run nvcc on the job (its lock and a compile slot held)."""
-    scratch = run / "cwd"  # an empty directory: no file there shadows a header
-    scratch.mkdir(exist_ok=True)
-    partial = job.path / f".kernel.{uuid.uuid4().hex[:8]}.cubin"
+    partial = (job.path / f".kernel.{uuid.uuid4().hex[:8]}.cubin").resolve()
     began, wall = time.monotonic(), time.time()
     nice = compile_nice(run)
-    with _canonical_source(job) as source:
-        command = [nvcc, *(str(source) if a == SOURCE else str(partial) if a == OUTPUT
+    with _private_source(job) as folder:  # nothing else there shadows a header
+        command = [nvcc, *("kernel.cu" if a == SOURCE else str(partial) if a == OUTPUT
                            else a for a in job.args()), f"-frandom-seed={job.key}"]
-        proc = subprocess.Popen(command, cwd=scratch, stdout=subprocess.PIPE,
+        proc = subprocess.Popen(command, cwd=folder, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True,
                                 preexec_fn=(lambda: os.nice(nice)) if nice else None)
         if started is not None:
@@ -211,22 +209,19 @@ def _compile(run: Path, job: Job, nvcc: str,
 
 
 @contextlib.contextmanager
-def _canonical_source(job: Job):
-    """The job's source at CANONICAL_DIR/<key>/kernel.cu, held (an flock) while nvcc reads
-    it; the job's own path where that directory cannot be written (the cubin is then
-    right, only not the same bytes as another node's)."""
+def _private_source(job: Job):
+    """The job's source as ``kernel.cu`` in a fresh directory only this user can enter
+    (removed afterwards), which nvcc then runs in: nvcc names internal symbols from the
+    source's path as given, so ``kernel.cu`` there gives the same cubin on every node, and
+    no other local user can create or swap the directory first (a fixed shared path,
+    such as /tmp/warmd-nvcc/<key>/, could be)."""
+    folder = Path(tempfile.mkdtemp(prefix="warmd-nvcc-"))
     try:
-        folder = CANONICAL_DIR / job.key
-        folder.mkdir(parents=True, exist_ok=True)
-        lock = folder / "lock"
-        with _locked(lock):
-            source = folder / "kernel.cu"
-            data = job.source.read_bytes()
-            if not source.is_file() or source.read_bytes() != data:
-                _write_atomically(source, data)
-            yield source
-    except PermissionError:
-        yield job.source
+        os.chmod(folder, 0o700)
+        shutil.copyfile(job.source, folder / "kernel.cu")
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @contextlib.contextmanager

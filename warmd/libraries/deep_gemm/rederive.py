@@ -1,27 +1,60 @@
-"""Re-deriving a captured DeepGEMM kernel: its ``kernel.cu`` compiled again by this node's
-nvcc with the command this node's DeepGEMM uses (``nvcc_shim``'s job: the source and the
-argument template DeepGEMM gave the shim, recorded on this node by ``record_flags``).
+"""Re-deriving a captured DeepGEMM kernel: its ``kernel.cu`` generated again by this node's
+DeepGEMM from the kernel's parameters, and compiled with the command this node's DeepGEMM
+uses (recorded through ``nvcc_shim`` by ``record_flags``).
 
-The source must be DeepGEMM's generated form (comments, ``#include <deep_gemm/...>``,
-``using namespace deep_gemm;`` and one template instantiation of a DeepGEMM kernel), so
-what is compiled is one of DeepGEMM's own kernels; the flags are never the claim's. The
-re-derived entry is the claim's ``kernel.cu`` and this node's cubin (a 2.8 entry also its
-``.committed`` marker; the claim's ``meta.json`` is not kept). Not re-derived: the key
-(the entry's name), a digest DeepGEMM's C++ takes over its version, nvcc's, the flags and
-the source: which template arguments a name stands for is the capturing node's word.
+DeepGEMM generates a kernel's source in C++ (``csrc/jit_kernels/impls/*.hpp``), one fmt
+template per kernel, compiled into its extension (``_C.so`` in sgl-deep-gemm 0.1.4.post1,
+``_C_extension.abi3.so`` in DeepGEMM 2.8.1 as vLLM 0.34.0 vendors it):
+
+    #include <deep_gemm/impls/sm90_fp8_gemm_1d2d.cuh>
+    <blank>
+    using namespace deep_gemm;
+    <blank>
+    static void __instantiate_kernel() {{
+        auto ptr = reinterpret_cast<void*>(&sm90_fp8_gemm_1d2d_impl<
+            {}, {}, ...
+        >);
+    }};
+
+``library_templates`` reads those templates from the installed extension's bytes (never
+loading it). A claim contributes only the parameters: its entry name (the kernel's name,
+which must be one the library's extension holds) and the template arguments, each a
+literal (a number, true/false, a qualified name, a name with literal template arguments)
+read by matching the claim's ``kernel.cu`` against the library's template for its kernel
+(whitespace and ``//`` comment lines aside). The source compiled is the library's template
+filled with them; its includes must resolve inside the library's include tree
+(``confine_sources``). A kernel.cu that fits no template of the library, or an argument that
+is not a literal, is quarantined (``RederiveMismatch``). nvcc runs in a private scratch
+directory, in a process with a reduced environment (sandboxed where bubblewrap can),
+reading ``kernel.cu`` by a relative path with ``-frandom-seed=<job key>`` as the warmup's
+shim does, so the cubin is the bytes a builder makes.
+
+The re-derived entry is the regenerated ``kernel.cu`` and this node's cubin (a 2.8 entry
+also its ``.committed`` marker; the claim's ``meta.json`` is not kept). Not re-derived: the
+key's digest (DeepGEMM's C++ takes it over its version, nvcc's, the flags and the source).
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+import os
 import re
 from pathlib import Path
 
 from warmd import settings
 from warmd.cache.artifacts import pack_directory, unpack_safely
 from warmd.cache.base import UnsafeArtifact
-from warmd.cache.rederived import CannotRederiveHere, Rederived, RederiveRefused
+from warmd.cache.rederived import (
+    CannotRederiveHere,
+    Rederived,
+    RederiveMismatch,
+    RederiveRefused,
+    confine_sources,
+    run_rebuild,
+)
+from warmd.libraries.deep_gemm import install
 from warmd.libraries.deep_gemm.cache import (
     COMMITTED,
     MAX_SOURCE_BYTES,
@@ -30,11 +63,21 @@ from warmd.libraries.deep_gemm.cache import (
     parse_kernel_source,
 )
 from warmd.libraries.deep_gemm.install import Generation
-from warmd.libraries.deep_gemm.nvcc_shim import OUTPUT, SOURCE, compile_job, save_job
+from warmd.libraries.deep_gemm.nvcc_shim import OUTPUT, SOURCE, job_key
 
-_LINE = re.compile(r"^\s*(//.*)?$|^#include <deep_gemm/[A-Za-z0-9_/.]+\.cuh?>\s*$"
-                   r"|^using namespace deep_gemm;\s*$")
-_ARG = re.compile(r"^[A-Za-z0-9_:.,<>() +\-*/]*$")
+# One of DeepGEMM's generated-source templates, as a C string in its extension.
+_TEMPLATE = re.compile(rb"#include <deep_gemm/[^\x00]{0,4000}?using namespace deep_gemm;"
+                       rb"[^\x00]{0,4000}?__instantiate_kernel\(\) \{\{[^\x00]{0,4000}?"
+                       rb"\n\}\};\n?")
+# What one template argument may be: a literal, never code.
+_NAME = r"[A-Za-z_][A-Za-z0-9_]*(?:::[A-Za-z_][A-Za-z0-9_]*)*"
+_NUMBER = r"-?\d+(?:\.\d+)?[uUlLfF]{0,3}"
+_LITERAL = rf"(?:{_NUMBER}|{_NAME})"
+_PARAM = rf"({_NUMBER}|{_NAME}(?:<\s*{_LITERAL}(?:\s*,\s*{_LITERAL})*\s*>)?)"
+_MAX_EXTENSION_BYTES = 1 << 30
+
+# How a claim of this library is re-derived (`warmd status`, `warmd plan`).
+HOW = "from its template arguments, through DeepGEMM's own source templates"
 
 
 def flags_file(generation: Generation, fingerprint: str) -> Path:
@@ -52,52 +95,113 @@ def record_flags(template: list[str], generation: Generation, fingerprint: str) 
     return path
 
 
-def check_source(text: str) -> None:
-    """RederiveRefused unless text is a kernel.cu of DeepGEMM's generated form."""
-    if parse_kernel_source(text) is None:
-        raise RederiveRefused("kernel.cu instantiates no DeepGEMM kernel")
-    body = text[:text.index("static void __instantiate_kernel()")]
-    if not all(_LINE.match(line) for line in body.splitlines()):
-        raise RederiveRefused("kernel.cu holds code beyond DeepGEMM's includes")
-    tail = text[text.index("static void __instantiate_kernel()"):]
-    match = re.fullmatch(r"static void __instantiate_kernel\(\) \{\s*auto ptr = "
-                         r"reinterpret_cast<void\*>\(&\s*([A-Za-z_][A-Za-z0-9_:]*)\s*<(.*)>"
-                         r"\s*\);\s*\};?\s*", tail, re.S)
-    if match is None or not _ARG.match(match.group(2).replace("\n", " ")):
-        raise RederiveRefused("kernel.cu's instantiation is not DeepGEMM's generated form")
+@functools.cache
+def _extension_bytes(location: Path) -> bytes:
+    """The bytes of the package's compiled extensions (``*.so`` beside its __init__.py)."""
+    parts = []
+    for path in sorted(location.glob("*.so")):
+        if path.is_file() and path.stat().st_size <= _MAX_EXTENSION_BYTES:
+            parts.append(path.read_bytes())
+    if not parts:
+        raise CannotRederiveHere(f"no DeepGEMM extension in {location}: nothing to generate "
+                                 "kernel sources with")
+    return b"\0".join(parts)
+
+
+def library_templates(location: Path) -> dict[str, list[str]]:
+    """The kernel-source templates of the DeepGEMM at location, by kernel template name."""
+    out: dict[str, list[str]] = {}
+    for raw in _TEMPLATE.findall(_extension_bytes(location)):
+        text = raw.decode(errors="replace")
+        impl = re.search(r"&\s*([A-Za-z_][A-Za-z0-9_:]*)\s*<", text)
+        if impl is not None:
+            out.setdefault(impl.group(1), []).append(text)
+    return out
+
+
+def _fmt_parts(template: str) -> list[str]:
+    """The literal text around each ``{}`` of an fmt template, escapes undone."""
+    return [part.replace("{{", "{").replace("}}", "}") for part in
+            re.split(r"(?<!\{)\{\}(?!\})", template)]
+
+
+def _pattern(template: str) -> re.Pattern:
+    """A claim's kernel.cu made from this template: its literal text (any whitespace where
+    it has some, optional ``//`` comment lines first), a literal for each ``{}``."""
+    def literal(text: str) -> str:
+        return r"\s*".join(re.escape(w) for w in re.split(r"\s+", text))
+
+    body = _PARAM.join(literal(part) for part in _fmt_parts(template))
+    return re.compile(r"\s*(?://[^\n]*\n\s*)*" + body + r"\s*", re.S)
+
+
+def regenerate(location: Path, name: str, claimed: str) -> str:
+    """The kernel.cu this node's DeepGEMM generates for the claim's kernel and template
+    arguments; RederiveMismatch when the claim fits no template of the library."""
+    parsed = parse_kernel_source(claimed)
+    if parsed is None:
+        raise RederiveMismatch("kernel.cu instantiates no DeepGEMM kernel")
+    kernel = name.split(".")[-2]
+    if not re.fullmatch(r"[A-Za-z0-9_]+", kernel) or \
+            re.search(rb"(?<![A-Za-z0-9_])" + kernel.encode() + rb"(?![A-Za-z0-9_])",
+                      _extension_bytes(location)) is None:
+        raise RederiveMismatch(f"this node's DeepGEMM has no kernel named {kernel}")
+    for template in library_templates(location).get(parsed.impl, []):
+        found = _pattern(template).fullmatch(claimed)
+        if found is not None:
+            parts = _fmt_parts(template)
+            return "".join(p + (found.group(i + 1) if i < len(parts) - 1 else "")
+                           for i, p in enumerate(parts))
+    raise RederiveMismatch(f"kernel.cu is not what this node's DeepGEMM generates for "
+                           f"{parsed.impl} (another form, another include or code of its "
+                           "own)")
 
 
 def rederive(adapter: DeepGemmCacheAdapter, name: str, artifact: bytes, scratch: Path,
-             template: list[str] | None = None) -> Rederived:
+             template: list[str] | None = None, library: Path | None = None) -> Rederived:
     layout = layout_of(name)
     if layout is None:
         raise RederiveRefused(f"not a DeepGEMM cache entry name: {name!r}")
+    location = library or _library(layout.generation)
     claim = scratch / "claim" / name
     unpack_safely(artifact, claim)
     try:
-        source = (claim / "kernel.cu").read_bytes()
+        claimed = (claim / "kernel.cu").read_bytes()
     except FileNotFoundError:
         raise RederiveRefused("the entry has no kernel.cu to rebuild from") from None
-    if len(source) > MAX_SOURCE_BYTES:
+    if len(claimed) > MAX_SOURCE_BYTES:
         raise RederiveRefused("kernel.cu is larger than any DeepGEMM generates")
-    check_source(source.decode(errors="replace"))
+    source = regenerate(location, name, claimed.decode(errors="replace")).encode()
     template = template or _recorded(adapter, layout.generation)
+    run = scratch / "run"  # private: the scratch is a fresh 0700 directory
+    run.mkdir()
+    (run / "kernel.cu").write_bytes(source)
+    confine_sources([run / "kernel.cu"], [location / "include", run])
     nvcc = str(settings.cuda_home() / "bin" / "nvcc")
-    run = scratch / "run"
-    job = save_job(run, template, source)
-    failure = compile_job(run, job, nvcc)
-    if failure is not None:
-        raise RederiveRefused("nvcc failed on the recorded kernel.cu")
+    run_rebuild([nvcc, *("kernel.cu" if a == SOURCE else "kernel.cubin" if a == OUTPUT
+                         else a for a in template),
+                 f"-frandom-seed={job_key(template, source)}"],
+                env=dict(os.environ), cwd=str(run))
+    cubin = (run / "kernel.cubin").read_bytes()
     entry = scratch / "entry" / name
     entry.mkdir(parents=True)
     (entry / "kernel.cu").write_bytes(source)
-    (entry / "kernel.cubin").write_bytes(job.cubin.read_bytes())
+    (entry / "kernel.cubin").write_bytes(cubin)
     if COMMITTED in layout.required:
         (entry / COMMITTED).write_bytes(b"")
     packed = pack_directory(entry)
-    differs = () if (claim / "kernel.cubin").is_file() and \
-        (claim / "kernel.cubin").read_bytes() == job.cubin.read_bytes() else ("kernel.cubin",)
+    differs = tuple(f for f, ours in (("kernel.cu", source), ("kernel.cubin", cubin))
+                    if not (claim / f).is_file() or (claim / f).read_bytes() != ours)
     return Rederived(packed, packed == artifact, differs)
+
+
+def _library(generation: Generation) -> Path:
+    """The package directory of the DeepGEMM installed here, when it is of generation."""
+    found = install.resolve()
+    if found is None or found.generation is not generation:
+        raise CannotRederiveHere(f"no DeepGEMM of the {generation.value} generation is "
+                                 "installed here")
+    return found.location
 
 
 def _recorded(adapter: DeepGemmCacheAdapter, generation: Generation) -> list[str]:

@@ -1,17 +1,18 @@
-"""Re-deriving a captured FlashInfer module: its sources built again by this node's
-FlashInfer, with a build.ninja FlashInfer itself writes.
+"""Re-deriving a captured FlashInfer module from its URI, with this node's FlashInfer.
 
-The claim's ``build.ninja`` is read only for what FlashInfer's generator takes as input
-(``flashinfer.jit.cpp_ext.generate_ninja_build_for_op``): the module's name, its sources
-and the flags beyond FlashInfer's defaults. Every source must be one of the claim's
-generated sources (brought by the artifact) or a file of this node's FlashInfer package;
-every extra flag one of the forms FlashInfer's modules pass (``-D`` macros, gencode, a few
-literal switches, include directories inside FlashInfer's package). FlashInfer then writes
-the build file under a scratch workspace, and it must be the claim's file with only the
-workspace changed: anything else (another compiler, a launcher, a flag or a rule the
-generator does not write) is refused, and ninja never runs on the captured file. ninja
-then builds the module there, in a process of its own, and the module is packed the way
-any warmed module is (installs relocate it).
+A module's name is its URI, and FlashInfer's JIT makes it from parameters: ``generator``
+below maps each URI warmd's plans can name (kernels.py) to the ``gen_*`` function and
+arguments that make it. A process of its own, in a sandbox where bubblewrap can make one
+(``warmd.cache.rederived.run_rebuild``), calls that generator with a fresh, private
+workspace: FlashInfer writes the sources and its build.ninja there, and builds the module
+(``spec.build()``, the way any warmup does; FlashInfer's EXTRA_*FLAGS and launcher variables
+are not passed). The generator's spec must be named the claim's URI. Nothing of the claim
+is compiled or read as a build input: no source, flag, path or build file.
+
+The claim's recorded generated sources are then compared with the ones FlashInfer wrote (the
+workspace path taken out): a claim whose sources differ, or that records sources FlashInfer
+did not write, is quarantined (``RederiveMismatch``: dropped, counted, never published).
+A URI no generator makes is refused: that module stays local to the node that built it.
 
 Identical means the built code (the module's ``.so`` and objects) is byte for byte the
 claim's; ninja's logs and the build file name the scratch workspace, so the artifact
@@ -31,7 +32,9 @@ from warmd.cache.base import CacheEntry
 from warmd.cache.rederived import (
     CannotRederiveHere,
     Rederived,
+    RederiveMismatch,
     RederiveRefused,
+    confine_sources,
     run_rebuild,
 )
 from warmd.libraries.flashinfer.cache import (
@@ -41,56 +44,87 @@ from warmd.libraries.flashinfer.cache import (
     _workspace_of,
 )
 
-_MACRO = re.compile(r"^-D[A-Za-z_][A-Za-z0-9_]*(=[A-Za-z0-9_.+-]{1,64})?$")
-_GENCODE = re.compile(r"^-gencode=arch=compute_\d{2,3}[af]?,code=(sm|compute)_\d{2,3}[af]?$")
-_LITERAL = {"-O0", "-O1", "-O2", "-O3", "-use_fast_math", "--use_fast_math", "-lineinfo",
-            "-std=c++17", "-std=c++20", "--expt-relaxed-constexpr", "--expt-extended-lambda",
-            "-fPIC", "-DNDEBUG", "-Xfatbin=-compress-all", "--compress-mode=size",
-            "-static-global-template-stub=false", "--compiler-options=-fPIC",
-            "-Wno-switch-bool", "-lcuda", "-lcudart", "-lcublas", "-lcublasLt", "-lnvrtc"}
-_THREADS = re.compile(r"^--threads=\d{1,2}$")
+_DTYPE = {"bf16": "bfloat16", "f16": "float16", "f32": "float32", "e4m3": "float8_e4m3fn",
+          "e5m2": "float8_e5m2", "i32": "int32", "i64": "int64", "u8": "uint8"}
+_D = "(" + "|".join(_DTYPE) + ")"
+_B = "(True|False)"
+_ATTN = (rf"dtype_q_{_D}_dtype_kv_{_D}_dtype_o_{_D}_dtype_idx_{_D}_head_dim_qk_(\d{{2,3}})_"
+         rf"head_dim_vo_(\d{{2,3}})_posenc_([0-2])_use_swa_{_B}_use_logits_cap_{_B}")
+# URI -> (generator, how its match groups become the generator's arguments)
+_FAMILIES: tuple[tuple[re.Pattern, str, object], ...] = (
+    (re.compile(r"(silu|gelu|gelu_tanh)_and_mul"), "flashinfer.jit:gen_act_and_mul_module",
+     lambda g: [g[0]]),
+    (re.compile(f"batch_decode_with_kv_cache_{_ATTN}"),
+     "flashinfer.jit:gen_batch_decode_module", lambda g: _attn(g)),
+    (re.compile(f"batch_prefill_with_kv_cache_{_ATTN}_f16qk_{_B}(_sm90)?"),
+     "flashinfer.jit:gen_batch_prefill_module",
+     lambda g: ["fa3" if g[10] else "fa2", *_attn(g[:9]), g[9] == "True"]),
+    (re.compile(rf"batch_mla_attention_dtype_q_{_D}_dtype_kv_{_D}_dtype_o_{_D}_dtype_idx_"
+                rf"{_D}_head_dim_ckv_(\d{{2,3}})_head_dim_kpe_(\d{{2,3}})_profiler_{_B}"
+                r"_planabi2(_sm90)?"),
+     "flashinfer.jit:gen_batch_mla_module",
+     lambda g: ["fa3" if g[7] else "fa2", *(_DTYPE[d] for d in g[:4]), int(g[4]), int(g[5]),
+                g[6] == "True"]),
+    (re.compile("sampling"), "flashinfer.jit.sampling:gen_sampling_module", lambda g: []),
+    (re.compile("fp8_blockscale_gemm_90"),
+     "flashinfer.jit.gemm:gen_fp8_blockscale_gemm_sm90_module", lambda g: []),
+    (re.compile("fp8_gemm_cutlass"), "flashinfer.jit.gemm.core:gen_gemm_sm100_module_cutlass_fp8",
+     lambda g: []),
+    (re.compile("mxfp8_gemm_cutlass(_sm120)?"), "", lambda g: []),
+    (re.compile("fused_moe_(90|100|103|120)"), "", lambda g: []),
+)  # not the TRT-LLM-gen MoE modules: they link cubins FlashInfer downloads, not sources
+
+# How a claim of this library is re-derived (`warmd status`, `warmd plan`).
+HOW = "from its URI, through FlashInfer's gen_* specs"
 
 
-def allowed_flag(flag: str, include_roots: tuple[str, ...]) -> bool:
-    """Whether a flag beyond FlashInfer's defaults is one its modules pass."""
-    if flag in _LITERAL or _MACRO.match(flag) or _GENCODE.match(flag) or _THREADS.match(flag):
-        return True
-    if flag.startswith("-I"):
-        path = os.path.realpath(flag[2:])
-        return any(path == root or path.startswith(root + "/") for root in include_roots)
-    return False
+def _attn(g) -> list:
+    return [*(_DTYPE[d] for d in g[:4]), int(g[4]), int(g[5]), int(g[6]), g[7] == "True",
+            g[8] == "True"]
+
+
+def generator(name: str) -> tuple[str, list] | None:
+    """The FlashInfer generator and arguments that make the module named name (its URI), or
+    None when warmd knows none."""
+    for pattern, gen, args in _FAMILIES:
+        found = pattern.fullmatch(name)
+        if found is None:
+            continue
+        if name.startswith("mxfp8_gemm_cutlass"):
+            sm = "sm120" if found.group(1) else "sm100"
+            gen = f"flashinfer.jit.gemm.core:gen_gemm_{sm}_module_cutlass_mxfp8"
+        elif name.startswith("fused_moe_") and not gen:
+            gen = f"flashinfer.jit.fused_moe:gen_cutlass_fused_moe_sm{found.group(1)}_module"
+        return gen, args(found.groups())
+    return None
 
 
 def rederive(adapter: FlashInferCacheAdapter, name: str, artifact: bytes,
              scratch: Path) -> Rederived:
     _check_module_name(name)
+    made = generator(name)
+    if made is None:
+        raise RederiveRefused(f"no FlashInfer generator warmd knows makes module {name}: "
+                              "it stays local to the node that built it")
     claim = scratch / "claim"
     unpack_safely(artifact, claim)
     module = _check_layout(claim, name)
     old_ws = _workspace_of(module, name)
-    ws_base = scratch / "ws"
+    work = scratch / "work"  # the only place the build process may write
+    work.mkdir()
     arch_list = _arch_list(adapter.arch)
-    ours = FlashInferCacheAdapter(ws_base, arch_list, adapter.version)
+    ours = FlashInferCacheAdapter(work / "ws", arch_list, adapter.version)
     ours.workspace_dir.mkdir(parents=True)
-    new_ws = str(ours.workspace_dir.resolve())
-    if (claim / "generated").is_dir():
-        for src in sorted(p for p in (claim / "generated").rglob("*") if p.is_file()):
-            dest = ours.generated_dir / src.relative_to(claim / "generated")
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            dest.write_bytes(src.read_bytes())
-    job = {"name": name, "old_ws": old_ws, "new_ws": new_ws,
-           "build_ninja": (module / "build.ninja").read_text(errors="replace")}
-    (scratch / "job.json").write_text(json.dumps(job))
-    from warmd.libraries.flashinfer.executor import worker_env
-
-    env = {**os.environ, **worker_env(arch_list, ws_base),
-           "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-    for knob in ("FLASHINFER_EXTRA_CFLAGS", "FLASHINFER_EXTRA_CUDAFLAGS",
-                 "FLASHINFER_EXTRA_LDFLAGS", "FLASHINFER_NVCC_LAUNCHER",
-                 "FLASHINFER_CXX_LAUNCHER"):
-        env.pop(knob, None)  # this node's build, not one a variable reshapes
-    run_rebuild([sys.executable, "-m", "warmd.libraries.flashinfer.rederive",
-                 str(scratch / "job.json")], env=env, cwd=str(scratch))
+    job = work / "job.json"
+    job.write_text(json.dumps({"name": name, "generator": made[0], "args": made[1]}))
+    env = _build_env(arch_list, work / "ws")
+    step = [sys.executable, "-m", "warmd.libraries.flashinfer.rederive", str(job)]
+    run_rebuild([*step, "generate"], env=env, cwd=str(work))
+    generated = sorted(p for p in ours.generated_dir.rglob("*") if p.is_file())
+    confine_sources(generated, [ours.generated_dir, *_include_roots()])
+    _compare_sources(claim / "generated", ours.generated_dir, old_ws,
+                     str(ours.workspace_dir.resolve()))
+    run_rebuild([*step, "build"], env=env, cwd=str(work))
     built = ours.root / name
     if not ours.is_complete(name):
         raise RederiveRefused(f"the rebuilt module {name} is not complete")
@@ -101,6 +135,43 @@ def rederive(adapter: FlashInferCacheAdapter, name: str, artifact: bytes,
                                               != child.read_bytes())))
     packed = ours.pack(CacheEntry(adapter.library, name, built))
     return Rederived(packed, not differs, differs)
+
+
+def _build_env(arch_list: str, workspace_base: Path) -> dict[str, str]:
+    """The environment of the generate and build steps: FlashInfer's worker environment
+    for the scratch workspace, without the variables that reshape a build."""
+    from warmd.libraries.flashinfer.executor import worker_env
+
+    env = {**os.environ, **worker_env(arch_list, workspace_base),
+           "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    for knob in ("FLASHINFER_EXTRA_CFLAGS", "FLASHINFER_EXTRA_CUDAFLAGS",
+                 "FLASHINFER_EXTRA_LDFLAGS", "FLASHINFER_NVCC_LAUNCHER",
+                 "FLASHINFER_CXX_LAUNCHER"):
+        env.pop(knob, None)  # this node's build, not one a variable reshapes
+    return env
+
+
+def _include_roots() -> list[Path]:
+    """FlashInfer's package (its csrc and include trees), found without importing it."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("flashinfer")
+    if spec is None or not spec.submodule_search_locations:
+        raise CannotRederiveHere("FlashInfer is not installed here")
+    return [Path(p) for p in spec.submodule_search_locations]
+
+
+def _compare_sources(claimed: Path, ours: Path, old_ws: str, new_ws: str) -> None:
+    """RederiveMismatch when a generated source the claim records is not FlashInfer's."""
+    if not claimed.is_dir():
+        return
+    for src in sorted(p for p in claimed.rglob("*") if p.is_file()):
+        rel = src.relative_to(claimed)
+        mine = ours / rel
+        text = src.read_bytes().replace(old_ws.encode(), new_ws.encode())
+        if not mine.is_file() or mine.read_bytes() != text:
+            raise RederiveMismatch(f"the claim's generated source {rel} is not what this "
+                                   "node's FlashInfer generates for the module")
 
 
 def _arch_list(directory: str) -> str:
@@ -114,90 +185,18 @@ def _arch_list(directory: str) -> str:
 
 # ----- in the rebuild process (FLASHINFER_WORKSPACE_BASE is the scratch workspace) -----
 
-def _variables(text: str) -> dict[str, list[str]]:
-    """build.ninja's top-level variables, continuation lines joined, split in words."""
-    joined = re.sub(r" \$\n\s*", " ", text)
-    out = {}
-    for line in joined.splitlines():
-        found = re.match(r"^([A-Za-z_]+) = ?(.*)$", line)
-        if found:
-            out[found.group(1)] = _words(found.group(2))
-    return out
+def _rebuild(job: dict, step: str) -> None:
+    """generate: the generator writes the module's sources and build file; build: the
+    same, then FlashInfer builds the module."""
+    from warmd.libraries.base import resolve
+    from warmd.libraries.flashinfer.executor import _convert_args
 
-
-def _words(value: str) -> list[str]:
-    """Flags as FlashInfer joins them: "-isystem DIR" stays one flag."""
-    words, out = value.split(), []
-    for word in words:
-        if out and out[-1] == "-isystem":
-            out[-1] = f"-isystem {word}"
-        else:
-            out.append(word)
-    return out
-
-
-def _extra(claimed: list[str], defaults: list[str]) -> list[str]:
-    """The claimed flags FlashInfer's defaults do not hold, in their order."""
-    left = list(defaults)
-    extra = []
-    for flag in claimed:
-        if flag in left:
-            left.remove(flag)
-        else:
-            extra.append(flag)
-    return extra
-
-
-def _rebuild(job: dict) -> None:
-    import subprocess
-
-    from flashinfer.jit import cpp_ext
-    from flashinfer.jit import env as jit_env
-
-    name, old_ws, new_ws = job["name"], job["old_ws"], job["new_ws"]
-    claimed = job["build_ninja"]
-    variables = _variables(claimed)
-    cuda_home = cpp_ext.get_cuda_path()
-    common = cpp_ext.build_common_cflags(cuda_home, None)
-    roots = tuple(os.path.realpath(p) for p in (
-        Path(cpp_ext.__file__).parents[1], new_ws + "/generated"))
-    extra = {
-        "cflags": _extra(variables.get("cflags", []), cpp_ext.build_cflags(common, None)),
-        "cuda_cflags": _extra(variables.get("cuda_cflags", []),
-                              cpp_ext.build_cuda_cflags(common, None)),
-        "ldflags": _extra(variables.get("ldflags", []),
-                          ["-shared", "-L$cuda_home/lib64", "-L$cuda_home/lib64/stubs",
-                           "-lcudart", "-lcuda"]),
-        "common": _extra(variables.get("common_cflags", []), common),
-    }
-    for kind, flags in extra.items():
-        bad = [f for f in flags if not allowed_flag(f.replace(old_ws, new_ws), roots)]
-        if bad:
-            sys.exit(f"refused: {kind} flag {bad[0][:80]!r} is not one FlashInfer passes")
-    sources = []
-    for found in re.finditer(r"^build \S+: (?:cuda_compile|compile) (\S+)$", claimed,
-                             re.MULTILINE):
-        path = found.group(1).replace(old_ws + "/", new_ws + "/", 1)
-        real = os.path.realpath(path)
-        if not any(real.startswith(root + "/") for root in roots) or not os.path.isfile(real):
-            sys.exit("refused: a source is neither generated nor FlashInfer's own")
-        sources.append(Path(path))
-    text = cpp_ext.generate_ninja_build_for_op(
-        name, sources, extra["cflags"] or None,
-        [f.replace(old_ws, new_ws) for f in extra["cuda_cflags"]] or None,
-        extra["ldflags"] or None,
-        [Path(f[2:].replace(old_ws, new_ws)) for f in extra["common"]] or None,
-        needs_device_linking="rule nvcc_link" in claimed)
-    if text.strip() != claimed.replace(old_ws + "/", new_ws + "/").strip():
-        sys.exit("refused: build.ninja is not what FlashInfer writes for its sources and flags")
-    module = jit_env.FLASHINFER_JIT_DIR / name
-    module.mkdir(parents=True, exist_ok=True)
-    (module / "build.ninja").write_text(text)
-    done = subprocess.run(["ninja", "-C", str(module), "-f", "build.ninja"],
-                          capture_output=True, timeout=3600)
-    if done.returncode != 0:
-        sys.exit(f"the rebuild failed (ninja exit {done.returncode})")
+    spec = resolve(job["generator"])(*_convert_args(job["args"]))
+    if spec.name != job["name"]:
+        sys.exit(f"refused: {job['generator']} makes {spec.name}, not {job['name']}")
+    if step == "build":
+        spec.build()
 
 
 if __name__ == "__main__":
-    _rebuild(json.loads(Path(sys.argv[1]).read_text()))
+    _rebuild(json.loads(Path(sys.argv[1]).read_text()), sys.argv[2])

@@ -68,6 +68,9 @@ _UNSAFE_ENV = re.compile(r"^TRITON_(CACHE|HOME|DUMP|OVERRIDE|KERNEL_DUMP|KERNEL_
                          r"ALWAYS_COMPILE|INTERPRET|STORE_BINARY_ONLY)")
 _LIBPATH = re.compile(r'libpath\s*=\s*"([^"]*)"')
 
+# How a claim of this library is re-derived (`warmd status`, `warmd plan`).
+HOW = "from its recorded IR (the cache does not name its Python function)"
+
 
 def rederive(adapter: TritonCacheAdapter, name: str, artifact: bytes,
              scratch: Path) -> Rederived:
