@@ -48,7 +48,14 @@ from typing import TYPE_CHECKING
 
 from warmd import settings
 from warmd.cache.base import CacheAdapter, CacheEntry, UnsafeArtifact
-from warmd.cache.records import recorded_entries
+from warmd.cache.records import (
+    LocalTaskRecord,
+    entry_digest,
+    fingerprint_digest,
+    learned_record_key,
+    recorded_entries,
+    write_record,
+)
 from warmd.stats import CounterFlag, ids
 
 if TYPE_CHECKING:
@@ -176,7 +183,22 @@ def install_learned(shared: SharedCache, adapter: CacheAdapter, plan_key: str) -
     if not names:
         return []
     fetched = shared.prefetch(adapter, [learned_task(plan_key, n) for n in names])
-    return sorted({n for got in fetched.values() if got for n in got})
+    present = sorted({n for got in fetched.values() if got for n in got})
+    record_learned(adapter, plan_key, present)
+    return present
+
+
+def record_learned(adapter: CacheAdapter, plan_key: str, names: list[str]) -> None:
+    """This node's record of what was learned for the plan and installed here, so that
+    `warmd verify` can say whether the engine will find each entry."""
+    if not names:
+        return
+    complete = {e.name: e for e in adapter.list_entries()}
+    digests = {n: d for n in names if n in complete
+               and (d := entry_digest(complete[n].path)) is not None}
+    write_record(adapter.root, LocalTaskRecord(learned_record_key(plan_key),
+                                               dict.fromkeys(names, 0.0), digests,
+                                               fingerprint_digest(adapter)))
 
 
 def verify_for_publishing(adapter: CacheAdapter, entry: CacheEntry) -> str | None:
