@@ -80,7 +80,8 @@ class ModelConfig:
                                                         "string or a list); replaces path, "
                                                         "tp, ep, engine...", ())
     env: tuple[tuple[str, str], ...] = _key((dict, list), "the engine's environment "
-                                                          "variables (VLLM_*, SGL_*...)", (),
+                                                          "variables (VLLM_*, SGL_*..., and "
+                                                          "cache ones: SGLANG_CACHE_DIR...)", (),
                                             request="engine_env")
 
     def plan_request(self, target: str | None = None) -> PlanRequest:
