@@ -150,3 +150,21 @@ def test_two_models_of_two_engines_on_one_node_each_get_their_engines_directorie
     assert sglang_roots["deep_gemm"] == str(tmp_path / ".cache" / "sglang" / "deep_gemm")
     assert sglang_roots["triton"] == str(tmp_path / ".cache" / "sglang" / "triton")
     assert sglang_roots["flashinfer"] == str(tmp_path / ".cache" / "sglang")
+
+
+def test_the_capture_watches_the_autotune_store_the_plans_engine_reads(tmp_path, monkeypatch):
+    """FlashInfer's autotune store lies under its workspace, which SGLang moves: the capture
+    (its scope crossing Ray as JSON) watches SGLang's, and vLLM's own store for vLLM."""
+    from warmd.capture import CaptureScope, adapters_for, scope_of
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for name in ("FLASHINFER_AUTOTUNE_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE",
+                 "VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    for engine, v2 in (("sglang", tmp_path / ".cache" / "sglang" / ".cache" / "flashinfer"),
+                       ("vllm", tmp_path / ".cache" / "flashinfer")):
+        plan = make_plan(_request(engine))
+        scope = scope_of(plan, WarmupOptions().for_plan(plan).cache_roots)
+        crossed = CaptureScope.from_json(json.loads(json.dumps(scope.to_json())))
+        adapter = adapters_for(crossed)["flashinfer_autotune"]
+        assert adapter.v2_dir == v2 / "autotune" / "v2", engine

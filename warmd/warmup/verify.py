@@ -147,7 +147,8 @@ def _learned_verdicts(plan: Plan, options: WarmupOptions) -> list[Verdict]:
     verdicts = []
     key = learned_record_key(plan.key)
     for name, library in LIBRARIES.items():
-        adapter = library.make_adapter(options.cache_roots[name], plan.env.target.arch) \
+        adapter = library.make_adapter(options.cache_roots[name], plan.env.target.arch,
+                                       plan.dirs()) \
             if Path(options.cache_roots[name]).exists() else None
         if adapter is None:
             continue
