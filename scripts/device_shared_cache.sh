@@ -26,7 +26,8 @@ step() {  # step NAME DG_DIR ARGS...: one timed warmup, JSON to $OUT/NAME.json
   local name=$1 dir=$2; shift 2
   local t0 t1
   t0=$(date +%s.%N)
-  DG_JIT_CACHE_DIR=$dir WARMD_NODE_NAME=$name python3 -m warmd warmup "$@" --json \
+  # SGLang forces DG_JIT_CACHE_DIR to $SGLANG_DG_CACHE_DIR: set both (each engine reads one)
+  DG_JIT_CACHE_DIR=$dir SGLANG_DG_CACHE_DIR=$dir WARMD_NODE_NAME=$name python3 -m warmd warmup "$@" --json \
       >"$OUT/$name.json" 2>>"$LOG"
   local rc=$?
   t1=$(date +%s.%N)

@@ -23,7 +23,7 @@ from warmd import settings
 # warmd's state dir, vLLM's cache root (DeepGEMM's cache and staging under it), FlashInfer's
 # workspace, DeepGEMM's own default, Triton's cache, torch's extension/kernel caches, CUDA's
 # compute cache. tests/test_suite_isolation.py holds this list to settings.KNOBS' defaults.
-WATCHED = (".cache/warmd", ".cache/vllm", ".cache/flashinfer", ".cache/torch",
+WATCHED = (".cache/warmd", ".cache/vllm", ".cache/sglang", ".cache/flashinfer", ".cache/torch",
            ".cache/torch_extensions", ".deep_gemm", ".triton", ".nv")
 # What a daemon the user runs meanwhile (the Quickstart's `warmd start`) keeps writing: its
 # embedded store's data (warmd.store.embedded.embedded_dir) and its Ray head's log. The

@@ -9,6 +9,7 @@ from __future__ import annotations
 import configparser
 import contextlib
 import json
+import os
 import re
 import shlex
 import shutil
@@ -57,11 +58,15 @@ def warmd_commands(text: str) -> list[list[str]]:
 
 
 def check_cli(tokens: list[str]) -> None:
-    """The subcommand exists and each --flag is one of its options (per click's tree)."""
+    """The subcommand exists and each --flag is one of its options (per click's tree); what
+    follows `--` is the engine's serve command (warmd's parser reads it: see the tests of
+    verify below)."""
     assert len(tokens) >= 2, tokens
     command = main.commands.get(tokens[1])
     assert command is not None, f"no `warmd {tokens[1]}` subcommand"
     options = {o for p in command.params for o in [*p.opts, *p.secondary_opts]}
+    if "--" in tokens:
+        tokens = tokens[:tokens.index("--")]
     for token in tokens[2:]:
         if token.startswith("-"):
             assert token.split("=", 1)[0] in options, f"`warmd {tokens[1]}` has no {token}"
@@ -180,6 +185,74 @@ def test_kuberay_worker_join_label_parses_as_ray_parses_it(kuberay):
         for warm in ("true", "false"):
             assert label_utils.parse_node_labels_string(label.replace("$warm", warm)) == {
                 "warmd.io/warm": warm}
+
+
+def kubelet_env(container: dict) -> dict[str, str]:
+    """The container's literal variables as the kubelet sets them: `$(NAME)` expands to an
+    earlier variable of the list, and is left as written otherwise."""
+    env: dict[str, str] = {}
+    for item in container.get("env", []):
+        if "value" in item:
+            env[item["name"]] = re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)",
+                                       lambda m: env.get(m.group(1), m.group(0)),
+                                       item["value"])
+    return env
+
+
+def engine_gate(script: str) -> list[str]:
+    """The serve command of the `warmd verify -- ...` gate in a worker's script."""
+    [verify] = [c for c in warmd_commands(script) if c[1] == "verify"]
+    return verify[verify.index("--") + 1:]
+
+
+def test_the_engines_environment_resolves_to_the_directories_the_agent_fills(kuberay,
+                                                                              monkeypatch):
+    """The engine runs in the GPU worker's container (a Ray node): by warmd's rules, its
+    environment gives the engine the very directories warmd's agent warms for each configured
+    model (the agent reads the same environment, with warmd.yaml's `cache:` and `env:` on
+    top), all on the kernel-cache volume, resolvable without knowing the user's home; the
+    gate verifies the configured serve line."""
+    from warmd.cluster.work import node_env
+    from warmd.engines.cache_dirs import CACHE_VARIABLES, process_cache_dirs, resolve
+    from warmd.engines.versions import resolve_version
+
+    config = parse_config(yaml.safe_load(kuberay["ConfigMap"]["data"]["warmd.yaml"]))
+    pods = containers(kuberay["RayCluster"])
+    pods.pop("head")
+    for pod in pods.values():
+        [worker] = pod["containers"]
+        env = kubelet_env(worker)
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        shared = [m["mountPath"] for m in worker["volumeMounts"]
+                  if "emptyDir" in volumes[m["name"]] or "hostPath" in volumes[m["name"]]]
+        for name in CACHE_VARIABLES:
+            monkeypatch.delenv(name, raising=False)
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        gated = []
+        for model in config.models:
+            request = model.plan_request()
+            version, _ = resolve_version(request.engine, request.engine_version)
+            engine = resolve(request.engine, {**env, **dict(request.engine_env or ())}, None,
+                             version)
+            with settings.scoped_env(node_env(config)):  # the agent's environment
+                agent = process_cache_dirs(request.engine, version, request.engine_env or ())
+            assert agent.directories() == engine.directories(), model.name
+            for directory in engine.directories().values():
+                assert any(directory.is_relative_to(m) for m in shared), directory
+            gated.append(list(model.engine_command))
+        assert engine_gate(worker["args"][0]) in gated
+
+
+def test_a_manifest_variable_warmd_cannot_resolve_is_one_line_and_exit_2(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.endswith(("_CACHE_DIR", "_BASE"))}
+    env["SGLANG_CACHE_DIR"] = "$(KERNEL_CACHE)/sglang"  # the kubelet left it: no such variable
+    out = subprocess.run([sys.executable, "-m", "warmd", "verify", "-t", "h200", "--",
+                          "python", "-m", "sglang.launch_server", "--model-path",
+                          str(ROOT / "tests" / "data" / "models" / "qwen3-30b-a3b-fp8")],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2 and out.stdout == "" and out.stderr.count("\n") == 1
+    assert "SGLANG_CACHE_DIR=$(KERNEL_CACHE)/sglang is not an absolute path" in out.stderr
 
 
 def test_command_checker_catches_what_does_not_exist():
@@ -468,6 +541,39 @@ def test_systemd_unit():
     for line in unit["Service"].get("Environment", "").splitlines() or [""]:
         for name in warmd_env_names(line):
             assert f'"{name}"' in SETTINGS
+
+
+def test_the_units_run_the_binaries_the_documented_install_creates():
+    """Each unit's comment says how to install (scripts/setup.sh into WARMD_VENV); the units
+    run warmd and ray from that virtualenv's bin/, where pip puts the project's console
+    script and Ray's (the cluster extra)."""
+    import tomllib
+
+    setup = (ROOT / "scripts" / "setup.sh").read_text()
+    assert 'VENV="${WARMD_VENV:-.venv}"' in setup
+    assert re.search(r'PIP=\("\$VENV/bin/python" -m pip install', setup)
+    assert re.search(r'"\$\{PIP\[@\]\}" -e "\.\[[^"]*cluster[^"]*\]"', setup)
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["scripts"]["warmd"] == "warmd.cli:main"
+    assert any(d.startswith("ray") for d in project["optional-dependencies"]["cluster"])
+    for name in ("warmd.service", "ray-head.service"):
+        text = (DEPLOY / "systemd" / name).read_text()
+        venv = re.search(r"sudo WARMD_VENV=(\S+) bash scripts/setup\.sh", text).group(1)
+        unit = systemd_unit(name)
+        for key in ("ExecStart", "ExecStop"):
+            binary = Path(shlex.split(unit["Service"][key])[0])
+            assert binary.parent == Path(venv) / "bin", (name, key, binary)
+
+
+def test_the_bare_metal_cache_environment_resolves_for_both_engines():
+    from warmd.engines.cache_dirs import resolve
+
+    env = dict(line.split("=", 1) for line in
+               (DEPLOY / "systemd" / "cache.env").read_text().splitlines()
+               if line and not line.startswith("#"))
+    for engine in ("vllm", "sglang"):
+        for directory in resolve(engine, env, None).directories().values():
+            assert directory.is_relative_to("/var/cache/warmd"), (engine, directory)
 
 
 def test_the_units_warmd_requires_are_shipped_and_run_ray_as_ray_takes_it():

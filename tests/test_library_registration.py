@@ -28,13 +28,15 @@ def _python(code: str, packages: str) -> subprocess.CompletedProcess:
 
 
 def test_register_is_scoped_and_reaches_every_list():
+    from warmd.plan import PlanRequest, make_plan
     from warmd.warmup import WarmupOptions
 
     assert "testlib" not in libraries.LIBRARIES
     with registered_testlib():
         assert libraries.names()[-1] == "testlib"
         assert "testlib_dir" in {root.config_key for root in libraries.cache_roots()}
-        assert "testlib" in WarmupOptions().cache_roots
+        plan = make_plan(PlanRequest(model="qwen3-30b-a3b-fp8", target="h200"))
+        assert "testlib" in WarmupOptions().for_plan(plan).cache_roots
     assert libraries.names() == BUILT_IN
 
 

@@ -78,7 +78,7 @@ def _node_b(cluster: dict, name: str, *args: str) -> tuple[int, dict, dict, Path
     node = cluster["base"] / name
     env = {**os.environ, "PYTHONPATH": str(ROOT), "WARMD_STATE_DIR": str(node / "state"),
            "FLASHINFER_WORKSPACE_BASE": str(node / "fi"),
-           "DG_JIT_CACHE_DIR": str(node / "dg")}
+           "SGLANG_DG_CACHE_DIR": str(node / "dg")}  # SGLang's own (it forces DG_JIT_CACHE_DIR)
     node.mkdir(parents=True, exist_ok=True)
     probe = node / f"probe-{uuid.uuid4().hex[:8]}.json"
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "speed_bench.py"), "probe",

@@ -48,10 +48,18 @@ from typing import TYPE_CHECKING
 
 from warmd import settings
 from warmd.cache.base import CacheAdapter, CacheEntry, UnsafeArtifact
-from warmd.cache.records import recorded_entries
+from warmd.cache.records import (
+    LocalTaskRecord,
+    entry_digest,
+    fingerprint_digest,
+    learned_record_key,
+    recorded_entries,
+    write_record,
+)
 from warmd.stats import CounterFlag, ids
 
 if TYPE_CHECKING:
+    from warmd.engines.cache_dirs import CacheDirs
     from warmd.store.api import SharedCache
     from warmd.targets import Target
 
@@ -104,6 +112,10 @@ class CaptureScope:
     plan_key: str
     target: dict  # Target.to_json()
     roots: dict[str, str]  # library -> cache root
+    # the plan's engine and its cache variables (CacheDirs.values): the stores it reads
+    # beyond the roots (FlashInfer autotune's); empty: this process's settings
+    engine: str = ""
+    cache_env: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -111,7 +123,16 @@ class CaptureScope:
     @classmethod
     def from_json(cls, data: dict) -> CaptureScope:
         return cls(str(data["plan_key"]), dict(data["target"]),
-                   {str(k): str(v) for k, v in data["roots"].items()})
+                   {str(k): str(v) for k, v in data["roots"].items()},
+                   str(data.get("engine") or ""),
+                   {str(k): str(v) for k, v in (data.get("cache_env") or {}).items()})
+
+    def cache_dirs(self) -> CacheDirs | None:
+        from warmd.engines.cache_dirs import CacheDirs
+
+        if not self.cache_env:
+            return None
+        return CacheDirs(self.engine, tuple(sorted(self.cache_env.items())))
 
     def target_object(self) -> Target:
         from warmd.targets import Target, parse_capability
@@ -124,8 +145,10 @@ class CaptureScope:
 
 def scope_of(plan, roots: dict[str, Path]) -> CaptureScope:
     """The capture scope of a plan warmed with these cache roots (WarmupOptions.cache_roots)."""
+    dirs = plan.dirs()
     return CaptureScope(plan.key, plan.env.target.to_json(),
-                        {lib: str(root) for lib, root in roots.items()})
+                        {lib: str(root) for lib, root in roots.items()}, dirs.engine,
+                        dict(dirs.values))
 
 
 def adapters_for(scope: CaptureScope) -> dict[str, CacheAdapter]:
@@ -133,14 +156,14 @@ def adapters_for(scope: CaptureScope) -> dict[str, CacheAdapter]:
     installed here (nothing else can compile into a cache, or use an installed entry)."""
     from warmd.libraries import LIBRARIES, probe_library
 
-    arch = scope.target_object().arch
+    arch, dirs = scope.target_object().arch, scope.cache_dirs()
     found = {}
     for name, library in LIBRARIES.items():
         if not probe_library(name).available:
             continue
         root = Path(scope.roots.get(name) or library.root.default())
         try:
-            adapter = library.make_adapter(root, arch)
+            adapter = library.make_adapter(root, arch, dirs)
         except ModuleNotFoundError:  # the library's own imports: nothing to watch, no crash
             adapter = None
         if adapter is not None:
@@ -176,7 +199,22 @@ def install_learned(shared: SharedCache, adapter: CacheAdapter, plan_key: str) -
     if not names:
         return []
     fetched = shared.prefetch(adapter, [learned_task(plan_key, n) for n in names])
-    return sorted({n for got in fetched.values() if got for n in got})
+    present = sorted({n for got in fetched.values() if got for n in got})
+    record_learned(adapter, plan_key, present)
+    return present
+
+
+def record_learned(adapter: CacheAdapter, plan_key: str, names: list[str]) -> None:
+    """This node's record of what was learned for the plan and installed here, so that
+    `warmd verify` can say whether the engine will find each entry."""
+    if not names:
+        return
+    complete = {e.name: e for e in adapter.list_entries()}
+    digests = {n: d for n in names if n in complete
+               and (d := entry_digest(complete[n].path)) is not None}
+    write_record(adapter.root, LocalTaskRecord(learned_record_key(plan_key),
+                                               dict.fromkeys(names, 0.0), digests,
+                                               fingerprint_digest(adapter)))
 
 
 def verify_for_publishing(adapter: CacheAdapter, entry: CacheEntry) -> str | None:

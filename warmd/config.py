@@ -80,7 +80,8 @@ class ModelConfig:
                                                         "string or a list); replaces path, "
                                                         "tp, ep, engine...", ())
     env: tuple[tuple[str, str], ...] = _key((dict, list), "the engine's environment "
-                                                          "variables (VLLM_*, SGL_*...)", (),
+                                                          "variables (VLLM_*, SGL_*..., and "
+                                                          "cache ones: SGLANG_CACHE_DIR...)", (),
                                             request="engine_env")
 
     def plan_request(self, target: str | None = None) -> PlanRequest:
@@ -388,6 +389,7 @@ def _engine_command(where: str, value) -> tuple[str, ...]:
 
 
 def _engine_env(where: str, value) -> tuple[tuple[str, str], ...]:
+    from warmd.engines.cache_dirs import CACHE_VARIABLES
     from warmd.engines.environment import BY_NAME, EngineEnv
 
     if isinstance(value, list):  # [[name, value], ...] as to_json writes it
@@ -398,10 +400,11 @@ def _engine_env(where: str, value) -> tuple[tuple[str, str], ...]:
                for k, v in value.items()):
         raise _fail(where, "expected a mapping of variable names to strings")
     pairs = {k: str(v) for k, v in value.items()}
-    unknown = sorted(set(pairs) - set(BY_NAME) - {"SGL_ENABLE_JIT_DEEPGEMM"})
+    known = {*BY_NAME, "SGL_ENABLE_JIT_DEEPGEMM", *CACHE_VARIABLES}
+    unknown = sorted(set(pairs) - known)
     if unknown:
         raise _fail(where, f"unknown engine variable {unknown[0]!r} (known: "
-                           f"{', '.join(sorted(BY_NAME))})")
+                           f"{', '.join(sorted(known))})")
     try:
         EngineEnv.of("vllm", pairs, None)
     except WarmdInputError as exc:

@@ -8,6 +8,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field, replace
 
+from warmd.engines.cache_dirs import CacheDirs
 from warmd.kernels.base import Environment, JitWork, Kernel
 from warmd.kernels.selection import Selection, select_kernel
 from warmd.models import ModelShapes
@@ -57,6 +58,17 @@ class Plan:
     tasks: tuple[Task, ...]
     # What the engine's launch (flags, environment, version) decided, and why.
     engine_notes: tuple[str, ...] = ()
+    # Each library's cache as this engine, launched so, reads it (None: a plan made without
+    # a request; dirs() resolves it from this process's environment)
+    cache_dirs: CacheDirs | None = None
+
+    def dirs(self) -> CacheDirs:
+        """The cache directories the engine of this plan reads."""
+        if self.cache_dirs is not None:
+            return self.cache_dirs
+        from warmd.engines.cache_dirs import process_cache_dirs
+
+        return process_cache_dirs(self.env.engine, self.env.engine_version)
 
     @property
     def key(self) -> str:
@@ -84,6 +96,7 @@ class Plan:
                       "quantization": self.model.quant.scheme},
             "engine": self.env.engine,
             "engine_notes": list(self.engine_notes),
+            "cache_dirs": self.dirs().to_json(),
             "mode": self.mspec.mode,
             "max_tokens": self.mspec.max_tokens,
             "moe_tokens": self.mspec.moe_tokens or self.mspec.max_tokens,
@@ -205,6 +218,7 @@ def _choices(plan: Plan) -> tuple:
 
 
 def make_plan(request: PlanRequest) -> Plan:
+    from warmd.engines.cache_dirs import process_cache_dirs
     from warmd.engines.decide import (
         check_expert_parallel,
         decide,
@@ -256,4 +270,5 @@ def make_plan(request: PlanRequest) -> Plan:
     plan = build_plan(model, env, decisions.mspec,
                       (version_note, *decisions.notes, *(moe.notes if moe else ())))
     refuse_unfit_forced(plan.selections, moe)
-    return plan
+    return replace(plan, cache_dirs=process_cache_dirs(request.engine, version,
+                                                       request.engine_env or ()))

@@ -179,7 +179,14 @@ KNOBS: tuple[Knob, ...] = (
          "warmd never downloads)"),
     Knob("HUGGINGFACE_HUB_CACHE", PATH, None, "older name of `HF_HUB_CACHE`"),
     Knob("DG_JIT_CACHE_DIR", PATH, lambda: vllm_cache_root() / "deep_gemm",
-         "DeepGEMM's cache root (default `$VLLM_CACHE_ROOT/deep_gemm`, as vLLM sets it)"),
+         "DeepGEMM's cache root (vLLM: default `$VLLM_CACHE_ROOT/deep_gemm`; SGLang "
+         "overwrites it with `$SGLANG_DG_CACHE_DIR`)"),
+    Knob("SGLANG_CACHE_DIR", PATH, lambda: _home() / ".cache" / "sglang",
+         "SGLang's cache root (default `~/.cache/sglang`): `import sglang` defaults "
+         "`TRITON_CACHE_DIR` and `FLASHINFER_WORKSPACE_BASE` under it"),
+    Knob("SGLANG_DG_CACHE_DIR", PATH, None,
+         "SGLang's DeepGEMM cache (default `$SGLANG_CACHE_DIR/deep_gemm`), forced into "
+         "`DG_JIT_CACHE_DIR`"),
     *(_engine(env, "DeepGEMM compiler knob (in the DeepGEMM fingerprint)")
       for env in DEEP_GEMM_KEY_ENV),
     Knob("FLASHINFER_WORKSPACE_BASE", PATH, _home,
@@ -267,6 +274,11 @@ def scoped_env(env: dict[str, str]) -> Iterator[None]:
 
 
 # ----- named accessors -----
+
+def home() -> Path:
+    """This user's home (what `~` expands to)."""
+    return _home()
+
 
 def xdg_cache_home() -> Path:
     return get("XDG_CACHE_HOME")

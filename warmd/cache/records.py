@@ -58,6 +58,12 @@ class LocalTaskRecord:
                 "fingerprint": self.fingerprint, "compiled": sorted(self.compiled)}
 
 
+def learned_record_key(plan_key: str) -> str:
+    """The key of this node's record of the entries learned for a plan and installed here
+    (warmd.capture.install_learned), one per library's cache."""
+    return f"learned-for-plan:{plan_key}"
+
+
 def record_path(root: Path, task_key: str) -> Path:
     return root / RECORD_DIR / f"{hashlib.sha256(task_key.encode()).hexdigest()}.json"
 

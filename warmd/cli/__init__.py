@@ -52,7 +52,7 @@ def _register() -> None:
     from warmd.cli import plan as plan_cmd
 
     main.add_command(plan_cmd.plan)
-    for module in ("warmup", "cache", "daemon"):
+    for module in ("warmup", "verify", "cache", "daemon"):
         try:
             mod = __import__(f"warmd.cli.{module}", fromlist=["register"])
         except ModuleNotFoundError as exc:

@@ -171,6 +171,12 @@ def render_plan(result: Plan, console: Console) -> None:
             _say(console, f"  {why}: {', '.join(names)}")
     for note in result.engine_notes:
         _say(console, f"Engine: {note}")
+    dirs = result.dirs()
+    _say(console, f"Cache directories ({dirs.engine} reads):")
+    for library, directory in dirs.directories().items():
+        _say(console, f"  {library}: {directory}")
+    for note in dirs.notes:
+        _say(console, f"  {note}")
     layer_rows = [[f"{s.layer.name} [{s.layer.quant}]", s.layer.describe_shape(),
                    str(s.layer.count), _kernel_cell(s), _rejected_cell(s)]
                   for s in result.selections]

@@ -166,8 +166,9 @@ def warm_node(config: WarmdConfig, *, builder: bool = False, shard: int = 0, sha
         for model, plan, options, result in planned:
             warm &= _warm_model(model, plan, options, result, redis_url, store, progress,
                                 learn, peers)
-        sizes = cache_bytes()
-        scopes = [scope_of(plan, options.cache_roots)
+        roots = [options.for_plan(plan).cache_roots for _m, plan, options, _r in planned]
+        sizes = cache_bytes(roots)
+        scopes = [scope_of(plan, options.for_plan(plan).cache_roots)
                   for _m, plan, options, result in planned if learn and result.ok]
     return NodeWarm(results, store, sizes, scopes, round(time.monotonic() - started, 3), warm)
 
@@ -258,7 +259,7 @@ def _install_learned(plan, options, shared) -> int:
     from warmd.capture import adapters_for, install_learned, scope_of
 
     installed = 0
-    for adapter in adapters_for(scope_of(plan, options.cache_roots)).values():
+    for adapter in adapters_for(scope_of(plan, options.for_plan(plan).cache_roots)).values():
         try:
             installed += len(install_learned(shared, adapter, plan.key))
         except Exception:  # the store counts its faults; learned entries only save compiles
@@ -283,12 +284,18 @@ def _dir_bytes(root: Path) -> int:
     return total
 
 
-def cache_bytes() -> dict[str, int]:
-    """Bytes in this node's kernel caches, per library (the roots the engines use)."""
+def cache_bytes(planned: list[dict[str, Path]]) -> dict[str, int]:
+    """Bytes in this node's kernel caches, per library: every directory the engines of the
+    planned models read (library -> root, one mapping per model), each counted once."""
     from warmd.libraries import LIBRARIES
 
-    roots = {name: lib.entries(lib.root.default()) for name, lib in LIBRARIES.items()}
-    return {lib: _dir_bytes(root) for lib, root in roots.items() if root.exists()}
+    dirs: dict[str, set[Path]] = {}
+    for roots in planned:
+        for name, root in roots.items():
+            if name in LIBRARIES:
+                dirs.setdefault(name, set()).add(LIBRARIES[name].entries(Path(root)))
+    return {lib: sum(_dir_bytes(d) for d in found) for lib, found in dirs.items()
+            if any(d.exists() for d in found)}
 
 
 def summarize(shards: list[NodeWarm]) -> NodeSummary:

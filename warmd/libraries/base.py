@@ -21,6 +21,7 @@ from warmd.probes import LibraryProbe
 
 if TYPE_CHECKING:
     from warmd.cache.base import CacheAdapter
+    from warmd.engines.cache_dirs import CacheDirs
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,9 @@ class Library:
     # warmd.cache.rederived.Rederived: how a trusted producer rebuilds what a node captured
     # (warmd.rederive); None: its captured entries are never re-derived (they stay pending)
     rederive: str | None = None
+    # True: its adapter factory also takes the engine's CacheDirs (stores it reads beyond
+    # its root: FlashInfer autotune's)
+    adapter_takes_dirs: bool = False
 
     @property
     def root(self) -> CacheRoot:
@@ -77,8 +81,10 @@ class Library:
         """Whether warmd plans and compiles this library's kernels (else: captured only)."""
         return self.executor is not None
 
-    def make_adapter(self, root: Path, arch: str) -> CacheAdapter | None:
-        """Its cache adapter at ``root`` for a target arch: the one way warmd builds one.
+    def make_adapter(self, root: Path, arch: str, dirs: CacheDirs | None = None
+                     ) -> CacheAdapter | None:
+        """Its cache adapter at ``root`` for a target arch: the one way warmd builds one;
+        ``dirs``: the directories the plan's engine reads (None: this process's settings).
         None when this warmd has no adapter module for it, or the library is not here."""
         try:
             factory = resolve(self.adapter)
@@ -86,6 +92,8 @@ class Library:
             if not names_module(exc, self.adapter):
                 raise
             return None
+        if self.adapter_takes_dirs and dirs is not None:
+            return factory(Path(root), arch, dirs)
         return factory(Path(root), arch)
 
     def worker_environment(self, arch: str, root: Path) -> dict[str, str]:

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from warmd.errors import WarmdInputError
-from warmd.plan import Task
+from warmd.plan import Plan, Task
 
 
 @dataclass
@@ -16,7 +16,8 @@ class WarmupOptions:
     task_filter: str | None = None  # regex searched in task keys
     workers: int | None = None  # compile jobs at once; None: sizing.default_workers()
     gpu_ids: tuple[str, ...] | None = None  # None: the visible GPUs
-    # library -> the cache root its workers compile into; missing: the engine's (settings)
+    # library -> the cache root its workers compile into; missing: the one the plan's engine
+    # reads (Plan.dirs(); for_plan fills them in)
     cache_roots: dict[str, Path] = field(default_factory=dict)
     single_flight_timeout: float = 3600.0
     verify_load: bool = False  # replay warm tasks through the library (loads every kernel)
@@ -27,10 +28,17 @@ class WarmupOptions:
     builder: bool = False
 
     def __post_init__(self) -> None:
+        self.cache_roots = {name: Path(root) for name, root in self.cache_roots.items()}
+
+    def for_plan(self, plan: Plan) -> WarmupOptions:
+        """These options with every library's cache root: the one given, else the one the
+        plan's engine reads (a library no engine rule covers: this process's setting)."""
         from warmd.libraries import LIBRARIES  # the registry loads every library's kernels
 
-        self.cache_roots = {**{name: lib.root.default() for name, lib in LIBRARIES.items()},
-                            **{name: Path(root) for name, root in self.cache_roots.items()}}
+        dirs = plan.dirs()
+        roots = {name: dirs.root(lib.root.env) or lib.root.default()
+                 for name, lib in LIBRARIES.items()}
+        return replace(self, cache_roots={**roots, **self.cache_roots})
 
     def select(self, tasks: tuple[Task, ...]) -> list[Task]:
         try:

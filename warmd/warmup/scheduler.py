@@ -51,6 +51,7 @@ def run_warmup(plan: Plan, options: WarmupOptions, shared: SharedCache | None = 
     such tasks runs nothing and lists them in ``not_warm`` (what the shared cache had is
     installed by then)."""
     began = time.monotonic()
+    options = options.for_plan(plan)
     tasks = options.select(plan.tasks)
     run = RunState(plan, options, shared, tasks)
     order = _prefetch(run)

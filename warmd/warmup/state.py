@@ -143,7 +143,7 @@ def _adapter(library: str, plan: Plan, options: WarmupOptions) -> CacheAdapter |
     if registered is None:
         return None
     target = plan.env.target
-    adapter = registered.make_adapter(options.cache_roots[library], target.arch)
+    adapter = registered.make_adapter(options.cache_roots[library], target.arch, plan.dirs())
     describe = getattr(adapter, "for_gpu", None)  # a cache keyed on the GPU it runs on
     if options.builder and describe is not None:
         return describe(target.arch, target.sms)

@@ -21,11 +21,12 @@ log = logging.getLogger(__name__)
 
 
 def worker_env(plan: Plan, options: WarmupOptions, libraries: set[str]) -> dict[str, str]:
-    """Every library's cache root, and what the libraries of these tasks need set before
-    they are imported (FlashInfer: its arch, a stub libcuda...)."""
+    """Every cache variable as the plan's engine holds it, every library's cache root, and
+    what the libraries of these tasks need set before they are imported (FlashInfer: its
+    arch, a stub libcuda...)."""
     from warmd.libraries import LIBRARIES
 
-    env = {}
+    env = plan.dirs().child_env()
     for name, registered in LIBRARIES.items():
         root = options.cache_roots[name]
         env[registered.root.env] = str(root)

@@ -19,4 +19,5 @@ LIBRARY = Library(
            CacheRoot("flashinfer_workspace", "FLASHINFER_WORKSPACE_BASE")),
     entries=lambda root: root / "flashinfer_autotune_cache",
     rederive="warmd.libraries.flashinfer_autotune.rederive:rederive",
+    adapter_takes_dirs=True,
 )

@@ -33,12 +33,16 @@ import os
 import re
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from warmd import boundedjson, settings
 from warmd.cache.artifacts import pack_members, staging, unpack_safely
 from warmd.cache.base import CacheAdapter, CacheEntry, UnsafeArtifact
 from warmd.cache.safe_fs import CacheTree, FileContent, load_json
 from warmd.libraries.flashinfer.cache import arch_dir, flashinfer_version
+
+if TYPE_CHECKING:
+    from warmd.engines.cache_dirs import CacheDirs
 
 LIBRARY = "flashinfer_autotune"
 VLLM_FILE = "autotune_configs.json"
@@ -49,11 +53,19 @@ _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _OP_FILE = re.compile(r"^([0-9a-f]{24})\.json$")
 
 
-def make_adapter(root: Path, target_arch: str) -> FlashInferAutotuneAdapter | None:
+def make_adapter(root: Path, target_arch: str, dirs: CacheDirs | None = None
+                 ) -> FlashInferAutotuneAdapter | None:
+    """The adapter at VLLM_CACHE_ROOT ``root``; with ``dirs`` (the plan's engine's
+    directories) its stores are the ones that engine reads, else this process's settings."""
     version = flashinfer_version()
     if version is None:
         return None
-    return FlashInferAutotuneAdapter(root, arch=target_arch, version=version)
+    if dirs is None:
+        return FlashInferAutotuneAdapter(root, arch=target_arch, version=version)
+    return FlashInferAutotuneAdapter(root, arch=target_arch, version=version,
+                                     v2_root=dirs.get("FLASHINFER_AUTOTUNE_CACHE_DIR"),
+                                     vllm_override=dirs.root("VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR"),
+                                     from_settings=False)
 
 
 def _canonical(obj: object) -> bytes:
@@ -84,11 +96,14 @@ class FlashInferAutotuneAdapter(CacheAdapter):
     library = LIBRARY
 
     def __init__(self, root: Path | None = None, arch: str = "9.0a",
-                 version: str | None = None, v2_root: Path | None = None) -> None:
+                 version: str | None = None, v2_root: Path | None = None,
+                 vllm_override: Path | None = None, from_settings: bool = True) -> None:
+        """``from_settings``: this process's VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR overrides
+        (False: only ``vllm_override`` does, as the engine's directories say)."""
         self._root = Path(root) if root is not None else settings.vllm_cache_root()
         self.arch = arch
         self.version = version or flashinfer_version() or "unknown"
-        override = settings.vllm_flashinfer_autotune_dir()
+        override = settings.vllm_flashinfer_autotune_dir() if from_settings else vllm_override
         self.vllm_dir = Path(override) if override else (
             self._root / "flashinfer_autotune_cache" / self.version / arch_dir(arch))
         v2_base = Path(v2_root) if v2_root is not None else settings.flashinfer_autotune_dir()
