@@ -233,11 +233,19 @@ def _vllm_calls(func: ast.FunctionDef, index: _Index) -> list[dict]:
         if not strings or not all(isinstance(s, str) for s in strings):
             continue
         option = _vllm_option(node, strings, kwargs_of, field_of, nargs_set, index)
-        spread = next((k.value for k in node.keywords if k.arg is None), None)
+        spread = _spread(node)
         if spread is not None and ast.unparse(spread) in lowered:
             option["lowercase"] = True  # type=lambda s: s.lower().replace("-", "_")
         out.append(option)
     return out
+
+
+def _spread(call: ast.Call):
+    """The kwargs a call spreads: `**x`, or the `**x` inside `**{**x, "default": None}`."""
+    spread = next((k.value for k in call.keywords if k.arg is None), None)
+    if isinstance(spread, ast.Dict):
+        spread = next((v for k, v in zip(spread.keys, spread.values) if k is None), None)
+    return spread
 
 
 def _vllm_option(call, strings, kwargs_of, field_of, nargs_set, index: _Index) -> dict:
@@ -247,7 +255,7 @@ def _vllm_option(call, strings, kwargs_of, field_of, nargs_set, index: _Index) -
     if not strings[0].startswith("-"):
         return {"strings": [], "dest": strings[0], "positional": True,
                 "nargs": _const(_kw(call, "nargs")) or 1}
-    spread = next((k.value for k in call.keywords if k.arg is None), None)
+    spread = _spread(call)
     field_kind = None
     if spread is not None:
         if isinstance(spread, ast.Subscript) and isinstance(spread.value, ast.Name):
