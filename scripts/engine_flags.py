@@ -244,7 +244,8 @@ def _spread(call: ast.Call):
     """The kwargs a call spreads: `**x`, or the `**x` inside `**{**x, "default": None}`."""
     spread = next((k.value for k in call.keywords if k.arg is None), None)
     if isinstance(spread, ast.Dict):
-        spread = next((v for k, v in zip(spread.keys, spread.values) if k is None), None)
+        pairs = zip(spread.keys, spread.values, strict=True)
+        spread = next((v for k, v in pairs if k is None), None)
     return spread
 
 
