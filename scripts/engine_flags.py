@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import hashlib
 import json
 import sys
 from pathlib import Path
@@ -423,23 +424,61 @@ def _class_with_bases(classes: dict, name: str) -> list:
 
 
 
-_MOE_CONFIGS = "vllm/model_executor/layers/fused_moe/configs/"
+# Where each engine keeps its tuned Triton fused-MoE config tables (vLLM: fused_moe.py
+# get_moe_configs; SGLang: moe_runner/triton_utils/fused_moe_triton_config.py get_moe_configs,
+# one directory per Triton version).
+MOE_CONFIG_DIRS = {"vllm": "vllm/model_executor/layers/fused_moe/configs/",
+                   "sglang": "sglang/srt/layers/moe/moe_runner/triton_utils/configs/"}
 
 
-def moe_config_index(tree: SourceTree) -> dict[str, list[int]]:
-    """vLLM's tuned Triton fused-MoE tables (fused_moe.py get_moe_configs reads
-    configs/<name>.json): table name -> the batch sizes it has a config for."""
-    out = {}
-    names = tree._zip.namelist() if tree._zip is not None else [
-        str(p.relative_to(tree.root)) for p in (tree.root / _MOE_CONFIGS).glob("*.json")]
-    for name in sorted(n for n in names if n.startswith(_MOE_CONFIGS) and n.endswith(".json")):
-        table = json.loads(tree.read(name))
-        out[name[len(_MOE_CONFIGS):-len(".json")]] = sorted(int(k) for k in table
-                                                            if k.isdigit())
-    return out
+def _json_names(tree: SourceTree, prefix: str) -> list[str]:
+    if tree._zip is not None:
+        names = tree._zip.namelist()
+    else:
+        names = [str(p.relative_to(tree.root)) for p in (tree.root / prefix).rglob("*.json")]
+    return sorted(n for n in names if n.startswith(prefix) and n.endswith(".json"))
 
 
-def generate(root: Path) -> Path:
+def moe_config_index(tree: SourceTree, engine: str) -> dict:
+    """The engine's tuned Triton fused-MoE tables: {"tables": {directory: {table name: the
+    batch sizes it has a config for}}, "tma": {table name: the batch sizes whose config sets
+    USE_TMA}} (directory: "" for vLLM, triton_X_Y_Z for SGLang; vLLM 0.34.0's `_down`
+    tables hold the TMA down-GEMM configs, experts/triton_moe.py TritonExperts.apply)."""
+    prefix = MOE_CONFIG_DIRS[engine]
+    tables: dict[str, dict[str, list[int]]] = {}
+    tma: dict[str, list[int]] = {}
+    for path in _json_names(tree, prefix):
+        directory, _, name = path[len(prefix):].rpartition("/")
+        name = name[:-len(".json")]
+        table = json.loads(tree.read(path))
+        keys = sorted(int(k) for k in table if k.isdigit())
+        tables.setdefault(directory, {})[name] = keys
+        marked = sorted(int(k) for k, v in table.items()
+                        if k.isdigit() and isinstance(v, dict) and v.get("USE_TMA"))
+        if marked:
+            tma[name] = marked
+    return {"tables": tables, "tma": tma}
+
+
+# The files the flag tables are read from (each engine's parser definitions and the config
+# classes their types come from): their digest is recorded with the table.
+SOURCE_PREFIXES = {"vllm": ("vllm/config/", "vllm/engine/", "vllm/entrypoints/",
+                            "vllm/utils/argparse_utils.py"),
+                   "sglang": ("sglang/srt/server_args.py", "sglang/srt/arg_groups/",
+                              "sglang/cli/serve.py")}
+
+
+def source_digest(tree: SourceTree, engine: str) -> str:
+    """sha256 over the path and text of every file the engine's flag table is read from."""
+    digest = hashlib.sha256()
+    for prefix in SOURCE_PREFIXES[engine]:
+        paths = [prefix] if prefix.endswith(".py") else tree.names(prefix)
+        for path in paths:
+            digest.update(f"{path}\n{tree.read(path) or ''}\n".encode())
+    return digest.hexdigest()[:16]
+
+
+def generate(root: Path, out_dir: Path = OUT) -> Path:
     tree = SourceTree(root)
     engine = "vllm" if tree.read("vllm/engine/arg_utils.py") else "sglang"
     data = vllm_flags(tree) if engine == "vllm" else sglang_flags(tree)
@@ -449,14 +488,14 @@ def generate(root: Path) -> Path:
         option["strings"] = [s for s in option["strings"] if s not in seen]
         seen.update(option["strings"])
     data["options"] = [o for o in data["options"] if o["strings"]]
-    out = {"engine": engine, "version": version, "allow_abbrev": True, **data}
-    OUT.mkdir(parents=True, exist_ok=True)
-    path = OUT / f"{engine}-{version}.json"
+    out = {"engine": engine, "version": version, "allow_abbrev": True,
+           "source_digest": source_digest(tree, engine), **data}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{engine}-{version}.json"
     path.write_text(json.dumps(out, indent=0, sort_keys=True) + "\n")
-    if engine == "vllm":
-        configs = OUT / f"{engine}-{version}-moe-configs.json"
-        configs.write_text(json.dumps(moe_config_index(tree), separators=(",", ":"),
-                                      sort_keys=True) + "\n")
+    configs = out_dir / f"{engine}-{version}-moe-configs.json"
+    configs.write_text(json.dumps(moe_config_index(tree, engine), separators=(",", ":"),
+                                  sort_keys=True) + "\n")
     return path
 
 
@@ -464,8 +503,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("sources", nargs="+", type=Path,
                         help="an unpacked engine wheel or the .whl file")
-    for root in parser.parse_args().sources:
-        path = generate(root)
+    parser.add_argument("--out", type=Path, default=OUT,
+                        help=f"where the tables go (default {OUT})")
+    args = parser.parse_args()
+    for root in args.sources:
+        path = generate(root, args.out)
         count = len(json.loads(path.read_text())["options"])
         print(f"{path}: {count} options")
 

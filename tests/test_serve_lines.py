@@ -116,3 +116,29 @@ def test_a_serve_line_of_an_unknown_engine_is_one_line_exit_2(tmp_path):
     assert result.returncode == 2 and result.stdout == ""
     [line] = result.stderr.strip().splitlines()
     assert "unknown engine command 'trtllm-serve serve" in line
+
+
+SOURCES = Path(os.environ.get("WARMD_ENGINE_SOURCES", "/tmp/engines"))
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_the_flag_tables_are_what_the_engine_source_gives(engine, tmp_path):
+    """The committed tables record the digest of the source they were read from; with the
+    followed release's unpacked wheel here, regenerating them gives the committed files."""
+    import json
+
+    from warmd.engines.cli_args import FLAGS_DIR, FOLLOWED
+
+    version = FOLLOWED[engine]
+    names = (f"{engine}-{version}.json", f"{engine}-{version}-moe-configs.json")
+    table = json.loads((FLAGS_DIR / names[0]).read_text())
+    assert len(table["source_digest"]) == 16 and table["version"] == version
+    tree = SOURCES / f"{engine}-{version}"
+    if not tree.is_dir():
+        pytest.skip(f"no unpacked {engine} {version} under {SOURCES}")
+    result = subprocess.run([sys.executable, str(Path(__file__).parent.parent / "scripts" /
+                                                  "engine_flags.py"), "--out", str(tmp_path),
+                             str(tree)], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    for name in names:
+        assert (tmp_path / name).read_text() == (FLAGS_DIR / name).read_text(), name
