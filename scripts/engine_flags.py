@@ -159,6 +159,22 @@ class _Index:
                 return self.members(value, depth + 1)
         return [annotation]
 
+    def literal_values(self, literal: ast.Subscript, depth: int = 0) -> list[str]:
+        """A Literal's values, Literal aliases inside it expanded (Literal["auto", X])."""
+        elts = literal.slice.elts if isinstance(literal.slice, ast.Tuple) else [literal.slice]
+        out = []
+        for elt in elts:
+            if isinstance(elt, ast.Name) and depth < 5 and elt.id in self.aliases:
+                for inner in self.members(self.aliases[elt.id]):
+                    if isinstance(inner, ast.Subscript) and \
+                            _action_name(inner.value) == "Literal":
+                        out += self.literal_values(inner, depth + 1)
+                continue
+            value = _const(elt)
+            if value is not None:
+                out.append(str(value))
+        return out
+
     def kind(self, annotation: ast.expr):
         """(nargs, choices) as vLLM's _compute_kwargs derives them."""
         members = self.members(annotation)
@@ -176,14 +192,13 @@ class _Index:
             return "?", None
         if "bool" in heads:
             return "bool", None
-        literal = next((m for m in members if isinstance(m, ast.Subscript)
-                        and _action_name(m.value) == "Literal"), None)
-        if literal is not None:
-            values = literal.slice.elts if isinstance(literal.slice, ast.Tuple) \
-                else [literal.slice]
-            choices = sorted(c for c in (_const(v) for v in values) if c is not None)
+        optional = ["None"] if "None" in heads else []  # optional_type: "None" -> None
+        literals = [m for m in members if isinstance(m, ast.Subscript)
+                    and _action_name(m.value) == "Literal"]
+        if literals:
+            choices = sorted({c for lit in literals for c in self.literal_values(lit)})
             # Literal | str: argparse takes any text (metavar); the config validates it later
-            return 1, ({"known": choices} if "str" in heads else choices)
+            return 1, ({"known": choices} if "str" in heads else choices + optional)
         for m in members:
             head = _action_name(m.value) if isinstance(m, ast.Subscript) else None
             if head in ("tuple", "Tuple"):
@@ -192,7 +207,10 @@ class _Index:
                     return "+", None
                 return len(args), None
             if head in ("list", "List", "set", "Set"):
-                return "+", None
+                inner = [i for i in self.members(m.slice) if isinstance(i, ast.Subscript)
+                         and _action_name(i.value) == "Literal"]
+                values = sorted({c for lit in inner for c in self.literal_values(lit)})
+                return "+", (values + optional if values else None)
         return 1, None
 
 
@@ -227,6 +245,7 @@ def _vllm_calls(func: ast.FunctionDef, index: _Index) -> list[dict]:
                 inner = target.value
                 if isinstance(inner, ast.Subscript) and isinstance(inner.value, ast.Name):
                     nargs_set[(inner.value.id, _const(inner.slice))] = _const(value)
+    removed = _choice_removals(func, index)
     for node in ast.walk(func):
         if not (isinstance(node, ast.Call) and _action_name(node.func) == "add_argument"):
             continue
@@ -235,10 +254,44 @@ def _vllm_calls(func: ast.FunctionDef, index: _Index) -> list[dict]:
             continue
         option = _vllm_option(node, strings, kwargs_of, field_of, nargs_set, index)
         spread = _spread(node)
+        gone = removed.get(ast.unparse(spread)) if spread is not None else None
+        if gone and option.get("choices"):
+            option["choices"] = [c for c in option["choices"] if c not in gone]
+        spread = _spread(node)
         if spread is not None and ast.unparse(spread) in lowered:
             option["lowercase"] = True  # type=lambda s: s.lower().replace("-", "_")
         out.append(option)
     return out
+
+
+def _choice_removals(func: ast.FunctionDef, index: _Index) -> dict[str, set[str]]:
+    """`kwargs["field"]["choices"].remove(X)` calls: the spread expression -> the values
+    removed (vLLM drops the passthrough all2all backend from the CLI so)."""
+    out: dict[str, set[str]] = {}
+    for node in ast.walk(func):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "remove" and node.args):
+            continue
+        target = node.func.value
+        if isinstance(target, ast.Subscript) and _const(target.slice) == "choices":
+            value = node.args[0]
+            if isinstance(value, ast.Name) and value.id in index.aliases:
+                value = index.aliases[value.id]
+            if _const(value) is not None:
+                out.setdefault(ast.unparse(target.value), set()).add(str(_const(value)))
+    return out
+
+
+def _vllm_choices(node, index: _Index):
+    """An add_argument's choices: a literal list, or get_args(SomeLiteral)."""
+    if node is None:
+        return None
+    if isinstance(node, ast.Call) and _action_name(node.func) == "get_args" and \
+            isinstance(node.args[0], ast.Name) and node.args[0].id in index.aliases:
+        members = index.members(index.aliases[node.args[0].id])
+        return [v for m in members if isinstance(m, ast.Subscript)
+                and _action_name(m.value) == "Literal" for v in index.literal_values(m)]
+    return _const(node)
 
 
 def _spread(call: ast.Call):
@@ -273,7 +326,7 @@ def _vllm_option(call, strings, kwargs_of, field_of, nargs_set, index: _Index) -
             field_kind = (nargs_set[key], None)
     action = _action_name(_kw(call, "action"))
     nargs = _const(_kw(call, "nargs"))
-    choices = _const(_kw(call, "choices")) if _kw(call, "choices") is not None else None
+    choices = _vllm_choices(_kw(call, "choices"), index)
     if action in _BOOL_ACTIONS:
         return _option(strings, dest, "bool", enable_disable=True)
     if action in _SWITCH_ACTIONS:
@@ -286,14 +339,40 @@ def _vllm_option(call, strings, kwargs_of, field_of, nargs_set, index: _Index) -
     return _option(strings, dest, 1, choices)
 
 
+def _customized_single_values(index: _Index) -> set[str]:
+    """FrontendArgs' _customize_cli_kwargs (its and its bases'): fields whose `nargs` is
+    deleted or whose action becomes "append" take one value per occurrence."""
+    out: set[str] = set()
+    for cls_name in ("BaseFrontendArgs", "FrontendArgs"):
+        cls = index.classes.get(cls_name)
+        func = next((n for n in cls.body if isinstance(n, ast.FunctionDef)
+                     and n.name == "_customize_cli_kwargs"), None) if cls else None
+        for node in ast.walk(func) if func else ():
+            targets = node.targets if isinstance(node, (ast.Delete, ast.Assign)) else []
+            for target in targets:
+                if not (isinstance(target, ast.Subscript) and
+                        isinstance(target.value, ast.Subscript)):
+                    continue
+                key, field = _const(target.slice), _const(target.value.slice)
+                if key == "nargs" and isinstance(node, ast.Delete) or \
+                        key == "action" and _const(node.value) == "append":
+                    out.add(field)
+    return out
+
+
 def vllm_flags(tree: SourceTree) -> dict:
-    index = _Index(tree, ("vllm/config", "vllm/engine", "vllm/entrypoints"))
+    # the config classes' and their type aliases' modules first (a name defined twice keeps
+    # its first definition), then the rest of the package (aliases such as LogLevel)
+    index = _Index(tree, ("vllm/config", "vllm/engine", "vllm/entrypoints", "vllm/"))
     cli = tree.parse("vllm/entrypoints/common/cli_args.py")
     make = next(n for n in cli.body if isinstance(n, ast.FunctionDef)
                 and n.name == "make_arg_parser")
     options = _vllm_calls(make, index)
+    single = _customized_single_values(index)
     for name, annotation in index.fields("FrontendArgs").items():
         kind, choices = index.kind(annotation)
+        if name in single:
+            kind = 1
         options.append(_option(["--" + name.replace("_", "-")], name, kind, choices,
                                enable_disable=True))
     arg_utils = tree.parse("vllm/engine/arg_utils.py")
