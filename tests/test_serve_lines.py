@@ -105,9 +105,14 @@ def test_a_newer_release_says_whose_rules_apply_and_passes_new_flags(tmp_path):
     followed = _warmd(*[a if a != "0.99.0" else "0.34.0" for a in args], tmp_path=tmp_path)
     assert followed.returncode == 2
     assert "unrecognized argument '--brand-new-kernel-flag'" in followed.stderr
-    # A newer release still refuses what the followed parser refuses for a known flag.
+    # A newer release still refuses what the followed parser refuses for a known flag, but
+    # not a value it may have added to a flag's choices.
     with pytest.raises(WarmdInputError, match="expected one argument"):
         parse_launch(["vllm", "serve", MODEL, "-tp"], version="0.99.0")
+    new_value = ["vllm", "serve", MODEL, "--all2all-backend", "brand_new_a2a"]
+    assert parse_launch(new_value, version="0.99.0").all2all_backend == "brand_new_a2a"
+    with pytest.raises(WarmdInputError, match="invalid choice: 'brand_new_a2a'"):
+        parse_launch(new_value, version="0.34.0")
 
 
 def test_a_serve_line_of_an_unknown_engine_is_one_line_exit_2(tmp_path):

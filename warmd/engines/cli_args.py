@@ -86,7 +86,9 @@ def flag_table(engine: str) -> dict:
 
 
 @cache
-def _parser(engine: str) -> _EngineParser:
+def _parser(engine: str, strict: bool = True) -> _EngineParser:
+    """The followed release's parser; not strict (a newer release): no choices enforced, as
+    that release may have added values."""
     table = flag_table(engine)
     parser = _EngineParser(prog=f"{engine} serve", add_help=False,
                            allow_abbrev=table["allow_abbrev"])
@@ -104,7 +106,8 @@ def _parser(engine: str) -> _EngineParser:
         if option.get("lowercase"):
             extra["type"] = _lowercase
         parser.add_argument(*strings, dest=dest, nargs=None if nargs == 1 else nargs,
-                            choices=option.get("choices"), default=argparse.SUPPRESS, **extra)
+                            choices=option.get("choices") if strict else None,
+                            default=argparse.SUPPRESS, **extra)
     parser.add_argument("-h", "--help", dest="help", action=_Switch, default=argparse.SUPPRESS)
     return parser
 
@@ -153,8 +156,8 @@ def parse_engine_args(engine: str, args: list[str], serve_form: bool,
     the followed release's parser; for a newer `version`, arguments it lacks pass."""
     rewritten = _vllm_rewrite(args, serve_form) if engine == "vllm" else \
         _sglang_rewrite(args, serve_form)
-    parser = _parser(engine)
     lenient = newer_than_followed(engine, version)
+    parser = _parser(engine, strict=not lenient)
     try:
         if lenient:
             namespace, extra = parser.parse_known_args(rewritten)
