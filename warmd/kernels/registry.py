@@ -145,8 +145,8 @@ class TritonExperts(Kernel):
         configs = moe_configs(layer.num_groups or 1, layer.param.get("intermediate", layer.k),
                               env.target.name, dtype, block, lo, hi, env.engine,
                               triton.version if triton.available else None)
-        owner = "SGLang's" if env.engine == "sglang" else "vLLM's"
-        return f"Triton fused MoE ({owner} tables): {configs.describe()}; no executor here"
+        owner = " (SGLang's tables)" if env.engine == "sglang" else ""
+        return f"Triton fused MoE{owner}: {configs.describe()}; no executor here"
 
 
 class BatchedTritonExperts(Kernel):
