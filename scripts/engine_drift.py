@@ -70,13 +70,19 @@ class Side:
 
 def download(engine: str, version: str, into: Path) -> Path:
     """The release's wheel, fetched without its dependencies and never installed."""
-    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary",
-                    ":all:", "--dest", str(into), f"{engine}=={version}"], check=True,
-                   stdout=subprocess.DEVNULL)
+    fetched = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps",
+                              "--only-binary", ":all:", "--dest", str(into),
+                              f"{engine}=={version}"], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, text=True)
     wheels = sorted(into.glob(f"{engine}-{version}*.whl"))
-    if not wheels:
-        raise SystemExit(f"engine_drift: no {engine} {version} wheel was downloaded")
+    if fetched.returncode != 0 or not wheels:
+        _bad_input(f"no {engine} {version} wheel could be downloaded")
     return wheels[0]
+
+
+def _bad_input(message: str) -> None:
+    print(f"engine_drift: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
 
 
 def report(engine: str, a: Side, b: Side) -> tuple[list[str], int]:
@@ -126,7 +132,7 @@ def record(engine: str, tree: SourceTree) -> None:
 
 def _tree(path: Path) -> SourceTree:
     if not path.exists():
-        raise SystemExit(f"engine_drift: error: no such wheel or tree: {path}")
+        _bad_input(f"no such wheel or tree: {path}")
     return SourceTree(path)
 
 

@@ -121,3 +121,10 @@ def test_the_rerun_lists_the_decisions_the_audit_found(engine, old, new, names):
     # ... and against the followed release's stored digests, the same list.
     stored = _drift(engine, "--wheel", str(trees[0]))
     assert stored.stdout == result.stdout
+
+
+def test_a_missing_tree_is_one_line_exit_2(tmp_path):
+    result = _drift("vllm", "--wheel", str(tmp_path / "absent"))
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.strip().splitlines() == [
+        f"engine_drift: error: no such wheel or tree: {tmp_path / 'absent'}"]
