@@ -147,3 +147,33 @@ def test_the_flag_tables_are_what_the_engine_source_gives(engine, tmp_path):
     assert result.returncode == 0, result.stderr
     for name in names:
         assert (tmp_path / name).read_text() == (FLAGS_DIR / name).read_text(), name
+
+
+# The engines' Python dependencies (never the project's venv), for their own parsers.
+DEPS = Path(os.environ.get("WARMD_ENGINE_DEPS", "/tmp/vdeps"))
+# Arguments whose choices the engine computes at import from the platform or a registry:
+# warmd's table leaves them free (it never refuses a value the engine takes).
+FREE_CHOICES = {"vllm": {"mm_processor_device"},
+                "sglang": {"kv_canary_real_data", "linear_attn_verify_backend",
+                           "lora_target_modules", "reasoning_parser", "sampling_backend",
+                           "tool_call_parser"}}
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_the_flag_tables_match_the_engines_own_parsers(engine):
+    from warmd.engines.cli_args import FOLLOWED
+
+    tree = SOURCES / f"{engine}-{FOLLOWED[engine]}"
+    if not tree.is_dir() or not DEPS.is_dir():
+        pytest.skip(f"no unpacked {engine} and its dependencies ({SOURCES}, {DEPS})")
+    result = subprocess.run([sys.executable, str(Path(__file__).parent.parent / "scripts" /
+                                                  "engine_parser_check.py"), engine, str(tree),
+                             "--deps", str(DEPS)], capture_output=True, text=True,
+                            timeout=600)
+    if result.returncode == 2:
+        pytest.skip(f"the engine's parser does not build here: {result.stderr.strip()}")
+    lines = result.stdout.strip().splitlines()
+    assert ", 0 refused" in lines[0], result.stdout  # every corpus line, by the engine
+    differing = {line.split(":")[0].strip() for line in lines[1:]}
+    assert differing <= FREE_CHOICES[engine], result.stdout
+    assert all(": choices engine" in line for line in lines[1:]), result.stdout
