@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import hashlib
 import json
 import sys
 from pathlib import Path
@@ -158,6 +159,22 @@ class _Index:
                 return self.members(value, depth + 1)
         return [annotation]
 
+    def literal_values(self, literal: ast.Subscript, depth: int = 0) -> list[str]:
+        """A Literal's values, Literal aliases inside it expanded (Literal["auto", X])."""
+        elts = literal.slice.elts if isinstance(literal.slice, ast.Tuple) else [literal.slice]
+        out = []
+        for elt in elts:
+            if isinstance(elt, ast.Name) and depth < 5 and elt.id in self.aliases:
+                for inner in self.members(self.aliases[elt.id]):
+                    if isinstance(inner, ast.Subscript) and \
+                            _action_name(inner.value) == "Literal":
+                        out += self.literal_values(inner, depth + 1)
+                continue
+            value = _const(elt)
+            if value is not None:
+                out.append(str(value))
+        return out
+
     def kind(self, annotation: ast.expr):
         """(nargs, choices) as vLLM's _compute_kwargs derives them."""
         members = self.members(annotation)
@@ -175,14 +192,13 @@ class _Index:
             return "?", None
         if "bool" in heads:
             return "bool", None
-        literal = next((m for m in members if isinstance(m, ast.Subscript)
-                        and _action_name(m.value) == "Literal"), None)
-        if literal is not None:
-            values = literal.slice.elts if isinstance(literal.slice, ast.Tuple) \
-                else [literal.slice]
-            choices = sorted(c for c in (_const(v) for v in values) if c is not None)
+        optional = ["None"] if "None" in heads else []  # optional_type: "None" -> None
+        literals = [m for m in members if isinstance(m, ast.Subscript)
+                    and _action_name(m.value) == "Literal"]
+        if literals:
+            choices = sorted({c for lit in literals for c in self.literal_values(lit)})
             # Literal | str: argparse takes any text (metavar); the config validates it later
-            return 1, ({"known": choices} if "str" in heads else choices)
+            return 1, ({"known": choices} if "str" in heads else choices + optional)
         for m in members:
             head = _action_name(m.value) if isinstance(m, ast.Subscript) else None
             if head in ("tuple", "Tuple"):
@@ -191,7 +207,10 @@ class _Index:
                     return "+", None
                 return len(args), None
             if head in ("list", "List", "set", "Set"):
-                return "+", None
+                inner = [i for i in self.members(m.slice) if isinstance(i, ast.Subscript)
+                         and _action_name(i.value) == "Literal"]
+                values = sorted({c for lit in inner for c in self.literal_values(lit)})
+                return "+", (values + optional if values else None)
         return 1, None
 
 
@@ -226,6 +245,7 @@ def _vllm_calls(func: ast.FunctionDef, index: _Index) -> list[dict]:
                 inner = target.value
                 if isinstance(inner, ast.Subscript) and isinstance(inner.value, ast.Name):
                     nargs_set[(inner.value.id, _const(inner.slice))] = _const(value)
+    removed = _choice_removals(func, index)
     for node in ast.walk(func):
         if not (isinstance(node, ast.Call) and _action_name(node.func) == "add_argument"):
             continue
@@ -233,11 +253,54 @@ def _vllm_calls(func: ast.FunctionDef, index: _Index) -> list[dict]:
         if not strings or not all(isinstance(s, str) for s in strings):
             continue
         option = _vllm_option(node, strings, kwargs_of, field_of, nargs_set, index)
-        spread = next((k.value for k in node.keywords if k.arg is None), None)
+        spread = _spread(node)
+        gone = removed.get(ast.unparse(spread)) if spread is not None else None
+        if gone and option.get("choices"):
+            option["choices"] = [c for c in option["choices"] if c not in gone]
+        spread = _spread(node)
         if spread is not None and ast.unparse(spread) in lowered:
             option["lowercase"] = True  # type=lambda s: s.lower().replace("-", "_")
         out.append(option)
     return out
+
+
+def _choice_removals(func: ast.FunctionDef, index: _Index) -> dict[str, set[str]]:
+    """`kwargs["field"]["choices"].remove(X)` calls: the spread expression -> the values
+    removed (vLLM drops the passthrough all2all backend from the CLI so)."""
+    out: dict[str, set[str]] = {}
+    for node in ast.walk(func):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "remove" and node.args):
+            continue
+        target = node.func.value
+        if isinstance(target, ast.Subscript) and _const(target.slice) == "choices":
+            value = node.args[0]
+            if isinstance(value, ast.Name) and value.id in index.aliases:
+                value = index.aliases[value.id]
+            if _const(value) is not None:
+                out.setdefault(ast.unparse(target.value), set()).add(str(_const(value)))
+    return out
+
+
+def _vllm_choices(node, index: _Index):
+    """An add_argument's choices: a literal list, or get_args(SomeLiteral)."""
+    if node is None:
+        return None
+    if isinstance(node, ast.Call) and _action_name(node.func) == "get_args" and \
+            isinstance(node.args[0], ast.Name) and node.args[0].id in index.aliases:
+        members = index.members(index.aliases[node.args[0].id])
+        return [v for m in members if isinstance(m, ast.Subscript)
+                and _action_name(m.value) == "Literal" for v in index.literal_values(m)]
+    return _const(node)
+
+
+def _spread(call: ast.Call):
+    """The kwargs a call spreads: `**x`, or the `**x` inside `**{**x, "default": None}`."""
+    spread = next((k.value for k in call.keywords if k.arg is None), None)
+    if isinstance(spread, ast.Dict):
+        pairs = zip(spread.keys, spread.values, strict=True)
+        spread = next((v for k, v in pairs if k is None), None)
+    return spread
 
 
 def _vllm_option(call, strings, kwargs_of, field_of, nargs_set, index: _Index) -> dict:
@@ -247,7 +310,7 @@ def _vllm_option(call, strings, kwargs_of, field_of, nargs_set, index: _Index) -
     if not strings[0].startswith("-"):
         return {"strings": [], "dest": strings[0], "positional": True,
                 "nargs": _const(_kw(call, "nargs")) or 1}
-    spread = next((k.value for k in call.keywords if k.arg is None), None)
+    spread = _spread(call)
     field_kind = None
     if spread is not None:
         if isinstance(spread, ast.Subscript) and isinstance(spread.value, ast.Name):
@@ -263,7 +326,7 @@ def _vllm_option(call, strings, kwargs_of, field_of, nargs_set, index: _Index) -
             field_kind = (nargs_set[key], None)
     action = _action_name(_kw(call, "action"))
     nargs = _const(_kw(call, "nargs"))
-    choices = _const(_kw(call, "choices")) if _kw(call, "choices") is not None else None
+    choices = _vllm_choices(_kw(call, "choices"), index)
     if action in _BOOL_ACTIONS:
         return _option(strings, dest, "bool", enable_disable=True)
     if action in _SWITCH_ACTIONS:
@@ -276,14 +339,40 @@ def _vllm_option(call, strings, kwargs_of, field_of, nargs_set, index: _Index) -
     return _option(strings, dest, 1, choices)
 
 
+def _customized_single_values(index: _Index) -> set[str]:
+    """FrontendArgs' _customize_cli_kwargs (its and its bases'): fields whose `nargs` is
+    deleted or whose action becomes "append" take one value per occurrence."""
+    out: set[str] = set()
+    for cls_name in ("BaseFrontendArgs", "FrontendArgs"):
+        cls = index.classes.get(cls_name)
+        func = next((n for n in cls.body if isinstance(n, ast.FunctionDef)
+                     and n.name == "_customize_cli_kwargs"), None) if cls else None
+        for node in ast.walk(func) if func else ():
+            targets = node.targets if isinstance(node, (ast.Delete, ast.Assign)) else []
+            for target in targets:
+                if not (isinstance(target, ast.Subscript) and
+                        isinstance(target.value, ast.Subscript)):
+                    continue
+                key, field = _const(target.slice), _const(target.value.slice)
+                if key == "nargs" and isinstance(node, ast.Delete) or \
+                        key == "action" and _const(node.value) == "append":
+                    out.add(field)
+    return out
+
+
 def vllm_flags(tree: SourceTree) -> dict:
-    index = _Index(tree, ("vllm/config", "vllm/engine", "vllm/entrypoints"))
+    # the config classes' and their type aliases' modules first (a name defined twice keeps
+    # its first definition), then the rest of the package (aliases such as LogLevel)
+    index = _Index(tree, ("vllm/config", "vllm/engine", "vllm/entrypoints", "vllm/"))
     cli = tree.parse("vllm/entrypoints/common/cli_args.py")
     make = next(n for n in cli.body if isinstance(n, ast.FunctionDef)
                 and n.name == "make_arg_parser")
     options = _vllm_calls(make, index)
+    single = _customized_single_values(index)
     for name, annotation in index.fields("FrontendArgs").items():
         kind, choices = index.kind(annotation)
+        if name in single:
+            kind = 1
         options.append(_option(["--" + name.replace("_", "-")], name, kind, choices,
                                enable_disable=True))
     arg_utils = tree.parse("vllm/engine/arg_utils.py")
@@ -414,23 +503,61 @@ def _class_with_bases(classes: dict, name: str) -> list:
 
 
 
-_MOE_CONFIGS = "vllm/model_executor/layers/fused_moe/configs/"
+# Where each engine keeps its tuned Triton fused-MoE config tables (vLLM: fused_moe.py
+# get_moe_configs; SGLang: moe_runner/triton_utils/fused_moe_triton_config.py get_moe_configs,
+# one directory per Triton version).
+MOE_CONFIG_DIRS = {"vllm": "vllm/model_executor/layers/fused_moe/configs/",
+                   "sglang": "sglang/srt/layers/moe/moe_runner/triton_utils/configs/"}
 
 
-def moe_config_index(tree: SourceTree) -> dict[str, list[int]]:
-    """vLLM's tuned Triton fused-MoE tables (fused_moe.py get_moe_configs reads
-    configs/<name>.json): table name -> the batch sizes it has a config for."""
-    out = {}
-    names = tree._zip.namelist() if tree._zip is not None else [
-        str(p.relative_to(tree.root)) for p in (tree.root / _MOE_CONFIGS).glob("*.json")]
-    for name in sorted(n for n in names if n.startswith(_MOE_CONFIGS) and n.endswith(".json")):
-        table = json.loads(tree.read(name))
-        out[name[len(_MOE_CONFIGS):-len(".json")]] = sorted(int(k) for k in table
-                                                            if k.isdigit())
-    return out
+def _json_names(tree: SourceTree, prefix: str) -> list[str]:
+    if tree._zip is not None:
+        names = tree._zip.namelist()
+    else:
+        names = [str(p.relative_to(tree.root)) for p in (tree.root / prefix).rglob("*.json")]
+    return sorted(n for n in names if n.startswith(prefix) and n.endswith(".json"))
 
 
-def generate(root: Path) -> Path:
+def moe_config_index(tree: SourceTree, engine: str) -> dict:
+    """The engine's tuned Triton fused-MoE tables: {"tables": {directory: {table name: the
+    batch sizes it has a config for}}, "tma": {table name: the batch sizes whose config sets
+    USE_TMA}} (directory: "" for vLLM, triton_X_Y_Z for SGLang; vLLM 0.34.0's `_down`
+    tables hold the TMA down-GEMM configs, experts/triton_moe.py TritonExperts.apply)."""
+    prefix = MOE_CONFIG_DIRS[engine]
+    tables: dict[str, dict[str, list[int]]] = {}
+    tma: dict[str, list[int]] = {}
+    for path in _json_names(tree, prefix):
+        directory, _, name = path[len(prefix):].rpartition("/")
+        name = name[:-len(".json")]
+        table = json.loads(tree.read(path))
+        keys = sorted(int(k) for k in table if k.isdigit())
+        tables.setdefault(directory, {})[name] = keys
+        marked = sorted(int(k) for k, v in table.items()
+                        if k.isdigit() and isinstance(v, dict) and v.get("USE_TMA"))
+        if marked:
+            tma[name] = marked
+    return {"tables": tables, "tma": tma}
+
+
+# The files the flag tables are read from (each engine's parser definitions and the config
+# classes their types come from): their digest is recorded with the table.
+SOURCE_PREFIXES = {"vllm": ("vllm/config/", "vllm/engine/", "vllm/entrypoints/",
+                            "vllm/utils/argparse_utils.py"),
+                   "sglang": ("sglang/srt/server_args.py", "sglang/srt/arg_groups/",
+                              "sglang/cli/serve.py")}
+
+
+def source_digest(tree: SourceTree, engine: str) -> str:
+    """sha256 over the path and text of every file the engine's flag table is read from."""
+    digest = hashlib.sha256()
+    for prefix in SOURCE_PREFIXES[engine]:
+        paths = [prefix] if prefix.endswith(".py") else tree.names(prefix)
+        for path in paths:
+            digest.update(f"{path}\n{tree.read(path) or ''}\n".encode())
+    return digest.hexdigest()[:16]
+
+
+def generate(root: Path, out_dir: Path = OUT) -> Path:
     tree = SourceTree(root)
     engine = "vllm" if tree.read("vllm/engine/arg_utils.py") else "sglang"
     data = vllm_flags(tree) if engine == "vllm" else sglang_flags(tree)
@@ -440,14 +567,14 @@ def generate(root: Path) -> Path:
         option["strings"] = [s for s in option["strings"] if s not in seen]
         seen.update(option["strings"])
     data["options"] = [o for o in data["options"] if o["strings"]]
-    out = {"engine": engine, "version": version, "allow_abbrev": True, **data}
-    OUT.mkdir(parents=True, exist_ok=True)
-    path = OUT / f"{engine}-{version}.json"
+    out = {"engine": engine, "version": version, "allow_abbrev": True,
+           "source_digest": source_digest(tree, engine), **data}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{engine}-{version}.json"
     path.write_text(json.dumps(out, indent=0, sort_keys=True) + "\n")
-    if engine == "vllm":
-        configs = OUT / f"{engine}-{version}-moe-configs.json"
-        configs.write_text(json.dumps(moe_config_index(tree), separators=(",", ":"),
-                                      sort_keys=True) + "\n")
+    configs = out_dir / f"{engine}-{version}-moe-configs.json"
+    configs.write_text(json.dumps(moe_config_index(tree, engine), separators=(",", ":"),
+                                  sort_keys=True) + "\n")
     return path
 
 
@@ -455,8 +582,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("sources", nargs="+", type=Path,
                         help="an unpacked engine wheel or the .whl file")
-    for root in parser.parse_args().sources:
-        path = generate(root)
+    parser.add_argument("--out", type=Path, default=OUT,
+                        help=f"where the tables go (default {OUT})")
+    args = parser.parse_args()
+    for root in args.sources:
+        path = generate(root, args.out)
         count = len(json.loads(path.read_text())["options"])
         print(f"{path}: {count} options")
 

@@ -290,9 +290,10 @@ def test_kernel_changing_arguments_warmd_does_not_model_are_kept_for_the_plan():
     launch = parse_launch("sglang serve /m --tp 2 --enable-torch-compile --port 1")
     assert launch.unmodelled == ("--enable-torch-compile",)
     plan = from_command("python -m sglang.launch_server --model-path {qwen3_30b_a3b_fp8} "
-                        "--tp 2 --enable-dp-attention --fp8-gemm-backend triton --dtype bfloat16")
+                        "--tp 2 --enable-dp-attention --fp8-gemm-backend flashinfer_trtllm "
+                        "--dtype bfloat16")
     [note] = [n for n in plan.engine_notes if n.startswith("not modelled by warmd")]
-    assert note.endswith("--dtype, --enable-dp-attention, --fp8-gemm-backend triton")
+    assert note.endswith("--dtype, --enable-dp-attention, --fp8-gemm-backend flashinfer_trtllm")
 
 
 def test_flag_tables_come_from_the_followed_releases():
@@ -519,19 +520,40 @@ def test_linear_backend_keeps_its_kernels_where_it_has_some():
 
 
 def test_router_gemm_is_named_as_left_to_the_engine():
+    # kernel_warmup.py _warmup_ll_bf16_router_gemm: every bf16 gate with K % 8, sm90 and
+    # later, whatever the router computes in; 0.33.0 has it too, 0.32.0 does not.
     from warmd.plan import engine_jit
 
-    plan = from_command("vllm serve {qwen3_30b_a3b_fp8} -tp 2",
-                        with_libs=("deep_gemm", "flashinfer", "nvcc", "cutlass_dsl"))
-    gate = selection(plan, "mlp.gate")
-    assert "CuTe-DSL router GEMM" in engine_jit(gate, plan.env, plan.mspec)[0]
-    old = from_command("vllm serve {qwen3_30b_a3b_fp8} -tp 2", engine_version="0.33.0",
-                       with_libs=("deep_gemm", "flashinfer", "nvcc", "cutlass_dsl"))
-    assert engine_jit(selection(old, "mlp.gate"), old.env, old.mspec) == []
+    libs = ("deep_gemm", "flashinfer", "nvcc", "cutlass_dsl")
+    plan = from_command("vllm serve {qwen3_30b_a3b_fp8} -tp 2", with_libs=libs)
+    [line] = engine_jit(selection(plan, "mlp.gate"), plan.env, plan.mspec)
+    assert line.startswith("CuTe-DSL router GEMM (ll_bf16, K=2048, N=128, M 1..16")
+    for version, named in (("0.33.0", True), ("0.32.0", False)):
+        old = from_command("vllm serve {qwen3_30b_a3b_fp8} -tp 2", engine_version=version,
+                           with_libs=libs)
+        assert bool(engine_jit(selection(old, "mlp.gate"), old.env, old.mspec)) is named
+    sglang = from_command("python -m sglang.launch_server --model-path {qwen3_30b_a3b_fp8} "
+                          "--tp 2", with_libs=libs)
+    assert engine_jit(selection(sglang, "mlp.gate"), sglang.env, sglang.mspec) == []
 
 
-def test_sglang_dp_attention_and_fp8_gemm_backend_stay_named_as_not_modelled():
+def test_sglang_dp_attention_stays_named_as_not_modelled():
     plan = from_command("python -m sglang.launch_server --model-path {qwen3_30b_a3b_fp8} "
                         "--tp 2 --enable-dp-attention --dp 2 --fp8-gemm-backend triton")
     note = next(n for n in plan.engine_notes if n.startswith("not modelled"))
-    assert "--enable-dp-attention" in note and "--fp8-gemm-backend triton" in note
+    assert "--enable-dp-attention" in note and "--fp8-gemm-backend" not in note
+
+
+def test_sglang_fp8_gemm_backend_triton_has_no_deep_gemm_linear_tasks():
+    # fp8_utils.py _dispatch_explicit_backend: triton -> triton_w8a8_block_fp8_linear.
+    command = "python -m sglang.launch_server --model-path {qwen3_30b_a3b_fp8} --tp 2"
+    auto = from_command(command)
+    assert any(t.kernel == "fp8_gemm_nt" for t in auto.tasks)
+    triton = from_command(command + " --fp8-gemm-backend triton")
+    assert not any(t.kernel == "fp8_gemm_nt" for t in triton.tasks)
+    qkv = selection(triton, "self_attn.qkv_proj")
+    assert qkv.kernel.name == "TritonFp8BlockScaledMMKernel"
+    assert any("--fp8-gemm-backend triton selects" in r.reason for r in qkv.rejected)
+    # the MoE keeps its runner: the flag is about linear layers
+    assert selection(triton, "mlp.experts.w13").kernel.name == \
+        selection(auto, "mlp.experts.w13").kernel.name

@@ -285,9 +285,12 @@ def _kv_heads_per_rank(kv_heads: int, tp: int) -> int:
 class _Builder:
     """Collects per-decoder-layer shapes, then deduplicates them with counts."""
 
-    def __init__(self, quant: Quantization, moe_ranks: int):
+    def __init__(self, quant: Quantization, moe_ranks: int, refine_moe_block=None):
         self.quant = quant
         self.moe_ranks = moe_ranks  # ranks one MoE layer spans (its TP or EP group)
+        # The engine's FP8 MoE block refinement, (block, per rank, hidden, moe TP) -> the
+        # refined block or None (vLLM's; warmd.engines.rules); None: the engine refuses.
+        self.refine_moe_block = refine_moe_block
         self.counts: Counter = Counter()
         self.order: dict[tuple, Layer] = {}
 
@@ -301,11 +304,11 @@ class _Builder:
         self.add(Layer(name, "linear", q.scheme, n, k, block=q.block), times)
 
     def moe(self, name: str, groups: int, n: int, k: int, topk: int, times: int,
-            params: tuple = ()) -> None:
+            params: tuple = (), block: tuple[int, int] | None = None) -> None:
         q = self.quant.for_layer(name)
         if q.scheme == "fp8_tensor" and q.static_activations:
             params = (*params, ("act_scales", "static"))
-        self.add(Layer(name, "moe", q.scheme, n, k, groups, block=q.block, topk=topk,
+        self.add(Layer(name, "moe", q.scheme, n, k, groups, block=block or q.block, topk=topk,
                        params=params), times)
 
     def layers(self) -> tuple[Layer, ...]:
@@ -386,14 +389,19 @@ def _moe(b: _Builder, hidden: int, experts: int, inter: int, topk: int, tp: int,
     groups = _divide(experts, ep, "the number of routed experts", "--ep")
     moe_tp = moe_tp_size(b.moe_ranks, ep)
     per_rank = _divide(inter, moe_tp, "moe_intermediate_size", f"--tp/--ep={moe_tp}")
-    if moe_tp > 1:
+    q = b.quant.for_layer("mlp.experts.w13")
+    refined = b.refine_moe_block(q.block, per_rank, hidden, moe_tp) if \
+        moe_tp > 1 and b.refine_moe_block and q.scheme == "fp8_block" and q.block else None
+    if moe_tp > 1 and refined is None:
         _check_fp8_blocks(b, "mlp.experts.w13", per_rank, "moe_intermediate_size",
                           f"--tp={tp} --ep={ep}" + (f" ({moe_tp} MoE ranks)"
                                                      if moe_tp != tp else ""))
     # One kernel serves both GEMMs of the experts: selection sees the whole layer's sizes.
     params = (("hidden", hidden), ("intermediate", per_rank), ("ep", ep))
-    b.moe("mlp.experts.w13", groups, 2 * per_rank, hidden, topk, times, params)
-    b.moe("mlp.experts.w2", groups, hidden, per_rank, topk, times, params)
+    if refined:
+        params = (*params, ("refined_from", f"{q.block[0]}x{q.block[1]}"))
+    b.moe("mlp.experts.w13", groups, 2 * per_rank, hidden, topk, times, params, refined)
+    b.moe("mlp.experts.w2", groups, hidden, per_rank, topk, times, params, refined)
 
 
 def _activation_and_sampling(b: _Builder, config: dict, vocab_tp: int, hidden: int,
@@ -502,9 +510,11 @@ def resolve_model_type(config: dict, where: object) -> str:
 
 def model_shapes(path: str | Path, tp: int = 1, ep: int = 1,
                  quantization: str | None = None, dp: int = 1,
-                 moe_ranks: int | None = None) -> ModelShapes:
+                 moe_ranks: int | None = None, refine_moe_block=None) -> ModelShapes:
     """Every layer of the model on one rank, deduplicated by shape with a count. moe_ranks is
-    how many ranks one MoE layer spans (vLLM: TP x DP; default TP)."""
+    how many ranks one MoE layer spans (vLLM: TP x DP; default TP); refine_moe_block is the
+    engine's FP8 MoE block refinement for a shard the checkpoint's blocks do not fit (None:
+    the engine refuses such a checkpoint)."""
     if tp < 1 or ep < 1 or dp < 1:
         raise WarmdInputError("--tp, --dp and --ep must be positive integers")
     raw, config_path = load_config(path)
@@ -512,7 +522,7 @@ def model_shapes(path: str | Path, tp: int = 1, ep: int = 1,
     model_type = resolve_model_type(config, config_path)
     config = {**config, "model_type": model_type}
     quant = parse_quantization(config, quantization)
-    builder = _Builder(quant, moe_ranks or tp)
+    builder = _Builder(quant, moe_ranks or tp, refine_moe_block)
     n_layers = _BUILDERS[model_type](builder, config, tp, ep)
     digest = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()
     return ModelShapes(model_type, str(config_path), tp, ep, quant, builder.layers(), n_layers,

@@ -222,6 +222,7 @@ def make_plan(request: PlanRequest) -> Plan:
     from warmd.engines.decide import (
         check_expert_parallel,
         decide,
+        moe_block_refinement,
         moe_preference,
         moe_ranks,
         refuse_unfit_forced,
@@ -249,7 +250,8 @@ def make_plan(request: PlanRequest) -> Plan:
     check_kernel_names(frozenset(request.disabled_kernels))
     model = model_shapes(resolve_model(request.model), request.tp, request.ep,
                          request.quantization, request.dp,
-                         moe_ranks(request.engine, request.tp, request.dp))
+                         moe_ranks(request.engine, request.tp, request.dp),
+                         moe_block_refinement(request.engine, version))
     target = resolve_target(request.target, request.capability, request.sms)
     decisions = decide(request, engine_env, target)
     disabled = (frozenset(request.disabled_kernels) | disabled_kernels_from_env()

@@ -110,7 +110,19 @@ _COMMAND_FIELDS = ("model", "tp", "ep", "dp", "engine", "max_tokens", "quantizat
 
 def _request(values: dict, command: tuple[str, ...], model_required: bool) -> PlanRequest:
     """The request from the flags, or from a serve command after `--` (plus the flags it
-    cannot express: target, libraries, M mode or list, disabled kernels, engine version)."""
+    cannot express: target, libraries, M mode or list, disabled kernels, engine version).
+    An engine version newer than warmd's rules gets one line on stderr naming the release
+    whose rules apply."""
+    from warmd.engines.cli_args import rules_note
+
+    request = _request_of(values, command, model_required)
+    note = rules_note(request.engine, request.engine_version)
+    if note:
+        click.echo(note, err=True)
+    return request
+
+
+def _request_of(values: dict, command: tuple[str, ...], model_required: bool) -> PlanRequest:
     from warmd.engines.launch import launch_request
 
     if not command:

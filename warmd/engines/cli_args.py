@@ -14,7 +14,9 @@ accepts it), after the same rewriting the engine does first:
   positional as `--model-path`.
 
 An argument the engine's parser would refuse (unknown, ambiguous, missing its value, a value
-outside its choices) is refused here: one line naming it (WarmdInputError, exit 2).
+outside its choices) is refused here: one line naming it (WarmdInputError, exit 2). A release
+newer than the followed one is parsed with the followed release's flags, but an argument they
+lack is passed on (that release may have added it) and named in the plan, not refused.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
+from warmd.engines.versions import parse_version
 from warmd.errors import WarmdInputError
 
 FLAGS_DIR = Path(__file__).parent / "data"
@@ -70,6 +73,8 @@ class ParsedArgs:
     version: str
     values: dict
     spelled: dict  # dest -> the option string as typed
+    # Arguments the followed release's parser lacks, passed on for a newer release.
+    passed: tuple[str, ...] = ()
 
     def get(self, dest: str, default=None):
         return self.values.get(dest, default)
@@ -81,7 +86,9 @@ def flag_table(engine: str) -> dict:
 
 
 @cache
-def _parser(engine: str) -> _EngineParser:
+def _parser(engine: str, strict: bool = True) -> _EngineParser:
+    """The followed release's parser; not strict (a newer release): no choices enforced, as
+    that release may have added values."""
     table = flag_table(engine)
     parser = _EngineParser(prog=f"{engine} serve", add_help=False,
                            allow_abbrev=table["allow_abbrev"])
@@ -99,7 +106,8 @@ def _parser(engine: str) -> _EngineParser:
         if option.get("lowercase"):
             extra["type"] = _lowercase
         parser.add_argument(*strings, dest=dest, nargs=None if nargs == 1 else nargs,
-                            choices=option.get("choices"), default=argparse.SUPPRESS, **extra)
+                            choices=option.get("choices") if strict else None,
+                            default=argparse.SUPPRESS, **extra)
     parser.add_argument("-h", "--help", dest="help", action=_Switch, default=argparse.SUPPRESS)
     return parser
 
@@ -126,20 +134,54 @@ def option_strings(engine: str) -> dict[str, str]:
     return {s: o["dest"] for o in flag_table(engine)["options"] for s in o["strings"]}
 
 
-def parse_engine_args(engine: str, args: list[str], serve_form: bool) -> ParsedArgs:
-    """The engine's own reading of args (the part after `vllm serve` / the module name)."""
+def newer_than_followed(engine: str, version: str | None) -> bool:
+    """Whether a given engine version is newer than the release whose flags and rules warmd
+    follows (its new flags cannot be known)."""
+    return version is not None and engine in FOLLOWED and \
+        parse_version(version) > parse_version(FOLLOWED[engine])
+
+
+def rules_note(engine: str, version: str | None) -> str | None:
+    """The one line to say which release's rules apply to a newer engine version."""
+    if not newer_than_followed(engine, version):
+        return None
+    return (f"warmd: {engine} {version} is newer than the rules warmd has: {engine} "
+            f"{FOLLOWED[engine]}'s rules and flags apply; arguments {FOLLOWED[engine]} lacks "
+            "are passed on, not refused")
+
+
+def parse_engine_args(engine: str, args: list[str], serve_form: bool,
+                      version: str | None = None) -> ParsedArgs:
+    """The engine's own reading of args (the part after `vllm serve` / the module name), by
+    the followed release's parser; for a newer `version`, arguments it lacks pass."""
     rewritten = _vllm_rewrite(args, serve_form) if engine == "vllm" else \
         _sglang_rewrite(args, serve_form)
-    parser = _parser(engine)
+    lenient = newer_than_followed(engine, version)
+    parser = _parser(engine, strict=not lenient)
     try:
-        namespace = parser.parse_args(rewritten)
+        if lenient:
+            namespace, extra = parser.parse_known_args(rewritten)
+        else:
+            namespace, extra = parser.parse_args(rewritten), []
     except _Refused as exc:
         raise WarmdInputError(f"{engine} would refuse this command: {_message(exc)}") from None
     values = vars(namespace)
     if values.get("help"):
         raise WarmdInputError(f"{engine} prints its help for --help and serves nothing: "
                               "drop it from the serve command")
-    return ParsedArgs(engine, FOLLOWED[engine], values, _spellings(parser, rewritten))
+    return ParsedArgs(engine, FOLLOWED[engine], values, _spellings(parser, rewritten),
+                      _grouped(extra))
+
+
+def _grouped(extra: list[str]) -> tuple[str, ...]:
+    """Arguments the parser left, each option with the values after it: ('--new-flag 3',)."""
+    out: list[str] = []
+    for arg in extra:
+        if out and not arg.startswith("-"):
+            out[-1] += f" {arg}"
+        else:
+            out.append(arg)
+    return tuple(out)
 
 
 def _message(exc: _Refused) -> str:

@@ -4,7 +4,7 @@ splits experts. Every decision that departs from the default is kept as a note f
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from warmd.engines.environment import EngineEnv
 from warmd.engines.launch import check_moe_backend
@@ -13,6 +13,7 @@ from warmd.engines.rules import (
     BY_ID,
     sglang_default_chunked_prefill,
     vllm_default_max_tokens,
+    vllm_refined_moe_block,
     vllm_relax_block_ms,
 )
 from warmd.engines.versions import VersionRange
@@ -37,6 +38,8 @@ ATTENTION_BACKENDS = {
     "CUTLASS_MLA": ("CutlassMLABackend", "mla"),
     "TRITON_MLA": ("TritonMLABackend", "mla"),
     "FLASH_ATTN_MLA": ("FlashAttnMLABackend", "mla"),
+    # SGLang's trtllm_mla only (vLLM has no such --attention-backend value).
+    "TRTLLM_MLA": ("TrtllmMLABackend", "mla"),
 }
 # VLLM_MOE_USE_DEEP_GEMM exists from 0.12.0 (vllm/envs.py; 0.11.0 has none).
 VLLM_MOE_DEEP_GEMM_ENV = VersionRange((0, 12, 0), None)
@@ -53,7 +56,7 @@ SGLANG_ATTENTION_BACKENDS = {"fa3": ("FLASH_ATTN", "FLASH_ATTN_MLA"),
 # The rest of SGLang's ATTENTION_BACKEND_CHOICES (server_args.py, 0.5.23): valid, not
 # modelled by warmd (the plan keeps its default order and says so).
 SGLANG_OTHER_ATTENTION_BACKENDS = (
-    "torch_native", "flex_attention", "dsa", "nsa", "dsv4", "compressed", "fa4", "trtllm_mla",
+    "torch_native", "flex_attention", "dsa", "nsa", "dsv4", "compressed", "fa4",
     "cutedsl_mla", "tokenspeed_mla", "trtllm_mha", "dual_chunk_flash_attn", "hpc_ops",
     "minicpm_flashattn", "minicpm_flashinfer", "aiter", "wave", "intel_amx", "ascend",
     "intel_xpu")
@@ -84,6 +87,15 @@ def check_expert_parallel(engine: str, tp: int, dp: int, ep: int) -> None:
             f"{tp * dp} (--tp {tp} x --dp {dp}), got {ep}")
 
 
+def moe_block_refinement(engine: str, version):
+    """The engine's refinement of FP8 MoE weight blocks a TP shard does not fit (vLLM's
+    refine_fp8_moe_block_shape, rule vllm-fp8-moe-block-refine), or None: the engine
+    refuses the checkpoint so sharded (SGLang; vLLM before the rule)."""
+    if engine == "vllm" and BY_ID["vllm-fp8-moe-block-refine"].versions.contains(version):
+        return vllm_refined_moe_block
+    return None
+
+
 def moe_ranks(engine: str, tp: int, dp: int) -> int:
     """How many ranks one MoE layer spans. vLLM flattens DP into the MoE's TP group (or its EP
     group with expert parallel); SGLang's MoE stays inside the TP group."""
@@ -109,9 +121,18 @@ def decide(request, env: EngineEnv, target: Target) -> Decisions:
 
 
 # Launch arguments read from a serve command whose kernel effect warmd does not follow yet
-# (docs/selection.md "Not followed yet"): SGLang's DP attention and FP8 GEMM runner.
-_READ_NOT_FOLLOWED = {"dp_attention": "--enable-dp-attention",
-                      "fp8_gemm_backend": "--fp8-gemm-backend"}
+# (docs/selection.md "Not followed yet"): SGLang's DP attention.
+_READ_NOT_FOLLOWED = {"dp_attention": "--enable-dp-attention"}
+# SGLang's --fp8-gemm-backend values whose block-FP8 linear kernel warmd knows (rule
+# sglang-fp8-gemm-backend, fp8_utils.py _dispatch_explicit_backend); the others stay named
+# as not modelled.
+SGLANG_FP8_GEMM_BACKENDS = {"triton": "TritonFp8BlockScaledMMKernel",
+                            "deep_gemm": "DeepGemmFp8BlockScaledMMKernel",
+                            "cutlass": "CutlassFp8BlockScaledMMKernel"}
+# SGLang's DeepSeek-V3 family (model_overrides/deepseek_v2.py _deepseek_family_overrides'
+# registration, less the DSA models, which run dsa attention).
+SGLANG_TRTLLM_MLA_ARCHS = ("DeepseekV3ForCausalLM", "KimiK25ForConditionalGeneration",
+                           "MistralLarge3ForCausalLM")
 # vLLM's --linear-backend values and the kernels of each that warmd knows (rule
 # vllm-linear-backend: kernels/linear/__init__.py _LINEAR_BACKEND_KERNEL_MAP, 0.34.0).
 VLLM_LINEAR_BACKENDS = {
@@ -130,8 +151,12 @@ VLLM_LINEAR_BACKENDS = {
 
 def _read_not_followed(request) -> list[str]:
     given = dict(getattr(request, "launch_args", ()) or ())
-    return [f"{flag} {given[name]}" if given[name] != "True" else flag
-            for name, flag in _READ_NOT_FOLLOWED.items() if name in given]
+    out = [f"{flag} {given[name]}" if given[name] != "True" else flag
+           for name, flag in _READ_NOT_FOLLOWED.items() if name in given]
+    gemm = given.get("fp8_gemm_backend")
+    if gemm not in (None, "auto", *SGLANG_FP8_GEMM_BACKENDS):
+        out.append(f"--fp8-gemm-backend {gemm}")
+    return out
 
 
 def _user_mspec(request, max_tokens: int) -> MSpec | None:
@@ -231,6 +256,8 @@ def _decide_vllm(request, env: EngineEnv, target: Target) -> Decisions:
                              "not read by this vLLM (0.16.0 dropped it for "
                              "--attention-backend; vllm/config/attention.py)")
     if backend:
+        if backend == "TRTLLM_MLA":  # SGLang's name, not one of vLLM's backends
+            raise WarmdInputError(f"unknown attention backend {backend!r} ({how})")
         _force_attention(out, (backend,), how)
     _linear_backend(out, _launch_arg(request, "linear_backend"))
     for name in env.get("VLLM_DISABLED_KERNELS"):
@@ -342,13 +369,21 @@ def _decide_sglang(request, env: EngineEnv, target: Target) -> Decisions:
     if env.get("SGLANG_ENABLE_JIT_DEEPGEMM") is False:
         reason = _explain(env, "SGLANG_ENABLE_JIT_DEEPGEMM", False, "no DeepGEMM kernels",
                           SGLANG_DG_CONFIG)
-        out.disable(_DEEP_GEMM_LINEAR + ("DeepEPDeepGemmExperts",), reason)
+        out.disable(_DEEP_GEMM_LINEAR + ("DeepEPDeepGemmExperts", "DeepGemmRunnerExperts"),
+                    reason)
         out.notes.append(reason)
     if request.ep > 1 and a2a != "deepep":
         out.notes.append(f"--ep {request.ep} without --moe-a2a-backend deepep: MoE runs "
                          "Triton (python/sglang/srt/layers/moe/ep_moe/layer.py)")
+    _sglang_fp8_gemm_backend(out, _launch_arg(request, "fp8_gemm_backend"))
     backend = request.attention_backend
-    if backend in SGLANG_OTHER_ATTENTION_BACKENDS:
+    if backend is None and _sglang_trtllm_mla(request, target):
+        rule = BY_ID["sglang-deepseek-trtllm-mla"]
+        _force_attention(out, ("TRTLLM_MLA",),
+                         f"SGLang's default on sm100 for the DeepSeek-V3 family ({rule.cite()})")
+    elif backend == "trtllm_mla":
+        _force_attention(out, ("TRTLLM_MLA",), "--attention-backend trtllm_mla")
+    elif backend in SGLANG_OTHER_ATTENTION_BACKENDS:
         out.notes.append(f"--attention-backend {backend}: not modelled by warmd; attention "
                          "follows SGLang's default order")
     elif backend:
@@ -359,6 +394,40 @@ def _decide_sglang(request, env: EngineEnv, target: Target) -> Decisions:
                                   f"{', '.join(known)}")
         _force_attention(out, names, f"--attention-backend {backend}")
     return out
+
+
+def _sglang_fp8_gemm_backend(out: Decisions, backend: str | None) -> None:
+    """--fp8-gemm-backend for block-FP8 linear layers: a backend warmd knows keeps only its
+    kernel (triton: no DeepGEMM linear work); another is named as not modelled."""
+    from warmd.kernels.selection import ALL_KERNELS
+
+    if backend in (None, "auto"):
+        return
+    chosen = SGLANG_FP8_GEMM_BACKENDS.get(backend)
+    if chosen is None:
+        return  # named as not modelled (_read_not_followed)
+    others = [k.name for k in ALL_KERNELS.values() if k.op == "linear" and
+              "fp8_block" in k.schemes and k.name != chosen]
+    out.disable(others, f"--fp8-gemm-backend {backend} selects {chosen}")
+    out.notes.append(f"--fp8-gemm-backend {backend}: block-FP8 linear runs {chosen} "
+                     f"({BY_ID['sglang-fp8-gemm-backend'].cite()})")
+
+
+def _sglang_trtllm_mla(request, target: Target) -> bool:
+    """Whether SGLang sets --attention-backend trtllm_mla itself (rule
+    sglang-deepseek-trtllm-mla): sm100, a DeepSeek-V3-family architecture without DSA, no
+    attention backend of any phase given."""
+    from warmd.engines.hub import resolve_model
+    from warmd.models import language_config, load_config
+
+    given = {arg.split()[0] for arg in request.unmodelled_args}
+    if target.capability[0] != 10 or given & {"--prefill-attention-backend",
+                                              "--decode-attention-backend"}:
+        return False
+    raw = load_config(resolve_model(request.model))[0]
+    archs = set(raw.get("architectures") or ())
+    return bool(archs & set(SGLANG_TRTLLM_MLA_ARCHS)) and \
+        "index_topk" not in language_config(raw)
 
 
 def moe_preference(request, env: EngineEnv, capability: tuple[int, int],
@@ -379,8 +448,16 @@ def moe_preference(request, env: EngineEnv, capability: tuple[int, int],
     block = any(layer.quant == "fp8_block" and layer.block == (128, 128) for layer in moe)
     moe_tp = 1 if request.ep > 1 else request.tp * request.dp
     batched = vllm_all2all(request) in BATCHED_ALL2ALL
-    return vllm_fp8_moe(env, capability, block, request.ep, moe_tp, request.moe_backend,
-                        batched)
+    choice = vllm_fp8_moe(env, capability, block, request.ep, moe_tp, request.moe_backend,
+                          batched)
+    refined = next((layer for layer in moe if layer.param.get("refined_from")), None)
+    if refined is None:
+        return choice
+    note = (f"FP8 MoE blocks {refined.param['refined_from']} do not fit "
+            f"{refined.param['intermediate']} intermediate per rank: vLLM refines the scales "
+            f"to {refined.block[0]}x{refined.block[1]}, which only Triton MoE takes "
+            f"({BY_ID['vllm-fp8-moe-block-refine'].cite()})")
+    return replace(choice, notes=(*choice.notes, note))
 
 
 def refuse_unfit_forced(selections, choice: MoeChoice | None) -> None:

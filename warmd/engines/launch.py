@@ -162,12 +162,15 @@ def detect_engine(tokens: list[str]) -> tuple[str, list[str], bool]:
         "'sglang serve ...'")
 
 
-def parse_launch(command: str | list[str] | tuple[str, ...]) -> EngineLaunch:
+def parse_launch(command: str | list[str] | tuple[str, ...],
+                 version: str | None = None) -> EngineLaunch:
     """The kernel-relevant arguments of a serve command, read as the engine's own parser
     reads it (warmd.engines.cli_args); raises on an unknown engine binary, an argument the
-    engine would refuse, or a bad value of an argument warmd reads."""
+    engine would refuse, or a bad value of an argument warmd reads. `version` (the given
+    --engine-version): a release newer than the followed one passes arguments it may have
+    added, kept as unmodelled."""
     engine, args, serve_form = detect_engine(split_command(command))
-    parsed = parse_engine_args(engine, args, serve_form)
+    parsed = parse_engine_args(engine, args, serve_form, version)
     table = _VLLM_READ if engine == "vllm" else _SGLANG_READ
     values: dict = {}
     # vllm serve: the positional model (where --model was moved to) is the model.
@@ -180,6 +183,7 @@ def parse_launch(command: str | list[str] | tuple[str, ...]) -> EngineLaunch:
         values["model"] = parsed.values.get("model")  # api_server ignores a positional
     unmodelled = tuple(parsed.spelled.get(dest, dest)
                        for dest in _UNMODELLED_KERNEL_ARGS[engine] if dest in parsed.values)
+    unmodelled += parsed.passed
     launch = EngineLaunch(engine, **values, unmodelled=unmodelled)
     _check_choices(launch)
     if not launch.model:
@@ -249,7 +253,7 @@ def launch_request(command: str | list[str] | tuple[str, ...], base=None):
     from warmd.engines.hub import resolve_model
     from warmd.request import PlanRequest
 
-    launch = parse_launch(command)
+    launch = parse_launch(command, base.engine_version if base is not None else None)
     model = resolve_model(launch.model)
     fields = dict(model=model, engine=launch.engine, tp=launch.tp, dp=launch.dp,
                   ep=_expert_parallel(launch), max_tokens=launch.max_tokens,

@@ -71,9 +71,16 @@ _BATCHED_TWIN = {"DEEPGEMM": "BATCHED_DEEPGEMM", "TRITON": "BATCHED_TRITON"}
 VLLM_MOE_BACKEND_FLAG = {"triton": "TRITON", "deep_gemm": "DEEPGEMM",
                          "flashinfer_trtllm": "FLASHINFER_TRTLLM",
                          "flashinfer_cutlass": "FLASHINFER_CUTLASS"}
-SGLANG_RUNNER_KERNELS = {"triton": ("TritonExperts",), "deep_gemm": ("DeepEPDeepGemmExperts",),
+# SGLang's --moe-runner-backend -> the warmd kernels its FP8 MoE runs (Fp8MoEMethod.
+# create_moe_runner, rule sglang-fp8-moe-runner): deep_gemm through DeepEP, else through the
+# standard dispatcher (rule sglang-deep-gemm-runner); flashinfer_cutlass and
+# flashinfer_cutedsl have no FP8 MoE path and run Triton.
+SGLANG_RUNNER_KERNELS = {"triton": ("TritonExperts",),
+                         "deep_gemm": ("DeepEPDeepGemmExperts", "DeepGemmRunnerExperts"),
                          "flashinfer_trtllm": ("TrtLlmFp8Experts",),
-                         "flashinfer_cutlass": ("FlashInferExperts",)}
+                         "flashinfer_cutlass": ("TritonExperts",),
+                         "flashinfer_cutedsl": ("TritonExperts",)}
+_SGLANG_FP8_MOE = "python/sglang/srt/layers/quantization/fp8.py"
 
 
 @dataclass(frozen=True)
@@ -255,4 +262,13 @@ def sglang_fp8_moe(runner: str | None, capability: tuple[int, int], model_type: 
         raise WarmdInputError(f"--moe-runner-backend {runner}: warmd plans FP8 MoE for "
                               f"{', '.join(SGLANG_RUNNER_KERNELS)} (or auto)")
     how = f"--moe-runner-backend {runner}"
+    if runner.startswith("flashinfer_cut"):
+        why = f"{how} has no FP8 MoE path: SGLang runs Triton ({_SGLANG_FP8_MOE} " \
+              "Fp8MoEMethod.create_moe_runner)"
+        return MoeChoice(kernels, how, (why,))
+    if runner == "deep_gemm":
+        path = "DeepEP" if a2a == "deepep" else "the standard dispatcher"
+        return MoeChoice(kernels, how, (
+            f"{how}: MoE runs DeepGEMM through {path} ({_SGLANG_FP8_MOE} "
+            "Fp8MoEMethod.create_moe_runner; moe_runner/deep_gemm.py)",))
     return MoeChoice(kernels, how, (f"{how}: MoE runs {kernels[0]} ({SGLANG_SERVER_ARGS})",))

@@ -6,6 +6,7 @@ whose source a new release changed. The functions below apply the rows that are 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from warmd.engines.versions import Version, VersionRange
@@ -36,6 +37,11 @@ _CUDA = "vllm/platforms/cuda.py"
 _SG_MEMORY = "python/sglang/srt/arg_groups/memory_hook.py"
 _DG_UTILS = "vllm/model_executor/layers/fused_moe/deep_gemm_utils.py"
 _DG_MOE = "vllm/model_executor/layers/fused_moe/experts/deep_gemm_moe.py"
+_MOE_ORACLE = "vllm/model_executor/layers/fused_moe/oracle/fp8.py"
+_TRITON_MOE = "vllm/model_executor/layers/fused_moe/experts/triton_moe.py"
+_SCALED_MM = "vllm/model_executor/kernels/linear/scaled_mm/"
+_SG_FP8 = "python/sglang/srt/layers/quantization/fp8.py"
+_SG_FP8_UTILS = "python/sglang/srt/layers/quantization/fp8_utils.py"
 
 RULES: tuple[Rule, ...] = (
     Rule("vllm-relax-block-m", "vllm", _V034, _WARMUP, "_generate_optimal_warmup_m_values",
@@ -113,6 +119,61 @@ RULES: tuple[Rule, ...] = (
     Rule("sglang-chunked-prefill", "sglang", _ALL, _SG_MEMORY, "handle_gpu_memory_settings",
          "--chunked-prefill-size default by GPU memory: < 20 GiB 2048, < 60 GiB 4096, "
          "< 160 GiB 8192, else 16384 (unknown: 4096)"),
+    # Issue 27's audit: each read against the 0.34.0 / 0.5.23 source.
+    Rule("vllm-fp8-moe-block-refine", "vllm", _V033, _MOE_ORACLE,
+         "refine_fp8_moe_block_shape",
+         "block-FP8 MoE whose intermediate size per TP rank is not a whole number of weight "
+         "blocks: the scales are refined to [r, r], r = gcd(block_n, block_k, intermediate "
+         "per rank, hidden) when r >= 32 (else the engine refuses the checkpoint); only "
+         "Triton MoE takes a non-128x128 block (TritonExperts._supports_quant_scheme), with "
+         "get_default_config (no tuned table has the refined block). SGLang refuses"),
+    Rule("vllm-cutlass-block-fp8", "vllm", _V034, _SCALED_MM + "cutlass.py",
+         "CutlassFp8BlockScaledMMKernel.can_implement",
+         "CUTLASS block-FP8 linear: dynamic (1, 128) activation groups, no N or K condition "
+         "(the kernel pads N); SGLang's cutlass_w8a8_block_fp8_linear_with_fallback keeps "
+         "N % 128 and K % 128"),
+    Rule("vllm-triton-block-fp8-linear", "vllm", _ALL, _SCALED_MM + "triton.py",
+         "TritonFp8BlockScaledMMKernel",
+         "Triton block-FP8 linear (--linear-backend triton, and the last fallback): "
+         "w8a8_triton_block_scaled_mm compiles a kernel per config at first use"),
+    Rule("vllm-triton-moe-down-tma", "vllm", _V034, _TRITON_MOE, "TritonExperts.apply",
+         "128x128 block FP8: the closest batch size of the `<table>_down` config table "
+         "(get_moe_configs(down_moe=True)) with USE_TMA runs the down GEMM as a TMA kernel "
+         "of its own (sm90, DeepGEMM E8M0 scales, hidden >= 4096)"),
+    Rule("vllm-ll-bf16-router-warmup", "vllm", _V033,
+         "vllm/model_executor/warmup/kernel_warmup.py", "_warmup_ll_bf16_router_gemm",
+         "kernel_warmup compiles the CuTe-DSL ll_bf16 router GEMM at M 1..16 for every bf16 "
+         "GateLinear with K % 8 on sm90 and later, whatever the router computes in"),
+    Rule("vllm-fa4-mla-prefill", "vllm", _V034, "vllm/platforms/interface.py",
+         "Platform.get_mla_prefill_backend_cls",
+         "MLA prefill on sm100: FLASH_ATTN (FA4, CuTe DSL, compiled by vLLM's JIT warmup: "
+         "v1/attention/backends/mla/prefill/flash_attn.py FA4MLAPrefillKernel) first, "
+         "TRTLLM_RAGGED first only for qk_nope 192 / rope 64 / v 256"),
+    Rule("sglang-fp8-moe-runner", "sglang", _ALL, _SG_FP8, "Fp8MoEMethod.create_moe_runner",
+         "FP8 MoE runner: auto is deep_gemm when DeepGEMM MoE is enabled, else Triton; "
+         "flashinfer_cutlass and flashinfer_cutedsl have no FP8 MoE path: Triton"),
+    Rule("sglang-deep-gemm-runner", "sglang", _ALL,
+         "python/sglang/srt/layers/moe/moe_runner/deep_gemm.py",
+         "pre_permute_standard_to_deep_gemm",
+         "--moe-runner-backend deep_gemm without DeepEP: the standard dispatcher feeds the "
+         "DeepGEMM runner, contiguous grouped GEMM (masked under CUDA graphs)"),
+    Rule("sglang-fp8-gemm-backend", "sglang", _ALL, _SG_FP8_UTILS,
+         "_dispatch_explicit_backend",
+         "--fp8-gemm-backend: triton runs triton_w8a8_block_fp8_linear (no DeepGEMM linear), "
+         "deep_gemm DeepGEMM, cutlass CUTLASS (sm120 only)"),
+    Rule("sglang-cutlass-block-fp8", "sglang", _ALL, _SG_FP8_UTILS,
+         "cutlass_w8a8_block_fp8_linear_with_fallback",
+         "CUTLASS block FP8 only for N % 128 and K % 128, else Triton"),
+    Rule("sglang-deepseek-trtllm-mla", "sglang", _ALL,
+         "python/sglang/srt/arg_groups/model_overrides/deepseek_v2.py",
+         "_deepseek_family_overrides",
+         "DeepSeek-V3 family (not DSA) on sm100 with no attention backend given: "
+         "--attention-backend trtllm_mla (FlashInfer TRT-LLM-gen MLA, no batch_mla module)"),
+    Rule("sglang-triton-moe-configs", "sglang", _ALL,
+         "python/sglang/srt/layers/moe/moe_runner/triton_utils/fused_moe_triton_config.py",
+         "get_moe_configs",
+         "SGLang's own Triton MoE tables: configs/triton_<version>/ of the Triton it imports, "
+         "else the newest directory with the table; device name unfolded, block as [128, 128]"),
     # Rules older than this wave, cited so that a release changing them is found too.
     Rule("vllm-cli-flags", "vllm", _ALL, _ARG_UTILS, "EngineArgs.add_cli_args",
          "the serve flags (warmd/engines/data/vllm-<version>.json, scripts/engine_flags.py)"),
@@ -206,6 +267,18 @@ def sglang_default_chunked_prefill(target: Target) -> tuple[int, str]:
     shown = "unknown memory" if memory is None else f"{memory // GIB} GiB"
     return size, f"--chunked-prefill-size defaults to {size} on {target.name} ({shown}; " \
                  f"{rule.cite()})"
+
+
+def vllm_refined_moe_block(block: tuple[int, int], per_rank: int, hidden: int,
+                           moe_tp: int) -> tuple[int, int] | None:
+    """refine_fp8_moe_block_shape (rule vllm-fp8-moe-block-refine): the block vLLM refines
+    a TP-sharded FP8 MoE's scales to, or None when the shard fits the block or cannot be
+    refined (the engine then refuses the checkpoint)."""
+    block_n, block_k = block
+    if per_rank % block_n == 0 and (moe_tp == 1 or per_rank % block_k == 0):
+        return None
+    refine = math.gcd(block_n, block_k, per_rank, hidden)
+    return (refine, refine) if refine >= 32 else None
 
 
 def vllm_relax_block_ms(version: Version | None) -> tuple[int, ...]:

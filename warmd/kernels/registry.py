@@ -20,10 +20,13 @@ class CutlassFp8BlockScaledMMKernel(Kernel):
 
     @classmethod
     def can_implement(cls, layer: Layer, env: Environment) -> Check:
+        """vLLM (rule vllm-cutlass-block-fp8): dynamic per-token-group activations only, no
+        shape condition (the kernel pads N). SGLang's cutlass_w8a8_block_fp8_linear_with_
+        fallback runs Triton unless N and K are multiples of 128."""
         if layer.quant != "fp8_block":
             return False, f"needs FP8 block-scaled weights; layer is {layer.quant}"
-        if layer.n % 128 or layer.k % 128:
-            return False, (f"CUTLASS block FP8 needs N and K % 128; "
+        if env.engine == "sglang" and (layer.n % 128 or layer.k % 128):
+            return False, (f"SGLang's CUTLASS block FP8 needs N and K % 128; "
                            f"layer has N={layer.n}, K={layer.k}")
         return OK
 
@@ -33,6 +36,17 @@ class TritonFp8BlockScaledMMKernel(Kernel):
     op = "linear"
     schemes = ("fp8_block",)
     min_capability = (8, 0)
+
+    @classmethod
+    def engine_jit(cls, layer: Layer, env: Environment, mspec: MSpec,
+                   m_range: tuple[int, int | None]) -> str | None:
+        """w8a8_triton_block_scaled_mm: Triton compiles a kernel per config of the tuned
+        N,K table (or its default config) at the first call of each (rules
+        vllm-triton-block-fp8-linear, sglang-fp8-gemm-backend)."""
+        block = layer.block or (128, 128)
+        return (f"Triton block-FP8 GEMM (w8a8_triton_block_scaled_mm, N={layer.n}, "
+                f"K={layer.k}, block [{block[0]}, {block[1]}]): a kernel per config of its "
+                "tuned N,K table, compiled by the engine at first use; no executor here")
 
 
 class CutlassFP8ScaledMMLinearKernel(Kernel):
@@ -84,19 +98,21 @@ class UnquantizedLinearKernel(Kernel):
     @classmethod
     def engine_jit(cls, layer: Layer, env: Environment, mspec: MSpec,
                    m_range: tuple[int, int | None]) -> str | None:
-        """vLLM 0.34.0's MoE router (GateLinear, rule vllm-cutedsl-router-gemm): CuTe-DSL
-        GEMMs when the router computes in FP32, which warmd does not follow per model."""
+        """vLLM's kernel_warmup compiles the CuTe-DSL ll_bf16 router GEMM for every bf16
+        MoE gate (K % 8) at M 1..16 on sm90 and later (rule vllm-ll-bf16-router-warmup),
+        whatever the router computes in; GateLinear adds the ll_fp32w kernels for an FP32
+        router (rule vllm-cutedsl-router-gemm)."""
         from warmd.engines.rules import BY_ID
 
-        rule = BY_ID["vllm-cutedsl-router-gemm"]
-        if layer.name != "mlp.gate" or env.engine != "vllm" or \
-                env.target.capability[0] not in (9, 10) or \
+        rule = BY_ID["vllm-ll-bf16-router-warmup"]
+        if layer.name != "mlp.gate" or env.engine != "vllm" or layer.k % 8 or \
+                env.target.capability < (9, 0) or \
                 not env.library("cutlass_dsl").available or \
                 not rule.versions.contains(env.engine_version):
             return None
-        return ("CuTe-DSL router GEMM (ll_bf16/ll_fp32w, M <= 4 dot product, split-K above) "
-                "if the router computes in FP32: compiled at the engine's start; no executor "
-                "here")
+        return (f"CuTe-DSL router GEMM (ll_bf16, K={layer.k}, N={layer.n}, M 1..16; "
+                "ll_fp32w too if the router computes in FP32): compiled by the engine's "
+                "kernel_warmup; no executor here")
 
 
 # ----- Fused MoE -----
@@ -125,9 +141,12 @@ class TritonExperts(Kernel):
                     "batch-invariant config, no tuned table); no executor here")
         dtype = "fp8_w8a8" if layer.quant in ("fp8_block", "fp8_tensor") else None
         block = layer.block if layer.quant == "fp8_block" else None
+        triton = env.library("triton")
         configs = moe_configs(layer.num_groups or 1, layer.param.get("intermediate", layer.k),
-                              env.target.name, dtype, block, lo, hi)
-        return f"Triton fused MoE: {configs.describe()}; no executor here"
+                              env.target.name, dtype, block, lo, hi, env.engine,
+                              triton.version if triton.available else None)
+        owner = " (SGLang's tables)" if env.engine == "sglang" else ""
+        return f"Triton fused MoE{owner}: {configs.describe()}; no executor here"
 
 
 class BatchedTritonExperts(Kernel):
@@ -186,6 +205,25 @@ class FlashMLABackend(AttentionKernel):
     kind = "mla"
     capabilities = (9, 10)
 
+    @classmethod
+    def engine_jit(cls, layer: Layer, env: Environment, mspec: MSpec,
+                   m_range: tuple[int, int | None]) -> str | None:
+        return mla_prefill_jit(layer, env)
+
+
+def mla_prefill_jit(layer: Layer, env: Environment) -> str | None:
+    """vLLM's MLA prefill on sm100 whatever the decode backend: FA4 (CuTe DSL, compiled by
+    its JIT warmup) first (rule vllm-fa4-mla-prefill; TRT-LLM ragged first only for
+    qk_nope 192 / v 256 heads, which warmd's layer does not carry: named as the exception)."""
+    from warmd.engines.rules import BY_ID
+
+    if env.engine != "vllm" or env.target.capability[0] != 10 or \
+            not BY_ID["vllm-fa4-mla-prefill"].versions.contains(env.engine_version):
+        return None
+    return (f"FA4 CuTe-DSL MLA prefill (flash_attn.cute, {layer.param.get('num_heads')} heads; "
+            "TRT-LLM ragged instead for qk_nope 192 / v 256 heads): compiled by vLLM's JIT "
+            "warmup; no executor here")
+
 
 class FlashAttnMLABackend(FlashMLABackend):
     """vLLM's FLASH_ATTN_MLA: FlashAttention 3 MLA, Hopper only, compiled into vLLM."""
@@ -202,6 +240,24 @@ class CutlassMLABackend(FlashMLABackend):
 class TritonMLABackend(FlashMLABackend):
     name = "TritonMLABackend"
     capabilities = ()
+
+
+class TrtllmMLABackend(FlashMLABackend):
+    """SGLang's trtllm_mla (layers/attention/trtllm_mla_backend.py): FlashInfer's TRT-LLM-gen
+    MLA kernels for decode and prefill, cubins FlashInfer loads (no batch_mla module);
+    SM100/SM12x only (arg_groups/overrides.py refuses it elsewhere). SGLang's default for
+    the DeepSeek-V3 family on sm100 (rule sglang-deepseek-trtllm-mla)."""
+
+    name = "TrtllmMLABackend"
+    library = "flashinfer"
+    capabilities = (10, 12)
+
+    @classmethod
+    def engine_jit(cls, layer: Layer, env: Environment, mspec: MSpec,
+                   m_range: tuple[int, int | None]) -> str | None:
+        return ("FlashInfer TRT-LLM-gen MLA (trtllm_batch_decode_with_kv_cache_mla, "
+                "trtllm_ragged_attention_deepseek): kernels FlashInfer loads at the engine's "
+                "start; no executor here")
 
 
 # ----- Activation and sampling -----
@@ -246,6 +302,7 @@ ENGINE_KERNELS: tuple[type[Kernel], ...] = (
     FlashAttnMLABackend,
     CutlassMLABackend,
     TritonMLABackend,
+    TrtllmMLABackend,
     SglKernelActivation,
     VllmCustomOpActivation,
     TorchActivation,

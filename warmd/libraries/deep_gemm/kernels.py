@@ -262,6 +262,19 @@ class DeepEPDeepGemmExperts(DeepGemmExperts):
         return work
 
 
+class DeepGemmRunnerExperts(DeepEPDeepGemmExperts):
+    """SGLang's --moe-runner-backend deep_gemm without DeepEP (rule sglang-deep-gemm-runner):
+    the standard dispatcher feeds the DeepGEMM runner (moe_runner/deep_gemm.py
+    pre_permute_standard_to_deep_gemm), the contiguous grouped GEMM and, under CUDA graphs or
+    the masked standard layout, the masked one: the DeepEP path's GEMMs."""
+
+    name = "DeepGemmRunnerExperts"
+
+    @classmethod
+    def is_supported(cls, env: Environment) -> Check:
+        return DeepGemmExperts.is_supported.__func__(cls, env)
+
+
 def batched_expected_m(layer: Layer, mspec: MSpec) -> list[int]:
     """The expected_m values vLLM's BatchedDeepGemmExperts passes the masked grouped GEMM
     (estimate_expected_m, rule vllm-batched-deepgemm): the tokens of every DP rank x topk /
@@ -327,5 +340,5 @@ class TritonOrDeepGemmExperts(WrapperKernel):
 
 KERNELS: tuple[type[Kernel], ...] = (
     DeepGemmFp8BlockScaledMMKernel, DeepGemmExperts, DeepEPDeepGemmExperts,
-    TritonOrDeepGemmExperts, BatchedDeepGemmExperts,
+    DeepGemmRunnerExperts, TritonOrDeepGemmExperts, BatchedDeepGemmExperts,
 )

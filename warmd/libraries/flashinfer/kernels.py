@@ -277,10 +277,12 @@ class FlashInferMLABackend(FlashMLABackend):
 
     @classmethod
     def engine_jit(cls, layer: Layer, env: Environment, mspec: MSpec, m_range: MRange):
+        prefill = super().engine_jit(layer, env, mspec, m_range)
         if not _vllm_rule(env, "vllm-flashinfer-mla-sm100"):
-            return None
-        return ("FlashInfer TRT-LLM-gen MLA decode (trtllm_batch_decode_with_kv_cache_mla): "
-                "kernels FlashInfer loads at the engine's start; no executor here")
+            return prefill
+        decode = ("FlashInfer TRT-LLM-gen MLA decode (trtllm_batch_decode_with_kv_cache_mla): "
+                  "kernels FlashInfer loads at the engine's start; no executor here")
+        return f"{decode}; {prefill}" if prefill else decode
 
     @classmethod
     def jit_work(cls, layer: Layer, env: Environment, mspec: MSpec, m_range: MRange):
