@@ -32,7 +32,7 @@ from warmd.libraries.deep_gemm.compiler import fast_path_problem
 from warmd.libraries.deep_gemm.install import Generation, generation_of, resolve
 from warmd.libraries.deep_gemm.listed import ListedJob, build_entry, nvcc_version
 from warmd.libraries.deep_gemm.nvcc_shim import job_key, parse_compile
-from warmd.libraries.deep_gemm.rederive import check_source
+from warmd.libraries.deep_gemm.rederive import regenerate
 
 SGLANG_PIN = "sgl-deep-gemm==0.2.3.post2"
 OLD = "sgl-deep-gemm==0.1.4.post1"
@@ -195,8 +195,9 @@ def test_0_2_generated_sources_read_as_deep_gemm_kernels(dg023):
     parsed = parse_kernel_source(gemm)
     assert parsed.impl == "sm90_fp8_gemm_1d2d_impl" and parsed.gemm_type == "Normal"
     assert parsed.args[-2:] == ("epilogue::transform::EpilogueIdentity", "128")
-    for source in (gemm, deep_jit.template_source(package, "transpose_fp32", [512, 64, 32, 32])):
-        check_source(source)
+    transpose = deep_jit.template_source(package, "transpose_fp32", [512, 64, 32, 32])
+    for name, source in (("sm90_fp8_gemm_1d2d.0", gemm), ("transpose_fp32.0", transpose)):
+        assert regenerate(package, name, source).strip() == source.strip()
     with pytest.raises(ValueError, match="fewer template arguments"):
         deep_jit.template_source(package, "transpose_fp32", [512, 64, 32, 32, 1])
 

@@ -74,15 +74,21 @@ def shipped_release(engine: str, version: Version | None) -> ShippedRelease | No
 def assume_shipped(probes: dict[str, LibraryProbe], release: ShippedRelease
                    ) -> dict[str, LibraryProbe]:
     """probes with each library the release ships or pins taken as present at its version,
-    whatever this machine has; a library --with or --without set (overridden) is left as
-    given."""
+    whatever this machine has; a library --with or --without set (overridden), or found
+    here at that version under that module (this box has what the engine brings), is left
+    as probed."""
     out = dict(probes)
     for lib in release.libraries:
         probe = out.get(lib.name)
-        if probe is None or probe.overridden:
+        if probe is None or probe.overridden or _same(probe, lib):
             continue
         out[lib.name] = replace(
             probe, available=True, version=lib.version, can_jit=True, reason="",
             location=None, module=lib.module or probe.module,
             assumed=f"{lib.how} by {release.describe()}")
     return out
+
+
+def _same(probe: LibraryProbe, lib: ShippedLibrary) -> bool:
+    return (probe.available and probe.version == lib.version
+            and (lib.module is None or probe.module == lib.module))

@@ -17,7 +17,6 @@ from warmd.kernels.base import (
     fp8_block_128,
 )
 from warmd.kernels.registry import TritonExperts
-from warmd.libraries.deep_gemm.install import Generation, generation_of
 from warmd.models import Layer
 from warmd.mvalues import (
     GROUPED_BLOCK_M,
@@ -145,16 +144,13 @@ def _deep_gemm_release(env: Environment) -> tuple[int, int] | None:
 
 
 def _vllm_grouped_calls(env: Environment) -> bool:
-    """vLLM >= 0.33.0 with DeepGEMM 2.x or sgl-deep-gemm 0.2.x (rules vllm-moe-psum-layout,
-    vllm-grouped-warmup): its serving and its warmup call the grouped GEMM in an alignment
-    scope, serving with the psum layout where it can. With sgl-deep-gemm 0.1.x (no psum
-    layout) warmd keeps its plain calls."""
+    """vLLM >= 0.33.0 (rules vllm-moe-psum-layout, vllm-grouped-warmup): its serving and its
+    warmup call the grouped GEMM in an alignment scope, serving with the psum layout where
+    it can, whichever DeepGEMM it imports: DeepGEMM 2.x and every sgl-deep-gemm release
+    (0.1.0 on; their m_grouped_fp8_gemm_nt_contiguous takes use_psum_layout) serve it."""
     from warmd.engines.rules import BY_ID
 
-    release = _deep_gemm_release(env)
-    psum = (release is None or release[0] >= 2
-            or generation_of(env.library("deep_gemm").version) is Generation.DEEP_JIT)
-    return (env.engine == "vllm" and psum
+    return (env.engine == "vllm"
             and BY_ID["vllm-moe-psum-layout"].versions.contains(env.engine_version))
 
 
