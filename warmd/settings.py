@@ -148,6 +148,10 @@ KNOBS: tuple[Knob, ...] = (
     Knob("WARMD_REDIS_JOIN_BUDGET", NUMBER, 60.0,
          "how long in all a warmup retries a slow shared cache (timeouts, with backoff and "
          "jitter) before it compiles locally, in seconds (default 60)"),
+    Knob("WARMD_SINGLE_FLIGHT_TIMEOUT", NUMBER, 3600.0,
+         "the longest a warmup waits on a claim another node holds (a task's lease, a "
+         "kernel, a discovery, a kernel list) before it builds the work itself, in seconds "
+         "(default 3600)"),
     Knob("WARMD_NODE_NAME", STRING, None,
          "this node's name in stats, manifests and `warmd status` (default: `<host>-<8 hex>`, "
          "kept in `<state dir>/node-id`)"),
@@ -431,6 +435,11 @@ def redis_timeout() -> float:
 def redis_join_budget() -> float:
     """How long in all a warmup retries a slow shared cache (WARMD_REDIS_JOIN_BUDGET)."""
     return get("WARMD_REDIS_JOIN_BUDGET")
+
+
+def single_flight_timeout() -> float:
+    """The longest a warmup waits on another node's claim (WARMD_SINGLE_FLIGHT_TIMEOUT)."""
+    return get("WARMD_SINGLE_FLIGHT_TIMEOUT")
 
 
 def node_name() -> str:

@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from warmd import settings
 from warmd.errors import WarmdInputError
 from warmd.plan import Task
 
@@ -18,7 +19,8 @@ class WarmupOptions:
     gpu_ids: tuple[str, ...] | None = None  # None: the visible GPUs
     # library -> the cache root its workers compile into; missing: the engine's (settings)
     cache_roots: dict[str, Path] = field(default_factory=dict)
-    single_flight_timeout: float = 3600.0
+    # the longest another node's claim is waited on (default: WARMD_SINGLE_FLIGHT_TIMEOUT)
+    single_flight_timeout: float = field(default_factory=settings.single_flight_timeout)
     verify_load: bool = False  # replay warm tasks through the library (loads every kernel)
     kernel_split: bool = True  # let libraries split cold tasks below the task
     warm_only: bool = False  # finish only if no task needs a library; else run nothing
