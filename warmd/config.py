@@ -27,6 +27,7 @@ from warmd.request import PlanRequest, jsonable
 
 DEFAULT_CONFIG = EXAMPLES_DIR / "warmd.yaml"
 DEFAULT_METRICS_PORT = 9464
+LOOPBACK = "127.0.0.1"  # what every endpoint binds to unless the config names an address
 
 
 def _key(types, doc: str, default: Any = MISSING, *, yaml: str | None = None,
@@ -169,6 +170,18 @@ class AgentConfig:
                                                   "(default 5)", 5.0)
     metrics_port: int = _key(int, "Prometheus endpoint of each agent (default 9464; `0`: any "
                                   "free port)", DEFAULT_METRICS_PORT)
+    metrics_host: str = _key(str, "address each agent's Prometheus endpoint binds to (default "
+                                  "`127.0.0.1`: this machine only; `0.0.0.0` lets a Prometheus "
+                                  "elsewhere scrape it, without authentication)", LOOPBACK)
+
+
+@dataclass(frozen=True)
+class RayConfig:
+    """The local Ray head `warmd start` starts when no cluster runs (docs/daemon.md)."""
+
+    host: str = _key(str, "address the local Ray head binds to (default `127.0.0.1`: this "
+                          "machine alone; another address lets other machines join, and turns "
+                          "on Ray's token authentication)", LOOPBACK)
 
 
 CAPTURE_TRUST = ("rederive", "own-nodes", "off")  # warmd.capture.CaptureTrust's values
@@ -197,6 +210,7 @@ class WarmdConfig:
     nodes: NodeSelector = _key(dict, "which GPU nodes get an agent", NodeSelector())
     builders: BuilderConfig = _key(dict, "nodes without GPUs", BuilderConfig())
     agent: AgentConfig = _key(dict, "the node agents", AgentConfig())
+    ray: RayConfig = _key(dict, "the local Ray head", RayConfig())
     capture: CaptureConfig = _key(dict, "kernels compiled after READY", CaptureConfig())
     source: str = "<defaults>"  # where it was read (not a key)
 
@@ -242,7 +256,8 @@ def redact_url(url: str | None) -> str | None:
 
 _SECTIONS: dict[str, type] = {"redis": RedisConfig, "cache": CacheConfig,
                                "nodes": NodeSelector, "builders": BuilderConfig,
-                               "agent": AgentConfig, "capture": CaptureConfig}
+                               "agent": AgentConfig, "capture": CaptureConfig,
+                               "ray": RayConfig}
 _RENAMES = {name: f.name for name, f in yaml_keys(ModelConfig).items() if name != f.name}
 
 
@@ -476,8 +491,9 @@ def _parse(data) -> WarmdConfig:
                            _str_list("nodes.gpu_types", nodes.get("gpu_types", []))),
         builders=BuilderConfig(**sections["builders"]),
         capture=CaptureConfig(**capture),
-        agent=AgentConfig(**{k: (float(v) if k != "metrics_port" else v)
+        agent=AgentConfig(**{k: (float(v) if k.endswith("_seconds") else v)
                              for k, v in agent.items()}),
+        ray=RayConfig(**sections["ray"]),
     )
 
 

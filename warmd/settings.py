@@ -213,6 +213,9 @@ KNOBS: tuple[Knob, ...] = (
                    "and defaults per release: docs/selection.md)") for env in ENGINE_KERNEL_ENV),
     Knob("COLUMNS", STRING, None, "width tables render for (default: the terminal's, else 120)"),
     Knob("RAY_ADDRESS", STRING, None, "the Ray cluster warmd's daemon commands talk to"),
+    Knob("RAY_AUTH_MODE", STRING, None, "Ray's authentication (`token`: every Ray process "
+                                        "and client presents the cluster's token; a head "
+                                        "`warmd start` starts off loopback turns it on)"),
 )
 _BY_ENV = {knob.env: knob for knob in KNOBS}
 
@@ -369,6 +372,11 @@ def columns() -> str:
 
 def ray_address() -> str | None:
     return get("RAY_ADDRESS")
+
+
+def ray_auth_mode() -> str:
+    """RAY_AUTH_MODE, lowercased ("" when unset)."""
+    return (get("RAY_AUTH_MODE") or "").lower()
 
 
 def redis_url() -> str | None:

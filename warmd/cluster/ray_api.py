@@ -28,6 +28,8 @@ def connect(address: str) -> None:
     """Join the cluster at address as a driver (once per process); a failure is one line."""
     if ray.is_initialized():
         return
+    if _on_loopback(address):
+        _stay_on_loopback()
     try:
         with _stderr_captured():
             ray.init(address=address, namespace=RAY_NAMESPACE, logging_level=logging.ERROR,
@@ -37,6 +39,24 @@ def connect(address: str) -> None:
         detail = "" if address in first else f": {first[:300]}"
         raise WarmdInputError(f"cannot connect to the Ray cluster at {address}{detail}"
                               ) from None
+
+
+def _on_loopback(address: str) -> bool:
+    from warmd.cluster.exposure import is_loopback
+
+    host = address.split("://", 1)[-1].rsplit(":", 1)[0]
+    return is_loopback(host)
+
+
+def _stay_on_loopback() -> None:
+    """A driver of a cluster bound to loopback (warmd start's default head) keeps its own
+    address on loopback too: Ray otherwise swaps 127.0.0.1 for the machine's address, where
+    that cluster does not listen. RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 is how Ray's own
+    one-machine mode says so; Ray read it at import, so its constant is set here too."""
+    from ray._private import ray_constants
+
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
 
 
 def disconnect() -> None:

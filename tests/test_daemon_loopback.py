@@ -1,0 +1,59 @@
+"""`warmd start` with no arguments (the Quickstart) exposes nothing beyond this machine: every
+socket that the local Ray head, the controller, the agents (their metrics endpoints) and
+the embedded Redis listen on is on loopback (read from /proc). And how the head is started
+for a config that names another address: with Ray's token authentication."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+pytest.importorskip("ray")
+
+from cluster_support import private_machine, warmd  # noqa: E402
+from listening import is_loopback, listening, processes_with_env  # noqa: E402
+
+from warmd.cluster.client import head_launch  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+
+def test_start_with_no_arguments_listens_on_loopback_only(tmp_path):
+    with private_machine(tmp_path / "home") as env:
+        try:
+            started = warmd(env, "start", "--json")
+            assert started.returncode == 0, started.stdout + started.stderr
+            ours = processes_with_env(f"RAY_TMPDIR={env['RAY_TMPDIR']}")
+            servers = list((tmp_path / "home").rglob("server.json"))  # the embedded Redis
+            ours |= {json.loads(path.read_text())["pid"] for path in servers}
+            sockets = listening(ours)
+            commands = {s.command for s in sockets}
+            assert {"gcs_server", "raylet"} <= commands, sockets  # the head, found
+            assert any(s.command.startswith("redis") for s in sockets), sockets
+            exposed = [s for s in sockets if not is_loopback(s.address)]
+            assert not exposed, exposed
+            status = warmd(env, "status", "--json")
+            [node] = json.loads(status.stdout)["nodes"]
+            assert node["metrics_url"].startswith("http://127.0.0.1:")
+            assert "without authentication" not in status.stderr, status.stderr
+        finally:
+            warmd(env, "stop")
+
+
+def test_a_head_for_other_machines_turns_on_ray_token_authentication(tmp_path, monkeypatch):
+    monkeypatch.setenv("WARMD_STATE_DIR", str(tmp_path / "state"))
+    environ = dict(os.environ)
+    launch = head_launch("10.1.2.3", [1, 2, 3], environ)
+    assert "--node-ip-address=10.1.2.3" in launch.cmd
+    assert launch.env["RAY_AUTH_MODE"] == "token" and not launch.warnings
+    token = tmp_path / "state" / "ray-auth-token"
+    assert launch.env["RAY_AUTH_TOKEN_PATH"] == str(token)
+    assert token.stat().st_mode & 0o777 == 0o600 and len(token.read_text()) == 64
+    # asked to run without it: it does, and says what that means
+    off = head_launch("10.1.2.3", [1, 2, 3], environ, auth_mode="disabled")
+    assert off.env.get("RAY_AUTH_MODE") != "token" and off.auth_token_path is None
+    assert "without authentication" in off.warnings[0]
+    local = head_launch("127.0.0.1", [1, 2, 3], environ)
+    assert "--node-ip-address=127.0.0.1" in local.cmd and local.auth_token_path is None
