@@ -6,12 +6,15 @@ timeout; and warmd's own claims are still honoured between its nodes."""
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 
 import pytest
+from click.testing import CliRunner
 from store_support import DirAdapter, module_server, task_entries, warm
 
+from warmd.cli import main
 from warmd.store import claimid, layout
 from warmd.store.api import ClaimState
 
@@ -121,6 +124,10 @@ def test_a_planted_claim_does_not_hold_a_warmup(server, caches, tmp_path, plant)
     assert out["counts"]["compiled"] == 4
     assert cache.counters["claims_taken_over"] == 4
     assert cache.counters.get("lease_timeouts", 0) == 0
+    cache.close()  # its counters reach the store: `warmd cache stats` shows them
+    shown = CliRunner().invoke(main, ["cache", "stats", "--redis", server.url])
+    assert shown.exit_code == 0, shown.output
+    assert re.search(r"Foreign claims taken over\s+4\b", shown.output), shown.output
 
 
 def test_a_claim_that_looks_right_holds_a_warmup_no_longer_than_the_timeout(
