@@ -31,6 +31,7 @@ _NODE = re.compile(r"[A-Za-z0-9._:@+-]{1,200}")
 _NONCE = re.compile(r"[0-9a-f]{12}")
 _MAC = re.compile(r"[0-9a-f]{32}")
 NO_TTL = -1  # what PTTL answers for a key without a TTL
+GONE = -2  # ...and for a key that no longer exists
 NOT_A_STRING = -3  # what the claim script answers for a key of another Redis type
 
 

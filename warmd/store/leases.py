@@ -42,6 +42,8 @@ class Claimant:
             "claim", c, keys=[marker, lease], args=[token, ttl_ms, stale]), "lease")
         if int(state) != 0:
             return int(state), ""
+        if int(pttl) == claimid.GONE:  # expired between the two looks: free at the next
+            return 0, ""
         judged = claimid.judge(holder, int(pttl), lease, self.key)
         if not judged.foreign:
             return 0, judged.who
