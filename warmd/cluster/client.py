@@ -119,14 +119,17 @@ def resolve_address(address: str | None) -> str | None:
 
 # --- local services (what `warmd start` started on this machine) ---------------------------
 
-def use_recorded_auth(address: str) -> None:
-    """When this state dir's `warmd start` started the cluster at address with Ray's token
-    authentication, this process authenticates with its token (before Ray connects)."""
+def connect(ray_api, address: str) -> None:
+    """Join the cluster at address as this state dir's `warmd start` left it: a head it
+    bound to loopback is joined on loopback, and one it started with Ray's token
+    authentication with its token."""
     ray_info = read_services().get("ray") or {}
+    ours = ray_info.get("address") == address
     token = ray_info.get("auth_token_path")
-    if token and ray_info.get("address") == address:
+    if ours and token:
         os.environ["RAY_AUTH_MODE"] = "token"
         os.environ["RAY_AUTH_TOKEN_PATH"] = token
+    ray_api.connect(address, loopback_head=ours and is_loopback(address.rsplit(":", 1)[0]))
 
 
 def _services_path() -> Path:
@@ -422,8 +425,7 @@ def _start(ray_api, config: WarmdConfig, address: str | None) -> Started:
     if started_local:
         resolved, head_warnings = start_local_head(config.ray.host)
         warnings += head_warnings
-    use_recorded_auth(resolved)
-    ray_api.connect(resolved)
+    connect(ray_api, resolved)
     ray_seconds = time.monotonic() - began
     nodes = ray_api.list_nodes()
     warnings += _start_warnings(config, url, embedded, nodes)
@@ -511,8 +513,7 @@ def _stop(ray_api, address: str | None, keep_services: bool) -> dict:
     result = {"controller": False, "agents_stopped": 0, "services_stopped": []}
     resolved = resolve_address(address)
     if resolved is not None:
-        use_recorded_auth(resolved)
-        ray_api.connect(resolved)
+        connect(ray_api, resolved)
         controller = ray_api.get_controller()
         if controller is not None:
             with contextlib.suppress(Exception):
@@ -537,8 +538,7 @@ def snapshot(address: str | None, store: CommandStore) -> StatusSnapshot:
     resolved = resolve_address(address)
     if resolved is not None:
         ray_api = _ray_api()
-        use_recorded_auth(resolved)
-        ray_api.connect(resolved)
+        connect(ray_api, resolved)
         controller = ray_api.get_controller()
         if controller is not None:
             try:

@@ -24,11 +24,12 @@ from warmd.errors import WarmdInputError
 
 # --- the connection (the CLI's processes) ---------------------------------------------------
 
-def connect(address: str) -> None:
-    """Join the cluster at address as a driver (once per process); a failure is one line."""
+def connect(address: str, loopback_head: bool = False) -> None:
+    """Join the cluster at address as a driver (once per process); a failure is one line.
+    loopback_head: the cluster is a head `warmd start` bound to loopback."""
     if ray.is_initialized():
         return
-    if _on_loopback(address):
+    if loopback_head:
         _stay_on_loopback()
     try:
         with _stderr_captured():
@@ -39,13 +40,6 @@ def connect(address: str) -> None:
         detail = "" if address in first else f": {first[:300]}"
         raise WarmdInputError(f"cannot connect to the Ray cluster at {address}{detail}"
                               ) from None
-
-
-def _on_loopback(address: str) -> bool:
-    from warmd.cluster.exposure import is_loopback
-
-    host = address.split("://", 1)[-1].rsplit(":", 1)[0]
-    return is_loopback(host)
 
 
 def _stay_on_loopback() -> None:
