@@ -57,3 +57,24 @@ def test_a_head_for_other_machines_turns_on_ray_token_authentication(tmp_path, m
     assert "without authentication" in off.warnings[0]
     local = head_launch("127.0.0.1", [1, 2, 3], environ)
     assert "--node-ip-address=127.0.0.1" in local.cmd and local.auth_token_path is None
+
+
+def test_status_warns_of_each_endpoint_open_off_loopback_without_authentication(monkeypatch):
+    from warmd.cluster.exposure import exposure_warnings
+    from warmd.cluster.state import NodeState
+    from warmd.cluster.status import StatusSnapshot
+
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    open_snap = StatusSnapshot(running=True, source="ray", ray_address="10.1.2.3:6379", nodes=(
+        NodeState("n1", name="gpu-a", metrics_url="http://10.1.2.4:9464/metrics"),
+        NodeState("n2", name="gpu-b", metrics_url="http://127.0.0.1:9464/metrics")))
+    warnings = exposure_warnings(open_snap, "redis://10.1.2.5:6379/0")
+    assert len(warnings) == 3, warnings
+    assert "10.1.2.3:6379" in warnings[0] and "RAY_AUTH_MODE" in warnings[0]
+    assert "gpu-a" in warnings[1] and "gpu-b" not in " ".join(warnings)
+    assert "without a password" in warnings[2]
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")  # Ray's token auth; a Redis password
+    assert exposure_warnings(open_snap, "redis://:pw@10.1.2.5:6379/0") == warnings[1:2]
+    local = StatusSnapshot(running=True, source="ray", ray_address="127.0.0.1:6379", nodes=(
+        NodeState("n2", metrics_url="http://127.0.0.1:9464/metrics"),))
+    assert exposure_warnings(local, "redis://127.0.0.1:6379/0") == []
