@@ -78,3 +78,46 @@ def test_status_warns_of_each_endpoint_open_off_loopback_without_authentication(
     local = StatusSnapshot(running=True, source="ray", ray_address="127.0.0.1:6379", nodes=(
         NodeState("n2", metrics_url="http://127.0.0.1:9464/metrics"),))
     assert exposure_warnings(local, "redis://127.0.0.1:6379/0") == []
+
+
+_CLIENT = """
+import logging, os, sys
+import ray
+from ray._private import ray_constants
+ray_constants.ENABLE_RAY_CLUSTER = False  # the head is on loopback: so is this client
+if len(sys.argv) > 2:  # the token, as a client that holds it passes it
+    from ray._private.authentication.authentication_token_setup import _enable_token_auth
+    os.environ["RAY_AUTH_TOKEN_PATH"] = sys.argv[2]
+    _enable_token_auth()
+ray.init(address=sys.argv[1], logging_level=logging.ERROR)
+print("connected", len(ray.nodes()))
+"""
+
+
+def test_with_ray_token_authentication_only_a_client_with_the_token_gets_in(tmp_path):
+    """RAY_AUTH_MODE=token asked for a local head: warmd starts it with a token of its own,
+    its own commands use it, and a process without it cannot run anything there."""
+    import subprocess
+    import sys
+
+    with private_machine(tmp_path / "home") as env:
+        env = {**env, "RAY_AUTH_MODE": "token"}
+        try:
+            started = warmd(env, "start", "--no-wait", "--json")
+            assert started.returncode == 0, started.stdout + started.stderr
+            address = json.loads(started.stdout)["ray_address"]
+            token = tmp_path / "home" / ".cache" / "warmd" / "ray-auth-token"
+            assert token.stat().st_mode & 0o777 == 0o600
+            status = warmd(env, "status", "--json")  # a new process: the recorded token
+            assert json.loads(status.stdout)["running"], status.stderr
+            intruder = {**env, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+            refused = subprocess.run([sys.executable, "-c", _CLIENT, address],
+                                     env={**intruder, "RAY_AUTH_MODE": "disabled"},
+                                     capture_output=True, text=True, timeout=120)
+            assert refused.returncode != 0 and "connected" not in refused.stdout
+            holder = subprocess.run([sys.executable, "-c", _CLIENT, address, str(token)],
+                                    env=intruder, capture_output=True, text=True,
+                                    timeout=120)
+            assert holder.stdout.startswith("connected"), holder.stderr[-2000:]
+        finally:
+            warmd(env, "stop")

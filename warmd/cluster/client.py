@@ -125,11 +125,8 @@ def connect(ray_api, address: str) -> None:
     authentication with its token."""
     ray_info = read_services().get("ray") or {}
     ours = ray_info.get("address") == address
-    token = ray_info.get("auth_token_path")
-    if ours and token:
-        os.environ["RAY_AUTH_MODE"] = "token"
-        os.environ["RAY_AUTH_TOKEN_PATH"] = token
-    ray_api.connect(address, loopback_head=ours and is_loopback(address.rsplit(":", 1)[0]))
+    ray_api.connect(address, loopback_head=ours and is_loopback(address.rsplit(":", 1)[0]),
+                    token_path=ray_info.get("auth_token_path") if ours else None)
 
 
 def _services_path() -> Path:
@@ -184,18 +181,19 @@ def head_launch(host: str, ports: list[int], environ: dict[str, str],
     servers, client server and agents listen on loopback only). On another address the head
     is for other machines to join: Ray's token authentication is turned on (RAY_AUTH_MODE=
     token) with a token kept in the state dir (0600), unless auth_mode (RAY_AUTH_MODE) says
-    otherwise."""
+    otherwise; on loopback too when auth_mode is token."""
     gcs, client_server, agent = ports
     cmd = [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block",
            f"--port={gcs}", f"--ray-client-server-port={client_server}",
            f"--dashboard-agent-listen-port={agent}", "--include-dashboard=false",
            "--disable-usage-stats", f"--node-ip-address={host}"]
     env = {k: v for k, v in environ.items() if k not in ("RAY_AUTH_TOKEN", "RAY_ADDRESS")}
+    mode = auth_mode
     if is_loopback(host):
         env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # node IP stays 127.0.0.1
-        return HeadLaunch(cmd, env, None, [])
-    mode = auth_mode
-    if mode and mode != "token":
+        if mode != "token":  # this machine alone: token authentication only when asked
+            return HeadLaunch(cmd, env, None, [])
+    elif mode and mode != "token":
         return HeadLaunch(cmd, env, None, [
             f"the Ray head listens on {host} without authentication (RAY_AUTH_MODE={mode}): "
             "anyone who reaches it can run code as this daemon"])
