@@ -151,3 +151,18 @@ def test_a_badly_signed_kernel_list_is_refused(server, tmp_path, monkeypatch):
     assert unsigned.kernel_list(adapter, ["t" * 32]).tasks  # no key here: taken as is
     for cache in (writer, reader, unsigned):
         cache.close()
+
+
+def test_a_builder_waits_for_kernel_lists_no_longer_than_the_single_flight_timeout(
+        server, site, tmp_path):
+    """No GPU node publishes a list: the builder gives up at the single-flight timeout (not
+    BUILDER_WAIT_SECONDS), says why, and builds nothing."""
+    from warmd.libraries.deep_gemm.compiler import BUILDER_WAIT_SECONDS
+
+    server.client().flushall()
+    report, _shared = _warm(server, tmp_path / "b", "builder", builder=True,
+                            single_flight_timeout=2.0)
+    [stage] = report.stages
+    assert stage["cluster"]["kernel_list"] == "no kernel list for 1 task(s)", stage
+    assert report.counters.compiled == 0
+    assert report.seconds < BUILDER_WAIT_SECONDS

@@ -136,6 +136,7 @@ def test_kuberay_config_is_a_valid_warmd_yaml(kuberay):
     worker = cluster["spec"]["workerGroupSpecs"][0]["template"]
     port = str(config.agent.metrics_port)
     assert worker["metadata"]["annotations"]["prometheus.io/port"] == port
+    assert config.agent.metrics_host == "0.0.0.0"  # scraped at the pod's IP: named here
     [container] = worker["spec"]["containers"]
     assert {p["containerPort"] for p in container["ports"]} == {config.agent.metrics_port}
     mounts = {m["mountPath"] for m in container["volumeMounts"]}

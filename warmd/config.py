@@ -27,6 +27,7 @@ from warmd.request import PlanRequest, jsonable
 
 DEFAULT_CONFIG = EXAMPLES_DIR / "warmd.yaml"
 DEFAULT_METRICS_PORT = 9464
+LOOPBACK = "127.0.0.1"  # what every endpoint binds to unless the config names an address
 
 
 def _key(types, doc: str, default: Any = MISSING, *, yaml: str | None = None,
@@ -170,6 +171,18 @@ class AgentConfig:
                                                   "(default 5)", 5.0)
     metrics_port: int = _key(int, "Prometheus endpoint of each agent (default 9464; `0`: any "
                                   "free port)", DEFAULT_METRICS_PORT)
+    metrics_host: str = _key(str, "address each agent's Prometheus endpoint binds to (default "
+                                  "`127.0.0.1`: this machine only; `0.0.0.0` lets a Prometheus "
+                                  "elsewhere scrape it, without authentication)", LOOPBACK)
+
+
+@dataclass(frozen=True)
+class RayConfig:
+    """The local Ray head `warmd start` starts when no cluster runs (docs/daemon.md)."""
+
+    host: str = _key(str, "address the local Ray head binds to (default `127.0.0.1`: this "
+                          "machine alone; another address lets other machines join, and turns "
+                          "on Ray's token authentication)", LOOPBACK)
 
 
 CAPTURE_TRUST = ("rederive", "own-nodes", "off")  # warmd.capture.CaptureTrust's values
@@ -198,6 +211,7 @@ class WarmdConfig:
     nodes: NodeSelector = _key(dict, "which GPU nodes get an agent", NodeSelector())
     builders: BuilderConfig = _key(dict, "nodes without GPUs", BuilderConfig())
     agent: AgentConfig = _key(dict, "the node agents", AgentConfig())
+    ray: RayConfig = _key(dict, "the local Ray head", RayConfig())
     capture: CaptureConfig = _key(dict, "kernels compiled after READY", CaptureConfig())
     source: str = "<defaults>"  # where it was read (not a key)
 
@@ -243,7 +257,8 @@ def redact_url(url: str | None) -> str | None:
 
 _SECTIONS: dict[str, type] = {"redis": RedisConfig, "cache": CacheConfig,
                                "nodes": NodeSelector, "builders": BuilderConfig,
-                               "agent": AgentConfig, "capture": CaptureConfig}
+                               "agent": AgentConfig, "capture": CaptureConfig,
+                               "ray": RayConfig}
 _RENAMES = {name: f.name for name, f in yaml_keys(ModelConfig).items() if name != f.name}
 
 
@@ -444,6 +459,8 @@ def _parse(data) -> WarmdConfig:
     models = data.get("models")
     if not isinstance(models, list) or not models:
         raise _fail("models", "expected a non-empty list of models")
+    if len(models) > MAX_MODELS:
+        raise _fail("models", f"{len(models)} models, over warmd's bound of {MAX_MODELS}")
     parsed = tuple(_parse_model(f"models[{i}]", m) for i, m in enumerate(models))
     names = [m.name for m in parsed]
     if len(set(names)) != len(names):
@@ -477,8 +494,9 @@ def _parse(data) -> WarmdConfig:
                            _str_list("nodes.gpu_types", nodes.get("gpu_types", []))),
         builders=BuilderConfig(**sections["builders"]),
         capture=CaptureConfig(**capture),
-        agent=AgentConfig(**{k: (float(v) if k != "metrics_port" else v)
+        agent=AgentConfig(**{k: (float(v) if k.endswith("_seconds") else v)
                              for k, v in agent.items()}),
+        ray=RayConfig(**sections["ray"]),
     )
 
 
@@ -491,22 +509,79 @@ def _unrename(data: dict) -> dict:
 
 # --- loading with overrides --------------------------------------------------------------
 
-def read_config_file(path: str | Path) -> WarmdConfig:
-    p = Path(path).expanduser()
+# What a warmd.yaml may be: the example is 3 KiB and nests 4 deep; a fleet's lists many
+# models. Beyond these it is refused before (depth, size) or after parsing (nodes: what its
+# anchors and aliases expand to).
+MAX_CONFIG_FILE_BYTES = 1024 * 1024
+MAX_YAML_DEPTH = 32
+MAX_YAML_NODES = 100_000
+MAX_MODELS = 256
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing nesting deeper than MAX_YAML_DEPTH as it composes
+    (its composer recurses once per level: a deep file would end in RecursionError)."""
+
+    depth = 0
+
+    def compose_node(self, parent, index):
+        self.depth += 1
+        try:
+            if self.depth > MAX_YAML_DEPTH:
+                raise yaml.YAMLError(f"nests deeper than {MAX_YAML_DEPTH}")
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
+
+
+def _count_nodes(data: Any, limit: int) -> bool:
+    """Whether data, with every alias expanded, holds at most limit values (iteratively)."""
+    stack, seen = [data], 0
+    while stack:
+        value = stack.pop()
+        seen += 1
+        if seen > limit:
+            return False
+        if isinstance(value, dict):
+            stack.extend(value.keys())
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value)
+    return True
+
+
+def _load_yaml(p: Path) -> Any:
     try:
-        text = p.read_text()
+        with p.open("rb") as f:
+            raw = f.read(MAX_CONFIG_FILE_BYTES + 1)
     except FileNotFoundError:
         raise WarmdInputError(f"config file not found: {p}") from None
     except OSError as exc:
         raise WarmdInputError(f"cannot read config file {p}: {exc.strerror or exc}") from None
+    if len(raw) > MAX_CONFIG_FILE_BYTES:
+        raise WarmdInputError(f"{p}: larger than {MAX_CONFIG_FILE_BYTES} bytes; not a "
+                              "warmd.yaml")
     try:
-        data = yaml.safe_load(text)
+        text = raw.decode()
+    except UnicodeDecodeError:
+        raise WarmdInputError(f"{p}: not UTF-8 text") from None
+    try:
+        data = yaml.load(text, Loader=_BoundedLoader)  # noqa: S506 (a SafeLoader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-        problem = getattr(exc, "problem", None) or "invalid YAML"
+        problem = (getattr(exc, "problem", None) or next(iter(str(exc).splitlines()), "")
+                   or "invalid YAML")
         raise WarmdInputError(f"{p}: not valid YAML{where}: {problem}") from None
-    config = parse_config(data, str(p))
+    if not _count_nodes(data, MAX_YAML_NODES):
+        raise WarmdInputError(f"{p}: more than {MAX_YAML_NODES} values (aliases expanded); "
+                              "not a warmd.yaml")
+    return data
+
+
+def read_config_file(path: str | Path) -> WarmdConfig:
+    p = Path(path).expanduser()
+    config = parse_config(_load_yaml(p), str(p))
     return replace(config, source=str(p))
 
 

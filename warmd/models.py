@@ -14,6 +14,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from warmd import boundedjson
 from warmd.errors import WarmdInputError
 
 QUANT_SCHEMES = ("fp8_block", "fp8_tensor", "mxfp8", "bf16")
@@ -99,19 +100,55 @@ class ModelShapes:
     dp: int = 1
 
 
+# What a config.json may be: real ones are a few KiB (the largest seen, with label maps, well
+# under 1 MiB) and nest 3 deep (quantization_config.config_groups.group_0.weights).
+MAX_CONFIG_BYTES = 16 * 1024 * 1024
+MAX_CONFIG_DEPTH = 32
+# Each count and size a builder reads, bounded to what real models use with headroom
+# (largest seen in brackets; docs/models.md). Beyond: bad input, refused before planning.
+FIELD_BOUNDS = {
+    "num_hidden_layers": 1024,  # 126 (Llama 3.1 405B)
+    "hidden_size": 131072,  # 18432 (Nemotron-4 340B)
+    "intermediate_size": 1 << 20,  # 73728 (Nemotron-4 340B)
+    "moe_intermediate_size": 1 << 20,  # 2048 (DeepSeek-V3)
+    "num_attention_heads": 1024,  # 128 (DeepSeek-V3, Llama 405B)
+    "num_key_value_heads": 1024,  # 128 (DeepSeek-V3)
+    "head_dim": 4096,  # 256 (Gemma)
+    "num_experts": 4096,  # 512 (Qwen3-Next)
+    "num_local_experts": 4096,
+    "n_routed_experts": 4096,  # 384 (Kimi K2)
+    "num_experts_per_tok": 1024,  # 10 (Qwen3-Next)
+    "n_shared_experts": 1024,  # 2 (DeepSeek-V2)
+    "vocab_size": 1 << 22,  # 262144 (Gemma 3)
+    "kv_lora_rank": 65536,  # 512 (DeepSeek-V3)
+    "q_lora_rank": 65536,  # 1536 (DeepSeek-V3)
+    "qk_nope_head_dim": 65536,
+    "qk_rope_head_dim": 65536,
+    "v_head_dim": 65536,
+}
+DEFAULT_BOUND = 1 << 22  # any other integer field a builder reads
+MAX_LAYER_LIST = FIELD_BOUNDS["num_hidden_layers"]  # mlp_only_layers and the like
+
+
 def load_config(path: str | Path) -> tuple[dict, Path]:
-    """Read a local config.json (a file, or a directory holding one). Never downloads."""
+    """Read a local config.json (a file, or a directory holding one). Never downloads. At
+    most MAX_CONFIG_BYTES, nested at most MAX_CONFIG_DEPTH deep."""
     p = Path(path).expanduser()
     if p.is_dir():
         p = p / "config.json"
     if not p.exists():
         raise WarmdInputError(f"model config not found: {p}")
     try:
-        data = json.loads(p.read_text())
+        with p.open("rb") as f:
+            raw = f.read(MAX_CONFIG_BYTES + 1)
     except OSError as exc:
         raise WarmdInputError(f"cannot read model config {p}: {exc.strerror or exc}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    try:
+        data = boundedjson.loads(raw, MAX_CONFIG_BYTES, MAX_CONFIG_DEPTH)
+    except boundedjson.NotJson as exc:
         raise WarmdInputError(f"model config {p} is not valid JSON: {exc}") from None
+    except boundedjson.JsonRefused as exc:
+        raise WarmdInputError(f"model config {p} refused: {exc}") from None
     if not isinstance(data, dict):
         raise WarmdInputError(f"model config {p} must hold a JSON object")
     return data, p
@@ -223,15 +260,29 @@ def _compressed_tensors(qc: dict) -> Quantization:
                           "supported: tensor, channel, block")
 
 
+def _bounded(key: str, value: int) -> int:
+    bound = FIELD_BOUNDS.get(key, DEFAULT_BOUND)
+    if value > bound:
+        raise WarmdInputError(f"model config field {key!r} is {value}, over warmd's bound of "
+                              f"{bound} (real models stay far below it)")
+    return value
+
+
 def _require(config: dict, *keys: str) -> list[int]:
     values = []
     for key in keys:
         value = config.get(key)
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
             raise WarmdInputError(f"model config field {key!r} must be a positive integer, "
-                                  f"got {value!r}")
-        values.append(value)
+                                  f"got {_short(value)}")
+        values.append(_bounded(key, value))
     return values
+
+
+def _short(value: object) -> str:
+    """A value as an error line shows it: never more than a line."""
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:57]}..."
 
 
 def _optional(config: dict, key: str, default: int, minimum: int = 1) -> int:
@@ -242,18 +293,19 @@ def _optional(config: dict, key: str, default: int, minimum: int = 1) -> int:
         return default
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
         what = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
-        raise WarmdInputError(f"model config field {key!r} must be {what}, got {value!r}")
-    return value
+        raise WarmdInputError(f"model config field {key!r} must be {what}, "
+                              f"got {_short(value)}")
+    return _bounded(key, value)
 
 
 def _int_list(config: dict, key: str) -> list[int]:
     value = config.get(key)
     if value is None:
         return []
-    if not isinstance(value, list) or not all(
+    if not isinstance(value, list) or len(value) > MAX_LAYER_LIST or not all(
             isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value):
-        raise WarmdInputError(f"model config field {key!r} must be a list of layer indexes, "
-                              f"got {value!r}")
+        raise WarmdInputError(f"model config field {key!r} must be a list of at most "
+                              f"{MAX_LAYER_LIST} layer indexes, got {_short(value)}")
     return value
 
 
@@ -431,18 +483,21 @@ def _build_moe(b: _Builder, config: dict, tp: int, ep: int) -> int:
     if config.get("model_type") == "mixtral":
         experts, inter, topk = _require(config, "num_local_experts", "intermediate_size",
                                         "num_experts_per_tok")
-        dense_layers: set[int] = set()
+        dense_layers = 0
     else:
         experts, inter, topk = _require(config, "num_experts", "moe_intermediate_size",
                                         "num_experts_per_tok")
         step = _optional(config, "decoder_sparse_step", 1)
         mlp_only = set(_int_list(config, "mlp_only_layers"))
-        dense_layers = {i for i in range(n_layers) if i in mlp_only or (i + 1) % step}
+        # Layer i is sparse when (i + 1) % step == 0 and i is not MLP-only (vLLM's
+        # Qwen*MoeDecoderLayer): counted, not listed, so planning time is no number's.
+        sparse_mlp_only = sum(1 for i in mlp_only if i < n_layers and (i + 1) % step == 0)
+        dense_layers = n_layers - (n_layers // step - sparse_mlp_only)
     _attention_mha(b, config, tp, n_layers)
     if dense_layers:
         _dense_mlp(b, "mlp", hidden, _require(config, "intermediate_size")[0], tp,
-                   len(dense_layers))
-    _moe(b, hidden, experts, inter, topk, tp, ep, n_layers - len(dense_layers))
+                   dense_layers)
+    _moe(b, hidden, experts, inter, topk, tp, ep, n_layers - dense_layers)
     _activation_and_sampling(b, config, tp, hidden, n_layers)
     return n_layers
 
@@ -453,7 +508,8 @@ def _build_mla(b: _Builder, config: dict, tp: int, ep: int) -> int:
         "n_routed_experts", "num_experts_per_tok")
     first_dense = min(_optional(config, "first_k_dense_replace", 0, minimum=0), n_layers)
     freq = _optional(config, "moe_layer_freq", 1)
-    moe_layers = sum(1 for i in range(first_dense, n_layers) if i % freq == 0)
+    # the layers i in [first_dense, n_layers) with i % freq == 0, counted
+    moe_layers = max(0, (n_layers - 1) // freq - (first_dense - 1) // freq)
     dense_layers = n_layers - moe_layers
     shared = _optional(config, "n_shared_experts", 0, minimum=0)
     _attention_mla(b, config, tp, n_layers)

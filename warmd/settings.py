@@ -150,6 +150,10 @@ KNOBS: tuple[Knob, ...] = (
     Knob("WARMD_REDIS_JOIN_BUDGET", NUMBER, 60.0,
          "how long in all a warmup retries a slow shared cache (timeouts, with backoff and "
          "jitter) before it compiles locally, in seconds (default 60)"),
+    Knob("WARMD_SINGLE_FLIGHT_TIMEOUT", NUMBER, 3600.0,
+         "the longest a warmup waits on a claim another node holds (a task's lease, a "
+         "kernel, a discovery, a kernel list) before it builds the work itself, in seconds "
+         "(default 3600)"),
     Knob("WARMD_NODE_NAME", STRING, None,
          "this node's name in stats, manifests and `warmd status` (default: `<host>-<8 hex>`, "
          "kept in `<state dir>/node-id`)"),
@@ -218,6 +222,9 @@ KNOBS: tuple[Knob, ...] = (
                    "and defaults per release: docs/selection.md)") for env in ENGINE_KERNEL_ENV),
     Knob("COLUMNS", STRING, None, "width tables render for (default: the terminal's, else 120)"),
     Knob("RAY_ADDRESS", STRING, None, "the Ray cluster warmd's daemon commands talk to"),
+    Knob("RAY_AUTH_MODE", STRING, None, "Ray's authentication (`token`: every Ray process "
+                                        "and client presents the cluster's token; a head "
+                                        "`warmd start` starts off loopback turns it on)"),
 )
 _BY_ENV = {knob.env: knob for knob in KNOBS}
 
@@ -381,6 +388,11 @@ def ray_address() -> str | None:
     return get("RAY_ADDRESS")
 
 
+def ray_auth_mode() -> str:
+    """RAY_AUTH_MODE, lowercased ("" when unset)."""
+    return (get("RAY_AUTH_MODE") or "").lower()
+
+
 def redis_url() -> str | None:
     return get("WARMD_REDIS_URL")
 
@@ -445,6 +457,11 @@ def redis_timeout() -> float:
 def redis_join_budget() -> float:
     """How long in all a warmup retries a slow shared cache (WARMD_REDIS_JOIN_BUDGET)."""
     return get("WARMD_REDIS_JOIN_BUDGET")
+
+
+def single_flight_timeout() -> float:
+    """The longest a warmup waits on another node's claim (WARMD_SINGLE_FLIGHT_TIMEOUT)."""
+    return get("WARMD_SINGLE_FLIGHT_TIMEOUT")
 
 
 def node_name() -> str:

@@ -124,6 +124,7 @@ COUNTERS: tuple[Stat, ...] = (
     Stat("lease_takeovers", "Leases taken over", _F.STORE | _F.SHOWN),
     Stat("lease_timeouts", "Waits timed out", _F.STORE | _F.ERROR | _F.SHOWN),
     Stat("lease_lost", "Leases lost while compiling", _F.STORE | _F.ERROR),
+    Stat("claims_taken_over", "Foreign claims taken over", _F.STORE | _F.ERROR | _F.SHOWN),
     # What happened to entries this node refused.
     Stat("replaced", "Refused entries replaced", _F.STORE | _F.SHOWN),
     Stat("publish_blocked", "Blocked (other key proof)",

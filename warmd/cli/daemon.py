@@ -239,6 +239,11 @@ def _show_status(address, store, as_json: bool, watch: bool,
         click.echo(render_status(snap))
     if snap.no_node and not watch:
         click.echo(f"warmd: {snap.no_node}", err=True)
+    if not watch:
+        from warmd.cluster.exposure import exposure_warnings
+
+        for warning in exposure_warnings(snap, store.url):
+            click.echo(f"warmd: warning: {warning}", err=True)
     if fail_on_runtime_jit and snap.runtime_jit and not watch:
         click.echo(f"warmd: {snap.runtime_jit} kernel(s) compiled after READY (runtime JIT)",
                    err=True)

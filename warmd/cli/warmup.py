@@ -134,11 +134,15 @@ def _render(config: WarmdConfig, result: NodeWarm, summary: NodeSummary) -> str:
               help="Shared cache (redis://, rediss://, unix://; default: $WARMD_REDIS_URL, "
                    "else warmd's embedded server).")
 @click.option("--no-shared", is_flag=True, help="Do not use the shared cache at all.")
+@click.option("--single-flight-timeout", type=click.FloatRange(min=0, min_open=True),
+              metavar="SECONDS",
+              help="Wait at most this long for a kernel another node is building, then build "
+                   "it here (default: $WARMD_SINGLE_FLIGHT_TIMEOUT, else 3600).")
 @click.option("--json", "as_json", is_flag=True,
               help="Print the report as JSON on stdout (progress stays on stderr).")
 def warmup(request: PlanRequest, libraries: tuple[str, ...], task_filter: str | None,
            workers: int | None, verify_load: bool, per_task: bool, redis_url: str | None,
-           no_shared: bool, as_json: bool) -> None:
+           no_shared: bool, single_flight_timeout: float | None, as_json: bool) -> None:
     """Compile every JIT kernel the plan needs, before traffic arrives.
 
     Each task is fetched from the shared cache when the cluster has it, else compiled here
@@ -155,6 +159,8 @@ def warmup(request: PlanRequest, libraries: tuple[str, ...], task_filter: str | 
     plan = make_plan(request)
     options = WarmupOptions(libraries=libraries, task_filter=task_filter, workers=workers,
                             verify_load=verify_load, kernel_split=not per_task)
+    if single_flight_timeout is not None:
+        options.single_flight_timeout = single_flight_timeout
     selected = options.select(plan.tasks)  # a bad regex is bad input: exit 2 before any work
     if not selected:
         _refuse_empty_selection(plan.tasks, options)

@@ -64,8 +64,11 @@ class NodeAgent:
         self.store = node_records(redis_url, self.config.redis.namespace,
                                 ttl=max(60.0, 6 * self.config.agent.heartbeat_seconds))
         self.metrics = AgentMetrics(self.node_name)
-        port = self.metrics.serve(self.config.agent.metrics_port)
-        self.state.metrics_url = f"http://{self.state.ip or '127.0.0.1'}:{port}/metrics"
+        host = self.config.agent.metrics_host
+        port = self.metrics.serve(self.config.agent.metrics_port, host)
+        shown = host if host not in ("0.0.0.0", "::") else (self.state.ip or "127.0.0.1")
+        shown = f"[{shown}]" if ":" in shown else shown
+        self.state.metrics_url = f"http://{shown}:{port}/metrics"
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()

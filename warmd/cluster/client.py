@@ -19,7 +19,6 @@ import fcntl
 import importlib.util
 import json
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -29,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from warmd import settings
+from warmd.cluster.exposure import is_loopback
 from warmd.cluster.state import node_records
 from warmd.cluster.status import ControllerView, KeyProofView, StatusSnapshot, StoreSize
 from warmd.config import WarmdConfig, expand_path, load_config, redact_url
@@ -40,7 +40,7 @@ LOCAL_HEAD_TIMEOUT = 120.0
 SERVICES_FILE = "daemon.json"
 LOCK_FILE = "daemon.lock"
 STORE_RECORD = "store"  # in daemon.json: the shared cache the running daemon uses
-_ADDRESS_LINE = re.compile(r"ray start --address='([^']+)'")
+_STARTED_LINE = "Ray runtime started."  # what `ray start --head` logs once it is up
 
 
 # --- Ray connection -----------------------------------------------------------------------
@@ -119,6 +119,16 @@ def resolve_address(address: str | None) -> str | None:
 
 # --- local services (what `warmd start` started on this machine) ---------------------------
 
+def connect(ray_api, address: str) -> None:
+    """Join the cluster at address as this state dir's `warmd start` left it: a head it
+    bound to loopback is joined on loopback, and one it started with Ray's token
+    authentication with its token."""
+    ray_info = read_services().get("ray") or {}
+    ours = ray_info.get("address") == address
+    ray_api.connect(address, loopback_head=ours and is_loopback(address.rsplit(":", 1)[0]),
+                    token_path=ray_info.get("auth_token_path") if ours else None)
+
+
 def _services_path() -> Path:
     return settings.state_dir() / SERVICES_FILE
 
@@ -154,27 +164,80 @@ def _write_services(data: dict) -> None:
     os.replace(tmp, path)
 
 
-def start_local_head() -> str:
-    """Start a one-machine Ray cluster that outlives this process; returns its address."""
+@dataclass(frozen=True)
+class HeadLaunch:
+    """How `warmd start` starts a local Ray head: its command and environment."""
+
+    cmd: list[str]
+    env: dict[str, str]
+    auth_token_path: str | None  # Ray's token authentication is on, with this token
+    warnings: list[str]
+
+
+def head_launch(host: str, ports: list[int], environ: dict[str, str],
+                auth_mode: str = "") -> HeadLaunch:
+    """The head's command for a config's ray.host. On loopback (the default) every Ray
+    process binds 127.0.0.1 (Ray then takes the node to be alone, as on a laptop: its gRPC
+    servers, client server and agents listen on loopback only). On another address the head
+    is for other machines to join: Ray's token authentication is turned on (RAY_AUTH_MODE=
+    token) with a token kept in the state dir (0600), unless auth_mode (RAY_AUTH_MODE) says
+    otherwise; on loopback too when auth_mode is token."""
+    gcs, client_server, agent = ports
+    cmd = [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block",
+           f"--port={gcs}", f"--ray-client-server-port={client_server}",
+           f"--dashboard-agent-listen-port={agent}", "--include-dashboard=false",
+           "--disable-usage-stats", f"--node-ip-address={host}"]
+    env = {k: v for k, v in environ.items() if k not in ("RAY_AUTH_TOKEN", "RAY_ADDRESS")}
+    mode = auth_mode
+    if is_loopback(host):
+        env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # node IP stays 127.0.0.1
+        if mode != "token":  # this machine alone: token authentication only when asked
+            return HeadLaunch(cmd, env, None, [])
+    elif mode and mode != "token":
+        return HeadLaunch(cmd, env, None, [
+            f"the Ray head listens on {host} without authentication (RAY_AUTH_MODE={mode}): "
+            "anyone who reaches it can run code as this daemon"])
+    token = ray_auth_token()
+    env.update({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)})
+    return HeadLaunch(cmd, env, str(token), [])
+
+
+def ray_auth_token() -> Path:
+    """The token of Ray's authentication for the head this state dir starts: created once,
+    mode 0600 (nodes joining need the same token: docs/daemon.md)."""
+    import secrets
+
+    path = settings.state_dir() / "ray-auth-token"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(secrets.token_hex(32))
+    return path
+
+
+def start_local_head(host: str = "127.0.0.1") -> tuple[str, list[str]]:
+    """Start a Ray cluster on this machine that outlives this process, bound to host;
+    returns its address and warnings."""
     from warmd.store import free_port
 
     log_path = settings.state_dir() / "ray-head.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block",
-           f"--port={free_port()}", f"--ray-client-server-port={free_port()}",
-           f"--dashboard-agent-listen-port={free_port()}", "--include-dashboard=false",
-           "--disable-usage-stats"]
+    ports = [free_port(), free_port(), free_port()]
+    launch = head_launch(host, ports, dict(os.environ), settings.ray_auth_mode())
+    address = f"[{host}]:{ports[0]}" if ":" in host else f"{host}:{ports[0]}"
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(launch.cmd, stdin=subprocess.DEVNULL, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True,
+                                env=launch.env)
     deadline = time.monotonic() + LOCAL_HEAD_TIMEOUT
     while time.monotonic() < deadline:
         text = log_path.read_text(errors="replace")
-        found = _ADDRESS_LINE.search(text)
-        if found and reachable(found.group(1), timeout=1.0) is None:
-            _write_services({**read_services(), "ray": {"pid": proc.pid,
-                                                        "address": found.group(1)}})
-            return found.group(1)
+        if _STARTED_LINE in text and reachable(address, timeout=1.0) is None:
+            _write_services({**read_services(), "ray": {
+                "pid": proc.pid, "address": address,
+                "auth_token_path": launch.auth_token_path}})
+            return address, launch.warnings
         if proc.poll() is not None:
             tail = " | ".join(text.strip().splitlines()[-3:])
             raise WarmdInputError(f"could not start a local Ray cluster: {tail[:400]}")
@@ -358,8 +421,9 @@ def _start(ray_api, config: WarmdConfig, address: str | None) -> Started:
     started_local = resolved is None
     began = time.monotonic()
     if started_local:
-        resolved = start_local_head()
-    ray_api.connect(resolved)
+        resolved, head_warnings = start_local_head(config.ray.host)
+        warnings += head_warnings
+    connect(ray_api, resolved)
     ray_seconds = time.monotonic() - began
     nodes = ray_api.list_nodes()
     warnings += _start_warnings(config, url, embedded, nodes)
@@ -447,7 +511,7 @@ def _stop(ray_api, address: str | None, keep_services: bool) -> dict:
     result = {"controller": False, "agents_stopped": 0, "services_stopped": []}
     resolved = resolve_address(address)
     if resolved is not None:
-        ray_api.connect(resolved)
+        connect(ray_api, resolved)
         controller = ray_api.get_controller()
         if controller is not None:
             with contextlib.suppress(Exception):
@@ -472,7 +536,7 @@ def snapshot(address: str | None, store: CommandStore) -> StatusSnapshot:
     resolved = resolve_address(address)
     if resolved is not None:
         ray_api = _ray_api()
-        ray_api.connect(resolved)
+        connect(ray_api, resolved)
         controller = ray_api.get_controller()
         if controller is not None:
             try:

@@ -135,8 +135,9 @@ class AgentMetrics:
     def count_capture(self, counter: str, library: str, amount: int = 1) -> None:
         self.capture[counter].labels(self.node, library).inc(amount)
 
-    def serve(self, port: int, host: str = "0.0.0.0") -> int:
-        """Start the HTTP endpoint; a taken port falls back to any free one. Returns the port."""
+    def serve(self, port: int, host: str = "127.0.0.1") -> int:
+        """Start the HTTP endpoint on host (loopback unless the config names an address: it
+        has no authentication); a taken port falls back to any free one. Returns the port."""
         try:
             self._server, _ = start_http_server(port, addr=host, registry=self.registry)
         except OSError as exc:

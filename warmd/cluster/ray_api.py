@@ -24,10 +24,16 @@ from warmd.errors import WarmdInputError
 
 # --- the connection (the CLI's processes) ---------------------------------------------------
 
-def connect(address: str) -> None:
-    """Join the cluster at address as a driver (once per process); a failure is one line."""
+def connect(address: str, loopback_head: bool = False, token_path: str | None = None) -> None:
+    """Join the cluster at address as a driver (once per process); a failure is one line.
+    loopback_head: the cluster is a head `warmd start` bound to loopback; token_path: its
+    Ray authentication token (the head runs with RAY_AUTH_MODE=token)."""
     if ray.is_initialized():
         return
+    if loopback_head:
+        _stay_on_loopback()
+    if token_path:
+        _use_token(token_path)
     try:
         with _stderr_captured():
             ray.init(address=address, namespace=RAY_NAMESPACE, logging_level=logging.ERROR,
@@ -37,6 +43,27 @@ def connect(address: str) -> None:
         detail = "" if address in first else f": {first[:300]}"
         raise WarmdInputError(f"cannot connect to the Ray cluster at {address}{detail}"
                               ) from None
+
+
+def _use_token(path: str) -> None:
+    """Ray's token authentication for this process, with the token in path: the variables
+    Ray reads, and its config read again (Ray read it at import: its own token setup
+    does the same)."""
+    from ray._private.authentication.authentication_token_setup import _enable_token_auth
+
+    os.environ["RAY_AUTH_TOKEN_PATH"] = path
+    _enable_token_auth()
+
+
+def _stay_on_loopback() -> None:
+    """A driver of a cluster bound to loopback (warmd start's default head) keeps its own
+    address on loopback too: Ray otherwise swaps 127.0.0.1 for the machine's address, where
+    that cluster does not listen. RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 is how Ray's own
+    one-machine mode says so; Ray read it at import, so its constant is set here too."""
+    from ray._private import ray_constants
+
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
 
 
 def disconnect() -> None:

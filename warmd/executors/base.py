@@ -68,9 +68,11 @@ class KernelRun(Protocol):
 class StageCluster(Protocol):
     """What a kernel stage may ask of the cluster (given one with a shared cache): the
     kernel lists of its tasks (by task digest), the claim on a discovery, and kernels
-    claimed one by one. ``builder``: this node has no GPU (it only follows lists)."""
+    claimed one by one. ``builder``: this node has no GPU (it only follows lists).
+    ``wait_limit``: the single-flight timeout."""
 
     builder: bool
+    wait_limit: float  # seconds: the longest any claim or kernel list is waited on
 
     def kernel_list(self, tasks: list[str]) -> Any:
         """warmd.store.api.KernelList of these task digests."""

@@ -178,6 +178,11 @@ class SharedCache(ABC):
         """Give a claim up (after publishing what it built, or after failing)."""
         return None
 
+    def stop_waiting(self, adapter: CacheAdapter, unit: str, waited: float) -> None:
+        """A unit held by another node for longer than the single-flight timeout: built
+        here without its claim (counted: lease_timeouts)."""
+        return None
+
     def wait_for_claims(self, adapter: CacheAdapter, seconds: float) -> None:
         """Wait up to seconds for a claim of this adapter's library to be released."""
         time.sleep(seconds)

@@ -1,25 +1,62 @@
 """Single flight: one node compiles a task while the others wait for its publication (a
 lease per task, renewed while held, taken over when its holder dies or gives up); and
 claims on units of cluster work (WorkClaims), taken without waiting, so that a node that
-finds one held moves on to another."""
+finds one held moves on to another. Both take their claims through one Claimant, which
+takes a foreign claim over at once (warmd.store.claimid says which are)."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
-from warmd.store import layout
+from warmd.store import claimid, layout
 from warmd.store.api import Claim, ClaimState, StoreFailed
 from warmd.store.connection import STORE_ERRORS
 from warmd.store.session import Session, StaleRecords
 
 log = logging.getLogger("warmd.store")
+
+
+class Claimant:
+    """Claims a lease key for this process (the claim script: published, acquired, or who
+    holds it and for how long), taking a foreign holder's claim over at once (counted:
+    claims_taken_over)."""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+        self.key = claimid.claim_key(session.signing_key)
+
+    def record(self, lease: str) -> str:
+        """A fresh holder record for this process's claim on lease."""
+        return claimid.make_record(self.session.node, lease, self.key)
+
+    def claim(self, marker: str, lease: str, token: str, ttl_ms: int, stale: bytes,
+              fp: str) -> tuple[int, str]:
+        """(2 published, 1 acquired, 0 held; who holds it). Raises StoreFailed."""
+        transport = self.session.transport
+        state, holder, pttl = transport.op(lambda c: transport.script(
+            "claim", c, keys=[marker, lease], args=[token, ttl_ms, stale]), "lease")
+        if int(state) != 0:
+            return int(state), ""
+        if int(pttl) == claimid.GONE:  # expired between the two looks: free at the next
+            return 0, ""
+        judged = claimid.judge(holder, int(pttl), lease, self.key)
+        if not judged.foreign:
+            return 0, judged.who
+        expected = b"" if int(pttl) == claimid.NOT_A_STRING else holder
+        took = transport.op(lambda c: transport.script(
+            "takeover", c, keys=[lease], args=[expected, token, ttl_ms]), "lease")
+        if not took:  # it changed meanwhile: judged again at the next look
+            return 0, judged.who
+        self.session.stats.count("claims_taken_over", fp=fp)
+        self.session.warn_once("takeover", "shared cache: took over a foreign claim on %s "
+                               "(held as %s: %s); more are only counted", lease,
+                               judged.who, judged.foreign)
+        return 1, ""
 
 
 class Leases:
@@ -28,6 +65,7 @@ class Leases:
         self.stale = stale  # read here: a stale record is no publication
         self.op = session.transport.op
         self.count = session.stats.count
+        self.claimant = Claimant(session)
 
     @contextlib.contextmanager
     def single_flight(self, task_key: str, timeout: float) -> Iterator[bool]:
@@ -44,7 +82,7 @@ class Leases:
             yield True
 
     def _claim(self, fp: str, task: str, timeout: float) -> tuple[bool, Lease | None]:
-        token = f"{self.session.node}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+        token = self.claimant.record(layout.lease_key(fp, task))
         stale = self.stale.of(task)
         state, holder = self._try_claim(fp, task, token, stale)
         if state != "held":
@@ -79,9 +117,8 @@ class Leases:
         rec_key, lease_key = layout.task_key(fp, task), layout.lease_key(fp, task)
         if not self.session.read_only:
             try:
-                state, holder = self.op(lambda c: self.session.transport.script(
-                    "claim", c, keys=[rec_key, lease_key],
-                    args=[token, self.session.lease_ms, stale]), "lease")
+                state, holder = self.claimant.claim(rec_key, lease_key, token,
+                                                    self.session.lease_ms, stale, fp)
             except StoreFailed as failed:
                 if failed.kind not in ("denied", "readonly"):
                     raise
@@ -198,6 +235,7 @@ class WorkClaims:
         self._stop = threading.Event()
         self._pubsubs: dict[str, Any] = {}
         self._seen_held: set[str] = set()  # lease keys found held by another node
+        self.claimant = Claimant(session)
 
     def claim(self, fp: str, unit: str, task: bool, marker: str | None = None) -> Claim:
         """marker: the key whose presence means published (default: the task's record, or
@@ -207,15 +245,13 @@ class WorkClaims:
         stale = self.stale.of(unit) if task else b""
         if self.session.read_only:
             return Claim(ClaimState.MINE)
-        token = f"{self.session.node}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+        token = self.claimant.record(lease)
         try:
-            state, holder = self.op(lambda c: self.session.transport.script(
-                "claim", c, keys=[marker, lease], args=[token, self.lease_ms, stale]), "lease")
+            state, holder = self.claimant.claim(marker, lease, token, self.lease_ms, stale, fp)
         except StoreFailed as failed:
             if failed.kind in ("denied", "readonly"):
                 self.session.note_read_only(failed)
             return Claim(ClaimState.MINE)  # nobody to share with: build it here
-        state = int(state)
         with self._lock:
             waited = lease in self._seen_held
             if state == 0:

@@ -83,8 +83,8 @@ class PendingClaims:
 
     def read(self, adapter: CacheAdapter, name: str) -> tuple[PendingClaim, bytes] | None:
         """The claim and its artifact, each checked (bounded record, the artifact's chunk
-        lengths and digest); None when absent or unreachable. Raises BadRecord for a claim
-        that is malformed or does not match its artifact (the caller drops it)."""
+        lengths and digest); None when unreachable. Raises BadRecord for a claim that has no
+        record, is malformed or does not match its artifact (the caller drops it)."""
         fp = self.session.fingerprint(adapter).digest
         try:
             raw = self.op(lambda c: c.get(layout.claim_key(fp, name)), "fetch")
@@ -92,8 +92,11 @@ class PendingClaims:
             if failed.kind == "error":  # WRONGTYPE: not a claim
                 raise BadRecord(f"claim {name} is not a string value") from None
             return None
-        if raw is None:
-            return None
+        if raw is None:  # a name in the index whose record expired, or was never written
+            # (the record is written before the name): dropped, never kept in the oldest
+            # MAX_PENDING_LISTED, where names alone could hold real claims out for good
+            raise BadRecord(f"claim {name} has no record (expired, or only its name was "
+                            "planted)")
         claim = PendingClaim.decode(raw, self.session.max_artifact_bytes)
         if (claim.name, claim.fingerprint, claim.library) != (name, fp, adapter.library):
             raise BadRecord(f"claim {name} describes another entry")

@@ -24,7 +24,7 @@ from typing import Any
 
 from warmd import settings
 from warmd.cache.base import CacheAdapter, CacheEntry
-from warmd.store import layout
+from warmd.store import claimid, layout
 from warmd.store.api import (
     BlobPeers,
     Claim,
@@ -52,6 +52,11 @@ from warmd.targets import Target
 log = logging.getLogger("warmd.store")
 
 
+def _lease_ms(seconds: float) -> int:
+    """A claim's TTL, never longer than any warmd honours (claimid.MAX_CLAIM_TTL_MS)."""
+    return max(1, min(int(seconds * 1000), claimid.MAX_CLAIM_TTL_MS))
+
+
 class RedisSharedCache(SharedCache):
     """SharedCache over one Redis (or Redis Cluster) URL; url=None gives a disabled cache
     (every call a miss) that says why in `disabled_reason`."""
@@ -76,14 +81,14 @@ class RedisSharedCache(SharedCache):
         self.session = Session(
             self.transport, self.stats, node, target, signing_key,
             ttl_ms=int((ttl_seconds or settings.cache_ttl_seconds()) * 1000),
-            lease_ms=int(lease_seconds * 1000), poll_interval=poll_interval,
+            lease_ms=_lease_ms(lease_seconds), poll_interval=poll_interval,
             max_artifact_bytes=max_artifact_bytes or settings.max_artifact_bytes())
         stale = StaleRecords()  # Entries notes them, Leases reads them, Publisher clears them
         self.entries = Entries(self.session, stale, peers)
         self.leases = Leases(self.session, stale)
         self.publisher = Publisher(self.session, stale)
         self.claims = PendingClaims(self.session)
-        self.work_claims = WorkClaims(self.session, stale, int(kernel_lease_seconds * 1000))
+        self.work_claims = WorkClaims(self.session, stale, _lease_ms(kernel_lease_seconds))
         self.embedded = embedded  # the embedded server this cache uses, if any
 
     # -- SharedCache -------------------------------------------------------------------------
@@ -223,6 +228,12 @@ class RedisSharedCache(SharedCache):
         fp = self._fp(adapter)
         if fp is not None:
             self.work_claims.release(fp, unit, task)
+
+    def stop_waiting(self, adapter: CacheAdapter, unit: str, waited: float) -> None:
+        fp = self._fp(adapter)
+        self.stats.count("lease_timeouts", fp=fp or "-")
+        self.session.warn_once(f"claim-timeout:{fp}", "shared cache: waited %.0f s for %s "
+                               "(held by another node); building it here", waited, unit)
 
     def wait_for_claims(self, adapter: CacheAdapter, seconds: float) -> None:
         fp = self._fp(adapter)

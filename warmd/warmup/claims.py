@@ -13,8 +13,11 @@ the store's arrival order) and claim each without waiting:
 The collector thread installs what was published (in batches), looks again at what was
 held whenever a claim is released (pub/sub) or every ``poll`` seconds, and hands a unit
 whose claimer died (its claim expired: it renews a short TTL while alive) back to the
-compile threads, first in line. The loop ends when every unit is built or installed (or
-failed). Without a shared cache every claim is ``mine``.
+compile threads, first in line; so too a unit held for longer than ``wait_limit`` (the
+single-flight timeout), built here without its claim: no claim, planted or stuck, holds a
+node longer (a foreign-looking one is taken over at once by the store: warmd.store.claimid).
+The loop ends when every unit is built or installed (or failed). Without a shared cache
+every claim is ``mine``.
 """
 
 from __future__ import annotations
@@ -110,10 +113,12 @@ class ClaimLoop(Generic[C]):
                  build: Callable[[Unit, C], Built],
                  install: Callable[[CacheAdapter, list[Unit]], set[str]],
                  poll: float = POLL_SECONDS,
-                 done: Callable[[Unit, UnitResult], None] | None = None) -> None:
+                 done: Callable[[Unit, UnitResult], None] | None = None,
+                 wait_limit: float = 3600.0) -> None:
         self.shared, self.contexts, self.build, self.install = shared, contexts, build, install
         self.done = done  # hears of each unit as it is done (from the loop's threads)
         self.poll = poll
+        self.wait_limit = wait_limit  # the longest a unit held by another node is waited on
         self.results: dict[str, UnitResult] = {}
         self.timeline = LoopTimeline()
         self._pending: collections.deque[Unit] = collections.deque()
@@ -217,6 +222,14 @@ class ClaimLoop(Generic[C]):
         self._finish(unit, UnitResult(unit.name, got, built.seconds or ended - began,
                                       self._waited(unit, ended), unit.claimed, error=built.error))
 
+    def _take_back(self, unit: Unit) -> None:
+        """Hand a unit held elsewhere back to the compile threads, first in line, to be
+        built without claiming it again."""
+        unit.claimed = True
+        with self._cond:
+            self._pending.appendleft(unit)
+            self._cond.notify_all()
+
     def _waited(self, unit: Unit, now: float) -> float:
         return 0.0 if unit.waited_since is None else round(now - unit.waited_since, 3)
 
@@ -267,10 +280,11 @@ class ClaimLoop(Generic[C]):
             if state == "published":
                 published.append(unit)
             elif state == "mine":  # its claimer gave up or died: ours now
-                unit.claimed = True
-                with self._cond:
-                    self._pending.appendleft(unit)
-                    self._cond.notify_all()
+                self._take_back(unit)
+            elif self._waited(unit, time.monotonic()) >= self.wait_limit:
+                self.shared.stop_waiting(unit.adapter, unit.name, self._waited(
+                    unit, time.monotonic()))
+                self._take_back(unit)
             else:
                 held.append(unit)
         by_adapter: dict[int, list[Unit]] = {}

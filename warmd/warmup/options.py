@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from warmd import settings
 from warmd.errors import WarmdInputError
 from warmd.plan import Plan, Task
 
@@ -19,7 +20,8 @@ class WarmupOptions:
     # library -> the cache root its workers compile into; missing: the one the plan's engine
     # reads (Plan.dirs(); for_plan fills them in)
     cache_roots: dict[str, Path] = field(default_factory=dict)
-    single_flight_timeout: float = 3600.0
+    # the longest another node's claim is waited on (default: WARMD_SINGLE_FLIGHT_TIMEOUT)
+    single_flight_timeout: float = field(default_factory=settings.single_flight_timeout)
     verify_load: bool = False  # replay warm tasks through the library (loads every kernel)
     kernel_split: bool = True  # let libraries split cold tasks below the task
     warm_only: bool = False  # finish only if no task needs a library; else run nothing

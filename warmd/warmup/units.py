@@ -223,7 +223,8 @@ def run_units(run: RunState, states: list[TaskState], workers: list[Worker],
     tasks still need their library) and the loop (its results and timeline)."""
     work = TaskWork(run, states, done)
     loop: ClaimLoop[Worker] = ClaimLoop(run.shared, workers, work.build, work.install,
-                                        done=work.unit_done)
+                                        done=work.unit_done,
+                                        wait_limit=run.options.single_flight_timeout)
     for state in work.ready_now():
         work.finish_task(state)
     loop.add(work.ordered())
@@ -243,6 +244,7 @@ class StageWork:
         self.shared: SharedCache = run.shared
         self.library, self.adapter = library, library.adapter
         self.builder = builder
+        self.wait_limit = run.options.single_flight_timeout
 
     def kernel_list(self, tasks: list[str]):
         return self.shared.kernel_list(self.adapter, tasks)
@@ -274,7 +276,8 @@ class KernelRun:
                  threads: int) -> None:
         self.work, self.build_one = work, build
         self.loop: ClaimLoop[None] = ClaimLoop(work.shared, [None] * max(1, threads),
-                                               self._build, self._install)
+                                               self._build, self._install,
+                                               wait_limit=work.wait_limit)
         self.thread = threading.Thread(target=self.loop.run, daemon=True,
                                        name="warmd-stage-claims")
         self.thread.start()

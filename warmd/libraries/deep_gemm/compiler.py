@@ -317,7 +317,14 @@ class DeepGemmKernelStage:
         node publishes meanwhile."""
         assert self.cluster is not None
         digest = set_digest([digests[t.key] for t in missing])
+        deadline = time.monotonic() + self.cluster.wait_limit
         while not self.stopped.is_set():
+            if time.monotonic() >= deadline:  # held past the single-flight timeout
+                log.warning("the discovery of %d DeepGEMM task(s) was held by another node "
+                            "for %.0f s; discovering them here", len(missing),
+                            self.cluster.wait_limit)
+                self._discover_and_list(missing, digest, kernels)
+                return
             state = self.cluster.claim_discovery(digest)
             if state == "mine":
                 self.cluster_moments["discovery_claimed"] = time.monotonic()
@@ -339,9 +346,9 @@ class DeepGemmKernelStage:
 
     def _builder_waits(self, missing: list[Task], digests: dict[str, str], kernels) -> None:
         """A builder cannot discover: it takes lists as GPU nodes publish them, for at most
-        BUILDER_WAIT_SECONDS."""
+        BUILDER_WAIT_SECONDS (or the single-flight timeout, when shorter)."""
         assert self.cluster is not None
-        deadline = time.monotonic() + BUILDER_WAIT_SECONDS
+        deadline = time.monotonic() + min(BUILDER_WAIT_SECONDS, self.cluster.wait_limit)
         while missing and not self.stopped.is_set() and time.monotonic() < deadline:
             self.cluster.wait(0.5)
             left = self._take_lists(digests, kernels)
