@@ -43,7 +43,7 @@ from warmd.libraries import LIBRARIES
 from warmd.plan import PlanRequest, Task, make_plan
 from warmd.settings import STORE_OFF
 from warmd.stats import Counters, Outcome
-from warmd.warmup import TaskReport, WarmupOptions, WarmupReport, run_warmup
+from warmd.warmup import Build, TaskReport, WarmupOptions, WarmupReport, run_warmup
 
 if TYPE_CHECKING:
     from warmd.store import SharedCache
@@ -163,7 +163,8 @@ def warmup(request: PlanRequest, libraries: tuple[str, ...], task_filter: str | 
     display = WarmupDisplay(len(selected))
     try:
         with _stop_signals(terminated, display.stopping), display:
-            report = run_warmup(plan, options, shared, display.finished, display.started)
+            report = run_warmup(plan, options, shared, display.finished, display.started,
+                                display.building)
     except KeyboardInterrupt:  # before the workers ran: nothing was written
         click.echo("warmd: interrupted", err=True)
         sys.exit(_interrupted_exit(terminated))
@@ -310,6 +311,27 @@ class WarmupDisplay:
             return
         with self.lock:
             self.running[task.key] = self.current.add_task(self._label(task))
+
+    def building(self, build: Build, begun: bool) -> None:
+        """A unit of cluster work (a kernel, or a module's task) begins or ends building
+        here: its live line comes and goes (a module's task line also goes when the task
+        finishes)."""
+        if build.task is not None and begun:
+            self.started(build.task)
+            return
+        if begun:
+            label = f"{build.library} {build.name}"
+            if self.live is None:
+                self._line(Text(f"warmup: building {label}"))
+                return
+            with self.lock:
+                self.running[build.name] = self.current.add_task(
+                    shorten(label, max(20, self.console.width - 30)))
+            return
+        with self.lock:
+            task_id = self.running.pop(build.name, None)
+            if task_id is not None:
+                self.current.remove_task(task_id)
 
     def finished(self, report: TaskReport, done: int, total: int) -> None:
         result = report.result

@@ -42,6 +42,16 @@ class StoreHealth:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class Build:
+    """A unit of work this node has begun or ended building (a kernel of a library, or a
+    whole task when its entries are not known before it runs): what a live display shows."""
+
+    name: str  # the entry's name, or the task's key
+    library: str
+    task: Task | None = None  # the task, when the unit is one
+
+
 @dataclass
 class TaskReport:
     task: Task

@@ -25,7 +25,7 @@ from warmd.warmup.report import (
     store_counters,
     store_health,
 )
-from warmd.warmup.state import RunState, StoreAnswer, TaskState
+from warmd.warmup.state import Building, RunState, StoreAnswer, TaskState
 from warmd.warmup.task import check, run_task
 from warmd.warmup.units import run_units, splits
 from warmd.warmup.workers import start_workers
@@ -40,8 +40,8 @@ log = logging.getLogger(__name__)
 
 
 def run_warmup(plan: Plan, options: WarmupOptions, shared: SharedCache | None = None,
-               progress: Progress | None = None, started: Started | None = None
-               ) -> WarmupReport:
+               progress: Progress | None = None, started: Started | None = None,
+               building: Building | None = None) -> WarmupReport:
     """Run the plan's selected tasks; Ctrl-C stops the workers (and their compilers) and
     returns what finished, with ``interrupted`` set. ``started`` hears of each task as a
     worker takes it, ``progress`` as it finishes (both from worker threads).
@@ -52,7 +52,7 @@ def run_warmup(plan: Plan, options: WarmupOptions, shared: SharedCache | None = 
     installed by then)."""
     began = time.monotonic()
     tasks = options.select(plan.tasks)
-    run = RunState(plan, options, shared, tasks)
+    run = RunState(plan, options, shared, tasks, building)
     order = _prefetch(run)
     for state in run.tasks:
         state.warm = check(run, state)
