@@ -171,8 +171,11 @@ def boot_note(boot: dict) -> str | None:
 
 
 def _runtime_jit_note(node: NodeState) -> str | None:
-    """'runtime JIT: 2 (last: triton ABC... at 12:00:01)' for a node that had any."""
+    """'runtime JIT: 2 (last: triton ABC... at 12:00:01)' for a node that had any; for a
+    builder that serves nothing, that its caches are not watched."""
     count = node.runtime_jit_total
+    if node.serves is False and not count:
+        return "runtime JIT: not watched (a builder serves nothing; GPU nodes are watched)"
     if not count:
         return None
     events = node.runtime_jit_events

@@ -82,9 +82,11 @@ def warmup_from_config(path: str, *, redis_url: str | None = None, no_shared: bo
     """Warm this machine for every configured model; returns the exit code (0 warm, 1 a model
     or task failed). A machine without a GPU warms as a builder (FlashInfer modules for
     builders.target, or each model's target)."""
+    from warmd.cluster.change import check_models
     from warmd.targets import detect_local_gpus
 
     config = load_config(path, redis_url=redis_url)
+    check_models(config)  # a model no node can plan is bad input, said first
     url = STORE_OFF[0] if no_shared else config.redis.url
 
     def progress(model: str, done: int, total: int) -> None:

@@ -372,6 +372,9 @@ def _start(ray_api, config: WarmdConfig, address: str | None) -> Started:
         controller = ray_api.create_controller(Controller, config.to_json(), url, info)
         config_hash = _call(lambda: controller.ping(120.0), "start")
     else:
+        from warmd.cluster.change import check_change
+
+        check_change(config, url)  # validate, then apply: a bad change leaves it running
         config_hash = _call(lambda: controller.apply(config.to_json(), url, info, 120.0),
                             "update")["config_hash"]
     _record_store(config, url, embedded)

@@ -68,6 +68,7 @@ class NodeState:
     gpus: int = 0
     gpu_type: str | None = None
     role: str = "gpu"
+    serves: bool | None = None  # watched for runtime JIT (warmd.cluster.work.node_serves)
     state: NodeStatus = PENDING
     reason: str = ""
     progress_done: int = 0

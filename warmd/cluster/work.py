@@ -107,6 +107,13 @@ class NodeSummary:
                 "capture": [scope.to_json() for scope in self.capture], "boot": self.boot}
 
 
+def node_serves(gpus: int, cluster_gpus: int) -> bool:
+    """Whether a node serves (an engine runs there, so its caches are watched for runtime
+    JIT after READY): a GPU node does; a builder (no GPU) does not, except in a cluster
+    without any GPU (the Quickstart's CPU box), where whatever serves runs on it."""
+    return gpus > 0 or cluster_gpus == 0
+
+
 def node_env(config: WarmdConfig, node_name: str | None = None) -> dict[str, str]:
     """Environment of this node's warm work: cache roots, namespace, key file, node name."""
     env = dict(config.cache.env())
@@ -143,12 +150,14 @@ def _plan(model: ModelConfig, builder_target: str | None):
 def warm_node(config: WarmdConfig, *, builder: bool = False, shard: int = 0, shards: int = 1,
               redis_url: str | None = None, node_name: str | None = None,
               progress: ProgressFn | None = None, workers: int | None = 1,
-              warm_only: bool = False, peers: BlobPeers | None = None) -> NodeWarm:
+              warm_only: bool = False, peers: BlobPeers | None = None,
+              serves: bool | None = None) -> NodeWarm:
     """Warm this worker's share (tasks shard, shard+shards, ...) of every configured model.
 
     Never raises for a model, a task or the store: each model's result says what happened.
-    The first worker of a GPU node also installs what other nodes captured for each plan
-    (learned entries, warmd.capture) and says what its capture watches. With warm_only, a
+    The first worker of a node that serves (``serves``; by default a GPU node, not a builder)
+    also installs what other nodes captured for each plan (learned entries, warmd.capture)
+    and says what its capture watches. With warm_only, a
     model whose plan has a task that needs its library (not installed and verified from the
     caches) runs nothing, and ``warm`` is False: the caller then runs the real warmup (in GPU
     workers). ``peers``: other nodes serving blobs (warmd.cluster.fanout), asked before the
@@ -157,7 +166,7 @@ def warm_node(config: WarmdConfig, *, builder: bool = False, shard: int = 0, sha
     from warmd.capture import scope_of
 
     started = time.monotonic()
-    learn = shard == 0 and not builder
+    learn = shard == 0 and (not builder if serves is None else serves)
     store = StoreHealth()
     with settings.scoped_env(node_env(config, node_name)):
         results, planned = _plan_all(config, builder, shard, shards, progress, workers,
