@@ -185,6 +185,9 @@ class NodeAgent:
             s.store = next((r.store.reason for r in results if not r.store.ok), "ok")
             s.capture = {**s.capture, "learned": summary["learned"]}
             s.boot = summary["boot"]
+            if not s.progress_total:  # warm from the caches: no worker counted its tasks
+                s.progress_total = s.progress_done = sum(m.tasks for r in results
+                                                         for m in r.models)
             self._schedule_retry()
         self.metrics.observe_warmup(self.state)
         if self.state.state in WARM_STATES:
