@@ -13,6 +13,7 @@ import json
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING
@@ -154,13 +155,16 @@ def warmup(request: PlanRequest, libraries: tuple[str, ...], task_filter: str | 
         sys.exit(warmup_from_config(from_config_path(), redis_url=redis_url,
                                     no_shared=no_shared, workers=workers, as_json=as_json))
     require_model(request)
+    began = time.monotonic()
     plan = make_plan(request)
+    planned = time.monotonic()
     options = WarmupOptions(libraries=libraries, task_filter=task_filter, workers=workers,
                             verify_load=verify_load, kernel_split=not per_task)
     selected = options.select(plan.tasks)  # a bad regex is bad input: exit 2 before any work
     if not selected:
         _refuse_empty_selection(plan.tasks, options)
     shared = None if no_shared else open_shared(redis_url, plan)
+    opened = time.monotonic()
     terminated: list[int] = []
     display = WarmupDisplay(len(selected))
     try:
@@ -174,6 +178,8 @@ def warmup(request: PlanRequest, libraries: tuple[str, ...], task_filter: str | 
         if shared is not None and hasattr(shared, "close"):
             shared.close()
     report = without_interrupted(report, display.interrupted)
+    report = replace(report, phases={"plan": planned - began, "store": opened - planned,
+                                     **report.phases})
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2))
     else:

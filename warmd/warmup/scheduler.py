@@ -51,11 +51,14 @@ def run_warmup(plan: Plan, options: WarmupOptions, shared: SharedCache | None = 
     such tasks runs nothing and lists them in ``not_warm`` (what the shared cache had is
     installed by then)."""
     began = time.monotonic()
+    phases = _Phases()
     tasks = options.select(plan.tasks)
     run = RunState(plan, options, shared, tasks, building)
     order = _prefetch(run)
+    phases.mark("prefetch")
     for state in run.tasks:
         state.warm = check(run, state)
+    phases.mark("check")
     cold = [s.task for s in run.tasks if not s.settled]
     if options.warm_only and cold:
         return WarmupReport(plan.key, len(tasks), [], Counters(), time.monotonic() - began,
@@ -66,6 +69,7 @@ def run_warmup(plan: Plan, options: WarmupOptions, shared: SharedCache | None = 
     boot = BootReport()
     try:
         workers = start_workers(run, cold)
+        phases.mark("workers")
         split = [s for s in order if not s.settled and splits(s)] if shared is not None else []
         if split:
             work, loop = run_units(run, split, workers, handout.add_report)
@@ -87,6 +91,7 @@ def run_warmup(plan: Plan, options: WarmupOptions, shared: SharedCache | None = 
         for w in workers:
             w.stop()
         stages = [stage.finish() for stage in run.stages()]
+        phases.mark("work")
     counters = count(handout.reports)
     if shared is not None:
         # stats are best effort; the store counts its own failures
@@ -102,7 +107,20 @@ def run_warmup(plan: Plan, options: WarmupOptions, shared: SharedCache | None = 
                         dict(shared.counters) if shared is not None else {},
                         sum(w.started for w in workers) + sum(
                             s.get("workers_started", 0) for s in stages), stages,
-                        boot=boot if shared is not None else None)
+                        boot=boot if shared is not None else None, phases=phases.seconds)
+
+
+class _Phases:
+    """Wall seconds of each phase of a run, each from the end of the one before."""
+
+    def __init__(self) -> None:
+        self.last = time.monotonic()
+        self.seconds: dict[str, float] = {}
+
+    def mark(self, phase: str) -> None:
+        now = time.monotonic()
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + now - self.last
+        self.last = now
 
 
 def _prefetch(run: RunState) -> list[TaskState]:
