@@ -145,7 +145,8 @@ def test_cli_text_summary(warm, env):
     assert "100.0 %" in proc.stdout
     assert "tasks" in proc.stderr  # the progress bar goes to stderr
     # not a terminal: a line per task started and finished, naming the module
-    lines = proc.stderr.splitlines()
+    plan, *lines = proc.stderr.splitlines()
+    assert plan.startswith("warmup: plan ") and "1 task(s) (flashinfer 1)" in plan
     assert lines[0] == "warmup: warming flashinfer silu_and_mul", proc.stderr
     assert lines[1].startswith("warmup: 1/1 tasks (0 compiled, 0 failed): flashinfer "
                                "silu_and_mul in ") and lines[1].endswith(" s: ok")

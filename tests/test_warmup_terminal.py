@@ -21,6 +21,8 @@ from pathlib import Path
 import pytest
 from store_support import start_test_server
 
+from warmd.store import open_shared_cache
+
 pytestmark = pytest.mark.slow  # starts a real FlashInfer build
 
 PLAN_ARGS = ["-m", "qwen3-30b-a3b-fp8", "-t", "h200", "--engine", "sglang", "--with",
@@ -60,6 +62,9 @@ def _read(fd: int, seconds: float) -> bytes:
 def test_shared_cache_warmup_shows_the_module_being_built_at_80_columns(tmp_path):
     server = start_test_server(tmp_path)
     workspace = tmp_path / "ws"
+    seeded = open_shared_cache(server.url)  # the cluster compiled this family before
+    seeded.record_compile_times({"flashinfer/act_and_mul": (2, 84.0)})
+    seeded.close()
     env = {**os.environ, "WARMD_STATE_DIR": str(tmp_path / "state"),
            "FLASHINFER_WORKSPACE_BASE": str(workspace), "WARMD_REDIS_URL": server.url,
            "TERM": "xterm-256color"}
@@ -82,6 +87,9 @@ def test_shared_cache_warmup_shows_the_module_being_built_at_80_columns(tmp_path
         while "silu_and_mul" not in _text(screen) and time.monotonic() < built_at + 5:
             screen += _read(main, 0.25)
         shown = _text(screen)
+        # before any work: what the plan holds and what compiling it took before
+        assert "1 task(s) (flashinfer 1); compiling them took 42.0 s before" in \
+            " ".join(shown.split()), shown[:1500]
         assert "warming flashinfer silu_and_mul" in shown, shown[-2000:]
         assert all(len(line) <= 80 for line in shown.splitlines()), shown[-2000:]
     finally:

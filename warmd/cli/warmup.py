@@ -43,8 +43,15 @@ from warmd.errors import WarmdInputError
 from warmd.libraries import LIBRARIES
 from warmd.plan import PlanRequest, Task, make_plan
 from warmd.settings import STORE_OFF
-from warmd.stats import Counters, Outcome
-from warmd.warmup import Build, TaskReport, WarmupOptions, WarmupReport, run_warmup
+from warmd.stats import Counters, Outcome, format_seconds
+from warmd.warmup import (
+    Build,
+    TaskReport,
+    WarmupOptions,
+    WarmupReport,
+    estimate,
+    run_warmup,
+)
 
 if TYPE_CHECKING:
     from warmd.store import SharedCache
@@ -165,6 +172,8 @@ def warmup(request: PlanRequest, libraries: tuple[str, ...], task_filter: str | 
         _refuse_empty_selection(plan.tasks, options)
     shared = None if no_shared else open_shared(redis_url, plan)
     opened = time.monotonic()
+    for line in wrapped(plan_line(plan.key, selected, *estimate(shared, selected))):
+        click.echo(line, err=True)
     terminated: list[int] = []
     display = WarmupDisplay(len(selected))
     try:
@@ -257,6 +266,21 @@ def open_shared(url: str | None, plan) -> SharedCache | None:
                    err=True)
         return None
     return open_shared_cache(url, target=plan.env.target)
+
+
+def plan_line(plan_key: str, tasks: list[Task], seconds: float, known: int) -> str:
+    """What the run is about to do, before it does it: the plan's tasks per library, and
+    how long compiling them took the cluster before (when it has done so)."""
+    libraries: dict[str, int] = {}
+    for task in tasks:
+        libraries[task.library] = libraries.get(task.library, 0) + 1
+    what = ", ".join(f"{lib} {n}" for lib, n in sorted(libraries.items()))
+    line = f"warmup: plan {plan_key}: {len(tasks)} task(s) ({what})"
+    if known:
+        some = "" if known == len(tasks) else f" for {known} of them"
+        line += (f"; compiling them took {format_seconds(seconds)}{some} before (the "
+                 "shared cache's history); what it holds is fetched instead")
+    return line
 
 
 def describe_task(task: Task) -> str:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from warmd.executors.pool import Worker
 from warmd.plan import Plan, Task
-from warmd.stats import Counters
+from warmd.stats import Counters, Outcome
 from warmd.warmup.options import WarmupOptions
 from warmd.warmup.report import (
     BootReport,
@@ -97,6 +97,8 @@ def run_warmup(plan: Plan, options: WarmupOptions, shared: SharedCache | None = 
         # stats are best effort; the store counts its own failures
         with contextlib.suppress(Exception):
             shared.record_outcomes(counters.to_json())
+        with contextlib.suppress(Exception):
+            shared.record_compile_times(compile_times(handout.reports))
         counters.add(store_counters(shared))
     reports = sorted(handout.reports, key=lambda r: r.task.key)
     for stage in stages:
@@ -108,6 +110,35 @@ def run_warmup(plan: Plan, options: WarmupOptions, shared: SharedCache | None = 
                         sum(w.started for w in workers) + sum(
                             s.get("workers_started", 0) for s in stages), stages,
                         boot=boot if shared is not None else None, phases=phases.seconds)
+
+
+def family(task: Task) -> str:
+    """The kernel family whose past compile times estimate this task's."""
+    return f"{task.library}/{task.kernel}"
+
+
+def compile_times(reports: list[TaskReport]) -> dict[str, tuple[int, float]]:
+    """(tasks, seconds) compiled per family in this run (tasks that compiled something)."""
+    out: dict[str, tuple[int, float]] = {}
+    for report in reports:
+        seconds = sum(k.seconds for k in report.result.kernels if k.outcome == Outcome.COMPILED)
+        if seconds > 0:
+            count, total = out.get(family(report.task), (0, 0.0))
+            out[family(report.task)] = (count + 1, total + seconds)
+    return out
+
+
+def estimate(shared: SharedCache | None, tasks: list[Task]) -> tuple[float, int]:
+    """(seconds of compiling the tasks would take if all were cold, from the cluster's
+    history; how many of the tasks have a history)."""
+    if shared is None or not tasks:
+        return 0.0, 0
+    try:
+        means = shared.compile_times(sorted({family(t) for t in tasks}))
+    except Exception:  # only an estimate
+        return 0.0, 0
+    known = [means[family(t)] for t in tasks if family(t) in means]
+    return sum(known), len(known)
 
 
 class _Phases:
