@@ -40,6 +40,7 @@ def _quickstart(env: dict, tmp_path) -> None:
         assert started.returncode == 0, started.stdout + started.stderr
         # until READY, a line per node whenever its state or task count changes
         assert "node " in started.stderr and ": READY 1/1 tasks" in started.stderr
+        assert "building flashinfer silu_and_mul" in started.stderr  # while nvcc runs
         # a short summary, not the whole status (`warmd start && warmd status` shows it once)
         assert "1 node(s) warm" in started.stdout and "Cluster totals" not in started.stdout
 

@@ -159,7 +159,8 @@ def _node_progress():
         for node in snap.nodes:
             tasks = (f" {node.progress_done}/{node.progress_total} tasks"
                      if node.progress_total else "")
-            line = f"{node.name or node.node_id[:8]}: {node.state}{tasks}"
+            now = ", building " + ", ".join(sorted(node.building)) if node.building else ""
+            line = f"{node.name or node.node_id[:8]}: {node.state}{tasks}{now}"
             if shown.get(node.node_id) != line:
                 shown[node.node_id] = line
                 click.echo(f"warmd: [{time.monotonic() - began:5.1f} s] node {line}",

@@ -148,6 +148,8 @@ def _node_table(nodes: tuple[NodeState, ...], width: int,
             notes.append(n.reason)
         if n.heartbeat and now - n.heartbeat > 60:
             notes.append(f"no heartbeat for {now - n.heartbeat:.0f}s")
+        for label, since in sorted(n.building.items(), key=lambda item: item[1]):
+            notes.append(f"building {label} for {max(0.0, now - since):.0f} s")
         jit = _runtime_jit_note(n)
         if jit:
             notes.append(jit)

@@ -47,9 +47,13 @@ def warm_shard(config_json: dict, builder: bool, shard: int, shards: int,
             ray_api.call_later(agent.report_progress, shard, model, done, total)
 
     log.info("warming shard %d/%d", shard + 1, shards, extra={"builder": builder})
+    def building(label: str, begun: bool) -> None:
+        if agent is not None:
+            ray_api.call_later(agent.report_building, label, begun)
+
     result = warm_node(config, builder=builder, shard=shard, shards=shards,
                        redis_url=redis_url, node_name=node_name, progress=progress,
-                       serves=serves)
+                       serves=serves, building=building)
     log.info("shard %d/%d done in %.1fs", shard + 1, shards, result.seconds,
              extra={"models": [(m.name, m.ok) for m in result.models]})
     return result.to_json()  # what crosses Ray
@@ -121,6 +125,19 @@ class NodeAgent:
             self.state.progress_done = sum(d for d, _ in self._progress.values())
             self.state.progress_total = sum(t for _, t in self._progress.values())
 
+    def report_building(self, label: str, begun: bool) -> None:
+        """A kernel or module whose build on this node began (or ended): in the record
+        while it builds, with when it began."""
+        with self._lock:
+            building = dict(self.state.building)
+            if begun:
+                building[label] = time.time()
+            else:
+                building.pop(label, None)
+            self.state.building = building
+        if begun:
+            self._publish()  # seen now, not at the next heartbeat
+
     def shutdown(self) -> bool:
         self._stop.set()
         self._wake.set()
@@ -185,6 +202,7 @@ class NodeAgent:
             s.store = next((r.store.reason for r in results if not r.store.ok), "ok")
             s.capture = {**s.capture, "learned": summary["learned"]}
             s.boot = summary["boot"]
+            s.building = {}
             if not s.progress_total:  # warm from the caches: no worker counted its tasks
                 s.progress_total = s.progress_done = sum(m.tasks for r in results
                                                          for m in r.models)
