@@ -165,8 +165,9 @@ class WarmupReport:
     def phase_json(self) -> dict:
         """Where the run's time went: each phase's wall seconds (plan, store: opening the
         shared cache, prefetch: its reads and installs, check: this node's caches, workers:
-        starting worker processes and kernel stages' discovery, work: fetching, compiling and
-        publishing the cold tasks), the rest, and the seconds the tasks themselves spent
+        starting worker processes and kernel stages (a stage's own timings, its discovery
+        included, are in kernel_stages), work: fetching, compiling and publishing the cold
+        tasks), the rest, and the seconds the tasks themselves spent
         fetching, installing and compiling (summed over workers)."""
         c = self.counters
         phases = {k: round(v, 3) for k, v in self.phases.items()}
