@@ -104,3 +104,19 @@ def test_the_quickstart_node_counts_a_triton_kernel_compiled_after_ready(daemon)
     [node] = _status(env)["nodes"]
     assert node["runtime_jit"].get("triton") == 1, node["runtime_jit"]
     assert warmd(env, "status", "--fail-on-runtime-jit").returncode == 1
+
+
+def test_a_store_whose_key_proof_is_another_keys_is_refused(daemon, tmp_path):
+    from warmd.store import layout
+    from warmd.store.signing import key_proof
+
+    env, _base = daemon
+    server = start_test_server(tmp_path)
+    try:
+        server.client().set(layout.KEY_PROOF_KEY, key_proof(b"the cluster's key"))
+        mine = tmp_path / "key"
+        mine.write_bytes(b"another key")
+        line = _refused({**env, "WARMD_SIGNING_KEY_FILE": str(mine)}, "--redis", server.url)
+        assert "key proof FOREIGN" in line
+    finally:
+        server.stop()
