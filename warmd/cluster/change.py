@@ -22,22 +22,38 @@ SHAPE_CHECK_TARGET = "h200"
 KEPT = "the running configuration is kept"
 
 
-def check_change(config: WarmdConfig, url: str | None) -> None:
+def check_change(config: WarmdConfig, url: str | None, here_only: bool = False) -> None:
     """Raises WarmdInputError (one line, naming what to fix) when the change would break
-    the running daemon; returns when it may be applied."""
-    check_models(config, f"; {KEPT}")
+    the running daemon; returns when it may be applied. ``here_only``: the cluster is other
+    machines, whose model paths expand there: a model this machine cannot read is left to
+    the nodes (`warmd start` warns of it), the others are planned."""
+    check_models(config, f"; {KEPT}", here_only)
     problem = store_problem(config, url)
     if problem:
         raise WarmdInputError(f"{problem}; {KEPT}")
 
 
-def check_models(config: WarmdConfig, consequence: str = "") -> None:
-    """Raises WarmdInputError (one line) for the first model that does not plan."""
+def check_models(config: WarmdConfig, consequence: str = "", here_only: bool = False) -> None:
+    """Raises WarmdInputError (one line) for the first model that does not plan (with
+    here_only, of those this machine can read)."""
     for index, model in enumerate(config.models):
+        if here_only and not _readable_here(model):
+            continue
         problem = _plan_problem(config, index)
         if problem:
             raise WarmdInputError(f"{config.source}: models[{index}] ({model.name}): "
                                   f"{problem}{consequence}")
+
+
+def _readable_here(model) -> bool:
+    from warmd.examples import resolve_model_path
+    from warmd.models import load_config as load_model_config
+
+    try:
+        load_model_config(resolve_model_path(model.plan_request().model))
+    except WarmdInputError:
+        return False
+    return True
 
 
 def _plan_problem(config: WarmdConfig, index: int) -> str | None:

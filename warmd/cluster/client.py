@@ -353,7 +353,8 @@ def _start(ray_api, config: WarmdConfig, address: str | None,
         raise WarmdInputError("no running Ray cluster found (--address auto); start one "
                               "with `ray start --head`, or leave out --address")
     warnings = []
-    if resolved is None or resolved == _own_cluster():  # this machine is the cluster
+    this_machine = resolved is None or resolved == _own_cluster()
+    if this_machine:  # this machine is the cluster
         check_models_here(config)  # a missing model path is bad input, before Ray starts
     else:
         warnings += models_missing_here(config)
@@ -383,7 +384,8 @@ def _start(ray_api, config: WarmdConfig, address: str | None,
         from warmd.cluster.change import check_change
 
         say("checking the new configuration (models, shared cache, key proof)")
-        check_change(config, url)  # validate, then apply: a bad change leaves it running
+        # validate, then apply: a bad change leaves it running
+        check_change(config, url, here_only=not this_machine)
         say("handing it to the running controller")
         config_hash = _call(lambda: controller.apply(config.to_json(), url, info, 120.0),
                             "update")["config_hash"]
