@@ -101,8 +101,12 @@ def warmup_from_config(path: str, *, redis_url: str | None = None, no_shared: bo
         if total and not as_json:
             print(f"warmup {model}: {done}/{total} tasks", file=sys.stderr, flush=True)
 
+    def building(label: str, begun: bool) -> None:
+        if begun and not as_json:
+            print(f"warmup: building {label}", file=sys.stderr, flush=True)
+
     result = warm_node(config, builder=not detect_local_gpus(), redis_url=url,
-                       progress=progress, workers=workers)
+                       progress=progress, workers=workers, building=building)
     summary = summarize([result])
     if as_json:
         print(json.dumps({**summary.to_json(), "models": [m.to_json() for m in result.models],
