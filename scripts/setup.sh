@@ -58,9 +58,21 @@ if ! venv_ready && ! make_venv; then
   exit 1
 fi
 
+# Each step says what it does and how long it took (the installs take minutes on a fresh
+# machine; a silent terminal reads as a hang).
+step() {
+  local what="$1" began=$SECONDS
+  shift
+  echo "setup: $what..." >&2
+  "$@"
+  echo "setup: $what: done in $((SECONDS - began)) s" >&2
+}
+
 PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
-"${PIP[@]}" "torch==2.13.0"
-"${PIP[@]}" -e ".[dev,flashinfer,cluster,embedded,nvml]" nvidia-curand
+echo "setup: virtualenv $VENV ($("$VENV/bin/python" --version 2>&1))" >&2
+step "installing PyTorch 2.13.0 (the CPU build)" "${PIP[@]}" "torch==2.13.0"
+step "installing warmd with FlashInfer, Ray, Triton and the dev tools" \
+  "${PIP[@]}" -e ".[dev,flashinfer,cluster,embedded,nvml]" nvidia-curand
 echo "setup: done in $VENV ($("$VENV/bin/python" -c \
   'import warmd, torch; print("warmd", warmd.__version__, "torch", torch.__version__)'));" \
   "\`. $VENV/bin/activate\` puts warmd on PATH"

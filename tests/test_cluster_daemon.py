@@ -373,25 +373,20 @@ def test_model_missing_on_one_node_fails_only_that_node(daemon):
     world.remove_node("d")
 
 
-def test_unreachable_redis_degrades_then_recovers(daemon):
+def test_unreachable_redis_is_refused_before_it_is_applied(daemon):
+    """Validate, then apply: a --redis where nothing listens would leave every node
+    DEGRADED; it is refused (one line, exit 2) and the nodes stay as they were."""
     world = daemon
     dead = f"redis://127.0.0.1:{free_port()}/0"
-    before = {n["node_id"]: n["warmed_at"] for n in world.snapshot()["nodes"]}
-    done = world.cli("start", "--address", world.cluster.address, "--config",
-                     str(world.config), "--redis", dead, "--timeout", "180")
-    # DEGRADED nodes are warm (every kernel is here), so start succeeds, with a warning
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "unreachable" in done.stderr
-    snap = world.snapshot()
-    assert {n["node_id"] for n in snap["nodes"]} == set(before)
-    for record in snap["nodes"]:
-        assert record["state"] == "DEGRADED", record
-        assert "unreachable" in record["reason"]
-        assert record["warmed_at"] > before[record["node_id"]]
-        assert record["kernels"]["compiled"] == 0 and record["kernels"]["failed"] == 0
-    assert world.cli("status", "--address", world.cluster.address).returncode == 1
-    assert world.cli("wait-ready", "--address", world.cluster.address, "--all",
-                     "--timeout", "30").returncode == 0
+    before = {n["node_id"]: (n["state"], n["warmed_at"]) for n in world.snapshot()["nodes"]}
+    config_hash = world.status()["controller"]["config_hash"]
+    refused = world.cli("start", "--address", world.cluster.address, "--config",
+                        str(world.config), "--redis", dead, "--timeout", "180")
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1 and "does not answer" in refused.stderr
+    assert world.status()["controller"]["config_hash"] == config_hash  # never applied
+    after = {n["node_id"]: (n["state"], n["warmed_at"]) for n in world.snapshot()["nodes"]}
+    assert after == before
 
     back = world.cli("start", "--address", world.cluster.address, "--config",
                      str(world.config), "--json", "--timeout", "180")

@@ -38,6 +38,9 @@ def _quickstart(env: dict, tmp_path) -> None:
 
         started = warmd(env, "start")  # the same cluster and controller, a new config
         assert started.returncode == 0, started.stdout + started.stderr
+        # until READY, a line per node whenever its state or task count changes
+        assert "node " in started.stderr and ": READY 1/1 tasks" in started.stderr
+        assert "building flashinfer silu_and_mul" in started.stderr  # while nvcc runs
         # a short summary, not the whole status (`warmd start && warmd status` shows it once)
         assert "1 node(s) warm" in started.stdout and "Cluster totals" not in started.stdout
 
@@ -83,6 +86,8 @@ def _quickstart(env: dict, tmp_path) -> None:
         # a restart is the same node everywhere: in status and in the cache's statistics
         [again_node] = json.loads(again.stdout)["status"]["nodes"]
         assert again_node["name"] == name and again_node["node_id"] != node["node_id"]
+        # warm from the caches, its progress still says what it holds (not `-`)
+        assert (again_node["progress_done"], again_node["progress_total"]) == (1, 1)
         stats = warmd(env, "cache", "stats", "--json")
         assert stats.returncode == 0, stats.stderr
         assert set(json.loads(stats.stdout)["nodes"]) == {name}

@@ -270,10 +270,17 @@ def test_concurrent_installs_of_one_module(built, tmp_path):
 def test_fingerprint_inputs_are_portable(built):
     inputs = built.adapter.fingerprint_inputs()
     assert inputs["flashinfer"] == built.adapter.version and inputs["arch"] == "90a"
-    for key in ("nvcc", "cxx", "ninja", "flashinfer_path", "python_include", "cuda_home"):
+    for key in ("nvcc", "cxx", "ninja", "tvm_ffi", "python", "cuda_home"):
         assert inputs[key], key
     text = json.dumps(inputs)
     assert str(built.base) not in text  # the workspace path is relocated, not keyed
+    # so are the install paths in FlashInfer's commands (origin.json, relocate_module)
+    import sysconfig
+
+    import flashinfer
+
+    assert str(Path(flashinfer.__file__).parent) not in text
+    assert sysconfig.get_path("include") not in text
     assert FlashInferCacheAdapter(built.base / "x", "9.0a").fingerprint_inputs() == inputs
 
 

@@ -494,3 +494,30 @@ def test_deep_gemm_entries_roundtrip_through_the_store(server, rclient, caches, 
     # Another SM count is another fingerprint: nothing to take.
     h20 = DeepGemmCacheAdapter(tmp_path / "h20", arch="9.0a", sms=78)
     assert caches(server.url).fetch_task(h20, "deep_gemm/fp8_gemm_nt/4096x7168/x") is None
+
+
+def test_compile_time_history_is_kept_per_family_and_bounded(tmp_path):
+    """The history a plan's estimate reads: mean seconds per task of each kernel family,
+    summed over writers; at most MAX_FAMILIES families; a planted value is ignored."""
+    from store_support import start_test_server
+
+    from warmd.store import history, open_shared_cache
+
+    server = start_test_server(tmp_path)
+    try:
+        one, two = open_shared_cache(server.url), open_shared_cache(server.url)
+        one.record_compile_times({"flashinfer/act_and_mul": (1, 30.0)})
+        two.record_compile_times({"flashinfer/act_and_mul": (3, 90.0), "deep_gemm/x": (1, 5.0)})
+        assert one.compile_times(["flashinfer/act_and_mul", "deep_gemm/x", "nope/y"]) == {
+            "flashinfer/act_and_mul": 30.0, "deep_gemm/x": 5.0}
+        client = server.client()
+        client.hset(history.HISTORY_KEY, mapping={"planted/a|n": "x", "planted/a|s": "1",
+                                                  "planted/b|n": "1", "planted/b|s": "inf"})
+        assert one.compile_times(["planted/a", "planted/b"]) == {}
+        many = {f"lib/k{i}": (1, 1.0) for i in range(history.MAX_FAMILIES + 50)}
+        one.record_compile_times(many)
+        assert client.hlen(history.HISTORY_KEY) <= 2 * history.MAX_FAMILIES + 4
+        one.close()
+        two.close()
+    finally:
+        server.stop()

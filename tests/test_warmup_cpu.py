@@ -126,6 +126,13 @@ def test_cli_json_shape_and_exit_code(warm, env):
         "local_hit"
     assert details["deep_gemm"]["ok"] == runs and bool(details["deep_gemm"]["error"]) != runs
     assert data["kernels"]["local_hits"] == 1
+    # where the run's time went: each phase's wall seconds, adding up to the whole
+    phases = data["phases"]
+    walls = ("plan", "store", "prefetch", "check", "workers", "work", "other")
+    assert set(phases) == {*walls, "total", "tasks"}
+    assert sum(phases[k] for k in walls) == pytest.approx(phases["total"], abs=0.01)
+    assert phases["total"] >= data["seconds"] and phases["plan"] > 0
+    assert set(phases["tasks"]) == {"fetch", "install", "compile"}
     if runs:
         assert data["kernels"]["compiled"] > 0 and data["kernels"]["failed"] == 0
     else:
@@ -141,7 +148,8 @@ def test_cli_text_summary(warm, env):
     assert "100.0 %" in proc.stdout
     assert "tasks" in proc.stderr  # the progress bar goes to stderr
     # not a terminal: a line per task started and finished, naming the module
-    lines = proc.stderr.splitlines()
+    plan, *lines = proc.stderr.splitlines()
+    assert plan.startswith("warmup: plan ") and "1 task(s) (flashinfer 1)" in plan
     assert lines[0] == "warmup: warming flashinfer silu_and_mul", proc.stderr
     assert lines[1].startswith("warmup: 1/1 tasks (0 compiled, 0 failed): flashinfer "
                                "silu_and_mul in ") and lines[1].endswith(" s: ok")

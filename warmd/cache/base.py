@@ -54,6 +54,12 @@ class CacheAdapter(ABC):
     def fingerprint_inputs(self) -> dict:
         """Everything this library's cache key depends on (version, arch, install path...)."""
 
+    # Each fingerprint input: (why the library's key depends on it, what to change when two
+    # nodes differ in it); and what is deliberately not an input, with why. Data, per
+    # library: `warmd cache fingerprint --explain` and `warmd cache why` read them.
+    input_reasons: dict[str, tuple[str, str]] = {}
+    not_inputs: dict[str, str] = {}
+
 
 class UnsafeArtifact(ValueError):
     """An artifact that must not be installed: traversal, links, devices, too large."""

@@ -104,7 +104,12 @@ def start(config_path, redis_url, namespace, address, metrics_port, wait, timeou
 
     config = _load(config_path, redis_url, namespace, metrics_port)
     began = time.monotonic()
-    started = client.start(config, address)
+
+    def say(what: str) -> None:  # on a terminal: a refused change stays one line in logs
+        if not as_json and sys.stderr.isatty():
+            click.echo(f"warmd: {what}...", err=True)
+
+    started = client.start(config, address, say)
     for warning in started.warnings:
         click.echo(f"warmd: warning: {warning}", err=True)
     summary = {"ray_address": started.address, "started_local_ray": started.started_local_ray,
@@ -125,8 +130,10 @@ def start(config_path, redis_url, namespace, address, metrics_port, wait, timeou
         click.echo(f"warmd: {started.no_node}", err=True)
         code = 1
     elif wait:
+        say(f"waiting for the selected nodes to be warm (at most {timeout:.0f} s)")
         snap, code = _wait_for_nodes(None, client.config_store(config), timeout,
-                                     started.address, interval=0.25)
+                                     started.address, interval=0.25,
+                                     progress=None if as_json else _node_progress())
         if code == 0 and not snap.nodes:  # the current config selects no node after all
             code = 1
             summary["no_node"] = snap.no_node or "the config selects no node"
@@ -143,14 +150,37 @@ def start(config_path, redis_url, namespace, address, metrics_port, wait, timeou
     sys.exit(code)
 
 
-def _wait_for_nodes(node_id, store, timeout: float, address, interval: float = 1.0
-                    ) -> tuple[StatusSnapshot, int]:
-    """Poll until the target nodes settle; (last snapshot, exit code)."""
+def _node_progress():
+    """A line on stderr per node whenever its state or task count changes (what `warmd
+    start` shows until the nodes are warm)."""
+    shown: dict[str, str] = {}
+    began = time.monotonic()
+
+    def show(snap: StatusSnapshot) -> None:
+        for node in snap.nodes:
+            tasks = (f" {node.progress_done}/{node.progress_total} tasks"
+                     if node.progress_total else "")
+            now = ", building " + ", ".join(sorted(node.building)) if node.building else ""
+            line = f"{node.name or node.node_id[:8]}: {node.state}{tasks}{now}"
+            if shown.get(node.node_id) != line:
+                shown[node.node_id] = line
+                click.echo(f"warmd: [{time.monotonic() - began:5.1f} s] node {line}",
+                           err=True)
+
+    return show
+
+
+def _wait_for_nodes(node_id, store, timeout: float, address, interval: float = 1.0,
+                    progress=None) -> tuple[StatusSnapshot, int]:
+    """Poll until the target nodes settle; (last snapshot, exit code). ``progress`` sees
+    every snapshot."""
     from warmd.cluster import client
 
     deadline = time.monotonic() + timeout
     while True:
         snap = client.snapshot(address, store)
+        if progress is not None:
+            progress(snap)
         settled = snap.settled(node_id)
         if settled is not None:
             return snap, 0 if settled else 1

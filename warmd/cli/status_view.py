@@ -159,6 +159,8 @@ def _node_table(nodes: tuple[NodeState, ...], width: int,
             notes.append(n.reason)
         if n.heartbeat and now - n.heartbeat > 60:
             notes.append(f"no heartbeat for {now - n.heartbeat:.0f}s")
+        for label, since in sorted(n.building.items(), key=lambda item: item[1]):
+            notes.append(f"building {label} for {max(0.0, now - since):.0f} s")
         jit = _runtime_jit_note(n)
         if jit:
             notes.append(jit)
@@ -182,8 +184,11 @@ def boot_note(boot: dict) -> str | None:
 
 
 def _runtime_jit_note(node: NodeState) -> str | None:
-    """'runtime JIT: 2 (last: triton ABC... at 12:00:01)' for a node that had any."""
+    """'runtime JIT: 2 (last: triton ABC... at 12:00:01)' for a node that had any; for a
+    builder that serves nothing, that its caches are not watched."""
     count = node.runtime_jit_total
+    if node.serves is False and not count:
+        return "runtime JIT: not watched (a builder serves nothing; GPU nodes are watched)"
     if not count:
         return None
     events = node.runtime_jit_events

@@ -13,6 +13,7 @@ import json
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING
@@ -42,8 +43,15 @@ from warmd.errors import WarmdInputError
 from warmd.libraries import LIBRARIES
 from warmd.plan import PlanRequest, Task, make_plan
 from warmd.settings import STORE_OFF
-from warmd.stats import Counters, Outcome
-from warmd.warmup import TaskReport, WarmupOptions, WarmupReport, run_warmup
+from warmd.stats import Counters, Outcome, format_seconds
+from warmd.warmup import (
+    Build,
+    TaskReport,
+    WarmupOptions,
+    WarmupReport,
+    estimate,
+    run_warmup,
+)
 
 if TYPE_CHECKING:
     from warmd.store import SharedCache
@@ -82,17 +90,23 @@ def warmup_from_config(path: str, *, redis_url: str | None = None, no_shared: bo
     """Warm this machine for every configured model; returns the exit code (0 warm, 1 a model
     or task failed). A machine without a GPU warms as a builder (FlashInfer modules for
     builders.target, or each model's target)."""
+    from warmd.cluster.change import check_models
     from warmd.targets import detect_local_gpus
 
     config = load_config(path, redis_url=redis_url)
+    check_models(config)  # a model no node can plan is bad input, said first
     url = STORE_OFF[0] if no_shared else config.redis.url
 
     def progress(model: str, done: int, total: int) -> None:
         if total and not as_json:
             print(f"warmup {model}: {done}/{total} tasks", file=sys.stderr, flush=True)
 
+    def building(label: str, begun: bool) -> None:
+        if begun and not as_json:
+            print(f"warmup: building {label}", file=sys.stderr, flush=True)
+
     result = warm_node(config, builder=not detect_local_gpus(), redis_url=url,
-                       progress=progress, workers=workers)
+                       progress=progress, workers=workers, building=building)
     summary = summarize([result])
     if as_json:
         print(json.dumps({**summary.to_json(), "models": [m.to_json() for m in result.models],
@@ -156,7 +170,9 @@ def warmup(request: PlanRequest, libraries: tuple[str, ...], task_filter: str | 
         sys.exit(warmup_from_config(from_config_path(), redis_url=redis_url,
                                     no_shared=no_shared, workers=workers, as_json=as_json))
     require_model(request)
+    began = time.monotonic()
     plan = make_plan(request)
+    planned = time.monotonic()
     options = WarmupOptions(libraries=libraries, task_filter=task_filter, workers=workers,
                             verify_load=verify_load, kernel_split=not per_task)
     if single_flight_timeout is not None:
@@ -165,11 +181,15 @@ def warmup(request: PlanRequest, libraries: tuple[str, ...], task_filter: str | 
     if not selected:
         _refuse_empty_selection(plan.tasks, options)
     shared = None if no_shared else open_shared(redis_url, plan)
+    opened = time.monotonic()
+    for line in wrapped(plan_line(plan.key, selected, *estimate(shared, selected))):
+        click.echo(line, err=True)
     terminated: list[int] = []
     display = WarmupDisplay(len(selected))
     try:
         with _stop_signals(terminated, display.stopping), display:
-            report = run_warmup(plan, options, shared, display.finished, display.started)
+            report = run_warmup(plan, options, shared, display.finished, display.started,
+                                display.building)
     except KeyboardInterrupt:  # before the workers ran: nothing was written
         click.echo("warmd: interrupted", err=True)
         sys.exit(_interrupted_exit(terminated))
@@ -177,6 +197,8 @@ def warmup(request: PlanRequest, libraries: tuple[str, ...], task_filter: str | 
         if shared is not None and hasattr(shared, "close"):
             shared.close()
     report = without_interrupted(report, display.interrupted)
+    report = replace(report, phases={"plan": planned - began, "store": opened - planned,
+                                     **report.phases})
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2))
     else:
@@ -256,6 +278,21 @@ def open_shared(url: str | None, plan) -> SharedCache | None:
     return open_shared_cache(url, target=plan.env.target)
 
 
+def plan_line(plan_key: str, tasks: list[Task], seconds: float, known: int) -> str:
+    """What the run is about to do, before it does it: the plan's tasks per library, and
+    how long compiling them took the cluster before (when it has done so)."""
+    libraries: dict[str, int] = {}
+    for task in tasks:
+        libraries[task.library] = libraries.get(task.library, 0) + 1
+    what = ", ".join(f"{lib} {n}" for lib, n in sorted(libraries.items()))
+    line = f"warmup: plan {plan_key}: {len(tasks)} task(s) ({what})"
+    if known:
+        some = "" if known == len(tasks) else f" for {known} of them"
+        line += (f"; compiling them took {format_seconds(seconds)}{some} before (the "
+                 "shared cache's history); what it holds is fetched instead")
+    return line
+
+
 def describe_task(task: Task) -> str:
     """What a worker builds for a task, as a person reads it: the FlashInfer module, or the
     kernel with its GEMM shape and how many M values it compiles."""
@@ -316,6 +353,27 @@ class WarmupDisplay:
             return
         with self.lock:
             self.running[task.key] = self.current.add_task(self._label(task))
+
+    def building(self, build: Build, begun: bool) -> None:
+        """A unit of cluster work (a kernel, or a module's task) begins or ends building
+        here: its live line comes and goes (a module's task line also goes when the task
+        finishes)."""
+        if build.task is not None and begun:
+            self.started(build.task)
+            return
+        if begun:
+            label = f"{build.library} {build.name}"
+            if self.live is None:
+                self._line(Text(f"warmup: building {label}"))
+                return
+            with self.lock:
+                self.running[build.name] = self.current.add_task(
+                    shorten(label, max(20, self.console.width - 30)))
+            return
+        with self.lock:
+            task_id = self.running.pop(build.name, None)
+            if task_id is not None:
+                self.current.remove_task(task_id)
 
     def finished(self, report: TaskReport, done: int, total: int) -> None:
         result = report.result

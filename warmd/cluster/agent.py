@@ -22,14 +22,22 @@ from warmd.cluster.fanout import join_peers
 from warmd.cluster.logs import node_logger
 from warmd.cluster.metrics import AgentMetrics
 from warmd.cluster.state import WARM_STATES, NodeState, NodeStatus, node_records
-from warmd.cluster.work import ModelResult, NodeWarm, node_env, summarize, warm_node
+from warmd.cluster.work import (
+    ModelResult,
+    NodeWarm,
+    node_env,
+    node_serves,
+    summarize,
+    warm_node,
+)
 from warmd.config import WarmdConfig
 
 RETRY_FIRST, RETRY_MAX = 30.0, 600.0  # seconds before a FAILED node warms again, doubling
 
 
 def warm_shard(config_json: dict, builder: bool, shard: int, shards: int,
-               redis_url: str | None, node_name: str, agent=None) -> dict:
+               redis_url: str | None, node_name: str, agent=None,
+               serves: bool | None = None) -> dict:
     """One worker's share of the node's warmup (runs as a Ray task on the agent's node)."""
     config = WarmdConfig.from_json(config_json)
     log = node_logger("worker", ray_api.current_node_id())
@@ -39,8 +47,13 @@ def warm_shard(config_json: dict, builder: bool, shard: int, shards: int,
             ray_api.call_later(agent.report_progress, shard, model, done, total)
 
     log.info("warming shard %d/%d", shard + 1, shards, extra={"builder": builder})
+    def building(label: str, begun: bool) -> None:
+        if agent is not None:
+            ray_api.call_later(agent.report_building, label, begun)
+
     result = warm_node(config, builder=builder, shard=shard, shards=shards,
-                       redis_url=redis_url, node_name=node_name, progress=progress)
+                       redis_url=redis_url, node_name=node_name, progress=progress,
+                       serves=serves, building=building)
     log.info("shard %d/%d done in %.1fs", shard + 1, shards, result.seconds,
              extra={"models": [(m.name, m.ok) for m in result.models]})
     return result.to_json()  # what crosses Ray
@@ -115,6 +128,19 @@ class NodeAgent:
             self.state.progress_done = sum(d for d, _ in self._progress.values())
             self.state.progress_total = sum(t for _, t in self._progress.values())
 
+    def report_building(self, label: str, begun: bool) -> None:
+        """A kernel or module whose build on this node began (or ended): in the record
+        while it builds, with when it began."""
+        with self._lock:
+            building = dict(self.state.building)
+            if begun:
+                building[label] = time.time()
+            else:
+                building.pop(label, None)
+            self.state.building = building
+        if begun:
+            self._publish()  # seen now, not at the next heartbeat
+
     def shutdown(self) -> bool:
         self._stop.set()
         self._wake.set()
@@ -179,6 +205,10 @@ class NodeAgent:
             s.store = next((r.store.reason for r in results if not r.store.ok), "ok")
             s.capture = {**s.capture, "learned": summary["learned"]}
             s.boot = summary["boot"]
+            s.building = {}
+            if not s.progress_total:  # warm from the caches: no worker counted its tasks
+                s.progress_total = s.progress_done = sum(m.tasks for r in results
+                                                         for m in r.models)
             self._schedule_retry()
         self.metrics.observe_warmup(self.state)
         if self.state.state in WARM_STATES:
@@ -189,6 +219,7 @@ class NodeAgent:
 
     def _run_workers(self, config: WarmdConfig, url: str | None) -> list[NodeWarm]:
         builder = self.state.gpus <= 0
+        serves = self._serves()
         # A node whose plan the caches hold is warm without GPU workers: checked here, with
         # the node's GPUs visible (Ray hides them from this num_gpus=0 actor).
         visible = {} if builder else {
@@ -196,7 +227,8 @@ class NodeAgent:
         try:
             with settings.scoped_env(visible):
                 warm = warm_node(config, builder=builder, redis_url=url,
-                                 node_name=self.node_name, warm_only=True, peers=self.peers)
+                                 node_name=self.node_name, warm_only=True, peers=self.peers,
+                                 serves=serves)
         except Exception:  # only a shortcut: the workers below decide
             self.log.exception("warm check failed")
             warm = NodeWarm([], warm=False)
@@ -204,7 +236,7 @@ class NodeAgent:
             return [warm]
         shards = 1 if builder else self.state.gpus
         me = ray_api.current_actor()
-        calls = [(config.public_json(), builder, i, shards, url, self.node_name, me)
+        calls = [(config.public_json(), builder, i, shards, url, self.node_name, me, serves)
                  for i in range(shards)]
 
         def tick() -> bool:
@@ -216,6 +248,19 @@ class NodeAgent:
                                       config.agent.heartbeat_seconds, tick)
         return [NodeWarm.from_json(outcome) if not isinstance(outcome, Exception)
                 else _worker_failed(i, outcome) for i, outcome in enumerate(outcomes)]
+
+    def _serves(self) -> bool:
+        """Whether this node serves (warmd.cluster.work.node_serves), on the cluster as it
+        is now; said in the node's record."""
+        try:
+            cluster_gpus = sum(n.gpus for n in ray_api.list_nodes() if n.alive)
+        except Exception:  # Ray's view is only needed by a builder; unknown: it does not
+            self.log.exception("listing the cluster's nodes failed")
+            cluster_gpus = 1
+        serves = node_serves(self.state.gpus, cluster_gpus)
+        with self._lock:
+            self.state.serves = serves
+        return serves
 
     # --- capture: entries compiled after READY (warmd.capture) ----------------------------
 

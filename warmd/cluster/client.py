@@ -24,6 +24,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -397,15 +398,17 @@ class Started:
     seconds: dict = field(default_factory=dict)  # "ray" (start/connect), "controller"
 
 
-def start(config: WarmdConfig, address: str | None) -> Started:
+def start(config: WarmdConfig, address: str | None,
+          say: Callable[[str], None] | None = None) -> Started:
     """Connect (or start a local cluster), then create or update the controller; one
-    `start` at a time per state dir."""
+    `start` at a time per state dir. ``say`` hears of each step as it begins."""
     ray_api = _ray_api()
     with daemon_lock():
-        return _start(ray_api, config, address)
+        return _start(ray_api, config, address, say or (lambda _what: None))
 
 
-def _start(ray_api, config: WarmdConfig, address: str | None) -> Started:
+def _start(ray_api, config: WarmdConfig, address: str | None,
+           say: Callable[[str], None]) -> Started:
     from warmd.cluster.nodes import selection_problem
 
     resolved = resolve_address(address)
@@ -413,16 +416,21 @@ def _start(ray_api, config: WarmdConfig, address: str | None) -> Started:
         raise WarmdInputError("no running Ray cluster found (--address auto); start one "
                               "with `ray start --head`, or leave out --address")
     warnings = []
-    if resolved is None or resolved == _own_cluster():  # this machine is the cluster
+    this_machine = resolved is None or resolved == _own_cluster()
+    if this_machine:  # this machine is the cluster
         check_models_here(config)  # a missing model path is bad input, before Ray starts
     else:
         warnings += models_missing_here(config)
+    if not config.redis.url:
+        say("starting the embedded Redis (or finding it running)")
     url, embedded = effective_redis_url(config)  # before starting anything else
     started_local = resolved is None
     began = time.monotonic()
     if started_local:
+        say("starting a local Ray cluster")
         resolved, head_warnings = start_local_head(config.ray.host)
         warnings += head_warnings
+    say(f"connecting to Ray at {resolved}")
     connect(ray_api, resolved)
     ray_seconds = time.monotonic() - began
     nodes = ray_api.list_nodes()
@@ -433,9 +441,16 @@ def _start(ray_api, config: WarmdConfig, address: str | None) -> Started:
     if created:
         from warmd.cluster.controller import Controller
 
+        say("creating the warmd controller")
         controller = ray_api.create_controller(Controller, config.to_json(), url, info)
         config_hash = _call(lambda: controller.ping(120.0), "start")
     else:
+        from warmd.cluster.change import check_change
+
+        say("checking the new configuration (models, shared cache, key proof)")
+        # validate, then apply: a bad change leaves it running
+        check_change(config, url, here_only=not this_machine)
+        say("handing it to the running controller")
         config_hash = _call(lambda: controller.apply(config.to_json(), url, info, 120.0),
                             "update")["config_hash"]
     _record_store(config, url, embedded)

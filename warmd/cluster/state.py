@@ -68,6 +68,7 @@ class NodeState:
     gpus: int = 0
     gpu_type: str | None = None
     role: str = "gpu"
+    serves: bool | None = None  # watched for runtime JIT (warmd.cluster.work.node_serves)
     state: NodeStatus = PENDING
     reason: str = ""
     progress_done: int = 0
@@ -94,6 +95,7 @@ class NodeState:
     # the cluster's work in the last warmup (warmd.warmup.report.BootReport, summed over
     # models): kernels compiled here, installed from peers, waited for, and when
     boot: dict = field(default_factory=dict)
+    building: dict = field(default_factory=dict)  # what builds here now -> when it began
 
     @property
     def runtime_jit_total(self) -> int:

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from warmd.store.api import BlobPeers
 
 ProgressFn = Callable[[str, int, int], None]  # (model name, tasks done, tasks total)
+BuildingFn = Callable[[str, bool], None]  # (what is being built, True begun / False ended)
 
 
 @dataclass
@@ -107,6 +108,19 @@ class NodeSummary:
                 "capture": [scope.to_json() for scope in self.capture], "boot": self.boot}
 
 
+def build_label(build) -> str:
+    """A build as `warmd status` names it: the library and the module or kernel."""
+    what = build.task.module if build.task is not None and build.task.module else build.name
+    return f"{build.library} {what}"
+
+
+def node_serves(gpus: int, cluster_gpus: int) -> bool:
+    """Whether a node serves (an engine runs there, so its caches are watched for runtime
+    JIT after READY): a GPU node does; a builder (no GPU) does not, except in a cluster
+    without any GPU (the Quickstart's CPU box), where whatever serves runs on it."""
+    return gpus > 0 or cluster_gpus == 0
+
+
 def node_env(config: WarmdConfig, node_name: str | None = None) -> dict[str, str]:
     """Environment of this node's warm work: cache roots, namespace, key file, node name."""
     env = dict(config.cache.env())
@@ -143,21 +157,23 @@ def _plan(model: ModelConfig, builder_target: str | None):
 def warm_node(config: WarmdConfig, *, builder: bool = False, shard: int = 0, shards: int = 1,
               redis_url: str | None = None, node_name: str | None = None,
               progress: ProgressFn | None = None, workers: int | None = 1,
-              warm_only: bool = False, peers: BlobPeers | None = None) -> NodeWarm:
+              warm_only: bool = False, peers: BlobPeers | None = None,
+              serves: bool | None = None, building: BuildingFn | None = None) -> NodeWarm:
     """Warm this worker's share (tasks shard, shard+shards, ...) of every configured model.
 
     Never raises for a model, a task or the store: each model's result says what happened.
-    The first worker of a GPU node also installs what other nodes captured for each plan
-    (learned entries, warmd.capture) and says what its capture watches. With warm_only, a
+    The first worker of a node that serves (``serves``; by default a GPU node, not a builder)
+    also installs what other nodes captured for each plan (learned entries, warmd.capture)
+    and says what its capture watches. With warm_only, a
     model whose plan has a task that needs its library (not installed and verified from the
     caches) runs nothing, and ``warm`` is False: the caller then runs the real warmup (in GPU
     workers). ``peers``: other nodes serving blobs (warmd.cluster.fanout), asked before the
-    store.
+    store. ``building`` hears of each kernel or module as its build here begins and ends.
     """
     from warmd.capture import scope_of
 
     started = time.monotonic()
-    learn = shard == 0 and not builder
+    learn = shard == 0 and (not builder if serves is None else serves)
     store = StoreHealth()
     with settings.scoped_env(node_env(config, node_name)):
         results, planned = _plan_all(config, builder, shard, shards, progress, workers,
@@ -165,7 +181,7 @@ def warm_node(config: WarmdConfig, *, builder: bool = False, shard: int = 0, sha
         warm = True
         for model, plan, options, result in planned:
             warm &= _warm_model(model, plan, options, result, redis_url, store, progress,
-                                learn, peers)
+                                learn, peers, building)
         roots = [options.for_plan(plan).cache_roots for _m, plan, options, _r in planned]
         sizes = cache_bytes(roots)
         scopes = [scope_of(plan, options.for_plan(plan).cache_roots)
@@ -219,7 +235,7 @@ def _open_shared(redis_url: str | None, plan, store: StoreHealth,
 
 def _warm_model(model: ModelConfig, plan, options, result: ModelResult, redis_url: str | None,
                 store: StoreHealth, progress: ProgressFn | None, learn: bool = False,
-                peers: BlobPeers | None = None) -> bool:
+                peers: BlobPeers | None = None, building: BuildingFn | None = None) -> bool:
     """Run the model's warmup into result; False when warm_only left tasks unrun."""
     from warmd.warmup import run_warmup
 
@@ -230,7 +246,9 @@ def _warm_model(model: ModelConfig, plan, options, result: ModelResult, redis_ur
             progress(model.name, done, total)
 
     try:
-        report = run_warmup(plan, options, shared=shared, progress=on_task)
+        report = run_warmup(plan, options, shared=shared, progress=on_task,
+                            building=None if building is None else
+                            lambda build, begun: building(build_label(build), begun))
         if learn and shared is not None:
             result.learned = _install_learned(plan, options, shared)
     finally:

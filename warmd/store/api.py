@@ -254,6 +254,15 @@ class SharedCache(ABC):
 
     # -- counters --------------------------------------------------------------------------
 
+    def record_compile_times(self, times: dict[str, tuple[int, float]]) -> None:
+        """Add (tasks compiled, seconds) per kernel family to the cluster's history (a
+        backend without one keeps nothing)."""
+        return None
+
+    def compile_times(self, families: list[str]) -> dict[str, float]:
+        """Mean compile seconds per task of each family with a history (none: {})."""
+        return {}
+
     @abstractmethod
     def record_outcomes(self, counts: dict[str, float]) -> None:
         """Add this run's counters (warmd.stats.Counters.to_json(); a key 'LIB.NAME' counts

@@ -22,6 +22,21 @@ from warmd.cache.records import adapter_inputs
 from warmd.targets import Target
 
 SCHEMA = 1
+
+# The inputs every library's fingerprint shares: (why, what to change when two nodes differ).
+COMMON_INPUTS = {
+    "schema": ("warmd's layout of shared entries", "run the same warmd version"),
+    "library": ("entries are per library", "-"),
+    "namespace": ("the operator's salt (redis.namespace, WARMD_NAMESPACE)",
+                  "use the same namespace on both nodes"),
+    "cuda_toolkit": ("the CUDA toolkit that built the entry (nvcc --version)",
+                     "install the same CUDA toolkit version"),
+    "arch": ("the target GPU's architecture", "warm for the same GPU (--target)"),
+    "sms": ("the target GPU's SM count (kernels are tuned per SM count)",
+            "warm for the same GPU model (--target, --sms)"),
+    "driver_cuda_major": ("the CUDA major version the driver serves",
+                          "use drivers of the same CUDA major version"),
+}
 DIGEST_HEX = 24  # 96 bits: collisions are not a practical concern at cluster scale
 
 

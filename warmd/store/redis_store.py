@@ -24,7 +24,7 @@ from typing import Any
 
 from warmd import settings
 from warmd.cache.base import CacheAdapter, CacheEntry
-from warmd.store import claimid, layout
+from warmd.store import claimid, history, layout
 from warmd.store.api import (
     BlobPeers,
     Claim,
@@ -344,6 +344,15 @@ class RedisSharedCache(SharedCache):
 
     def record_outcomes(self, counts: dict[str, float]) -> None:
         self.stats.record_outcomes(counts)
+
+    def record_compile_times(self, times: dict[str, tuple[int, float]]) -> None:
+        if times and not self.transport.disabled_reason:
+            self.transport.op(lambda c: history.write(c, times), "compile_times")
+
+    def compile_times(self, families: list[str]) -> dict[str, float]:
+        if not families or self.transport.disabled_reason:
+            return {}
+        return self.transport.op(lambda c: history.read(c, families), "compile_times")
 
     @property
     def counters(self) -> dict[str, float]:

@@ -28,10 +28,10 @@ The parts, in the order a run meets them:
 from __future__ import annotations
 
 from warmd.warmup.options import WarmupOptions
-from warmd.warmup.report import Mode, StoreHealth, TaskReport, WarmupReport, store_health
-from warmd.warmup.scheduler import Progress, Started, run_warmup
+from warmd.warmup.report import Build, Mode, StoreHealth, TaskReport, WarmupReport, store_health
+from warmd.warmup.scheduler import Progress, Started, estimate, run_warmup
 from warmd.warmup.sizing import GIB_PER_COMPILE, default_workers, gpu_ids, worker_count
 
-__all__ = ["GIB_PER_COMPILE", "Mode", "Progress", "Started", "StoreHealth", "TaskReport",
-           "WarmupOptions", "WarmupReport", "default_workers", "gpu_ids", "run_warmup",
+__all__ = ["GIB_PER_COMPILE", "Build", "Mode", "Progress", "Started", "StoreHealth", "TaskReport",
+           "WarmupOptions", "WarmupReport", "default_workers", "estimate", "gpu_ids", "run_warmup",
            "store_health", "worker_count"]

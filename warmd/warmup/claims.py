@@ -114,9 +114,11 @@ class ClaimLoop(Generic[C]):
                  install: Callable[[CacheAdapter, list[Unit]], set[str]],
                  poll: float = POLL_SECONDS,
                  done: Callable[[Unit, UnitResult], None] | None = None,
-                 wait_limit: float = 3600.0) -> None:
+                 wait_limit: float = 3600.0,
+                 begun: Callable[[Unit], None] | None = None) -> None:
         self.shared, self.contexts, self.build, self.install = shared, contexts, build, install
         self.done = done  # hears of each unit as it is done (from the loop's threads)
+        self.begun = begun  # hears of each unit as its build here begins
         self.poll = poll
         self.wait_limit = wait_limit  # the longest a unit held by another node is waited on
         self.results: dict[str, UnitResult] = {}
@@ -210,6 +212,7 @@ class ClaimLoop(Generic[C]):
         with self._cond:
             if self.timeline.first_compile is None:
                 self.timeline.first_compile = began
+        self._tell(self.begun, unit)
         try:
             built = self.build(unit, context)
         finally:
@@ -237,13 +240,17 @@ class ClaimLoop(Generic[C]):
         result.at = round(time.monotonic() - self.timeline.began, 3)
         with self._cond:
             self.results[unit.name] = result
-        if self.done is not None:
-            try:
-                self.done(unit, result)
-            except Exception:  # a report or display problem must not stop the loop
-                log.exception("reporting %s failed", unit.name)
+        self._tell(self.done, unit, result)
         with self._cond:
             self._cond.notify_all()
+
+    @staticmethod
+    def _tell(callback: Callable[..., None] | None, unit: Unit, *args: object) -> None:
+        if callback is not None:
+            try:
+                callback(unit, *args)
+            except Exception:  # a report or display problem must not stop the loop
+                log.exception("reporting %s failed", unit.name)
 
     # -- the collector --
 

@@ -42,6 +42,16 @@ class StoreHealth:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class Build:
+    """A unit of work this node has begun or ended building (a kernel of a library, or a
+    whole task when its entries are not known before it runs): what a live display shows."""
+
+    name: str  # the entry's name, or the task's key
+    library: str
+    task: Task | None = None  # the task, when the unit is one
+
+
 @dataclass
 class TaskReport:
     task: Task
@@ -114,6 +124,8 @@ class WarmupReport:
     stages: list[dict] = field(default_factory=list)  # what kernel stages did
     not_warm: list[str] = field(default_factory=list)  # warm_only: tasks left to a library
     boot: BootReport | None = None  # the cluster's work done here (None: no shared cache)
+    # wall seconds of each phase of the run, in order (where a cold run's time goes)
+    phases: dict[str, float] = field(default_factory=dict)
 
     def hits_by_mode(self) -> dict[Mode, int]:
         """Hits counted from verified entries alone, and by running the library."""
@@ -147,8 +159,25 @@ class WarmupReport:
             "store": {**self.store.to_json(), "counters": self.store_counts}
             if self.store is not None else None,
             "cluster": self.boot.to_json() if self.boot is not None else None,
+            "phases": self.phase_json(),
             "task_details": [r.to_json() for r in self.reports],
         }
+
+    def phase_json(self) -> dict:
+        """Where the run's time went: each phase's wall seconds (plan, store: opening the
+        shared cache, prefetch: its reads and installs, check: this node's caches, workers:
+        starting worker processes and kernel stages (a stage's own timings, its discovery
+        included, are in kernel_stages), work: fetching, compiling and publishing the cold
+        tasks), the rest, and the seconds the tasks themselves spent
+        fetching, installing and compiling (summed over workers)."""
+        c = self.counters
+        phases = {k: round(v, 3) for k, v in self.phases.items()}
+        total = max(self.seconds, sum(self.phases.values()))
+        return {**phases, "other": round(max(0.0, total - sum(self.phases.values())), 3),
+                "total": round(total, 3),
+                "tasks": {"fetch": round(c.fetch_seconds, 3),
+                          "install": round(c.install_seconds, 3),
+                          "compile": round(c.compile_seconds, 3)}}
 
 
 def count(reports: list[TaskReport]) -> Counters:

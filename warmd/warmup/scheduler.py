@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from warmd.executors.pool import Worker
 from warmd.plan import Plan, Task
-from warmd.stats import Counters
+from warmd.stats import Counters, Outcome
 from warmd.warmup.options import WarmupOptions
 from warmd.warmup.report import (
     BootReport,
@@ -25,7 +25,7 @@ from warmd.warmup.report import (
     store_counters,
     store_health,
 )
-from warmd.warmup.state import RunState, StoreAnswer, TaskState
+from warmd.warmup.state import Building, RunState, StoreAnswer, TaskState
 from warmd.warmup.task import check, run_task
 from warmd.warmup.units import run_units, splits
 from warmd.warmup.workers import start_workers
@@ -40,8 +40,8 @@ log = logging.getLogger(__name__)
 
 
 def run_warmup(plan: Plan, options: WarmupOptions, shared: SharedCache | None = None,
-               progress: Progress | None = None, started: Started | None = None
-               ) -> WarmupReport:
+               progress: Progress | None = None, started: Started | None = None,
+               building: Building | None = None) -> WarmupReport:
     """Run the plan's selected tasks; Ctrl-C stops the workers (and their compilers) and
     returns what finished, with ``interrupted`` set. ``started`` hears of each task as a
     worker takes it, ``progress`` as it finishes (both from worker threads).
@@ -52,11 +52,14 @@ def run_warmup(plan: Plan, options: WarmupOptions, shared: SharedCache | None = 
     installed by then)."""
     began = time.monotonic()
     options = options.for_plan(plan)
+    phases = _Phases()
     tasks = options.select(plan.tasks)
-    run = RunState(plan, options, shared, tasks)
+    run = RunState(plan, options, shared, tasks, building)
     order = _prefetch(run)
+    phases.mark("prefetch")
     for state in run.tasks:
         state.warm = check(run, state)
+    phases.mark("check")
     cold = [s.task for s in run.tasks if not s.settled]
     if options.warm_only and cold:
         return WarmupReport(plan.key, len(tasks), [], Counters(), time.monotonic() - began,
@@ -67,6 +70,7 @@ def run_warmup(plan: Plan, options: WarmupOptions, shared: SharedCache | None = 
     boot = BootReport()
     try:
         workers = start_workers(run, cold)
+        phases.mark("workers")
         split = [s for s in order if not s.settled and splits(s)] if shared is not None else []
         if split:
             work, loop = run_units(run, split, workers, handout.add_report)
@@ -88,11 +92,14 @@ def run_warmup(plan: Plan, options: WarmupOptions, shared: SharedCache | None = 
         for w in workers:
             w.stop()
         stages = [stage.finish() for stage in run.stages()]
+        phases.mark("work")
     counters = count(handout.reports)
     if shared is not None:
         # stats are best effort; the store counts its own failures
         with contextlib.suppress(Exception):
             shared.record_outcomes(counters.to_json())
+        with contextlib.suppress(Exception):
+            shared.record_compile_times(compile_times(handout.reports))
         counters.add(store_counters(shared))
     reports = sorted(handout.reports, key=lambda r: r.task.key)
     for stage in stages:
@@ -103,7 +110,49 @@ def run_warmup(plan: Plan, options: WarmupOptions, shared: SharedCache | None = 
                         dict(shared.counters) if shared is not None else {},
                         sum(w.started for w in workers) + sum(
                             s.get("workers_started", 0) for s in stages), stages,
-                        boot=boot if shared is not None else None)
+                        boot=boot if shared is not None else None, phases=phases.seconds)
+
+
+def family(task: Task) -> str:
+    """The kernel family whose past compile times estimate this task's."""
+    return f"{task.library}/{task.kernel}"
+
+
+def compile_times(reports: list[TaskReport]) -> dict[str, tuple[int, float]]:
+    """(tasks, seconds) compiled per family in this run (tasks that compiled something)."""
+    out: dict[str, tuple[int, float]] = {}
+    for report in reports:
+        seconds = sum(k.seconds for k in report.result.kernels if k.outcome == Outcome.COMPILED)
+        if seconds > 0:
+            count, total = out.get(family(report.task), (0, 0.0))
+            out[family(report.task)] = (count + 1, total + seconds)
+    return out
+
+
+def estimate(shared: SharedCache | None, tasks: list[Task]) -> tuple[float, int]:
+    """(seconds of compiling the tasks would take if all were cold, from the cluster's
+    history; how many of the tasks have a history)."""
+    if shared is None or not tasks:
+        return 0.0, 0
+    try:
+        means = shared.compile_times(sorted({family(t) for t in tasks}))
+    except Exception:  # only an estimate
+        return 0.0, 0
+    known = [means[family(t)] for t in tasks if family(t) in means]
+    return sum(known), len(known)
+
+
+class _Phases:
+    """Wall seconds of each phase of a run, each from the end of the one before."""
+
+    def __init__(self) -> None:
+        self.last = time.monotonic()
+        self.seconds: dict[str, float] = {}
+
+    def mark(self, phase: str) -> None:
+        now = time.monotonic()
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + now - self.last
+        self.last = now
 
 
 def _prefetch(run: RunState) -> list[TaskState]:

@@ -19,12 +19,13 @@ from warmd.cache.records import LocalTaskRecord, fingerprint_digest, read_record
 from warmd.executors.base import KernelStage
 from warmd.plan import Plan, Task
 from warmd.warmup.options import WarmupOptions
-from warmd.warmup.report import TaskReport
+from warmd.warmup.report import Build, TaskReport
 
 if TYPE_CHECKING:
     from warmd.store.api import SharedCache
 
 T = TypeVar("T")
+Building = Callable[[Build, bool], None]  # (the unit, True as it begins / False as it ends)
 
 
 @dataclass(frozen=True)
@@ -118,8 +119,9 @@ class RunState:
     """The plan, its options and shared cache, and the state of every selected task."""
 
     def __init__(self, plan: Plan, options: WarmupOptions, shared: SharedCache | None,
-                 tasks: list[Task]) -> None:
+                 tasks: list[Task], building: Building | None = None) -> None:
         self.plan, self.options, self.shared = plan, options, shared
+        self.building = building  # hears of each unit built here, as it begins and ends
         self.libraries = {name: LibraryState(name, _adapter(name, plan, options))
                           for name in sorted({t.library for t in tasks})}
         self.tasks = [self._state(task) for task in tasks]

@@ -17,6 +17,7 @@ as always.
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -27,7 +28,7 @@ from warmd.executors.base import KernelOutcome, TaskResult
 from warmd.executors.pool import Worker
 from warmd.stats import Outcome
 from warmd.warmup.claims import Built, ClaimLoop, Got, Unit, UnitResult
-from warmd.warmup.report import BootReport, Mode, TaskReport
+from warmd.warmup.report import BootReport, Build, Mode, TaskReport
 from warmd.warmup.state import LibraryState, RunState, TaskState
 from warmd.warmup.task import check, compile_task, fetch, finish, publish
 
@@ -35,6 +36,16 @@ if TYPE_CHECKING:
     from warmd.store.api import SharedCache
 
 Done = Callable[[TaskReport], None]
+log = logging.getLogger(__name__)
+
+
+def tell_building(run: RunState, build: Build, begun: bool) -> None:
+    """Tells the run's listener (a live display) that a build here began or ended."""
+    if run.building is not None:
+        try:
+            run.building(build, begun)
+        except Exception:  # a display problem must not stop the build
+            log.exception("reporting the build of %s failed", build.name)
 
 
 def splits(state: TaskState) -> bool:
@@ -154,7 +165,18 @@ class TaskWork:
     def _library_of(self, units: list[Unit]):
         return next(s.library for u in units for s in self.by_unit[u.name])
 
+    def unit_begun(self, unit: Unit) -> None:
+        tell_building(self.run, self._build_of(unit), True)
+
+    def _build_of(self, unit: Unit) -> Build:
+        if unit.task:
+            state: TaskState = unit.payload  # type: ignore[assignment]
+            return Build(unit.name, state.task.library, state.task)
+        return Build(unit.name, self._library_of([unit]).name)
+
     def unit_done(self, unit: Unit, result: UnitResult) -> None:
+        if result.got != Got.INSTALLED:
+            tell_building(self.run, self._build_of(unit), False)
         finished = []
         with self.lock:
             self.results[unit.name] = result
@@ -223,7 +245,7 @@ def run_units(run: RunState, states: list[TaskState], workers: list[Worker],
     tasks still need their library) and the loop (its results and timeline)."""
     work = TaskWork(run, states, done)
     loop: ClaimLoop[Worker] = ClaimLoop(run.shared, workers, work.build, work.install,
-                                        done=work.unit_done,
+                                        done=work.unit_done, begun=work.unit_begun,
                                         wait_limit=run.options.single_flight_timeout)
     for state in work.ready_now():
         work.finish_task(state)
@@ -241,6 +263,7 @@ class StageWork:
 
     def __init__(self, run: RunState, library: LibraryState, builder: bool) -> None:
         assert run.shared is not None and library.adapter is not None
+        self.run = run
         self.shared: SharedCache = run.shared
         self.library, self.adapter = library, library.adapter
         self.builder = builder
@@ -277,6 +300,7 @@ class KernelRun:
         self.work, self.build_one = work, build
         self.loop: ClaimLoop[None] = ClaimLoop(work.shared, [None] * max(1, threads),
                                                self._build, self._install,
+                                               done=self._done, begun=self._begun,
                                                wait_limit=work.wait_limit)
         self.thread = threading.Thread(target=self.loop.run, daemon=True,
                                        name="warmd-stage-claims")
@@ -303,6 +327,13 @@ class KernelRun:
             entries = [e for e in adapter.list_entries() if e.name == unit.name]
             self.work.shared.publish_entries(adapter, entries, seconds)
         return Built(ok, seconds, error)
+
+    def _begun(self, unit: Unit) -> None:
+        tell_building(self.work.run, Build(unit.name, self.work.library.name), True)
+
+    def _done(self, unit: Unit, result: UnitResult) -> None:
+        if result.got != Got.INSTALLED:
+            tell_building(self.work.run, Build(unit.name, self.work.library.name), False)
 
     def _install(self, adapter: CacheAdapter, units: list[Unit]) -> set[str]:
         names = [u.name for u in units]

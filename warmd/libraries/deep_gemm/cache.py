@@ -163,6 +163,27 @@ class DeepGemmCacheAdapter(CacheAdapter):
     ``arch``/``sms`` describe the GPU for the fingerprint (default: the local one)."""
 
     library = LIBRARY
+    # each fingerprint input: (why DeepGEMM's key depends on it, what to change)
+    input_reasons = {
+        "version": ("the kernel sources and the key's own scheme", "install the same "
+                    "DeepGEMM (the engine's: vLLM's vendored copy, sgl-deep-gemm)"),
+        "generation": ("the entry layout (0.1.x nvcc_jit, 2.x deep_jit)",
+                       "install the same DeepGEMM version"),
+        "install_path": ("0.1.x and unknown versions only: nvcc_jit passes "
+                         "-I<package>/include and hashes the flags (measured)",
+                         "install deep_gemm at the same path, or use 2.x (path-free key)"),
+        "include_digest": ("the headers every kernel includes, by content",
+                           "install the same DeepGEMM build"),
+        "cuda": ("the nvcc version in every key", "use the same CUDA toolkit version"),
+        "nvcc": ("the compiler DeepGEMM runs (its path is in the recorded command)",
+                 "install the CUDA toolkit at the same path"),
+        "env": ("DG_JIT_* variables that change the compiled code",
+                "set the same DG_JIT_* variables on both nodes"),
+    }
+    not_inputs = {"install_path (2.x)": "deep_jit hashes the headers' contents, not their "
+                                        "path (measured: a copy elsewhere hits)",
+                  "cache_dir": "DG_JIT_CACHE_DIR is not in the key (a copied cache hits)",
+                  "torch": "neither the source nor the flags mention it"}
 
     def __init__(self, root: Path | None = None, arch: str | None = None,
                  sms: int | None = None) -> None:

@@ -30,10 +30,13 @@ mtime not after the outputs') before the module dir appears, so FlashInfer's
 FlashInfer's AOT lookup is not used: it only reads the package's own ``data/aot`` directory
 and installed jit-cache wheels, both inside site-packages.
 
-What a relocated entry still depends on, hence ``fingerprint_inputs``: FlashInfer version,
-target arch, nvcc version and CUDA_HOME, the host compiler (system header paths are in the
-deps), ninja version (log format and hash), the install paths of flashinfer, tvm_ffi and the
-Python headers (in every command), and the env knobs FlashInfer puts into commands.
+The install paths in every command (the flashinfer and tvm_ffi packages, the Python
+headers) are relocated the same way: an artifact names its builder's (``origin.json``) and
+install moves them to this node's. What a relocated entry still depends on, hence
+``fingerprint_inputs`` (each input with its reason: FINGERPRINT_INPUTS): FlashInfer and
+tvm_ffi versions, the Python version, target arch, nvcc version and CUDA_HOME, the host
+compiler's version (its system headers are in the deps), ninja version (log format and
+hash), and the env knobs FlashInfer puts into commands.
 """
 
 from __future__ import annotations
@@ -55,7 +58,7 @@ from dataclasses import dataclass
 from importlib import metadata, util
 from pathlib import Path, PurePosixPath
 
-from warmd import settings
+from warmd import boundedjson, settings
 from warmd.cache.artifacts import (
     fsync_dir,
     fsync_tree,
@@ -351,10 +354,43 @@ def _build_inputs(build_ninja: str) -> list[str]:
 
 # ----- the adapter -----
 
+# What each fingerprint input is and why FlashInfer's key depends on it (`warmd cache
+# fingerprint --explain`, `warmd cache why`): (why it is in, what to change when it differs).
+FINGERPRINT_INPUTS = {
+    "flashinfer": ("its version: the generated sources and headers of every module",
+                   "install the same flashinfer-python version on both nodes"),
+    "arch": ("the -gencode of every command", "warm for the same target GPU"),
+    "tvm_ffi": ("the version of tvm_ffi, whose headers every module includes",
+                "install the same apache-tvm-ffi version"),
+    "python": ("the Python headers every command includes (their path is relocated)",
+               "use the same Python minor version"),
+    "torch": ("the C++ ABI flag FlashInfer takes from torch",
+              "install the same torch version"),
+    "cuda_home": ("$cuda_home in every command and the CUDA headers in .ninja_deps (not "
+                  "relocated)", "install the CUDA toolkit at the same path (CUDA_HOME)"),
+    "nvcc": ("the compiler of every .cu file", "use the same CUDA toolkit version"),
+    "cxx": ("the host compiler's version (its system headers are in .ninja_deps; FlashInfer "
+            "runs it by name, so its path is not an input)",
+            "use the same host compiler version (CXX)"),
+    "ninja": ("the .ninja_log format and command hash", "use the same ninja version"),
+    "env": ("variables FlashInfer copies into its commands",
+            "set the same FLASHINFER_* / CC / CXX variables on both nodes"),
+}
+NOT_INPUTS = {
+    "flashinfer_path": "relocated on install: FlashInfer's -I paths move to this node's",
+    "tvm_ffi_path": "relocated on install",
+    "python_include": "relocated on install",
+    "workspace": "relocated on install (FLASHINFER_WORKSPACE_BASE)",
+    "cxx_path": "FlashInfer runs the host compiler by name (`c++`, CXX), never by path",
+}
+
+
 class FlashInferCacheAdapter(CacheAdapter):
     """FlashInfer's JIT modules under one workspace, for one target arch list."""
 
     library = LIBRARY
+    input_reasons = FINGERPRINT_INPUTS
+    not_inputs = NOT_INPUTS
 
     def __init__(self, workspace_base: Path | None = None, arch: str = "9.0a",
                  version: str | None = None) -> None:
@@ -462,6 +498,8 @@ class FlashInferCacheAdapter(CacheAdapter):
                 (f"module/{child}", content) for child, content in sorted(module.items())]
             members += [(f"generated/{path}", tree.read(f"generated/{path}"))
                         for path in self._generated_inputs(tree, module)]
+            origin = json.dumps(install_paths(), sort_keys=True).encode()
+            members.append((ORIGIN, FileContent(origin)))
             return pack_members(members)
 
     def _generated_inputs(self, tree: CacheTree, module: dict[str, FileContent]) -> list[str]:
@@ -525,7 +563,14 @@ class FlashInferCacheAdapter(CacheAdapter):
                 raise UnsafeArtifact(f"build.ninja of module {name} is not one FlashInfer "
                                      f"writes: {problem}")
             now_ns = time.time_ns()
-            relocate_module(module, old_ws, str(self.workspace_dir.resolve()), now_ns)
+            new_ws = str(self.workspace_dir.resolve())
+            moves = [(old_ws, new_ws), *path_moves(read_origin(unpacked), install_paths())]
+            relocate_module(module, moves, now_ns)
+            problem = build_ninja_problem((module / "build.ninja").read_text(errors="replace"),
+                                          f"{new_ws}/cached_ops/{name}")
+            if problem is not None:  # a relocation must not point its outputs elsewhere
+                raise UnsafeArtifact(f"build.ninja of module {name}, relocated here, is not "
+                                     f"one FlashInfer writes: {problem}")
             self._check_inputs_present(module, name, generated)
             fsync_tree(module)
             with self.module_lock(name):
@@ -603,17 +648,20 @@ class FlashInferCacheAdapter(CacheAdapter):
     # -- compatibility --
 
     def fingerprint_inputs(self) -> dict:
+        """FlashInfer's own key is ninja's: the commands (hashed into .ninja_log) and the
+        headers they read (.ninja_deps), every path absolute. The workspace and the install
+        paths are relocated on install (``relocate_module``), so what stays is what the
+        commands and headers are made of: FINGERPRINT_INPUTS."""
         return {
             "library": LIBRARY,
             "flashinfer": self.version,
             "arch": self.arch,
-            "flashinfer_path": _package_dir("flashinfer"),
-            "tvm_ffi_path": _package_dir("tvm_ffi"),
-            "python_include": sysconfig.get_path("include"),
+            "tvm_ffi": _dist_version("apache-tvm-ffi"),
+            "python": sysconfig.get_python_version(),
             "torch": _dist_version("torch"),
             "cuda_home": str(settings.cuda_home()),
             "nvcc": _tool_version([str(settings.cuda_home() / "bin" / "nvcc"), "--version"]),
-            "cxx": _cxx_identity(),
+            "cxx": _tool_version([settings.cxx(), "-dumpfullversion"]),
             "ninja": _tool_version([shutil.which("ninja") or "ninja", "--version"]),
             "env": settings.present(FINGERPRINT_ENV),
         }
@@ -657,7 +705,7 @@ def _check_same_source(src: Path, tree: CacheTree, rel: str) -> bool:
 
 def _check_layout(unpacked: Path, name: str) -> Path:
     top = {p.name for p in unpacked.iterdir()}
-    if not top <= {"module", "generated"} or "module" not in top:
+    if not top <= {"module", "generated", ORIGIN} or "module" not in top:
         raise UnsafeArtifact(f"not a FlashInfer module artifact (top level: {sorted(top)})")
     module = unpacked / "module"
     needed = ("build.ninja", ".ninja_log", ".ninja_deps", f"{name}.so")
@@ -679,41 +727,101 @@ def _workspace_of(module: Path, name: str) -> str:
     return match.group(1)
 
 
-def _rewrite_path(path: str, old: str, new: str) -> str:
-    return new + path[len(old):] if path == old or path.startswith(old + "/") else path
+def _rewrite_path(path: str, moves: list[tuple[str, str]]) -> str:
+    for old, new in moves:
+        if path == old or path.startswith(old + "/"):
+            return new + path[len(old):]
+    return path
 
 
-def relocate_module(module: Path, old_ws: str, new_ws: str, now_ns: int) -> None:
-    """Make a module built under workspace old_ws up to date for ninja under new_ws (see the
-    module docstring): paths, command hashes and mtimes in ninja's three files."""
+def _rewrite_text(text: str, moves: list[tuple[str, str]]) -> str:
+    """Every path under an old prefix, as a token of build.ninja or a depfile, moved to the
+    new prefix (a prefix ends at "/", whitespace or the end of the text)."""
+    for old, new in moves:
+        text = re.sub(re.escape(old) + r"(?=[/\s]|\Z)", lambda _m, new=new: new, text)
+    return text
+
+
+def relocate_module(module: Path, moves: list[tuple[str, str]], now_ns: int) -> None:
+    """Make a module built elsewhere up to date for ninja here (see the module docstring):
+    each (old, new) prefix of ``moves`` (the workspace first, then the install paths in
+    FlashInfer's commands, ``install_paths``) moved in paths, command hashes and mtimes of
+    ninja's three files."""
+    moves = [(old, new) for old, new in moves if old != new]
     build = module / "build.ninja"
-    build.write_text(build.read_text().replace(old_ws + "/", new_ws + "/"))
+    build.write_text(_rewrite_text(build.read_text(), moves))
     for depfile in module.glob("*.d"):
-        depfile.write_text(depfile.read_text().replace(old_ws + "/", new_ws + "/"))
+        depfile.write_text(_rewrite_text(depfile.read_text(), moves))
     deps = read_deps_log(module / ".ninja_deps")
-    deps.paths = [_rewrite_path(p, old_ws, new_ws) for p in deps.paths]
+    deps.paths = [_rewrite_path(p, moves) for p in deps.paths]
     deps.records = [(out, now_ns, ins) for out, _, ins in deps.records]
     write_deps_log(module / ".ninja_deps", deps)
-    _relocate_log(module, old_ws, new_ws, now_ns)
+    _relocate_log(module, moves, now_ns)
     for path in module.iterdir():
         if path.is_file() and not path.name.startswith(".ninja_"):
             os.utime(path, ns=(now_ns, now_ns))
 
 
-def _relocate_log(module: Path, old_ws: str, new_ws: str, now_ns: int) -> None:
+def _relocate_log(module: Path, moves: list[tuple[str, str]], now_ns: int) -> None:
     version, entries = read_ninja_log(module / ".ninja_log")
     commands = ninja_commands(module)
-    if version != 7 and old_ws != new_ws:
+    if version != 7 and moves:
         raise IncompatibleHere(f"ninja log v{version} cannot be relocated (v7 can)")
     relocated = []
     for entry in entries.values():
-        output = _rewrite_path(entry.output, old_ws, new_ws)
+        output = _rewrite_path(entry.output, moves)
         if output not in commands:
             continue  # an output the current build.ninja no longer has
         digest = (format(rapidhash(commands[output].encode()), "x") if version == 7
                   else entry.command_hash)
         relocated.append(LogEntry(entry.start, entry.end, now_ns, output, digest))
     write_ninja_log(module / ".ninja_log", version, relocated)
+
+
+# The install paths FlashInfer writes into every command (-I, -isystem): where this node's
+# flashinfer and tvm_ffi packages and the Python headers live. An artifact names its
+# builder's (ORIGIN) and install moves them to this node's, so they are not fingerprint
+# inputs: two nodes with the same versions at different paths share.
+ORIGIN = "origin.json"
+_ORIGIN_MAX_BYTES = 16 * 1024
+_PATH_FORM = re.compile(r"/[^\s$:\x00]{1,4095}")
+
+
+def install_paths() -> dict[str, str | None]:
+    """This node's install paths that FlashInfer's commands hold."""
+    return {"flashinfer": _package_dir("flashinfer"), "tvm_ffi": _package_dir("tvm_ffi"),
+            "python_include": sysconfig.get_path("include")}
+
+
+def read_origin(unpacked: Path) -> dict[str, str]:
+    """The builder's install paths from an artifact ({} for one that names none); a path
+    that is not a plain absolute path is refused."""
+    path = unpacked / ORIGIN
+    if not path.is_file():
+        return {}
+    try:
+        data = boundedjson.loads(path.read_bytes(), _ORIGIN_MAX_BYTES)
+    except ValueError as exc:
+        raise UnsafeArtifact(f"{ORIGIN} is not bounded JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise UnsafeArtifact(f"{ORIGIN} is not a JSON object")
+    found = {}
+    for key in install_paths():
+        value = data.get(key)
+        if value is None:
+            continue
+        if (not isinstance(value, str) or not _PATH_FORM.fullmatch(value)
+                or ".." in PurePosixPath(value).parts or value.rstrip("/") == ""):
+            raise UnsafeArtifact(f"{ORIGIN}: {key} is not a plain absolute path")
+        found[key] = value.rstrip("/")
+    return found
+
+
+def path_moves(origin: dict[str, str], here: dict[str, str | None]) -> list[tuple[str, str]]:
+    """(builder's, this node's) for each install path both know, the longest first (a
+    prefix never shadows a path inside it)."""
+    moves = [(origin[k], here[k].rstrip("/")) for k in origin if here.get(k)]  # type: ignore[union-attr]
+    return sorted(moves, key=lambda m: len(m[0]), reverse=True)
 
 
 def _package_dir(name: str) -> str | None:
@@ -737,10 +845,3 @@ def _tool_version(cmd: list[str]) -> str | None:
         return None
     lines = [ln.strip() for ln in proc.stdout.splitlines() if ln.strip()]
     return " | ".join(lines) if proc.returncode == 0 and lines else None
-
-
-def _cxx_identity() -> dict:
-    cxx = settings.cxx()
-    path = shutil.which(cxx)
-    return {"path": str(Path(path).resolve()) if path else cxx,
-            "version": _tool_version([cxx, "-dumpfullversion"])}

@@ -170,6 +170,16 @@ class TritonCacheAdapter(CacheAdapter):
     """Triton's cache under ``root`` (default: TRITON_CACHE_DIR as the engine reads it)."""
 
     library = LIBRARY
+    # each fingerprint input: (why Triton's key depends on it, what to change)
+    input_reasons = {
+        "version": ("Triton's key hashes its own sources and libtriton",
+                    "install the same triton version"),
+        "backend": ("entries are per backend", "-"),
+        "host": ("host modules carry the Python ABI and platform in their key and name",
+                 "use the same Python minor version and platform"),
+    }
+    not_inputs = {"install_path": "Triton hashes its sources by content, not path",
+                  "cuda_toolkit (own key)": "Triton uses the ptxas it ships"}
 
     def __init__(self, root: Path | None = None, arch: str | None = None) -> None:
         self._root = Path(root) if root is not None else settings.triton_cache_dir()
