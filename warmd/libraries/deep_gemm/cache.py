@@ -175,13 +175,13 @@ class DeepGemmCacheAdapter(CacheAdapter):
         "include_digest": ("the headers every kernel includes, by content",
                            "install the same DeepGEMM build"),
         "cuda": ("the nvcc version in every key", "use the same CUDA toolkit version"),
-        "nvcc": ("the compiler DeepGEMM runs (its path is in the recorded command)",
-                 "install the CUDA toolkit at the same path"),
         "env": ("DG_JIT_* variables that change the compiled code",
                 "set the same DG_JIT_* variables on both nodes"),
     }
     not_inputs = {"install_path (2.x)": "deep_jit hashes the headers' contents, not their "
                                         "path (measured: a copy elsewhere hits)",
+                  "nvcc (path)": "both generations hash nvcc's version output, never its "
+                                 "path (nvcc_jit.entry_name, deep_jit.cache_key)",
                   "cache_dir": "DG_JIT_CACHE_DIR is not in the key (a copied cache hits)",
                   "torch": "neither the source nor the flags mention it"}
 
@@ -298,7 +298,6 @@ class DeepGemmCacheAdapter(CacheAdapter):
             "install_path": str(Path(location).resolve()) if keyed_on_path else None,
             "include_digest": _include_digest(location) if location else None,
             "cuda": nvcc.version,
-            "nvcc": nvcc.location,
             "arch": arch,
             "sms": sms,
             "env": key_env(generation),
