@@ -7,36 +7,23 @@ import os
 import time
 from pathlib import Path
 
-_KERNEL = None
 
+def compile_add(cache_dir: Path, block: int = 128, module: str = "tests.triton_kernels",
+                kernel: str = "add_kernel") -> float:
+    """Compile the add kernel (a module-level function of the library stand-in,
+    tests/triton_kernels.py, unless module and kernel name another) for sm_90 into
+    cache_dir; returns the seconds it took."""
+    import importlib
 
-def _kernel():
-    global _KERNEL
-    if _KERNEL is None:
-        import triton
-        import triton.language as tl
-
-        @triton.jit
-        def add_kernel(x, y, out, n, BLOCK: tl.constexpr):
-            offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-            mask = offsets < n
-            tl.store(out + offsets, tl.load(x + offsets, mask=mask)
-                     + tl.load(y + offsets, mask=mask), mask=mask)
-
-        _KERNEL = add_kernel
-    return _KERNEL
-
-
-def compile_add(cache_dir: Path, block: int = 128) -> float:
-    """Compile the add kernel for sm_90 into cache_dir; returns the seconds it took."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     os.environ["TRITON_CACHE_DIR"] = str(cache_dir)
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # 3.9 warns when unset
-    source = ASTSource(fn=_kernel(), signature={"x": "*fp32", "y": "*fp32", "out": "*fp32",
-                                                "n": "i32", "BLOCK": "constexpr"},
+    fn = getattr(importlib.import_module(module), kernel)
+    source = ASTSource(fn=fn, signature={"x": "*fp32", "y": "*fp32", "out": "*fp32",
+                                         "n": "i32", "BLOCK": "constexpr"},
                        constexprs={"BLOCK": block})
     started = time.perf_counter()
     triton.compile(source, target=GPUTarget("cuda", 90, 32))
