@@ -13,7 +13,8 @@ not the signature or the constexprs). A claim contributes parameters only:
   ``capture.triton_modules``; default vLLM's, SGLang's and FlashInfer's packages, those
   importable here). No such function: the kernel is refused and stays local;
 - the argument types and 16-divisibility, and the integers its frontend IR (``.source``)
-  holds, read as literals from the IR's function header and constants (validated, bounded);
+  holds, read as literals from the IR's function header and constants (validated, bounded),
+  as candidate constexpr values with small powers of two, bools, None and common dtypes;
 - the launch options (warps, stages, CTAs, register cap, fp fusion, cooperative launch,
   PDL, debug) and the target arch from the metadata, validated.
 
@@ -33,8 +34,10 @@ node's own knobs are kept).
 
 Not re-derived (stays local): host modules (``cuda_utils``, launchers: one ``.so``, no
 source), kernels defined outside the allow-listed modules or not at module level (Inductor's
-generated kernels among them), and specialisations the literals cannot name (string or
-dtype constexprs, tuple arguments, tensor descriptors).
+generated kernels among them), argument types warmd does not map (tuples, tensor
+descriptors), and kernels with more specialisations to search than MAX_SPECIALIZATIONS
+(many constexprs). A constexpr value the candidates cannot name (a float, a string, an
+integer the IR folded away) makes a genuine kernel look like other code: quarantined.
 """
 
 from __future__ import annotations
@@ -324,8 +327,8 @@ def _module_name(top: str, roots, path: Path) -> str:
 def _specializations(fn, job: dict):
     """(signature, constexprs, attrs) the claim's literals allow for fn, in a stable order:
     every argument in the IR a runtime argument of fn, every other parameter of fn a
-    constexpr (an integer of the IR, a small power of two, a bool or None; a parameter
-    with a bool default only a bool)."""
+    constexpr (an integer of the IR, a small power of two, a bool, None or a common dtype;
+    a parameter with a bool default only a bool, with a dtype default only a dtype)."""
     import inspect
     import itertools
 
@@ -335,15 +338,21 @@ def _specializations(fn, job: dict):
     if not set(by_name) <= set(names) or \
             [n for n in names if n in by_name] != [a["name"] for a in job["args"]]:
         return
+    import triton.language as tl
+
     ints = list(dict.fromkeys([*job["ints"], 0, 1, 2, 4, 8, 16, 32, 64, 128, 256]))
+    dtypes = [tl.float16, tl.bfloat16, tl.float32, tl.float8e4nv, tl.float8e5, tl.int8,
+              tl.int32, tl.int64]
     choices = []
     for p in params:
         if p.name in by_name:
             choices.append(by_name[p.name]["types"])
         elif isinstance(p.default, bool):
             choices.append([p.default, not p.default])
+        elif isinstance(p.default, tl.dtype):
+            choices.append(dtypes)
         else:
-            choices.append([True, False, None, *ints])
+            choices.append([True, False, None, *ints, *dtypes])
     for picked in itertools.product(*choices):
         signature, constexprs = {}, {}
         for p, value in zip(params, picked, strict=True):
