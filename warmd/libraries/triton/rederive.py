@@ -73,7 +73,7 @@ KERNEL_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 STAGES = ("source", "ttir", "ttgir", "llir", "ptx", "cubin")  # what Triton writes, all rebuilt
 MAX_ARGS = 128  # a kernel's parameters
 MAX_INTS = 48  # distinct integers of the IR tried as constexpr values
-MAX_SPECIALIZATIONS = 1 << 18  # keys one claim's search may hash
+MAX_SPECIALIZATIONS = 1 << 16  # keys one claim's search may hash (~5 s)
 # Launch parameters a kernel's options may carry, with what each may be.
 _OPTIONS = {
     "num_warps": lambda v: isinstance(v, int) and v in (1, 2, 4, 8, 16, 32),
@@ -374,14 +374,21 @@ def _find(fns: list, job: dict, backend, options, env_vars):
     from triton.compiler import ASTSource
     from triton.runtime.cache import get_cache_key
 
-    tried = 0
+    class Hashed:  # the options' hash, computed once (it is the same for every key)
+        def __init__(self, digest: str) -> None:
+            self.digest = digest
+
+        def hash(self) -> str:
+            return self.digest
+
+    hashed, tried = Hashed(options.hash()), 0
     for fn in fns:
         for signature, constexprs, attrs in _specializations(fn, job):
             tried += 1
             if tried > MAX_SPECIALIZATIONS:
                 return None, f"over {MAX_SPECIALIZATIONS} specialisations to try"
             src = ASTSource(fn, signature, constexprs, attrs)
-            key = get_cache_key(src, backend, options, env_vars=env_vars)
+            key = get_cache_key(src, backend, hashed, env_vars=env_vars)
             if hashlib.sha256(key.encode()).hexdigest() == job["hash"]:
                 return (src, options), ""
     return None, f"{tried} specialisations of {len(fns)} function(s) tried"
