@@ -594,8 +594,13 @@ def test_the_plan_and_status_say_how_each_librarys_captures_are_re_derived():
                                        "--without", "flashinfer"])
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
-    assert data["rederivation"] == {"deep_gemm": how_rederived("deep_gemm")}
+    assert set(data["rederivation"]) == {"deep_gemm", "triton", "flashinfer_autotune"}
     assert "template arguments" in data["rederivation"]["deep_gemm"]
+    # Triton plans no task, but engines compile its kernels at run time
+    assert "library's kernel function" in data["rederivation"]["triton"]
+    text = CliRunner().invoke(main, ["plan", "--model", "deepseek-v3", "--tp", "8",
+                                     "--target", "h200"]).output
+    assert "triton: from the library's kernel function" in " ".join(text.split())
     assert "URI" in how_rederived("flashinfer")
     assert how_rederived("sgl_kernel") == NOT_REDERIVED  # a helper: nothing to re-derive
 

@@ -110,6 +110,17 @@ def how_rederived(library: str) -> str:
     return getattr(sys.modules[function.__module__], "HOW", "re-derived")
 
 
+def captured_libraries(task_libraries: set[str]) -> list[str]:
+    """The libraries whose kernels a plan's engine may compile after READY: those of its
+    tasks, and those that plan no tasks but are captured and re-derived (Triton, whose
+    kernels engines compile at run time whatever the plan)."""
+    from warmd.libraries import LIBRARIES
+
+    runtime = {name for name, lib in LIBRARIES.items()
+               if lib.executor is None and lib.rederive is not None}
+    return sorted(set(task_libraries) | runtime)
+
+
 def rederivation_lines(libraries: list[str]) -> list[str]:
     """'<library>: <how>' for each library, as `warmd status` and `warmd plan` show it."""
     return [f"{library}: {how_rederived(library)}" for library in libraries]
