@@ -221,6 +221,34 @@ def test_tampered_ir_under_a_real_key_is_replaced_by_the_library_functions_compi
         assert got != (rogue / f"add_kernel.{stage}").read_bytes(), stage
 
 
+def test_a_real_flashinfer_triton_kernel_is_re_derived_from_the_default_allow_list(
+        tmp_path, monkeypatch):
+    """FlashInfer's own rms_norm_kernel (ten constexprs: None and 1 arguments, a float eps,
+    a block size, four flags), compiled by an engine stand-in as Triton's launcher
+    specialises it: the producer, with the default allow-list, finds the function in its
+    installed FlashInfer, the specialisation whose key is the claim's, and compiles it:
+    every file byte for byte the engine's."""
+    import subprocess
+
+    from store_support import SRC
+
+    from warmd.cache.rederived import private_dir
+    from warmd.libraries.triton.rederive import rederive
+
+    pytest.importorskip("flashinfer")
+    monkeypatch.delenv("WARMD_TRITON_MODULES")
+    cache = tmp_path / "engine"
+    subprocess.run([sys.executable, "-c", "import sys; from pathlib import Path; "
+                    "from tests.triton_support import compile_flashinfer_rms_norm as c; "
+                    "c(Path(sys.argv[1]))", str(cache)],
+                   cwd=SRC, check=True, capture_output=True, timeout=300,
+                   env={**os.environ, "PYTHONPATH": SRC})
+    adapter = TritonCacheAdapter(cache, arch="9.0a")
+    (entry,) = adapter.list_entries()
+    got = rederive(adapter, entry.name, adapter.pack(entry), private_dir("p-", tmp_path))
+    assert got.identical, got.differs
+
+
 def test_a_kernel_no_allow_listed_module_defines_stays_local(server, tmp_path):
     """A kernel whose function is in no module of the producer's allow-list: refused with
     the reason, counted, nothing published (its entry stays on the node that built it);

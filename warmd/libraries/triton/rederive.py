@@ -44,9 +44,12 @@ from __future__ import annotations
 
 import base64
 import importlib.util
+import itertools
 import json
+import math
 import os
 import re
+import struct
 import sys
 from pathlib import Path
 
@@ -73,6 +76,7 @@ KERNEL_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 STAGES = ("source", "ttir", "ttgir", "llir", "ptx", "cubin")  # what Triton writes, all rebuilt
 MAX_ARGS = 128  # a kernel's parameters
 MAX_INTS = 48  # distinct integers of the IR tried as constexpr values
+MAX_FLOATS = 8  # distinct float32 constants of the IR tried as constexpr values
 MAX_SPECIALIZATIONS = 1 << 16  # keys one claim's search may hash (~5 s)
 # Launch parameters a kernel's options may carry, with what each may be.
 _OPTIONS = {
@@ -86,6 +90,7 @@ _OPTIONS = {
     "debug": lambda v: isinstance(v, bool),
 }
 _ENV = re.compile(r"^TRITON_[A-Z0-9_]{1,64}$")
+_LIBRARY_CACHES = ("FLASHINFER_WORKSPACE_BASE", "VLLM_CACHE_ROOT", "XDG_CACHE_HOME")
 # Knobs that dump, override or relocate what Triton reads and writes: never in a rebuild
 # (this node's tool paths, TRITON_PTXAS_*_PATH among them, are kept: they shape the cubin).
 _UNSAFE_ENV = re.compile(r"^TRITON_(CACHE|HOME|DUMP|OVERRIDE|KERNEL_DUMP|KERNEL_OVERRIDE|"
@@ -100,6 +105,7 @@ _SCALAR = {"i1": ("i1",), "i32": ("i32",), "i64": ("i64", "u64"), "f32": ("fp32"
 _ARG = re.compile(r"%([A-Za-z_][A-Za-z0-9_]{0,127}): (!tt\.ptr<([A-Za-z0-9]+)>|[a-z0-9]+)"
                   r"( \{tt\.divisibility = 16 : i32\})?(?= loc|,|\))")
 _MODULE = re.compile(r"^[A-Za-z_]\w{0,63}(\.[A-Za-z_]\w{0,63}){0,7}$")
+_FLOAT = re.compile(r"arith\.constant (-?\d\.\d{1,20}[eE][-+]?\d{1,3}) : f32\b")
 _INT = re.compile(r"(?<![\w.%#])(-?\d{1,10})(?=\s*:\s*i(?:32|64)\b|x|>|\s*:\s*i32,)")
 
 # How a claim of this library is re-derived (`warmd status`, `warmd plan`).
@@ -209,10 +215,11 @@ def _entry_name(digest: str) -> str:
     return base64.b32encode(bytes.fromhex(digest)).decode().rstrip("=")
 
 
-def _parameters(source: bytes, kernel: str) -> tuple[list[dict], list[int]]:
+def _parameters(source: bytes, kernel: str) -> tuple[list[dict], list[int | float]]:
     """From the frontend IR, as literals: each runtime argument's name, the signature
-    types it may have and whether it was specialised as 16-divisible; the integers the
-    IR holds (candidate constexpr values). Nothing else of the IR is used."""
+    types it may have and whether it was specialised as 16-divisible; the integers and
+    float32 constants the IR holds (candidate constexpr values). Nothing else of the IR is
+    used."""
     text = source.decode(errors="replace")
     head = re.search(rf"^\s*tt\.func (?:public )?@{kernel}\((.*)\)(?: attributes|\s*\{{)",
                      text, re.M)
@@ -230,7 +237,20 @@ def _parameters(source: bytes, kernel: str) -> tuple[list[dict], list[int]]:
         raise RederiveRefused(f"the arguments of {kernel} are not plain scalars and pointers")
     ints = sorted({int(v) for v in _INT.findall(text) if abs(int(v)) < 1 << 31},
                   key=lambda v: (abs(v), v))
-    return args, ints[:MAX_INTS]
+    floats = sorted({_shortest_f32(float(v)) for v in _FLOAT.findall(text)
+                     if math.isfinite(float(v))}, key=abs)
+    return args, ints[:MAX_INTS] + floats[:MAX_FLOATS]
+
+
+def _shortest_f32(value: float) -> float:
+    """The shortest decimal a float32 constant of the IR was written as (1e-06 for
+    9.99999997E-7): the Python float a constexpr held."""
+    single = struct.pack("f", value)
+    for digits in range(1, 10):
+        candidate = float(f"{value:.{digits}g}")
+        if struct.pack("f", candidate) == single:
+            return candidate
+    return value
 
 
 def _arch(meta: dict) -> int:
@@ -257,24 +277,28 @@ def _options(meta: dict) -> dict:
 def _rebuild_env(meta: dict, cache: Path) -> dict[str, str]:
     """This process's environment (this node's own Triton knobs too: line info, for one,
     is not in a kernel's metadata and changes its cubin), the claim's cache-invalidating
-    knobs (as Triton records them: short strings) over it, and a scratch cache; never
-    the knobs that dump, override or relocate what Triton reads and writes."""
+    knobs (as Triton records them: short strings) over it, and a scratch cache (the
+    libraries' too: importing FlashInfer creates its workspace, and the sandbox lets the
+    process write only its scratch); never the knobs that dump, override or relocate what
+    Triton reads and writes."""
     env = {k: v for k, v in os.environ.items() if not _UNSAFE_ENV.match(k)}
     for key, value in meta.items():
         if _ENV.match(key) and isinstance(value, str) and len(value) <= 64 \
                 and re.fullmatch(r"[A-Za-z0-9_.,:-]*", value):
             env[key] = value
     env["TRITON_CACHE_DIR"] = str(cache)
+    for key in _LIBRARY_CACHES:  # the allow-listed modules create them on import: scratch
+        env[key] = str(cache.parent / "library-caches")
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
     return env
 
 
 # ----- in the rebuild process --------------------------------------------------------------
 
-def _functions(kernel: str, modules: list[str]) -> list:
+def _functions(kernel: str, modules: list[str], failed: list[str]) -> list:
     """The module-level @triton.jit functions named kernel in the allow-listed modules
     (a package: every module of it whose file defines the name), found on disk and only
-    those modules imported."""
+    those modules imported; failed gets each module that defines it but did not import."""
     import importlib
     import importlib.util
 
@@ -302,7 +326,8 @@ def _functions(kernel: str, modules: list[str]) -> list:
                 top, spec.submodule_search_locations, path)
             try:
                 fn = getattr(importlib.import_module(name), kernel, None)
-            except Exception:  # a module that does not import here holds nothing we run
+            except Exception as exc:  # a module that does not import holds nothing we run
+                failed.append(f"{name} does not import here ({type(exc).__name__})")
                 continue
             for _ in range(4):  # Autotuner, Heuristics: .fn is what they wrap
                 if isinstance(fn, JITFunction) or fn is None:
@@ -325,46 +350,81 @@ def _module_name(top: str, roots, path: Path) -> str:
 
 
 def _specializations(fn, job: dict):
-    """(signature, constexprs, attrs) the claim's literals allow for fn, in a stable order:
-    every argument in the IR a runtime argument of fn, every other parameter of fn a
-    constexpr (an integer of the IR, a small power of two, a bool, None or a common dtype;
-    a parameter with a bool default only a bool, with a dtype default only a dtype)."""
-    import inspect
-    import itertools
-
+    """(signature, constexprs, attrs) the claim's literals allow for fn: every argument in
+    the IR a runtime argument of fn; any other parameter None or 1 (what Triton's
+    specialisation turns into constexprs) unless it is a constexpr: first as its use in
+    fn suggests (a test: a bool; a dtype argument: a dtype; else a number of the IR or a
+    small power of two), then any of those, None or a common dtype (a bool default: only a
+    bool, a dtype default: only a dtype)."""
     by_name = {a["name"]: a for a in job["args"]}
-    params = list(inspect.signature(fn.fn).parameters.values())
-    names = [p.name for p in params]
-    if not set(by_name) <= set(names) or \
-            [n for n in names if n in by_name] != [a["name"] for a in job["args"]]:
+    params = fn.params
+    if [p.name for p in params if p.name in by_name] != [a["name"] for a in job["args"]]:
         return
+    attrs = [{(i,): [["tt.divisibility", 16]] if by_name.get(p.name, {}).get("div") else []
+              for i, p in enumerate(params)}]  # as Triton's launcher gives them
+    if not any(a["div"] for a in job["args"]):
+        attrs.append({})  # an ASTSource made by hand, without attributes
+    for choices in _choices(fn, job, by_name):
+        for picked in itertools.product(*choices):
+            signature, constexprs = {}, {}
+            for p, value in zip(params, picked, strict=True):
+                if p.name in by_name:
+                    signature[p.name] = value
+                else:
+                    signature[p.name] = "constexpr"
+                    constexprs[p.name] = value
+            for attr in attrs:
+                yield signature, constexprs, attr
+
+
+def _choices(fn, job: dict, by_name: dict) -> list[list[list]]:
+    """The candidates of each parameter: the narrow ones (as used), then the wide ones."""
     import triton.language as tl
 
-    ints = list(dict.fromkeys([*job["ints"], 0, 1, 2, 4, 8, 16, 32, 64, 128, 256]))
+    numbers = list(dict.fromkeys([*job["ints"], 1, 2, 4, 8, 16, 32, 64, 128, 256]))
     dtypes = [tl.float16, tl.bfloat16, tl.float32, tl.float8e4nv, tl.float8e5, tl.int8,
               tl.int32, tl.int64]
-    choices = []
-    for p in params:
+    tests, typed = _uses(fn)
+    narrow, wide = [], []
+    for p in fn.params:
         if p.name in by_name:
-            choices.append(by_name[p.name]["types"])
+            both = [by_name[p.name]["types"]] * 2
+        elif not p.is_constexpr:
+            both = [[None, 1]] * 2
         elif isinstance(p.default, bool):
-            choices.append([p.default, not p.default])
+            both = [[p.default, not p.default]] * 2
         elif isinstance(p.default, tl.dtype):
-            choices.append(dtypes)
+            both = [list(dict.fromkeys([p.default, *dtypes]))] * 2
         else:
-            choices.append([True, False, None, *ints, *dtypes])
-    for picked in itertools.product(*choices):
-        signature, constexprs = {}, {}
-        for p, value in zip(params, picked, strict=True):
-            if p.name in by_name:
-                signature[p.name] = value
-            else:
-                signature[p.name] = "constexpr"
-                constexprs[p.name] = value
-        runtime = {(i,): [["tt.divisibility", 16]] if by_name.get(p.name, {}).get("div")
-                   else [] for i, p in enumerate(params)}
-        yield signature, constexprs, {}
-        yield signature, constexprs, runtime
+            first = [p.default] if isinstance(p.default, int) else []
+            likely = ([False, True] if p.name in tests else dtypes if p.name in typed
+                      else list(dict.fromkeys([*first, *numbers])))
+            both = [likely, list(dict.fromkeys([*likely, True, False, *numbers, None,
+                                                *dtypes]))]
+        narrow.append(both[0])
+        wide.append(both[1])
+    return [narrow, wide]
+
+
+def _uses(fn) -> tuple[set[str], set[str]]:
+    """Names fn's source tests (if, while, and/or/not) and passes as a dtype."""
+    import ast
+
+    tests, typed = set(), set()
+    for node in ast.walk(fn.parse()):
+        if isinstance(node, (ast.If, ast.While, ast.IfExp)):
+            tests |= {n.id for n in [node.test] if isinstance(n, ast.Name)}
+        elif isinstance(node, ast.BoolOp):
+            tests |= {n.id for n in node.values if isinstance(n, ast.Name)}
+        elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not) \
+                and isinstance(node.operand, ast.Name):
+            tests.add(node.operand.id)
+        elif isinstance(node, ast.Call):
+            typed |= {k.value.id for k in node.keywords
+                      if k.arg == "dtype" and isinstance(k.value, ast.Name)}
+            if isinstance(node.func, ast.Attribute) and node.func.attr == "to":
+                typed |= {a.id for a in node.args[:1] if isinstance(a, ast.Name)}
+    return tests, typed
 
 
 def _find(fns: list, job: dict, backend, options, env_vars):
@@ -402,11 +462,13 @@ def _rebuild(job: dict, out: Path) -> dict:
     from triton.backends.compiler import GPUTarget
     from triton.compiler.compiler import make_backend
 
-    fns = _functions(job["kernel"], job["modules"])
+    failed: list[str] = []
+    fns = _functions(job["kernel"], job["modules"], failed)
     if not fns:
         return {"outcome": "no-function",
                 "why": f"no @triton.jit function named {job['kernel']} in "
-                       f"{', '.join(job['modules']) or 'no module'}"}
+                       f"{', '.join(job['modules']) or 'no module'}"
+                       + "".join(f"; {f}" for f in failed[:3])}
     target = GPUTarget("cuda", job["arch"], 32)
     backend = make_backend(target)
     options = backend.parse_options(dict(job["options"]))
