@@ -8,6 +8,9 @@ rederive   tests/triton_kernels.py's add_kernel compiled for sm_90 by an engine 
            entry: the rebuild process finds the function, searches the specialisation
            whose key is the claim's and compiles it (seconds, and whether every file is
            byte for byte the engine's)
+flashinfer FlashInfer's own rms_norm_kernel (ten constexprs), compiled as Triton's launcher
+           specialises it, re-derived with the default allow-list (vllm, sglang,
+           flashinfer: the function found by scanning the installed packages)
 search     the worst case a claim can cost: a kernel with four constexprs (written to a
            scratch module) and a key no specialisation has, searched until
            MAX_SPECIALIZATIONS keys were hashed (seconds, keys per second)
@@ -36,14 +39,15 @@ def wide_kernel(x, n, A: tl.constexpr, B: tl.constexpr, C: tl.constexpr, D: tl.c
 '''
 
 
-def rederive_once(base: Path) -> dict:
+def rederive_once(base: Path, engine: str = "compile_add") -> dict:
     from warmd.cache.rederived import private_dir
     from warmd.libraries.triton.cache import TritonCacheAdapter
     from warmd.libraries.triton.rederive import rederive
 
     cache = base / "engine"
-    subprocess.run([sys.executable, "-m", "tests.triton_support", str(cache)], cwd=ROOT,
-                   check=True, capture_output=True, timeout=600,
+    subprocess.run([sys.executable, "-c", "import sys; from pathlib import Path; "
+                    f"from tests.triton_support import {engine}; {engine}(Path(sys.argv[1]))",
+                    str(cache)], cwd=ROOT, check=True, capture_output=True, timeout=600,
                    env={**os.environ, "PYTHONPATH": str(ROOT)})
     adapter = TritonCacheAdapter(cache, "9.0a")
     (entry,) = adapter.list_entries()
@@ -86,13 +90,17 @@ def main() -> None:
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
     with tempfile.TemporaryDirectory(prefix="bench-triton-rederive-") as tmp:
         runs = [rederive_once(Path(tmp) / f"r{i}") for i in range(args.runs)]
+        os.environ.pop("WARMD_TRITON_MODULES")  # the default allow-list
+        library = rederive_once(Path(tmp) / "fi", "compile_flashinfer_rms_norm")
         worst = search_worst(Path(tmp))
-    result = {"rederive": runs, "search_worst": worst}
+    result = {"rederive": runs, "flashinfer": library, "search_worst": worst}
     if args.json:
         print(json.dumps(result))
         return
     for i, run in enumerate(runs):
         print(f"rederive run {i}: {run['seconds']:.2f}s, identical={run['identical']}")
+    print(f"FlashInfer rms_norm_kernel, default allow-list: {library['seconds']:.2f}s, "
+          f"identical={library['identical']}")
     print(f"worst-case search: {worst['keys']} keys hashed in {worst['seconds']:.2f}s "
           f"({worst['keys_per_s']}/s): {worst['why']}")
 

@@ -12,9 +12,11 @@ not the signature or the constexprs). A claim contributes parameters only:
   installed modules, only those of an allow-list (``WARMD_TRITON_MODULES``, warmd.yaml
   ``capture.triton_modules``; default vLLM's, SGLang's and FlashInfer's packages, those
   importable here). No such function: the kernel is refused and stays local;
-- the argument types and 16-divisibility, and the integers its frontend IR (``.source``)
-  holds, read as literals from the IR's function header and constants (validated, bounded),
-  as candidate constexpr values with small powers of two, bools, None and common dtypes;
+- the argument types and 16-divisibility, and the integers and float32 constants its
+  frontend IR (``.source``) holds, read as literals from the IR's function header and
+  constants (validated, bounded): candidate constexpr values, with small powers of two,
+  bools, None and common dtypes (first as the function uses each: a test, a dtype, a
+  number);
 - the launch options (warps, stages, CTAs, register cap, fp fusion, cooperative launch,
   PDL, debug) and the target arch from the metadata, validated.
 
@@ -27,8 +29,10 @@ the claim's code is not the library's (tampering, or another version), and it is
 quarantined (``RederiveMismatch``). The re-derived entry is what this node's Triton wrote
 for that key, every stage and the metadata.
 
-Measured (tests/test_capture_rederive.py, triton 3.9, sm_90 on a CPU machine): this node's
-compile reproduces the engine's entry byte for byte when it sees the engine's Triton tool
+Measured (tests/test_capture_rederive.py, scripts/bench_triton_rederive.py, triton 3.9,
+sm_90 on a CPU machine): this node's compile reproduces the engine's entry byte for byte
+(FlashInfer's own rms_norm_kernel, found through the default allow-list, among them) when
+it sees the engine's Triton tool
 knobs (importing FlashInfer sets TRITON_PTXAS_BLACKWELL_PATH, which changes the cubin: this
 node's own knobs are kept).
 
