@@ -385,7 +385,7 @@ def _choices(fn, job: dict, by_name: dict) -> list[list[list]]:
     """The candidates of each parameter: the narrow ones (as used), then the wide ones."""
     import triton.language as tl
 
-    numbers = list(dict.fromkeys([*job["ints"], 1, 2, 4, 8, 16, 32, 64, 128, 256]))
+    numbers = _unique([*job["ints"], 1, 2, 4, 8, 16, 32, 64, 128, 256])
     dtypes = [tl.float16, tl.bfloat16, tl.float32, tl.float8e4nv, tl.float8e5, tl.int8,
               tl.int32, tl.int64]
     tests, typed = _uses(fn)
@@ -398,16 +398,23 @@ def _choices(fn, job: dict, by_name: dict) -> list[list[list]]:
         elif isinstance(p.default, bool):
             both = [[p.default, not p.default]] * 2
         elif isinstance(p.default, tl.dtype):
-            both = [list(dict.fromkeys([p.default, *dtypes]))] * 2
+            both = [_unique([p.default, *dtypes])] * 2
         else:
             first = [p.default] if isinstance(p.default, int) else []
             likely = ([False, True] if p.name in tests else dtypes if p.name in typed
-                      else list(dict.fromkeys([*first, *numbers])))
-            both = [likely, list(dict.fromkeys([*likely, True, False, *numbers, None,
-                                                *dtypes]))]
+                      else _unique([*first, *numbers]))
+            both = [likely, _unique([*likely, True, False, *numbers, None, *dtypes])]
         narrow.append(both[0])
         wide.append(both[1])
     return [narrow, wide]
+
+
+def _unique(values: list) -> list:
+    """values without repeats, True, 1 and 1.0 apart (Triton's key tells them apart)."""
+    seen: dict[tuple[type, str], object] = {}
+    for value in values:
+        seen.setdefault((type(value), str(value)), value)
+    return list(seen.values())
 
 
 def _uses(fn) -> tuple[set[str], set[str]]:
