@@ -96,8 +96,10 @@ def cluster(tmp_path_factory):
     config = base / "warmd.yaml"
     data = json.loads(cluster_config(server.url, "capture-test",
                                      [flashinfer_model(str(base / "models"))]))
-    # the default trust (re-derivation), node A the trusted producer
-    data["capture"] = {"trust": "rederive", "rederive_nodes": ["node-a"]}
+    # the default trust (re-derivation), node A the trusted producer, which looks Triton
+    # kernels up in the library stand-in's module (tests/triton_kernels.py)
+    data["capture"] = {"trust": "rederive", "rederive_nodes": ["node-a"],
+                       "triton_modules": ["tests.triton_kernels"]}
     config.write_text(json.dumps(data))
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1,
                                                       "env_vars": node_env(base, "head")})

@@ -37,6 +37,8 @@ server = module_server()
 @pytest.fixture(autouse=True)
 def _env(monkeypatch, server, tmp_path):
     isolate_capture(monkeypatch, tmp_path, server)
+    # the producer looks Triton kernels up only in the library stand-in's module
+    monkeypatch.setenv("WARMD_TRITON_MODULES", "tests.triton_kernels")
 
 
 def scope(base: Path) -> CaptureScope:
@@ -121,15 +123,18 @@ def test_planted_cubin_host_module_and_autotune_json_are_never_installed_elsewhe
 
     assert learned_on(server, tmp_path / "c", c_triton) == [entry.name]
     cubin = (c_triton.root / entry.name / "add_kernel.cubin").read_bytes()
-    assert cubin != planted_cubin  # what C got is what B compiled from the IR
+    assert cubin != planted_cubin  # what C got is what B compiled from its own function
     clean_compile(tmp_path / "fresh")  # what Triton makes of the kernel in a clean process
     (fresh,) = TritonCacheAdapter(tmp_path / "fresh").list_entries()
     assert cubin == (fresh.path / "add_kernel.cubin").read_bytes()
     assert not (c_triton.root / module.name).exists()
 
 
-def test_a_claim_whose_ir_links_outside_triton_or_lies_about_its_key_is_refused(
+def test_a_claim_that_lies_about_its_key_is_refused_and_ir_it_brings_is_never_compiled(
         server, tmp_path):
+    """A claim whose metadata names another key than its directory is refused; one whose
+    IR names a bitcode library of the attacker's is re-derived from the library's function,
+    and the IR it brought is in nothing published."""
     root = tmp_path / "a" / "triton"
     compile_add(root)
     (entry,) = TritonCacheAdapter(root).list_entries()
@@ -138,16 +143,126 @@ def test_a_claim_whose_ir_links_outside_triton_or_lies_about_its_key_is_refused(
     (entry.path / "add_kernel.json").write_text(json.dumps(meta))
     compile_add(root, block=64)
     other = next(e for e in TritonCacheAdapter(root).list_entries() if e.name != entry.name)
-    ttir = other.path / "add_kernel.ttir"
-    ttir.write_text(ttir.read_text().replace(
-        "module {", 'module {\n  // libpath = "/etc/evil.bc"', 1))
+    for stage in ("ttir", "source"):
+        ir = other.path / f"add_kernel.{stage}"
+        ir.write_text(ir.read_text().replace(
+            "module {", 'module {\n  // libpath = "/etc/evil.bc"', 1))
     a = capture(server, tmp_path / "a")
     a.stop()
     results = {r.name: r for r in trusted(server, tmp_path / "b").run_once()}
     assert results[entry.name].outcome == "refused" and "key" in results[entry.name].why
-    assert results[other.name].outcome == "refused" and "bitcode" in results[other.name].why
-    assert learned_on(server, tmp_path / "c",
-                      TritonCacheAdapter(tmp_path / "c" / "triton", arch="9.0a")) == []
+    assert results[other.name].outcome == "rederived"
+    assert "add_kernel.ttir" in results[other.name].why  # the claim's IR is not published
+    c = TritonCacheAdapter(tmp_path / "c" / "triton", arch="9.0a")
+    assert learned_on(server, tmp_path / "c", c) == [other.name]
+    assert not any(b"evil.bc" in value for value in published_values(server))
+
+
+def rogue_entry(cache: Path, kernel: str) -> Path:
+    """An entry compiled from tests/triton_rogue.py (no allow-list names it) into cache,
+    in a process of its own."""
+    import subprocess
+
+    from store_support import SRC
+
+    subprocess.run([sys.executable, "-c", "import sys; from pathlib import Path; "
+                    "from tests.triton_support import compile_add; "
+                    f"compile_add(Path(sys.argv[1]), module='tests.triton_rogue', "
+                    f"kernel={kernel!r})", str(cache)],
+                   cwd=SRC, check=True, capture_output=True, timeout=300,
+                   env={**os.environ, "PYTHONPATH": SRC})
+    return next(e.path for e in TritonCacheAdapter(cache).list_entries()
+                if e.path.joinpath(f"{kernel}.json").exists())
+
+
+def produce(server, tmp_path: Path) -> tuple[list, list]:
+    """Node A captures what its Triton cache holds; node B re-derives it once: (its
+    results, the counters it counted)."""
+    a = capture(server, tmp_path / "a")
+    a.stop()
+    counts: list[tuple[str, str, int]] = []
+    producer = Rederiver([scope(tmp_path / "b")], opener(server, "node-b"),
+                         on_count=lambda *c: counts.append(c))
+    return producer.run_once(), counts
+
+
+def test_other_code_under_the_library_kernels_name_is_quarantined(server, tmp_path):
+    """An entry of a function of the attacker's named like the library's kernel (its IR,
+    source and key all its own): no specialisation of the producer's own add_kernel has
+    its key, so it is quarantined and counted; ae15aac's branch compiled its IR."""
+    rogue = rogue_entry(tmp_path / "a" / "triton", "add_kernel")
+    (result,), counts = produce(server, tmp_path)
+    assert (result.name, result.outcome) == (rogue.name, "quarantined"), result
+    assert counts == [("rederive_quarantined", "triton", 1)]
+    assert not list(server.client().scan_iter(match="warmd:v1:man:*"))  # nothing published
+    assert not server.client().keys("warmd:v1:claim*")
+
+
+def test_tampered_ir_under_a_real_key_is_replaced_by_the_library_functions_compile(
+        server, tmp_path):
+    """The library kernel's real key and metadata, with every stage (source, IR, PTX,
+    cubin) of other code: the producer compiles its own add_kernel for that key, so the
+    node after it gets the library's cubin, never the claim's."""
+    root = tmp_path / "a" / "triton"
+    compile_add(root)
+    (entry,) = TritonCacheAdapter(root).list_entries()
+    rogue = rogue_entry(tmp_path / "rogue", "add_kernel")
+    for stage in ("source", "ttir", "ttgir", "llir", "ptx", "cubin"):
+        shutil.copy(rogue / f"add_kernel.{stage}", entry.path / f"add_kernel.{stage}")
+    (result,), _counts = produce(server, tmp_path)
+    assert (result.name, result.outcome) == (entry.name, "rederived"), result
+    c = TritonCacheAdapter(tmp_path / "c" / "triton", arch="9.0a")
+    assert learned_on(server, tmp_path / "c", c) == [entry.name]
+    clean_compile(tmp_path / "fresh")
+    (fresh,) = TritonCacheAdapter(tmp_path / "fresh").list_entries()
+    for stage in ("source", "ttir", "cubin"):
+        got = (c.root / entry.name / f"add_kernel.{stage}").read_bytes()
+        assert got == (fresh.path / f"add_kernel.{stage}").read_bytes(), stage
+        assert got != (rogue / f"add_kernel.{stage}").read_bytes(), stage
+
+
+def test_a_real_flashinfer_triton_kernel_is_re_derived_from_the_default_allow_list(
+        tmp_path, monkeypatch):
+    """FlashInfer's own rms_norm_kernel (ten constexprs: None and 1 arguments, a float eps,
+    a block size, four flags), compiled by an engine stand-in as Triton's launcher
+    specialises it: the producer, with the default allow-list, finds the function in its
+    installed FlashInfer, the specialisation whose key is the claim's, and compiles it:
+    every file byte for byte the engine's."""
+    import subprocess
+
+    from store_support import SRC
+
+    from warmd.cache.rederived import private_dir
+    from warmd.libraries.triton.rederive import rederive
+
+    pytest.importorskip("flashinfer")
+    monkeypatch.delenv("WARMD_TRITON_MODULES")
+    cache = tmp_path / "engine"
+    subprocess.run([sys.executable, "-c", "import sys; from pathlib import Path; "
+                    "from tests.triton_support import compile_flashinfer_rms_norm as c; "
+                    "c(Path(sys.argv[1]))", str(cache)],
+                   cwd=SRC, check=True, capture_output=True, timeout=300,
+                   env={**os.environ, "PYTHONPATH": SRC})
+    adapter = TritonCacheAdapter(cache, arch="9.0a")
+    (entry,) = adapter.list_entries()
+    got = rederive(adapter, entry.name, adapter.pack(entry), private_dir("p-", tmp_path))
+    assert got.identical, got.differs
+
+
+def test_a_kernel_no_allow_listed_module_defines_stays_local(server, tmp_path):
+    """A kernel whose function is in no module of the producer's allow-list: refused with
+    the reason, counted, nothing published (its entry stays on the node that built it);
+    `warmd plan` and `status` say Triton is re-derived from the library's function."""
+    from warmd.rederive import how_rederived
+
+    rogue = rogue_entry(tmp_path / "a" / "triton", "rogue_kernel")
+    (result,), counts = produce(server, tmp_path)
+    assert (result.name, result.outcome) == (rogue.name, "refused"), result
+    assert "no @triton.jit function named rogue_kernel" in result.why
+    assert "stays local" in result.why
+    assert counts == [("rederive_refused", "triton", 1)]
+    assert not list(server.client().scan_iter(match="warmd:v1:man:*"))
+    assert "kernel function" in how_rederived("triton")
 
 
 def test_with_trust_off_nothing_is_shared_and_with_own_nodes_it_is_published_signed(
@@ -507,8 +622,13 @@ def test_the_plan_and_status_say_how_each_librarys_captures_are_re_derived():
                                        "--without", "flashinfer"])
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
-    assert data["rederivation"] == {"deep_gemm": how_rederived("deep_gemm")}
+    assert set(data["rederivation"]) == {"deep_gemm", "triton", "flashinfer_autotune"}
     assert "template arguments" in data["rederivation"]["deep_gemm"]
+    # Triton plans no task, but engines compile its kernels at run time
+    assert "library's kernel function" in data["rederivation"]["triton"]
+    text = CliRunner().invoke(main, ["plan", "--model", "deepseek-v3", "--tp", "8",
+                                     "--target", "h200"]).output
+    assert "triton: from the library's kernel function" in " ".join(text.split())
     assert "URI" in how_rederived("flashinfer")
     assert how_rederived("sgl_kernel") == NOT_REDERIVED  # a helper: nothing to re-derive
 

@@ -199,6 +199,10 @@ class CaptureConfig:
     rederive_nodes: tuple[str, ...] = _key(list, "node names (as `warmd status` shows them) "
                                                  "trusted to re-derive claims and publish "
                                                  "what they built", ())
+    triton_modules: tuple[str, ...] = _key(list, "the only Python packages or modules a "
+                                                 "trusted producer looks up a captured "
+                                                 "Triton kernel's function in (default: "
+                                                 "vllm, sglang, flashinfer)", ())
 
 
 @dataclass(frozen=True)
@@ -482,6 +486,8 @@ def _parse(data) -> WarmdConfig:
                                      f"{', '.join(CAPTURE_TRUST)})")
     capture["rederive_nodes"] = _str_list("capture.rederive_nodes",
                                           capture.get("rederive_nodes", []))
+    capture["triton_modules"] = _str_list("capture.triton_modules",
+                                          capture.get("triton_modules", []))
     key_file = data.get("signing_key_file")
     if key_file is not None:
         _check_type("signing_key_file", key_file, str)

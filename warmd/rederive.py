@@ -4,11 +4,12 @@ installable learned entries.
 A claim (warmd.capture, ``SharedCache.submit_claim``) is what a serving node's cache held:
 bytes nothing vouches for. A node the operator trusts to produce code (warmd.yaml
 ``capture.rederive_nodes``) reads the claims under each fingerprint it can build for,
-hands each to its library's ``rederive`` (``Library.rederive``: Triton compiles the recorded
-IR, FlashInfer rebuilds the module's sources with a build file it writes itself, DeepGEMM
-compiles kernel.cu with this node's recorded nvcc command, autotune results pass
-FlashInfer's own checks), and publishes *what it built* (``publish_learned``: signed with
-the cluster key when signing is on), then drops the claim. A claim the re-derivation
+hands each to its library's ``rederive`` (``Library.rederive``: Triton compiles this node's
+own allow-listed kernel function for the specialisation whose key is the claim's, FlashInfer
+regenerates the module from its URI, DeepGEMM fills the extension's own template with the
+claim's template arguments, autotune results pass FlashInfer's own checks), and publishes
+*what it built* (``publish_learned``: signed with the cluster key when signing is on), then
+drops the claim. A claim the re-derivation
 refuses is dropped and counted; one this node cannot judge (no compiler, no GPU) stays for
 another trusted producer. Each claim is handled on its own: one failure never stops the
 others.
@@ -107,6 +108,17 @@ def how_rederived(library: str) -> str:
     except CannotRederiveHere:
         return NOT_REDERIVED
     return getattr(sys.modules[function.__module__], "HOW", "re-derived")
+
+
+def captured_libraries(task_libraries: set[str]) -> list[str]:
+    """The libraries whose kernels a plan's engine may compile after READY: those of its
+    tasks, and those that plan no tasks but are captured and re-derived (Triton, whose
+    kernels engines compile at run time whatever the plan)."""
+    from warmd.libraries import LIBRARIES
+
+    runtime = {name for name, lib in LIBRARIES.items()
+               if lib.executor is None and lib.rederive is not None}
+    return sorted(set(task_libraries) | runtime)
 
 
 def rederivation_lines(libraries: list[str]) -> list[str]:

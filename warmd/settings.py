@@ -167,6 +167,10 @@ KNOBS: tuple[Knob, ...] = (
     Knob("WARMD_METRICS_PORT", STRING, None,
          "port of each node agent's Prometheus endpoint (`0`: any free port; default 9464)"),
     Knob("WARMD_DISABLED_KERNELS", NAMES, (), "comma-separated kernel names never to select"),
+    Knob("WARMD_TRITON_MODULES", NAMES, ("vllm", "sglang", "flashinfer"),
+         "the only Python packages or modules a trusted producer looks up a captured Triton "
+         "kernel's function in (default `vllm,sglang,flashinfer`, those importable; "
+         "warmd.yaml `capture.triton_modules`)"),
     Knob("WARMD_LIBRARY_PACKAGES", NAMES, (),
          "more Python packages, each registering a JIT library kept outside warmd (a "
          "`LIBRARY` like `warmd/libraries/<name>/`)"),
@@ -524,6 +528,11 @@ def compile_nice() -> int:
 def library_packages() -> tuple[str, ...]:
     """WARMD_LIBRARY_PACKAGES: more packages that each register a JIT library."""
     return get("WARMD_LIBRARY_PACKAGES")
+
+
+def triton_modules() -> tuple[str, ...]:
+    """WARMD_TRITON_MODULES: where a trusted producer looks up captured Triton kernels."""
+    return get("WARMD_TRITON_MODULES")
 
 
 def deep_gemm_nvcc() -> str | None:

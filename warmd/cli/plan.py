@@ -49,10 +49,10 @@ def plan(request: PlanRequest, as_json: bool, learned: bool, redis_url: str | No
     indexes = _learned(result.key, redis_url) if learned else None
     if as_json:
         data = result.to_json()
-        from warmd.rederive import how_rederived
+        from warmd.rederive import captured_libraries, how_rederived
 
-        data["rederivation"] = {lib: how_rederived(lib)
-                                for lib in sorted({t.library for t in result.tasks})}
+        data["rederivation"] = {lib: how_rederived(lib) for lib in captured_libraries(
+            {t.library for t in result.tasks})}
         assumed = assumed_libraries(result)
         if assumed is not None:
             data["assumed_on_target"] = assumed
@@ -196,12 +196,11 @@ def render_plan(result: Plan, console: Console) -> None:
         by_lib[t.library] = by_lib.get(t.library, 0) + 1
     summary = ", ".join(f"{n} {lib}" for lib, n in sorted(by_lib.items())) or "nothing to JIT"
     _say(console, f"Summary: {len(result.tasks)} tasks ({summary})")
-    if by_lib:
-        from warmd.rederive import rederivation_lines
+    from warmd.rederive import captured_libraries, rederivation_lines
 
-        _say(console, "Kernels compiled after READY, when captured, are re-derived:")
-        for line in rederivation_lines(sorted(by_lib)):
-            _say(console, f"  {line}")
+    _say(console, "Kernels compiled after READY, when captured, are re-derived:")
+    for line in rederivation_lines(captured_libraries(set(by_lib))):
+        _say(console, f"  {line}")
 
 
 LAYER_COLUMNS = (Col("layer", "id"), Col("shape", "text"), Col("count", justify="right"),

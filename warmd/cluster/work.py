@@ -127,6 +127,8 @@ def node_env(config: WarmdConfig, node_name: str | None = None) -> dict[str, str
     env["WARMD_NAMESPACE"] = config.redis.namespace
     if config.signing_key_file:
         env["WARMD_SIGNING_KEY_FILE"] = expand_path(config.signing_key_file)
+    if config.capture.triton_modules:
+        env["WARMD_TRITON_MODULES"] = ",".join(config.capture.triton_modules)
     if node_name and not settings.is_set("WARMD_NODE_NAME"):
         env["WARMD_NODE_NAME"] = node_name
     return env

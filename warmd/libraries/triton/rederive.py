@@ -1,32 +1,59 @@
-"""Re-deriving a captured Triton kernel: its recorded IR compiled again by this node's Triton.
+"""Re-deriving a captured Triton kernel from the library's own kernel function.
 
-A kernel entry records the IR Triton's frontend made (``<kernel>.ttir``) and the options it
-compiled with (``<kernel>.json``). The rebuild compiles that IR (``triton.compile`` of an IR
-file, in a process of its own) with the options Triton's launch parameters set (warps,
-stages, CTAs, register cap, fp fusion, cooperative launch, PDL), never with the metadata's
-paths or free-form options (``extern_libs``, ``ptx_options``, ``ir_override`` name files and
-ptxas flags: the rebuild uses this node's own), and IR that links a bitcode library other
-than Triton's own is refused. The re-derived entry holds the claim's IR and this node's
-ttgir, LLVM IR, PTX, cubin and metadata (its ``hash``, the engine's key that names the
-directory, taken from the claim and checked against the name).
+A Triton cache entry is named by its key: a hash of the kernel function's source (its
+``cache_key``, over the function and every function it calls), the specialisation
+(signature, constexpr values, argument attributes), the options and Triton's own code
+(``triton.compile``: ``get_cache_key(ASTSource(fn, signature, constexprs, attrs), backend,
+options, env)``; the metadata ``<kernel>.json`` holds that hash, the target and the options,
+not the signature or the constexprs). A claim contributes parameters only:
 
-Measured (tests/test_capture_rederive.py, triton 3.9, sm_90 on a CPU machine): the rebuild
-reproduces every stage byte for byte when it sees the engine's Triton tool knobs (importing
-FlashInfer sets TRITON_PTXAS_BLACKWELL_PATH, which changes the cubin: this node's own knobs
-are kept); the metadata differs only in ``hash`` (an IR compile keys on the IR, the
-engine's on the Python source), which is why the claim's is kept.
+- the kernel's name (the metadata's ``name``), looked up as a module-level ``@triton.jit``
+  function (an autotuner or heuristics wrapper is followed to it) in this node's own
+  installed modules, only those of an allow-list (``WARMD_TRITON_MODULES``, warmd.yaml
+  ``capture.triton_modules``; default vLLM's, SGLang's and FlashInfer's packages, those
+  importable here). No such function: the kernel is refused and stays local;
+- the argument types and 16-divisibility, and the integers and float32 constants its
+  frontend IR (``.source``) holds, read as literals from the IR's function header and
+  constants (validated, bounded): candidate constexpr values, with small powers of two,
+  bools, None and common dtypes (first as the function uses each: a test, a dtype, a
+  number);
+- the launch options (warps, stages, CTAs, register cap, fp fusion, cooperative launch,
+  PDL, debug) and the target arch from the metadata, validated.
 
-What is not re-derived: the key itself, a hash of the kernel's Python source and Triton's,
-which the cache does not hold; and host modules (``cuda_utils``, launchers: one ``.so``,
-no source), which are refused.
+The rebuild process (``run_rebuild``: reduced environment, sandboxed where bubblewrap can)
+imports the function, searches the specialisations those literals allow (at most
+MAX_SPECIALIZATIONS keys, each a hash, nothing compiled) for the one whose key is the
+claim's, and compiles ``ASTSource(fn=<this node's function>, …)`` with it: never the
+claim's IR or source. No specialisation of this node's function gives the claim's key:
+the claim's code is not the library's (tampering, or another version), and it is
+quarantined (``RederiveMismatch``). The re-derived entry is what this node's Triton wrote
+for that key, every stage and the metadata.
+
+Measured (tests/test_capture_rederive.py, scripts/bench_triton_rederive.py, triton 3.9,
+sm_90 on a CPU machine): this node's compile reproduces the engine's entry byte for byte
+(FlashInfer's own rms_norm_kernel, found through the default allow-list, among them) when
+it sees the engine's Triton tool
+knobs (importing FlashInfer sets TRITON_PTXAS_BLACKWELL_PATH, which changes the cubin: this
+node's own knobs are kept).
+
+Not re-derived (stays local): host modules (``cuda_utils``, launchers: one ``.so``, no
+source), kernels defined outside the allow-listed modules or not at module level (Inductor's
+generated kernels among them), argument types warmd does not map (tuples, tensor
+descriptors), and kernels with more specialisations to search than MAX_SPECIALIZATIONS
+(many constexprs). A constexpr value the candidates cannot name (a float, a string, an
+integer the IR folded away) makes a genuine kernel look like other code: quarantined.
 """
 
 from __future__ import annotations
 
 import base64
+import importlib.util
+import itertools
 import json
+import math
 import os
 import re
+import struct
 import sys
 from pathlib import Path
 
@@ -36,6 +63,7 @@ from warmd.cache.base import CacheEntry, UnsafeArtifact
 from warmd.cache.rederived import (
     CannotRederiveHere,
     Rederived,
+    RederiveMismatch,
     RederiveRefused,
     run_rebuild,
 )
@@ -49,8 +77,11 @@ from warmd.libraries.triton.cache import (
 )
 
 KERNEL_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
-STAGES = ("ttgir", "llir", "ptx", "cubin")  # what the rebuild makes from the IR
-INPUTS = ("source", "ttir")  # what the claim records and the re-derived entry keeps
+STAGES = ("source", "ttir", "ttgir", "llir", "ptx", "cubin")  # what Triton writes, all rebuilt
+MAX_ARGS = 128  # a kernel's parameters
+MAX_INTS = 48  # distinct integers of the IR tried as constexpr values
+MAX_FLOATS = 8  # distinct float32 constants of the IR tried as constexpr values
+MAX_SPECIALIZATIONS = 1 << 16  # keys one claim's search may hash (~5 s)
 # Launch parameters a kernel's options may carry, with what each may be.
 _OPTIONS = {
     "num_warps": lambda v: isinstance(v, int) and v in (1, 2, 4, 8, 16, 32),
@@ -60,16 +91,30 @@ _OPTIONS = {
     "enable_fp_fusion": lambda v: isinstance(v, bool),
     "launch_cooperative_grid": lambda v: isinstance(v, bool),
     "launch_pdl": lambda v: isinstance(v, bool),
+    "debug": lambda v: isinstance(v, bool),
 }
 _ENV = re.compile(r"^TRITON_[A-Z0-9_]{1,64}$")
+_LIBRARY_CACHES = ("FLASHINFER_WORKSPACE_BASE", "VLLM_CACHE_ROOT", "XDG_CACHE_HOME")
 # Knobs that dump, override or relocate what Triton reads and writes: never in a rebuild
 # (this node's tool paths, TRITON_PTXAS_*_PATH among them, are kept: they shape the cubin).
 _UNSAFE_ENV = re.compile(r"^TRITON_(CACHE|HOME|DUMP|OVERRIDE|KERNEL_DUMP|KERNEL_OVERRIDE|"
                          r"ALWAYS_COMPILE|INTERPRET|STORE_BINARY_ONLY)")
-_LIBPATH = re.compile(r'libpath\s*=\s*"([^"]*)"')
+# IR element types -> the signature types Triton's specialisation gives them
+_ELEMENT = {"i1": ("i1",), "i8": ("i8", "u8"), "i16": ("i16",), "i32": ("i32",),
+            "i64": ("i64", "u64"), "f16": ("fp16",), "bf16": ("bf16",), "f32": ("fp32",),
+            "f64": ("fp64",), "f8E4M3FN": ("fp8e4nv",), "f8E5M2": ("fp8e5",),
+            "f8E4M3FNUZ": ("fp8e4b8",), "f8E5M2FNUZ": ("fp8e5b16",)}
+_SCALAR = {"i1": ("i1",), "i32": ("i32",), "i64": ("i64", "u64"), "f32": ("fp32",),
+           "f64": ("fp64",), "f16": ("fp16",), "bf16": ("bf16",)}
+_ARG = re.compile(r"%([A-Za-z_][A-Za-z0-9_]{0,127}): (!tt\.ptr<([A-Za-z0-9]+)>|[a-z0-9]+)"
+                  r"( \{tt\.divisibility = 16 : i32\})?(?= loc|,|\))")
+_MODULE = re.compile(r"^[A-Za-z_]\w{0,63}(\.[A-Za-z_]\w{0,63}){0,7}$")
+_FLOAT = re.compile(r"arith\.constant (-?\d\.\d{1,20}[eE][-+]?\d{1,3}) : f32\b")
+_INT = re.compile(r"(?<![\w.%#])(-?\d{1,10})(?=\s*:\s*i(?:32|64)\b|x|>|\s*:\s*i32,)")
 
 # How a claim of this library is re-derived (`warmd status`, `warmd plan`).
-HOW = "from its recorded IR (the cache does not name its Python function)"
+HOW = ("from the library's kernel function (allow-listed modules; kernels not found there "
+       "stay local)")
 
 
 def rederive(adapter: TritonCacheAdapter, name: str, artifact: bytes,
@@ -84,35 +129,59 @@ def rederive(adapter: TritonCacheAdapter, name: str, artifact: bytes,
                               "source to rebuild it from")
     kernel, files = _kernel_files(tree, name)
     meta = _metadata(tree, name, kernel)
-    _check_ir(tree.read(f"{name}/{kernel}.ttir").data.decode(errors="replace"))
+    if importlib.util.find_spec("triton") is None:
+        raise CannotRederiveHere("Triton is not installed here")
+    args, ints = _parameters(tree.read(f"{name}/{kernel}.source").data, kernel)
     out = scratch / "rebuilt"
     out.mkdir(parents=True)
-    run_rebuild([sys.executable, "-m", "warmd.libraries.triton.rederive",
-                 str(claim / f"{kernel}.ttir"), str(out),
-                 json.dumps({"arch": _arch(meta), "options": _options(meta)})],
+    job = scratch / "job.json"
+    job.write_text(json.dumps({
+        "kernel": kernel, "hash": meta["hash"], "arch": _arch(meta),
+        "options": _options(meta), "args": args, "ints": ints,
+        "modules": [m for m in settings.triton_modules() if _MODULE.match(m)]}))
+    run_rebuild([sys.executable, "-m", "warmd.libraries.triton.rederive", str(job), str(out)],
                 env=_rebuild_env(meta, scratch / "triton-cache"), cwd=str(scratch))
-    entry = scratch / "entry" / name
+    _outcome(out, kernel)
+    return _entry(adapter, name, kernel, out, claim, files, artifact, scratch / "entry")
+
+
+def _outcome(out: Path, kernel: str) -> None:
+    """What the rebuild process found: RederiveRefused when no allow-listed function has
+    the kernel's name, RederiveMismatch when none of its specialisations has the key."""
+    result = load_json((out / "result.json").read_bytes(), 4096, "result.json")
+    outcome = result.get("outcome") if isinstance(result, dict) else None
+    why = str(result.get("why", ""))[:300] if isinstance(result, dict) else ""
+    if outcome == "built":
+        return
+    if outcome == "mismatch":
+        raise RederiveMismatch(f"no specialisation of this node's {kernel} has the claim's "
+                               f"key: {why}")
+    raise RederiveRefused(f"{why or 'the rebuild made nothing'}: {kernel} stays local to "
+                          "the node that built it")
+
+
+def _entry(adapter: TritonCacheAdapter, name: str, kernel: str, out: Path, claim: Path,
+           files: list[str], artifact: bytes, entry_root: Path) -> Rederived:
+    """The entry as this node's Triton wrote it (the group file with bare names)."""
+    entry = entry_root / name
     entry.mkdir(parents=True)
-    rebuilt = {f"{kernel}.{stage}" for stage in STAGES}
-    for child in files:
-        source = out if child in rebuilt else claim
-        if child == f"{kernel}.json":
-            data = json.loads((out / child).read_text())
-            data["hash"] = meta["hash"]
-            (entry / child).write_text(json.dumps(data))
-        else:
-            (entry / child).write_bytes((source / child).read_bytes())
+    built = sorted(p.name for p in out.iterdir() if p.name != "result.json")
+    if f"{kernel}.cubin" not in built or f"{kernel}.json" not in built:
+        raise RederiveRefused(f"the rebuild of {kernel} wrote no cubin")
+    for child in built:
+        (entry / child).write_bytes((out / child).read_bytes())
     (entry / f"__grp__{kernel}.json").write_text(json.dumps(
-        {"child_paths": {child: str(entry / child) for child in files}}))
-    ours = TritonCacheAdapter(entry.parent, adapter.arch)
-    packed = ours.pack(CacheEntry(adapter.library, name, entry))
-    differs = tuple(child for child in files
-                    if (entry / child).read_bytes() != (claim / child).read_bytes())
+        {"child_paths": {child: str(entry / child) for child in built}}))
+    packed = TritonCacheAdapter(entry_root, adapter.arch).pack(
+        CacheEntry(adapter.library, name, entry))
+    differs = tuple(child for child in sorted(set(files) | set(built))
+                    if not (claim / child).is_file() or not (entry / child).is_file()
+                    or (entry / child).read_bytes() != (claim / child).read_bytes())
     return Rederived(packed, packed == artifact, differs)
 
 
 def _kernel_files(tree: CacheTree, name: str) -> tuple[str, list[str]]:
-    """The kernel's name and the files its one group lists (its IR, metadata and cubin
+    """The kernel's name and the files its one group lists (its frontend IR and metadata
     among them, nothing else than Triton's stages)."""
     groups = [g for g in tree.listdir(name) if GROUP_RE.match(g)]
     if len(groups) != 1:
@@ -122,13 +191,13 @@ def _kernel_files(tree: CacheTree, name: str) -> tuple[str, list[str]]:
         raise RederiveRefused(f"not a Triton kernel name: {kernel!r}")
     data = tree.read_json(f"{name}/{groups[0]}", MAX_GROUP_BYTES)
     children = data.get("child_paths") if isinstance(data, dict) else None
-    allowed = {f"{kernel}.{ext}" for ext in (*INPUTS, *STAGES, "json")}
+    allowed = {f"{kernel}.{ext}" for ext in (*STAGES, "json")}
     if not isinstance(children, dict) or not set(children) <= allowed:
         raise RederiveRefused(f"the group of {kernel} lists files Triton does not write")
-    needed = {f"{kernel}.ttir", f"{kernel}.json", f"{kernel}.cubin"}
+    needed = {f"{kernel}.source", f"{kernel}.json"}
     if not needed <= set(children):
-        raise RederiveRefused(f"the entry lacks {sorted(needed - set(children))}: nothing "
-                              "to rebuild from")
+        raise RederiveRefused(f"the entry lacks {sorted(needed - set(children))}: no "
+                              "parameters to rebuild from")
     return kernel, sorted(children)
 
 
@@ -148,6 +217,44 @@ def _metadata(tree: CacheTree, name: str, kernel: str) -> dict:
 def _entry_name(digest: str) -> str:
     """The directory Triton's cache keeps a key's files in (base32 of its sha256)."""
     return base64.b32encode(bytes.fromhex(digest)).decode().rstrip("=")
+
+
+def _parameters(source: bytes, kernel: str) -> tuple[list[dict], list[int | float]]:
+    """From the frontend IR, as literals: each runtime argument's name, the signature
+    types it may have and whether it was specialised as 16-divisible; the integers and
+    float32 constants the IR holds (candidate constexpr values). Nothing else of the IR is
+    used."""
+    text = source.decode(errors="replace")
+    head = re.search(rf"^\s*tt\.func (?:public )?@{kernel}\((.*)\)(?: attributes|\s*\{{)",
+                     text, re.M)
+    if head is None:
+        raise RederiveRefused(f"the frontend IR of {kernel} has no function header")
+    args = []
+    for arg_name, kind, element, div in _ARG.findall(head.group(1)):
+        types = (tuple(f"*{t}" for t in _ELEMENT.get(element, ())) if element
+                 else _SCALAR.get(kind, ()))
+        if not types:
+            raise RederiveRefused(f"argument {arg_name} of {kernel} has a type warmd does "
+                                  f"not re-derive ({kind})")
+        args.append({"name": arg_name, "types": list(types), "div": bool(div)})
+    if len(args) != head.group(1).count("%") or len(args) > MAX_ARGS:
+        raise RederiveRefused(f"the arguments of {kernel} are not plain scalars and pointers")
+    ints = sorted({int(v) for v in _INT.findall(text) if abs(int(v)) < 1 << 31},
+                  key=lambda v: (abs(v), v))
+    floats = sorted({_shortest_f32(float(v)) for v in _FLOAT.findall(text)
+                     if math.isfinite(float(v))}, key=abs)
+    return args, ints[:MAX_INTS] + floats[:MAX_FLOATS]
+
+
+def _shortest_f32(value: float) -> float:
+    """The shortest decimal a float32 constant of the IR was written as (1e-06 for
+    9.99999997E-7): the Python float a constexpr held."""
+    single = struct.pack("f", value)
+    for digits in range(1, 10):
+        candidate = float(f"{value:.{digits}g}")
+        if struct.pack("f", candidate) == single:
+            return candidate
+    return value
 
 
 def _arch(meta: dict) -> int:
@@ -174,51 +281,224 @@ def _options(meta: dict) -> dict:
 def _rebuild_env(meta: dict, cache: Path) -> dict[str, str]:
     """This process's environment (this node's own Triton knobs too: line info, for one,
     is not in a kernel's metadata and changes its cubin), the claim's cache-invalidating
-    knobs (as Triton records them: short strings) over it, and a scratch cache; never
-    the knobs that dump, override or relocate what Triton reads and writes."""
+    knobs (as Triton records them: short strings) over it, and a scratch cache (the
+    libraries' too: importing FlashInfer creates its workspace, and the sandbox lets the
+    process write only its scratch); never the knobs that dump, override or relocate what
+    Triton reads and writes."""
     env = {k: v for k, v in os.environ.items() if not _UNSAFE_ENV.match(k)}
     for key, value in meta.items():
         if _ENV.match(key) and isinstance(value, str) and len(value) <= 64 \
                 and re.fullmatch(r"[A-Za-z0-9_.,:-]*", value):
             env[key] = value
     env["TRITON_CACHE_DIR"] = str(cache)
+    for key in _LIBRARY_CACHES:  # the allow-listed modules create them on import: scratch
+        env[key] = str(cache.parent / "library-caches")
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
     return env
 
 
-def _check_ir(ttir: str) -> None:
-    """IR may name a bitcode library to link (``libpath``): only Triton's own."""
+# ----- in the rebuild process --------------------------------------------------------------
+
+def _functions(kernel: str, modules: list[str], failed: list[str]) -> list:
+    """The module-level @triton.jit functions named kernel in the allow-listed modules
+    (a package: every module of it whose file defines the name), found on disk and only
+    those modules imported; failed gets each module that defines it but did not import."""
+    import importlib
     import importlib.util
 
-    spec = importlib.util.find_spec("triton")
-    if spec is None or not spec.submodule_search_locations:
-        raise CannotRederiveHere("Triton is not installed here")
-    own = str(Path(next(iter(spec.submodule_search_locations))).resolve()) + "/"
-    for path in _LIBPATH.findall(ttir):
-        if path and not os.path.realpath(path).startswith(own):
-            raise RederiveRefused("the IR links a bitcode library outside Triton's own")
+    from triton.runtime.jit import JITFunction
+
+    defines = re.compile(rf"^def\s+{kernel}\s*\(", re.M)
+    found = []
+    for top in modules:
+        try:
+            spec = importlib.util.find_spec(top)
+        except (ImportError, ValueError):
+            continue
+        if spec is None or spec.origin is None:
+            continue
+        files = ([Path(spec.origin)] if not spec.submodule_search_locations else
+                 sorted(p for root in spec.submodule_search_locations
+                        for p in Path(root).rglob("*.py")))
+        for path in files[:50000]:
+            try:
+                if not defines.search(path.read_text(errors="replace")):
+                    continue
+            except OSError:
+                continue
+            name = top if not spec.submodule_search_locations else _module_name(
+                top, spec.submodule_search_locations, path)
+            try:
+                fn = getattr(importlib.import_module(name), kernel, None)
+            except Exception as exc:  # a module that does not import holds nothing we run
+                failed.append(f"{name} does not import here ({type(exc).__name__})")
+                continue
+            for _ in range(4):  # Autotuner, Heuristics: .fn is what they wrap
+                if isinstance(fn, JITFunction) or fn is None:
+                    break
+                fn = getattr(fn, "fn", None)
+            if isinstance(fn, JITFunction) and fn.__name__ == kernel:
+                found.append(fn)
+    return found
 
 
-def _compile(ttir: Path, out: Path, how: dict) -> None:
-    """In the rebuild process: compile the IR for its arch and write each stage and the
-    metadata Triton wrote."""
+def _module_name(top: str, roots, path: Path) -> str:
+    for root in roots:
+        try:
+            rel = path.relative_to(root).with_suffix("")
+        except ValueError:
+            continue
+        parts = [p for p in rel.parts if p != "__init__"]
+        return ".".join([top, *parts])
+    return top
+
+
+def _specializations(fn, job: dict):
+    """(signature, constexprs, attrs) the claim's literals allow for fn: every argument in
+    the IR a runtime argument of fn; any other parameter None or 1 (what Triton's
+    specialisation turns into constexprs) unless it is a constexpr: first as its use in
+    fn suggests (a test: a bool; a dtype argument: a dtype; else a number of the IR or a
+    small power of two), then any of those, None or a common dtype (a bool default: only a
+    bool, a dtype default: only a dtype)."""
+    by_name = {a["name"]: a for a in job["args"]}
+    params = fn.params
+    if [p.name for p in params if p.name in by_name] != [a["name"] for a in job["args"]]:
+        return
+    attrs = [{(i,): [["tt.divisibility", 16]] if by_name.get(p.name, {}).get("div") else []
+              for i, p in enumerate(params)}]  # as Triton's launcher gives them
+    if not any(a["div"] for a in job["args"]):
+        attrs.append({})  # an ASTSource made by hand, without attributes
+    for choices in _choices(fn, job, by_name):
+        for picked in itertools.product(*choices):
+            signature, constexprs = {}, {}
+            for p, value in zip(params, picked, strict=True):
+                if p.name in by_name:
+                    signature[p.name] = value
+                else:
+                    signature[p.name] = "constexpr"
+                    constexprs[p.name] = value
+            for attr in attrs:
+                yield signature, constexprs, attr
+
+
+def _choices(fn, job: dict, by_name: dict) -> list[list[list]]:
+    """The candidates of each parameter: the narrow ones (as used), then the wide ones."""
+    import triton.language as tl
+
+    numbers = _unique([*job["ints"], 1, 2, 4, 8, 16, 32, 64, 128, 256])
+    dtypes = [tl.float16, tl.bfloat16, tl.float32, tl.float8e4nv, tl.float8e5, tl.int8,
+              tl.int32, tl.int64]
+    tests, typed = _uses(fn)
+    narrow, wide = [], []
+    for p in fn.params:
+        if p.name in by_name:
+            both = [by_name[p.name]["types"]] * 2
+        elif not p.is_constexpr:
+            both = [[None, 1]] * 2
+        elif isinstance(p.default, bool):
+            both = [[p.default, not p.default]] * 2
+        elif isinstance(p.default, tl.dtype):
+            both = [_unique([p.default, *dtypes])] * 2
+        else:
+            first = [p.default] if isinstance(p.default, int) else []
+            likely = ([False, True] if p.name in tests else dtypes if p.name in typed
+                      else _unique([*first, *numbers]))
+            both = [likely, _unique([*likely, True, False, *numbers, None, *dtypes])]
+        narrow.append(both[0])
+        wide.append(both[1])
+    return [narrow, wide]
+
+
+def _unique(values: list) -> list:
+    """values without repeats, True, 1 and 1.0 apart (Triton's key tells them apart)."""
+    seen: dict[tuple[type, str], object] = {}
+    for value in values:
+        seen.setdefault((type(value), str(value)), value)
+    return list(seen.values())
+
+
+def _uses(fn) -> tuple[set[str], set[str]]:
+    """Names fn's source tests (if, while, and/or/not) and passes as a dtype."""
+    import ast
+
+    tests, typed = set(), set()
+    for node in ast.walk(fn.parse()):
+        if isinstance(node, (ast.If, ast.While, ast.IfExp)):
+            tests |= {n.id for n in [node.test] if isinstance(n, ast.Name)}
+        elif isinstance(node, ast.BoolOp):
+            tests |= {n.id for n in node.values if isinstance(n, ast.Name)}
+        elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not) \
+                and isinstance(node.operand, ast.Name):
+            tests.add(node.operand.id)
+        elif isinstance(node, ast.Call):
+            typed |= {k.value.id for k in node.keywords
+                      if k.arg == "dtype" and isinstance(k.value, ast.Name)}
+            if isinstance(node.func, ast.Attribute) and node.func.attr == "to":
+                typed |= {a.id for a in node.args[:1] if isinstance(a, ast.Name)}
+    return tests, typed
+
+
+def _find(fns: list, job: dict, backend, options, env_vars):
+    """The function and specialisation whose key is the claim's, or None and why."""
+    import hashlib
+
+    from triton.compiler import ASTSource
+    from triton.runtime.cache import get_cache_key
+
+    class Hashed:  # the options' hash, computed once (it is the same for every key)
+        def __init__(self, digest: str) -> None:
+            self.digest = digest
+
+        def hash(self) -> str:
+            return self.digest
+
+    hashed, tried = Hashed(options.hash()), 0
+    for fn in fns:
+        for signature, constexprs, attrs in _specializations(fn, job):
+            tried += 1
+            if tried > MAX_SPECIALIZATIONS:
+                return None, f"over {MAX_SPECIALIZATIONS} specialisations to try"
+            src = ASTSource(fn, signature, constexprs, attrs)
+            key = get_cache_key(src, backend, hashed, env_vars=env_vars)
+            if hashlib.sha256(key.encode()).hexdigest() == job["hash"]:
+                return (src, options), ""
+    return None, f"{tried} specialisations of {len(fns)} function(s) tried"
+
+
+def _rebuild(job: dict, out: Path) -> dict:
+    """Find the function, the specialisation with the claim's key, compile it; write the
+    files Triton wrote for that key into out."""
     import triton
+    from triton._C.libtriton import get_cache_invalidating_env_vars
     from triton.backends.compiler import GPUTarget
+    from triton.compiler.compiler import make_backend
 
-    kernel = ttir.stem
-    compiled = triton.compile(str(ttir), target=GPUTarget("cuda", how["arch"], 32),
-                              options=how["options"])
-    for stage in STAGES:
-        data = compiled.asm[stage]
-        (out / f"{kernel}.{stage}").write_bytes(data if isinstance(data, bytes)
-                                                else data.encode())
-    written = next(settings.triton_cache_dir().glob("*/*.json"))
-    meta = [p for p in written.parent.glob("*.json") if not p.name.startswith("__grp__")]
-    (out / f"{kernel}.json").write_bytes(meta[0].read_bytes())
+    failed: list[str] = []
+    fns = _functions(job["kernel"], job["modules"], failed)
+    if not fns:
+        return {"outcome": "no-function",
+                "why": f"no @triton.jit function named {job['kernel']} in "
+                       f"{', '.join(job['modules']) or 'no module'}"
+                       + "".join(f"; {f}" for f in failed[:3])}
+    target = GPUTarget("cuda", job["arch"], 32)
+    backend = make_backend(target)
+    options = backend.parse_options(dict(job["options"]))
+    found, why = _find(fns, job, backend, options, get_cache_invalidating_env_vars())
+    if found is None:
+        return {"outcome": "too-many" if why.startswith("over") else "mismatch", "why": why}
+    compiled = triton.compile(found[0], target=target, options=job["options"])
+    if compiled.hash != job["hash"]:
+        return {"outcome": "mismatch", "why": "the compile's key is not the claim's"}
+    entry = settings.triton_cache_dir() / _entry_name(job["hash"])
+    for path in entry.iterdir():
+        if not GROUP_RE.match(path.name):
+            (out / path.name).write_bytes(path.read_bytes())
+    return {"outcome": "built"}
 
 
 if __name__ == "__main__":
     try:
-        _compile(Path(sys.argv[1]), Path(sys.argv[2]), json.loads(sys.argv[3]))
+        done = _rebuild(json.loads(Path(sys.argv[1]).read_text()), Path(sys.argv[2]))
     except UnsafeArtifact as exc:
         sys.exit(f"refused: {exc}")
+    (Path(sys.argv[2]) / "result.json").write_text(json.dumps(done))
