@@ -73,7 +73,7 @@ def _load(config_path, redis_url, namespace, metrics_port=None):
 
 # --- warmd start ----------------------------------------------------------------------------
 
-@click.command()
+@click.command(short_help="Start warmd on a Ray cluster: an agent warms every GPU node.")
 @_config_options
 @click.option("--address", metavar="ADDR",
               help="Ray cluster to run on (HOST:PORT, or 'auto': the running local one). "

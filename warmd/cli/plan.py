@@ -20,7 +20,7 @@ from warmd.plan import (
 )
 
 
-@click.command()
+@click.command(short_help="The kernel each layer dispatches to, and its JIT tasks.")
 @plan_options
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
 @click.option("--learned", is_flag=True,

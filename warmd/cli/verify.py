@@ -13,7 +13,7 @@ from warmd.cli.render import wrapped
 from warmd.plan import PlanRequest, make_plan
 
 
-@click.command()
+@click.command(short_help="Say whether the engine, launched so, will compile anything.")
 @plan_options(model_help="Or give the engine's serve command after --.")
 @click.option("--json", "as_json", is_flag=True, help="Print the verdicts as JSON.")
 def verify(request: PlanRequest, as_json: bool) -> None:

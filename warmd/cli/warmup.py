@@ -129,7 +129,7 @@ def _render(config: WarmdConfig, result: NodeWarm, summary: NodeSummary) -> str:
                         f"{result.seconds:.1f} s: {summary.state}", summary.counters, notes)
 
 
-@click.command()
+@click.command(short_help="Compile every JIT kernel the plan needs, before traffic.")
 @from_config_option
 @plan_options(model_help="Not used with --from-config (the file names the models).")
 @click.option("--library", "libraries", multiple=True, type=click.Choice(tuple(LIBRARIES)),
