@@ -20,6 +20,15 @@ from pathlib import Path
 FAST_AGENT = {"reconcile_seconds": 1, "heartbeat_seconds": 1, "metrics_port": 0}
 
 
+def ray_head_ports() -> dict:
+    """A test's Ray head's arguments for the ports Ray would otherwise take at fixed defaults
+    (the dashboard's 8265 and its agent's 52365): free-picked, so that Ray clusters of tests
+    running in parallel processes (pytest-xdist) never meet. Every other port Ray picks."""
+    from warmd.store import free_port
+
+    return {"dashboard_port": free_port(), "dashboard_agent_listen_port": free_port()}
+
+
 def flashinfer_model(models: str, name: str = "llama") -> dict:
     """The model the cluster tests warm: FlashInfer's silu_and_mul, cross-built for sm_90a
     (no GPU needed). `models` may hold $VARS: they expand on each node."""

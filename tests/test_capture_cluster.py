@@ -32,6 +32,7 @@ from tests.cluster_support import (  # noqa: E402
     cluster_config,
     copy_llama,
     flashinfer_model,
+    ray_head_ports,
     until,
 )
 from tests.triton_support import snapshot  # noqa: E402
@@ -99,7 +100,7 @@ def cluster(tmp_path_factory):
     # the default trust (re-derivation), node A the trusted producer
     data["capture"] = {"trust": "rederive", "rederive_nodes": ["node-a"]}
     config.write_text(json.dumps(data))
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1,
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, **ray_head_ports(),
                                                       "env_vars": node_env(base, "head")})
     ray.init(address=c.address, namespace=RAY_NAMESPACE, log_to_driver=False)
     try:

@@ -32,6 +32,7 @@ from tests.cluster_support import (  # noqa: E402
     cluster_config,
     copy_llama,
     flashinfer_model,
+    ray_head_ports,
     until,
 )
 from warmd.cluster import CONTROLLER_NAME, RAY_NAMESPACE, agent_name  # noqa: E402
@@ -140,7 +141,8 @@ def world(tmp_path_factory):
     w.config = base / "warmd.yaml"
     w.config.write_text(cluster_config(w.url, NAMESPACE,
                                        [flashinfer_model("${WARMD_TEST_MODELS}")]))
-    w.cluster = Cluster(initialize_head=True, head_node_args=w.node_args("head", gpu=False))
+    w.cluster = Cluster(initialize_head=True,
+                        head_node_args={**w.node_args("head", gpu=False), **ray_head_ports()})
     w.nodes["a"] = w.cluster.add_node(**w.node_args("a"))
     w.nodes["b"] = w.cluster.add_node(**w.node_args("b"))
     ray.init(address=w.cluster.address, namespace=RAY_NAMESPACE, log_to_driver=False)
@@ -290,7 +292,8 @@ def test_prejoin_node_joins_warm_and_labelled(daemon):
     world.prejoin = subprocess.Popen(
         [sys.executable, "-m", "ray.scripts.scripts", "start", "--block",
          f"--address={world.cluster.address}", "--num-cpus=1", "--num-gpus=1",
-         '--resources={"accelerator_type:H200": 1}', "--labels=warmd.io/warm=true"],
+         '--resources={"accelerator_type:H200": 1}', "--labels=warmd.io/warm=true",
+         f"--dashboard-agent-listen-port={free_port()}"],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     node_id = until(lambda: next((n["NodeID"] for n in ray.nodes() if n["Alive"] and
                                   n.get("Labels", {}).get("warmd.io/warm") == "true"), None))

@@ -110,6 +110,7 @@ class Joiner:
 def test_later_nodes_take_blobs_from_earlier_ones_and_refuse_flipped_bytes(tmp_path,
                                                                             monkeypatch):
     import ray
+    from cluster_support import ray_head_ports
     from ray.cluster_utils import Cluster
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
     from store_support import registered_testlib, warm
@@ -129,7 +130,7 @@ def test_later_nodes_take_blobs_from_earlier_ones_and_refuse_flipped_bytes(tmp_p
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([SRC, str(Path(SRC) / "tests")]))
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
     cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 0, "object_store_memory": 80 << 20})
+        "num_cpus": 0, "object_store_memory": 80 << 20, **ray_head_ports()})
     try:
         ray.init(address=cluster.address, namespace=RAY_NAMESPACE, log_to_driver=False)
         actor = ray.remote(num_cpus=0)(Joiner)
