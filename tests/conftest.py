@@ -22,12 +22,46 @@ for _name in ("COLUMNS", "LINES"):
     os.environ.pop(_name, None)
 
 
+# Ray waits a fixed 30 s for a starting node to register, and a cluster start takes both
+# cores for seconds: more than two clusters starting at once on a 2-core machine can miss that
+# bound. The modules that start Ray clusters one test after another share two groups, so that
+# at most two of them run at once.
+RAY_CLUSTER_GROUPS = {
+    "tests/test_cluster_daemon.py": "ray-clusters-1",
+    "tests/test_cluster_fanout.py": "ray-clusters-1",
+    "tests/test_capture_cluster.py": "ray-clusters-2",
+    "tests/test_cluster_local.py": "ray-clusters-2",
+    "tests/test_cluster_quickstart.py": "ray-clusters-2",
+}
+
+
+def _module(nodeid: str) -> str:
+    return nodeid.split("::")[0]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """--dist loadscope, by module: a worker takes one whole test module at a time (its
+    module-scoped servers and builds made once), or one whole group of RAY_CLUSTER_GROUPS.
+    (pytest-xdist's own --dist loadgroup cannot mark pytest 9's node ids.)"""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = _module(nodeid)
+            return RAY_CLUSTER_GROUPS.get(module, module)
+
+    return ModuleScheduling(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
-    """Modules with a test marked slow first, each module's tests in their order:
-    pytest-xdist hands out whole modules (--dist loadscope) in this order, so the longest
-    start first and the short ones fill the gaps, instead of a long one starting last."""
-    slow = {item.nodeid.split("::")[0] for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.nodeid.split("::")[0] not in slow)
+    """Modules with a test marked slow first, each module's tests in their order: workers
+    take modules in this order (with --no-loadscope-reorder), so the longest start first and
+    the short ones fill the gaps."""
+    slow = {_module(item.nodeid) for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: _module(item.nodeid) not in slow)
 
 
 @pytest.fixture

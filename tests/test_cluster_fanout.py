@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 
 import pytest
+from cluster_support import ray_head_ports
 from store_support import SRC, DirAdapter, start_test_server, warmup_plan
 
 from warmd.cluster.fanout import (
@@ -110,7 +111,6 @@ class Joiner:
 def test_later_nodes_take_blobs_from_earlier_ones_and_refuse_flipped_bytes(tmp_path,
                                                                             monkeypatch):
     import ray
-    from cluster_support import ray_head_ports
     from ray.cluster_utils import Cluster
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
     from store_support import registered_testlib, warm
