@@ -27,11 +27,11 @@ for _name in ("COLUMNS", "LINES"):
 # bound. The modules that start Ray clusters one test after another share two groups, so that
 # at most two of them run at once.
 RAY_CLUSTER_GROUPS = {
-    "tests/test_cluster_daemon.py": "ray-clusters-1",
-    "tests/test_cluster_fanout.py": "ray-clusters-1",
-    "tests/test_capture_cluster.py": "ray-clusters-2",
-    "tests/test_cluster_local.py": "ray-clusters-2",
-    "tests/test_cluster_quickstart.py": "ray-clusters-2",
+    "tests/cluster/test_cluster_daemon.py": "ray-clusters-1",
+    "tests/cluster/test_cluster_fanout.py": "ray-clusters-1",
+    "tests/capture/test_capture_cluster.py": "ray-clusters-2",
+    "tests/cluster/test_cluster_local.py": "ray-clusters-2",
+    "tests/cluster/test_cluster_quickstart.py": "ray-clusters-2",
 }
 
 

@@ -97,8 +97,8 @@ def test_the_suites_writers_leave_the_real_home_alone(tmp_path):
     a CLI run given WARMD_SIGNING_KEY (its 0600 key file), node names (node-id)."""
     home = tmp_path / "home"
     home.mkdir()
-    done = _pytest(home, ROOT, "--strict-home", "tests/test_worker_logs.py",
-                   "tests/test_store_cli.py::test_export_import_roundtrip_verifies_and_refuses")
+    done = _pytest(home, ROOT, "--strict-home", "tests/executors/test_worker_logs.py",
+                   "tests/cli/test_store_cli.py::test_export_import_roundtrip_verifies_and_refuses")
     assert done.returncode == 0, done.stdout + done.stderr
     assert " passed" in done.stdout and "failed" not in done.stdout
     assert list(home.iterdir()) == []

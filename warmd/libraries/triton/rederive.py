@@ -10,7 +10,7 @@ than Triton's own is refused. The re-derived entry holds the claim's IR and this
 ttgir, LLVM IR, PTX, cubin and metadata (its ``hash``, the engine's key that names the
 directory, taken from the claim and checked against the name).
 
-Measured (tests/test_capture_rederive.py, triton 3.9, sm_90 on a CPU machine): the rebuild
+Measured (tests/capture/test_capture_rederive.py, triton 3.9, sm_90 on a CPU machine): the rebuild
 reproduces every stage byte for byte when it sees the engine's Triton tool knobs (importing
 FlashInfer sets TRITON_PTXAS_BLACKWELL_PATH, which changes the cubin: this node's own knobs
 are kept); the metadata differs only in ``hash`` (an IR compile keys on the IR, the

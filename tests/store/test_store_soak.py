@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 pytestmark = pytest.mark.slow
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "soak_store.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "soak_store.py"
 
 
 def test_a_short_soak_ends_with_no_bad_install():

@@ -424,10 +424,10 @@ def test_warmup_help_and_model_with_and_without_from_config():
     assert both.exit_code == 2 and len(both.stderr.strip().splitlines()) == 1
     assert "drop --model, --tp, --with" in both.stderr
     # the README's pre-join example names a file that exists, relative to the repository
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
     for line in readme.splitlines():
         if "--from-config" in line and line.startswith("warmd warmup"):
-            assert (Path(__file__).parent.parent / line.split()[3]).is_file(), line
+            assert (Path(__file__).parents[2] / line.split()[3]).is_file(), line
 
 
 QWEN_TP2 = ("--target", "h200", "--with", "deep_gemm", "--", "vllm", "serve",

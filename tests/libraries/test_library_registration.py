@@ -14,7 +14,7 @@ from store_support import registered_testlib
 from warmd import libraries
 from warmd.errors import WarmdInputError
 
-TESTS = str(Path(__file__).resolve().parent)
+TESTS = str(Path(__file__).resolve().parents[1])
 # Every package under warmd/libraries/, in name order: registered with no list to edit.
 BUILT_IN = ("deep_gemm", "flashinfer", "flashinfer_autotune", "triton")
 SRC = str(Path(TESTS).parent)

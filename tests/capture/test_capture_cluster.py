@@ -6,7 +6,7 @@ default, with A in rederive_nodes), re-derives both from what it captured and pu
 it built; a node added afterwards installs both before READY, and the same compiles there
 create no new entries (runtime JIT = 0 there).
 
-Worker nodes advertise fake GPUs (no GPU here), as in tests/test_cluster_daemon.py; each
+Worker nodes advertise fake GPUs (no GPU here), as in tests/cluster/test_cluster_daemon.py; each
 node has its own caches through per-node environment variables, so entries move between
 nodes only through Redis.
 """
@@ -40,7 +40,7 @@ from warmd.cluster import RAY_NAMESPACE  # noqa: E402
 from warmd.store import start_server  # noqa: E402
 
 pytestmark = pytest.mark.slow
-REPO = str(Path(__file__).resolve().parent.parent)
+REPO = str(Path(__file__).resolve().parents[2])
 
 
 def node_env(base: Path, name: str) -> dict:

@@ -15,7 +15,7 @@ from testlib import NAME, ROOT_ENV
 from warmd.executors.pool import MAX_WORKER_LOGS, Worker, _rotate_worker_logs
 from warmd.plan import Task
 
-SRC = str(Path(__file__).resolve().parent.parent)
+SRC = str(Path(__file__).resolve().parents[2])
 # A worker process as the pool sets it up (its output redirected to its log), given a
 # smaller keep count so that a few processes show the rotation.
 _WORKER = """

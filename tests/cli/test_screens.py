@@ -13,7 +13,7 @@ from warmd.cli.render import ELLIPSIS
 from warmd.cluster.state import FAILED, READY, NodeState
 from warmd.cluster.state import NodeStatus as st
 
-SCREENS = Path(__file__).resolve().parent.parent / "docs" / "screens.md"
+SCREENS = Path(__file__).resolve().parents[2] / "docs" / "screens.md"
 WIDTH = 80
 
 

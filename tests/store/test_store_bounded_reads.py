@@ -41,7 +41,7 @@ server = module_server()
 
 def _fetch_in_child(url: str, root: Path, task: str) -> dict:
     args = json.dumps({"url": url, "root": str(root), "task": task})
-    done = subprocess.run([sys.executable, "-c", CHILD, args, str(Path(__file__).parent)],
+    done = subprocess.run([sys.executable, "-c", CHILD, args, str(Path(__file__).parents[1])],
                           capture_output=True, text=True, timeout=300, cwd=SRC)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.splitlines()[-1])

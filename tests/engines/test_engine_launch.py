@@ -21,7 +21,7 @@ from warmd.errors import WarmdInputError
 from warmd.mvalues import aligned_grouped_m, fast_m_values
 from warmd.plan import PlanRequest, make_plan
 
-MODELS = Path(__file__).parent / "data" / "models"
+MODELS = Path(__file__).parents[1] / "data" / "models"
 BASE = PlanRequest(model="", target="h200", with_libs=("deep_gemm", "flashinfer", "nvcc"),
                    without_libs=("sgl_kernel",), engine_env=())
 
@@ -82,7 +82,7 @@ def test_serve_command_plans_what_the_equivalent_flags_plan(command, name, flags
 
 
 # vLLM >= 0.17.0 runs block-FP8 MoE with expert parallel on FlashInfer CUTLASS by default
-# (fused_moe/oracle/fp8.py; tests/test_backends.py); DeepGEMM MoE, whose M sets these tests
+# (fused_moe/oracle/fp8.py; tests/engines/test_backends.py); DeepGEMM MoE, whose M sets these tests
 # check, is what it runs with VLLM_MOE_USE_DEEP_GEMM=1 set explicitly.
 DEEP_GEMM_MOE = (("VLLM_MOE_USE_DEEP_GEMM", "1"),)
 
@@ -194,7 +194,7 @@ def test_sglang_plain_ep_runs_triton_moe():
 def test_engine_variables_change_choices_and_say_so(variable, value, check):
     # vLLM 0.14.0: a release where each of these changes a choice for this TP-only Hopper
     # launch (from 0.17.0 Triton MoE comes first under TP, so VLLM_MOE_USE_DEEP_GEMM=0 changes
-    # nothing there; 0.16.0 dropped VLLM_ATTENTION_BACKEND: tests/test_backends.py).
+    # nothing there; 0.16.0 dropped VLLM_ATTENTION_BACKEND: tests/engines/test_backends.py).
     command = "vllm serve {kimi_k2_instruct} -tp 8 --max-num-batched-tokens 1024"
     plan = from_command(command, engine_env=((variable, value),), engine_version="0.14.0")
     assert check(plan)
@@ -461,7 +461,7 @@ def test_drift_reports_each_rule_whose_cited_source_changed():
     from warmd.engines.sources import SourceTree, drift, rule_digests
     from warmd.engines.versions import VersionRange
 
-    trees = Path(__file__).parent / "data" / "engine_src"
+    trees = Path(__file__).parents[1] / "data" / "engine_src"
     old, new = SourceTree(trees / "old"), SourceTree(trees / "new")
     assert (old.version(), new.version()) == ("9.9.0", "9.9.1")
     cited = "vllm/warmup/deep_gemm_warmup.py"
@@ -484,7 +484,7 @@ def test_every_rule_has_a_digest_of_the_followed_release_and_a_row_in_the_docs()
     from warmd.engines.sources import DIGESTS
 
     stored = json.loads(DIGESTS.read_text())
-    docs = (Path(__file__).parent.parent / "docs" / "selection.md").read_text()
+    docs = (Path(__file__).parents[2] / "docs" / "selection.md").read_text()
     for rule in RULES:
         assert stored[rule.engine]["version"] == FOLLOWED[rule.engine]
         assert stored[rule.engine]["digests"].get(rule.id), rule.id

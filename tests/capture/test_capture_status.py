@@ -51,7 +51,7 @@ def test_status_shows_runtime_jit_per_node_and_in_total():
 
 def test_fail_on_runtime_jit_says_why_from_the_records_in_redis(tmp_path):
     """Without Ray, status reads the node records from Redis (and exits 1: no controller);
-    the exit 0 of a clean cluster is in tests/test_capture_cluster.py."""
+    the exit 0 of a clean cluster is in tests/capture/test_capture_cluster.py."""
     server = start_server(tmp_path / "redis")
     try:
         store = node_records(server.url, "canary")

@@ -153,7 +153,7 @@ def test_every_metric_is_in_the_docs_table():
 
     from warmd.cluster.metrics import AgentMetrics
 
-    docs = (Path(__file__).resolve().parent.parent / "docs" / "daemon.md").read_text()
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "daemon.md").read_text()
     table = docs.split("## Metrics and logs", 1)[1].split("\n\n", 3)[2]
     documented = set(re.findall(r"`(warmd_[a-z_]+)`", table))
     names = {f"{m.name}_total" if m.type == "counter" else m.name

@@ -27,7 +27,7 @@ from warmd.plan import Task
 
 NVCC = str(settings.cuda_home() / "bin" / "nvcc")
 needs_nvcc = pytest.mark.skipif(not Path(NVCC).is_file(), reason="no nvcc here")
-DATA = Path(__file__).parent / "data" / "deep_gemm"
+DATA = Path(__file__).parents[2] / "data" / "deep_gemm"
 DENSE = next((DATA / "deep_jit" / "cache").glob("sm90_fp8_gemm_1d2d.*"))
 KERNEL = "template <int N> __global__ void k(float* x) { x[threadIdx.x] *= N; }\n" \
          "static void* p = (void*)&k<{n}>;\n"

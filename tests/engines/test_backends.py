@@ -351,7 +351,7 @@ def test_cli_moe_backend_flag_equals_the_serve_command():
 
 # ----- FP8 MoE with static per-tensor scales (rule vllm-fi-moe-static-tensor) -----
 
-MIXTRAL = json.loads((Path(__file__).parent / "data" / "models" / "mixtral-8x7b-instruct"
+MIXTRAL = json.loads((Path(__file__).parents[1] / "data" / "models" / "mixtral-8x7b-instruct"
                       / "config.json").read_text())
 
 

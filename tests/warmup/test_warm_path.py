@@ -27,8 +27,8 @@ from warmd.warmup import WarmupOptions, run_warmup
 
 pytestmark = pytest.mark.slow  # a real FlashInfer build and a real Redis server
 
-ROOT = Path(__file__).resolve().parent.parent
-DATA = Path(__file__).parent / "data" / "deep_gemm" / "cache"
+ROOT = Path(__file__).resolve().parents[2]
+DATA = Path(__file__).parents[1] / "data" / "deep_gemm" / "cache"
 PLAN_ARGS = ["-m", "qwen3-30b-a3b-fp8", "-t", "h200", "--engine", "sglang", "--with",
              "flashinfer", "--with", "deep_gemm", "--without", "sgl_kernel"]
 

@@ -1,5 +1,5 @@
 """Capture on one node and install on another, with a real redis-server and real Triton
-sm_90 compiles as the engine (no Ray: the daemon test is tests/test_capture_cluster.py)."""
+sm_90 compiles as the engine (no Ray: the daemon test is tests/capture/test_capture_cluster.py)."""
 
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ def scope(base: Path) -> CaptureScope:
 
 def capture(server, base: Path, node: str, trust=CaptureTrust.OWN_NODES, **kw) -> Capture:
     """A capture publishing learned entries itself (a cluster trusting its own nodes; the
-    default, re-derivation, is tests/test_capture_rederive.py's)."""
+    default, re-derivation, is tests/capture/test_capture_rederive.py's)."""
     events = []
     cap = Capture(node, [scope(base)], lambda target: open_shared_cache(
         server.url, target=target, node=node), on_runtime_jit=events.append, trust=trust,
