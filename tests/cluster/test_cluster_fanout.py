@@ -127,7 +127,8 @@ def test_later_nodes_take_blobs_from_earlier_ones_and_refuse_flipped_bytes(tmp_p
     with registered_testlib():
         packed = {e.name: publisher.pack(e) for e in publisher.list_entries()}
     published = {e.name: _digest(e.path) for e in publisher.list_entries()}
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([SRC, str(Path(SRC) / "tests")]))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([SRC, str(Path(SRC) / "tests"),
+                                                   str(Path(__file__).parent)]))
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
     cluster = Cluster(initialize_head=True, head_node_args={
         "num_cpus": 0, "object_store_memory": 80 << 20, **ray_head_ports()})
