@@ -13,6 +13,7 @@ from pathlib import Path
 
 import private_home
 import pytest
+from cluster_support import RAY_CLUSTER_GROUPS
 
 HOME = private_home.enter()
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -22,19 +23,6 @@ for _name in ("COLUMNS", "LINES"):
     os.environ.pop(_name, None)
 
 
-# Ray waits a fixed 30 s for a starting node to register, and a cluster start takes both
-# cores for seconds: more than two clusters starting at once on a 2-core machine can miss that
-# bound. The modules that start Ray clusters one test after another share two groups, so that
-# at most two of them run at once.
-RAY_CLUSTER_GROUPS = {
-    "tests/cluster/test_cluster_daemon.py": "ray-clusters-1",
-    "tests/cluster/test_cluster_fanout.py": "ray-clusters-1",
-    "tests/capture/test_capture_cluster.py": "ray-clusters-2",
-    "tests/cluster/test_cluster_local.py": "ray-clusters-2",
-    "tests/cluster/test_cluster_quickstart.py": "ray-clusters-2",
-}
-
-
 def _module(nodeid: str) -> str:
     return nodeid.split("::")[0]
 
@@ -42,8 +30,9 @@ def _module(nodeid: str) -> str:
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
     """--dist loadscope, by module: a worker takes one whole test module at a time (its
-    module-scoped servers and builds made once), or one whole group of RAY_CLUSTER_GROUPS.
-    (pytest-xdist's own --dist loadgroup cannot mark pytest 9's node ids.)"""
+    module-scoped servers and builds made once), or one whole group of
+    cluster_support.RAY_CLUSTER_GROUPS. (pytest-xdist's own --dist loadgroup cannot mark
+    pytest 9's node ids.)"""
     if config.getvalue("dist") != "loadscope":
         return None
     from xdist.scheduler import LoadScopeScheduling

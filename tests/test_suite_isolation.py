@@ -102,3 +102,11 @@ def test_the_suites_writers_leave_the_real_home_alone(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     assert " passed" in done.stdout and "failed" not in done.stdout
     assert list(home.iterdir()) == []
+
+
+def test_the_ray_cluster_groups_name_test_modules_that_exist():
+    """A module renamed away from cluster_support.RAY_CLUSTER_GROUPS would silently run
+    beside the others' clusters."""
+    from cluster_support import RAY_CLUSTER_GROUPS
+
+    assert [m for m in RAY_CLUSTER_GROUPS if not (ROOT / m).is_file()] == []
