@@ -110,3 +110,14 @@ def test_the_ray_cluster_groups_name_test_modules_that_exist():
     from cluster_support import RAY_CLUSTER_GROUPS
 
     assert [m for m in RAY_CLUSTER_GROUPS if not (ROOT / m).is_file()] == []
+
+
+def test_no_test_directory_is_named_like_a_library_warmd_looks_for():
+    """The directory of a test file is on sys.path (pytest's default import mode): one named
+    deep_gemm there is what find_spec("deep_gemm") finds, a namespace package, and every
+    later test in that process sees a DeepGEMM of unknown version installed."""
+    from warmd import libraries
+
+    dirs = {p.name for p in TESTS.rglob("*")
+            if p.is_dir() and "data" not in p.relative_to(TESTS).parts}
+    assert dirs.isdisjoint({*libraries.names(), "vllm", "sglang", "sgl_kernel", "torch"})

@@ -24,7 +24,7 @@ from warmd.libraries.deep_gemm.install import (
     resolve,
 )
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 SERVE = ["--", "vllm", "serve", "tests/data/models/qwen3-235b-a22b-fp8",
          "--tensor-parallel-size", "4"]
 # Importing any of these packages ends the process: the probe must only look.

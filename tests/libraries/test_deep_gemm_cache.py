@@ -39,12 +39,12 @@ from warmd.libraries.deep_gemm.executor import DeepGemmExecutor, StdoutCapture, 
 from warmd.libraries.deep_gemm.install import Generation
 from warmd.plan import Task
 
-DATA = Path(__file__).parents[2] / "data" / "deep_gemm" / "cache"
+DATA = Path(__file__).parents[1] / "data" / "deep_gemm" / "cache"
 NAMES = sorted(p.name for p in DATA.iterdir())
 DENSE = [n for n in NAMES if n.startswith("kernel.sm90_fp8_gemm_1d2d.")]
 GROUPED = next(n for n in NAMES if n.startswith("kernel.sm90_m_grouped_fp8_gemm_contiguous"))
 TRANSPOSE = next(n for n in NAMES if n.startswith("kernel.transpose_fp32."))
-ROOT_DIR = Path(__file__).resolve().parents[3]
+ROOT_DIR = Path(__file__).resolve().parents[2]
 
 
 def _root_with_data(root: Path) -> Path:

@@ -39,7 +39,7 @@ needs_nvcc = pytest.mark.skipif(not Path(NVCC).is_file(), reason="no nvcc here")
 KERNEL = "template <int N> __global__ void k(float* x) { x[threadIdx.x] *= N; }\n" \
          "static void* p = (void*)&k<{n}>;\n"
 FLAGS = ["-std=c++17", "--gpu-architecture=sm_90a", "-O3"]
-DATA = Path(__file__).parents[2] / "data" / "deep_gemm"
+DATA = Path(__file__).parents[1] / "data" / "deep_gemm"
 DENSE = next((DATA / "deep_jit" / "cache").glob("sm90_fp8_gemm_1d2d.*"))
 # DeepJIT's own flags on sm_90a (the report of the H200 run, docs/benchmarks.md)
 DEEP_JIT_FLAGS = ["--gpu-architecture=sm_90a", "-O3", "--compiler-options=-O3",

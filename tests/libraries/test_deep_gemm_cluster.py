@@ -28,7 +28,7 @@ from warmd.warmup import WarmupOptions, run_warmup
 
 pytestmark = pytest.mark.slow  # real nvcc builds of a DeepGEMM kernel (about 7 s each)
 
-DATA = Path(__file__).parents[2] / "data" / "deep_gemm" / "deep_jit" / "cache"
+DATA = Path(__file__).parents[1] / "data" / "deep_gemm" / "deep_jit" / "cache"
 ENTRY = next(p.name for p in DATA.iterdir() if p.name.startswith("transpose_fp32."))
 VENDORED_INCLUDE = Path("/work/engines/vllm-0.34.0/vllm/third_party/deep_gemm/include")
 NVCC = str(settings.cuda_home() / "bin" / "nvcc")

@@ -25,7 +25,7 @@ from warmd.plan import PlanRequest, Task, make_plan
 from warmd.probes import LibraryProbe
 from warmd.targets import PRESETS
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 QWEN = str(ROOT / "tests" / "data" / "models" / "qwen3-235b-a22b-fp8")
 DEEP_GEMM_MOE = (("VLLM_MOE_USE_DEEP_GEMM", "1"),)
 BASE = PlanRequest(model=QWEN, tp=4, target="h200", with_libs=("deep_gemm", "flashinfer", "nvcc"),

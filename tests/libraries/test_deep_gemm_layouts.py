@@ -23,7 +23,7 @@ from warmd.libraries.deep_gemm.cache import (
 )
 from warmd.libraries.deep_gemm.install import Generation
 
-DATA = Path(__file__).parents[2] / "data" / "deep_gemm"
+DATA = Path(__file__).parents[1] / "data" / "deep_gemm"
 OLD = sorted(p.name for p in (DATA / "cache").iterdir())
 NEW = sorted(p.name for p in (DATA / "deep_jit" / "cache").iterdir())
 DENSE = next(n for n in NEW if n.startswith("sm90_fp8_gemm_1d2d."))
