@@ -7,7 +7,7 @@
 Every screen is the output of a real `python -m warmd` run with COLUMNS=80 (what a terminal
 of 80 columns shows: warmd renders for $COLUMNS), stdout and stderr as the terminal shows
 them. The plans and --help texts depend only on the checkout and its environment (the
-libraries installed), so they are rendered at every run and tests/test_screens.py holds the
+libraries installed), so they are rendered at every run and tests/cli/test_screens.py holds the
 committed file to them. The daemon's screens (start, status, cache stats, cache ls, stop)
 carry times, ports and addresses: they are rendered with --live (a local Ray cluster and the
 embedded Redis in a fresh HOME, this machine's 2 cores: about a minute), else kept as last
@@ -48,14 +48,14 @@ What warmd prints in an 80-column terminal, written by `scripts/screens.py` (do 
 hand: run it). Each block is the output of a real `python -m warmd` run with `COLUMNS=80`,
 stdout and stderr as a terminal shows them; the checkout's path is shown as `~/warmd`. The
 plans and `--help` texts depend only on the checkout and the libraries installed, and are
-rendered at every run: `tests/test_screens.py` fails when this file is not what the script
+rendered at every run: `tests/cli/test_screens.py` fails when this file is not what the script
 writes for them. The daemon's screens (start, status, cache stats, cache ls, stop) carry times,
 ports and addresses: `scripts/screens.py --live` renders them from a real `warmd start` (a
 local Ray cluster and the embedded Redis, a fresh HOME, the 2-core CPU-only machine);
-otherwise they stay as last captured. `tests/test_screens.py` holds every block to 80 columns
+otherwise they stay as last captured. `tests/cli/test_screens.py` holds every block to 80 columns
 with no identifier shortened (no `…`); the plan's, status' and the cache's tables are
-rendered at 80 columns in `tests/test_plan_cli.py`, `tests/test_screens.py` and
-`tests/test_store_cli.py`, and every command's `--help` in `tests/test_screens.py`.
+rendered at 80 columns in `tests/cli/test_plan_cli.py`, `tests/cli/test_screens.py` and
+`tests/cli/test_store_cli.py`, and every command's `--help` in `tests/cli/test_screens.py`.
 
 The rule (warmd/cli/render.py): a table shows identifiers (task keys, kernel, layer and
 node names, fingerprints, IPs) whole on one line and prose wrapped at spaces. When it

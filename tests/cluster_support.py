@@ -20,6 +20,30 @@ from pathlib import Path
 FAST_AGENT = {"reconcile_seconds": 1, "heartbeat_seconds": 1, "metrics_port": 0}
 
 
+# Ray waits a fixed 30 s for a starting node to register, and a cluster start takes both cores
+# for seconds: more than two clusters starting at once on a 2-core machine can miss that
+# bound. The modules that start Ray clusters one test after another share two pytest-xdist
+# groups (tests/conftest.py's scheduler), so that at most two of them run at once.
+RAY_CLUSTER_GROUPS = {
+    "tests/cluster/test_cluster_daemon.py": "ray-clusters-1",
+    "tests/cluster/test_cluster_fanout.py": "ray-clusters-1",
+    "tests/cluster/test_daemon_changes.py": "ray-clusters-1",
+    "tests/cluster/test_daemon_loopback.py": "ray-clusters-1",
+    "tests/capture/test_capture_cluster.py": "ray-clusters-2",
+    "tests/cluster/test_cluster_local.py": "ray-clusters-2",
+    "tests/cluster/test_cluster_quickstart.py": "ray-clusters-2",
+}
+
+
+def ray_head_ports() -> dict:
+    """A test's Ray head's arguments for the ports Ray would otherwise take at fixed defaults
+    (the dashboard's 8265 and its agent's 52365): free-picked, so that Ray clusters of tests
+    running in parallel processes (pytest-xdist) never meet. Every other port Ray picks."""
+    from warmd.store import free_port
+
+    return {"dashboard_port": free_port(), "dashboard_agent_listen_port": free_port()}
+
+
 def flashinfer_model(models: str, name: str = "llama") -> dict:
     """The model the cluster tests warm: FlashInfer's silu_and_mul, cross-built for sm_90a
     (no GPU needed). `models` may hold $VARS: they expand on each node."""

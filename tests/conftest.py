@@ -1,6 +1,7 @@
-"""Shared test setup. The whole session runs in a private HOME (tests/private_home.py: set
-here, when pytest loads this file, before any test module is imported; a run that changes
-the real HOME's caches is reported, and fails with --strict-home). Ray tests need token auth
+"""Shared test setup. Each test process (pytest itself, or each pytest-xdist worker) runs in
+a private HOME and XDG dirs and with its own Ray temp dir (tests/private_home.py: set here,
+when pytest loads this file, before any test module is imported; a run that changes the
+real HOME's caches is reported, and fails with --strict-home). Ray tests need token auth
 off; probes are cached per process."""
 
 from __future__ import annotations
@@ -12,9 +13,44 @@ from pathlib import Path
 
 import private_home
 import pytest
+from cluster_support import RAY_CLUSTER_GROUPS
 
 HOME = private_home.enter()
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+# Output widths as a pipe gets them, in every process: pytest-xdist gives its workers
+# COLUMNS=80 and LINES=24 (tests that check a width set COLUMNS themselves).
+for _name in ("COLUMNS", "LINES"):
+    os.environ.pop(_name, None)
+
+
+def _module(nodeid: str) -> str:
+    return nodeid.split("::")[0]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """--dist loadscope, by module: a worker takes one whole test module at a time (its
+    module-scoped servers and builds made once), or one whole group of
+    cluster_support.RAY_CLUSTER_GROUPS. (pytest-xdist's own --dist loadgroup cannot mark
+    pytest 9's node ids.)"""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = _module(nodeid)
+            return RAY_CLUSTER_GROUPS.get(module, module)
+
+    return ModuleScheduling(config, log)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Modules with a test marked slow first, each module's tests in their order: workers
+    take modules in this order (with --no-loadscope-reorder), so the longest start first and
+    the short ones fill the gaps."""
+    slow = {_module(item.nodeid) for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: _module(item.nodeid) not in slow)
 
 
 @pytest.fixture
@@ -106,7 +142,8 @@ def pytest_sessionfinish(session, exitstatus):
 @pytest.hookimpl(trylast=True)
 def pytest_unconfigure(config):
     code = config.stash.get(_EXIT, None)
-    if code is not None:
+    # An xdist worker still reports to its controller after this hook: it ends normally.
+    if code is not None and not hasattr(config, "workerinput"):
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)

@@ -1,4 +1,4 @@
-"""A stand-in for a library's compiler in a warmup worker (tests/test_capture_rederive.py):
+"""A stand-in for a library's compiler in a warmup worker (tests/capture/test_capture_rederive.py):
 its executor starts a child process, as nvcc or ninja is started, and reports the names of
 the variables that child was given."""
 

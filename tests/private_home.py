@@ -1,9 +1,10 @@
 """The test suite's private HOME, and the check that the real one is left alone.
 
-`enter()` (called by conftest.py when pytest loads it, before any test module imports warmd)
-points HOME, the XDG directories and every path variable warmd or an engine reads at a fresh
-temporary directory, in os.environ, so that every process the suite starts (CLI runs,
-compile workers, ninja/nvcc, Ray and its workers, redis-server) inherits it. `snapshot()` of
+`enter()` (called by conftest.py when pytest loads it, before any test module imports warmd,
+so once per pytest-xdist worker) points HOME, the XDG directories, Ray's temp dir and every
+path variable warmd or an engine reads at a fresh temporary directory, in os.environ, so
+that every process the suite starts (CLI runs, compile workers, ninja/nvcc, Ray and its
+workers, redis-server) inherits it. `snapshot()` of
 the real HOME's cache directories is taken then and compared at the session's end: any
 difference fails the run (except in what a daemon the user runs meanwhile keeps writing).
 """
@@ -41,6 +42,7 @@ class PrivateHome:
     real: Path
     private: Path
     before: dict[str, tuple]
+    ray_tmp: Path
 
 
 def redirected_variables() -> tuple[str, ...]:
@@ -61,7 +63,12 @@ def enter() -> PrivateHome:
     os.environ["HOME"] = str(private)
     for name, sub in zip(XDG, (".cache", ".config", ".local/share", ".local/state"), strict=True):
         os.environ[name] = str(private / sub)
-    return PrivateHome(real, private, before)
+    # Ray's temp dir (sessions, sockets, the address `ray start` records) per process too, so
+    # that parallel test processes never find each other's clusters; under /tmp, since Ray's
+    # unix socket paths must stay short.
+    ray_tmp = Path(tempfile.mkdtemp(prefix="wr-", dir="/tmp"))
+    os.environ["RAY_TMPDIR"] = str(ray_tmp)
+    return PrivateHome(real, private, before, ray_tmp)
 
 
 def leave(home: PrivateHome) -> list[str]:
@@ -69,6 +76,7 @@ def leave(home: PrivateHome) -> list[str]:
     private HOME."""
     changes = compare(home.before, snapshot(home.real))
     shutil.rmtree(home.private, ignore_errors=True)
+    shutil.rmtree(home.ray_tmp, ignore_errors=True)
     return changes
 
 

@@ -2,7 +2,7 @@
 only (no keys, no client of the backend's own).
 
 A backend's test module subclasses StoreContract and provides a `backend` fixture returning a
-Backend (see tests/test_store_contract.py for Redis). Entries are real directories packed and
+Backend (see tests/store/test_store_contract.py for Redis). Entries are real directories packed and
 installed by the test library's adapter (store_support.DirAdapter).
 """
 

@@ -97,8 +97,27 @@ def test_the_suites_writers_leave_the_real_home_alone(tmp_path):
     a CLI run given WARMD_SIGNING_KEY (its 0600 key file), node names (node-id)."""
     home = tmp_path / "home"
     home.mkdir()
-    done = _pytest(home, ROOT, "--strict-home", "tests/test_worker_logs.py",
-                   "tests/test_store_cli.py::test_export_import_roundtrip_verifies_and_refuses")
+    done = _pytest(home, ROOT, "--strict-home", "tests/executors/test_worker_logs.py",
+                   "tests/cli/test_store_cli.py::test_export_import_roundtrip_verifies_and_refuses")
     assert done.returncode == 0, done.stdout + done.stderr
     assert " passed" in done.stdout and "failed" not in done.stdout
     assert list(home.iterdir()) == []
+
+
+def test_the_ray_cluster_groups_name_test_modules_that_exist():
+    """A module renamed away from cluster_support.RAY_CLUSTER_GROUPS would silently run
+    beside the others' clusters."""
+    from cluster_support import RAY_CLUSTER_GROUPS
+
+    assert [m for m in RAY_CLUSTER_GROUPS if not (ROOT / m).is_file()] == []
+
+
+def test_no_test_directory_is_named_like_a_library_warmd_looks_for():
+    """The directory of a test file is on sys.path (pytest's default import mode): one named
+    deep_gemm there is what find_spec("deep_gemm") finds, a namespace package, and every
+    later test in that process sees a DeepGEMM of unknown version installed."""
+    from warmd import libraries
+
+    dirs = {p.name for p in TESTS.rglob("*")
+            if p.is_dir() and "data" not in p.relative_to(TESTS).parts}
+    assert dirs.isdisjoint({*libraries.names(), "vllm", "sglang", "sgl_kernel", "torch"})

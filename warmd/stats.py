@@ -172,7 +172,7 @@ HELP: dict[str, str] = {
 }
 BY_ID = {s.id: s for s in COUNTERS}
 # The columns of a counter listing: a label (at most LABEL_WIDTH - 1 characters, so that one
-# space is left; tests/test_screens.py holds every shown label to it), then the value.
+# space is left; tests/cli/test_screens.py holds every shown label to it), then the value.
 LABEL_WIDTH = len("Corrupt entries rejected") + 2
 VALUE_WIDTH = 12
 BY_OUTCOME = {s.outcome: s for s in COUNTERS if s.outcome}

@@ -26,7 +26,7 @@ The kernels' key does not depend on the cache root, but the group file holds abs
 path is gone, and Triton recompiles it; while the original exists the copy reads the
 original's files). So ``pack`` writes the group with bare file names and ``install``
 writes this node's absolute paths into it, in the staged copy, before the entry appears;
-then the same compile at the new root is a hit (tests/test_triton_cache.py).
+then the same compile at the new root is a hit (tests/libraries/test_triton_cache.py).
 
 This module never imports triton.
 """
