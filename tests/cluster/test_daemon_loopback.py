@@ -38,6 +38,13 @@ def test_start_with_no_arguments_listens_on_loopback_only(tmp_path):
             [node] = json.loads(status.stdout)["nodes"]
             assert node["metrics_url"].startswith("http://127.0.0.1:")
             assert "without authentication" not in status.stderr, status.stderr
+            # Another state dir finds this head through Ray's recorded address and joins
+            # it on loopback (joined otherwise, Ray's driver waited without end).
+            other = {**env, "HOME": str(tmp_path / "other")}
+            seen = warmd(other, "status", "--json", timeout=120)
+            assert seen.returncode in (0, 1), seen.stderr
+            assert [n["metrics_url"] for n in json.loads(seen.stdout)["nodes"]] == [
+                node["metrics_url"]]
         finally:
             warmd(env, "stop")
 

@@ -121,12 +121,14 @@ def resolve_address(address: str | None) -> str | None:
 # --- local services (what `warmd start` started on this machine) ---------------------------
 
 def connect(ray_api, address: str) -> None:
-    """Join the cluster at address as this state dir's `warmd start` left it: a head it
-    bound to loopback is joined on loopback, and one it started with Ray's token
+    """Join the cluster at address: a head on a loopback address is joined on loopback
+    (whoever started it: another state dir's `warmd start`, or `ray start` recorded in
+    Ray's temp dir; joined otherwise, Ray's driver waits without end on the machine's own
+    address), and one this state dir's `warmd start` started with Ray's token
     authentication with its token."""
     ray_info = read_services().get("ray") or {}
     ours = ray_info.get("address") == address
-    ray_api.connect(address, loopback_head=ours and is_loopback(address.rsplit(":", 1)[0]),
+    ray_api.connect(address, loopback_head=is_loopback(address.rsplit(":", 1)[0]),
                     token_path=ray_info.get("auth_token_path") if ours else None)
 
 
