@@ -126,7 +126,7 @@ def _run(command: str, cwd: Path, env: dict[str, str]) -> str:
     done = subprocess.run([sys.executable, "-m", "warmd", *argv[1:]], cwd=cwd, env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           timeout=TIMEOUT)
-    return done.stdout.replace(str(REPO), SHOWN_REPO)
+    return done.stdout.replace(str(REPO), SHOWN_REPO).replace(env["HOME"], "~")
 
 
 def _workdir(base: Path) -> Path:

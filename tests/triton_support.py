@@ -3,9 +3,28 @@ that fills TRITON_CACHE_DIR exactly as a serving process would."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
+
+
+@contextlib.contextmanager
+def _triton_env(cache_dir: Path) -> Iterator[None]:
+    """TRITON_CACHE_DIR (and the fp-fusion default 3.9 warns without) for one compile, then
+    as they were: a compile in the test process leaves nothing to later tests."""
+    saved = {k: os.environ.get(k) for k in ("TRITON_CACHE_DIR", "TRITON_DEFAULT_FP_FUSION")}
+    os.environ["TRITON_CACHE_DIR"] = str(cache_dir)
+    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def compile_add(cache_dir: Path, block: int = 128, module: str = "tests.triton_kernels",
@@ -19,15 +38,14 @@ def compile_add(cache_dir: Path, block: int = 128, module: str = "tests.triton_k
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    os.environ["TRITON_CACHE_DIR"] = str(cache_dir)
-    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # 3.9 warns when unset
     fn = getattr(importlib.import_module(module), kernel)
     source = ASTSource(fn=fn, signature={"x": "*fp32", "y": "*fp32", "out": "*fp32",
                                          "n": "i32", "BLOCK": "constexpr"},
                        constexprs={"BLOCK": block})
-    started = time.perf_counter()
-    triton.compile(source, target=GPUTarget("cuda", 90, 32))
-    return time.perf_counter() - started
+    with _triton_env(cache_dir):
+        started = time.perf_counter()
+        triton.compile(source, target=GPUTarget("cuda", 90, 32))
+        return time.perf_counter() - started
 
 
 def compile_flashinfer_rms_norm(cache_dir: Path) -> None:
@@ -40,8 +58,6 @@ def compile_flashinfer_rms_norm(cache_dir: Path) -> None:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    os.environ["TRITON_CACHE_DIR"] = str(cache_dir)
-    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
     constexprs = {"x_scale_ptr": None, "r_ptr": None, "r_stride": 1, "o_scale_ptr": None,
                   "EPS": 1e-6, "BLOCK_SIZE": 1024, "HAS_IN_SCALE": False,
                   "HAS_OUT_SCALE": False, "HAS_OUTPUT": True, "HAS_RESIDUAL": False}
@@ -51,8 +67,9 @@ def compile_flashinfer_rms_norm(cache_dir: Path) -> None:
     aligned = {"x_ptr", "w_ptr", "o_ptr", "x_stride", "o_stride"}
     attrs = {(i,): [["tt.divisibility", 16]] if name in aligned else []
              for i, name in enumerate(fn.arg_names)}
-    triton.compile(ASTSource(fn, signature, constexprs, attrs),
-                   target=GPUTarget("cuda", 90, 32), options={"num_warps": 8})
+    with _triton_env(cache_dir):
+        triton.compile(ASTSource(fn, signature, constexprs, attrs),
+                       target=GPUTarget("cuda", 90, 32), options={"num_warps": 8})
 
 
 def snapshot(root: Path) -> dict[str, int]:

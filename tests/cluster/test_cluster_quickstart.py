@@ -56,7 +56,9 @@ def _quickstart(env: dict, tmp_path) -> None:
                                    "compiled": 1, "failed": 0}
         assert snap["totals"]["compiled"] == 1 and snap["totals"]["bytes_published"] > 0
         assert snap["totals"]["store_size"]["keys"] > 0
-        cached = tmp_path / "home" / ".cache" / "flashinfer"
+        # The example model is served by SGLang: `import sglang` sets FlashInfer's workspace
+        # to $SGLANG_CACHE_DIR (~/.cache/sglang), and the warmup fills what SGLang reads.
+        cached = tmp_path / "home" / ".cache" / "sglang" / ".cache" / "flashinfer"
         assert any(cached.rglob("silu_and_mul*.so"))
 
         text = warmd(env, "status")

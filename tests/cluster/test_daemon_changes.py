@@ -96,7 +96,9 @@ def test_the_quickstart_node_counts_a_triton_kernel_compiled_after_ready(daemon)
     [node] = _status(env)["nodes"]
     assert node["role"] == "builder" and node["serves"] is True
     assert warmd(env, "status", "--fail-on-runtime-jit").returncode == 0
-    watched = base / "home" / ".triton" / "cache"  # the node's TRITON_CACHE_DIR
+    # The example model is served by SGLang: `import sglang` defaults TRITON_CACHE_DIR to
+    # $SGLANG_CACHE_DIR/triton, the directory the node watches for that plan.
+    watched = base / "home" / ".cache" / "sglang" / "triton"
     compiled = subprocess.run([sys.executable, "-m", "tests.triton_support", str(watched)],
                               cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert compiled.returncode == 0, compiled.stderr

@@ -56,10 +56,12 @@ def test_oversized_chunks_are_refused_without_being_read(where, server, rclient,
     adapter = DirAdapter(tmp_path / "a")
     warm(writer, adapter, plan, size=3 << 20)  # three chunks per entry (incompressible)
     fp = writer.fingerprint(adapter).digest
+    planter = server.client(timeout=120)  # the attacker's 150 MiB writes: no 1 s bound
     for name in names:
         man = layout.Manifest.decode(rclient.get(layout.manifest_key(fp, name)), 1 << 30)
         index = 0 if where == "first" else man.chunks - 1
-        rclient.set(layout.blob_key(man.digest, index), b"x" * BIG)
+        planter.set(layout.blob_key(man.digest, index), b"x" * BIG)
+    planter.close()
     result = _fetch_in_child(server.url, tmp_path / "b", task)
     assert result["got"] is None
     assert result["counters"]["corrupt_rejected"] == 2

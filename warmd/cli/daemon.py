@@ -164,8 +164,8 @@ def _node_progress():
             line = f"{node.name or node.node_id[:8]}: {node.state}{tasks}{now}"
             if shown.get(node.node_id) != line:
                 shown[node.node_id] = line
-                click.echo(f"warmd: [{time.monotonic() - began:5.1f} s] node {line}",
-                           err=True)
+                for part in wrapped(f"warmd: [{time.monotonic() - began:5.1f} s] node {line}"):
+                    click.echo(part, err=True)
 
     return show
 

@@ -146,11 +146,14 @@ def _deep_gemm_release(env: Environment) -> tuple[int, int] | None:
 def _vllm_grouped_calls(env: Environment) -> bool:
     """vLLM >= 0.33.0 (rules vllm-moe-psum-layout, vllm-grouped-warmup): its serving and its
     warmup call the grouped GEMM in an alignment scope, serving with the psum layout where
-    it can, whichever DeepGEMM it imports: DeepGEMM 2.x and every sgl-deep-gemm release
-    (0.1.0 on; their m_grouped_fp8_gemm_nt_contiguous takes use_psum_layout) serve it."""
+    it can: with DeepGEMM 2.x and every sgl-deep-gemm release (0.1.0 on: their
+    m_grouped_fp8_gemm_nt_contiguous takes use_psum_layout). DeepGEMM 1.x has no psum
+    layout: warmd keeps its plain calls."""
     from warmd.engines.rules import BY_ID
 
-    return (env.engine == "vllm"
+    release = _deep_gemm_release(env)
+    psum = release is None or release[0] != 1
+    return (env.engine == "vllm" and psum
             and BY_ID["vllm-moe-psum-layout"].versions.contains(env.engine_version))
 
 
