@@ -20,7 +20,8 @@ from warmd.capture import record_learned
 from warmd.engines.launch import launch_request
 from warmd.plan import PlanRequest, make_plan
 
-MODEL = str(Path(__file__).resolve().parents[1] / "data" / "models" / "qwen3-30b-a3b-fp8")
+TESTS = Path(__file__).resolve().parents[1]
+MODEL = str(TESTS / "data" / "models" / "qwen3-30b-a3b-fp8")
 SERVE = ["python", "-m", "sglang.launch_server", "--model-path", MODEL]
 
 
@@ -40,10 +41,12 @@ def as_sglang(home: Path, code: str, **extra: str) -> str:
     """Run code after SGLang 0.5.23's own cache setup (`import sglang`, DeepGEMM's wrapper),
     as the engine's process would; its stdout."""
     prelude = f"import runpy; runpy.run_path({str(EXCERPT)!r})\n"
-    out = subprocess.run([sys.executable, "-c", prelude + code], env={**_env(home), **extra},
-                         check=True,
-                         capture_output=True, text=True, timeout=300,
-                         cwd=Path(__file__).resolve().parents[1])
+    # the test helpers (tests/) and the library stand-in (tests.triton_kernels, from the
+    # repository's root) importable whatever PYTHONPATH the suite was started with
+    path = os.pathsep.join([str(TESTS), str(TESTS.parent)])
+    out = subprocess.run([sys.executable, "-c", prelude + code],
+                         env={**_env(home), "PYTHONPATH": path, **extra}, check=True,
+                         capture_output=True, text=True, timeout=300, cwd=TESTS)
     return out.stdout
 
 
