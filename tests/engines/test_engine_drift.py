@@ -1,6 +1,6 @@
 """The drift report cannot miss a decision: every top-level symbol of the modules that decide
 kernels and cache locations is digested, and each one a release changed is listed, cited by
-a rule or not (scripts/engine_drift.py, warmd.engines.sources)."""
+a rule or not (scripts/tools/engine_drift.py, warmd.engines.sources)."""
 
 from __future__ import annotations
 
@@ -61,7 +61,8 @@ def test_a_change_is_cited_by_its_rule_its_class_or_its_file_only():
 
 
 def _drift(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "scripts" / "engine_drift.py"), *args],
+    script = ROOT / "scripts" / "tools" / "engine_drift.py"
+    return subprocess.run([sys.executable, str(script), *args],
                           capture_output=True, text=True, timeout=900)
 
 

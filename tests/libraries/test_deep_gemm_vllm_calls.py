@@ -224,11 +224,11 @@ def test_psum_layout_ends_spread_whole_blocks():
     assert dge.psum_layout_ends(128, 4, 128) == [128, 128, 128, 128]
 
 
-# ----- scripts/deepgemm_engine_pattern.py, without a GPU -----
+# ----- scripts/bench/deepgemm_engine_pattern.py, without a GPU -----
 
 def _pattern(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "VLLM_MOE_USE_DEEP_GEMM": "1"}
-    return subprocess.run([sys.executable, "scripts/deepgemm_engine_pattern.py", *args],
+    return subprocess.run([sys.executable, "scripts/bench/deepgemm_engine_pattern.py", *args],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
 
 

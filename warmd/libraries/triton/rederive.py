@@ -29,8 +29,8 @@ the claim's code is not the library's (tampering, or another version), and it is
 quarantined (``RederiveMismatch``). The re-derived entry is what this node's Triton wrote
 for that key, every stage and the metadata.
 
-Measured (tests/capture/test_capture_rederive.py, scripts/bench_triton_rederive.py, triton 3.9,
-sm_90 on a CPU machine): this node's compile reproduces the engine's entry byte for byte
+Measured (tests/capture/test_capture_rederive.py, scripts/bench/bench_triton_rederive.py,
+triton 3.9, sm_90 on a CPU machine): this node's compile reproduces the engine's entry byte for byte
 (FlashInfer's own rms_norm_kernel, found through the default allow-list, among them) when
 it sees the engine's Triton tool
 knobs (importing FlashInfer sets TRITON_PTXAS_BLACKWELL_PATH, which changes the cubin: this
