@@ -501,21 +501,11 @@ def _class_with_bases(classes: dict, name: str) -> list:
     return body + cls.body
 
 
-
-
 # Where each engine keeps its tuned Triton fused-MoE config tables (vLLM: fused_moe.py
 # get_moe_configs; SGLang: moe_runner/triton_utils/fused_moe_triton_config.py get_moe_configs,
 # one directory per Triton version).
 MOE_CONFIG_DIRS = {"vllm": "vllm/model_executor/layers/fused_moe/configs/",
                    "sglang": "sglang/srt/layers/moe/moe_runner/triton_utils/configs/"}
-
-
-def _json_names(tree: SourceTree, prefix: str) -> list[str]:
-    if tree._zip is not None:
-        names = tree._zip.namelist()
-    else:
-        names = [str(p.relative_to(tree.root)) for p in (tree.root / prefix).rglob("*.json")]
-    return sorted(n for n in names if n.startswith(prefix) and n.endswith(".json"))
 
 
 def moe_config_index(tree: SourceTree, engine: str) -> dict:
@@ -526,7 +516,7 @@ def moe_config_index(tree: SourceTree, engine: str) -> dict:
     prefix = MOE_CONFIG_DIRS[engine]
     tables: dict[str, dict[str, list[int]]] = {}
     tma: dict[str, list[int]] = {}
-    for path in _json_names(tree, prefix):
+    for path in tree.names(prefix, ".json"):
         directory, _, name = path[len(prefix):].rpartition("/")
         name = name[:-len(".json")]
         table = json.loads(tree.read(path))

@@ -55,13 +55,14 @@ class SourceTree:
         return next(line.split(":", 1)[1].strip() for line in text.splitlines()
                     if line.startswith("Version:"))
 
-    def names(self, prefix: str) -> list[str]:
-        """Every .py file under prefix (a package path), as paths inside the tree."""
+    def names(self, prefix: str, suffix: str = ".py") -> list[str]:
+        """Every file ending in suffix under prefix (a package path), as paths inside the
+        tree."""
         if self._zip is not None:
             return sorted(n for n in self._zip.namelist()
-                          if n.startswith(prefix) and n.endswith(".py"))
+                          if n.startswith(prefix) and n.endswith(suffix))
         base = self.root / prefix
-        return sorted(str(p.relative_to(self.root)) for p in base.rglob("*.py"))
+        return sorted(str(p.relative_to(self.root)) for p in base.rglob(f"*{suffix}"))
 
 
 def find_symbol(module: ast.Module, symbol: str) -> ast.AST | None:
