@@ -74,7 +74,8 @@ def search_worst(base: Path) -> dict:
     backend = make_backend(GPUTarget("cuda", 90, 32))
     options = backend.parse_options({})
     started = time.perf_counter()
-    found, why = tr._find([fn], job, backend, options, get_cache_invalidating_env_vars())
+    found, why = tr.find_specialisation([fn], job, backend, options,
+                                        get_cache_invalidating_env_vars())
     seconds = time.perf_counter() - started
     assert found is None
     return {"seconds": round(seconds, 2), "keys": tr.MAX_SPECIALIZATIONS,

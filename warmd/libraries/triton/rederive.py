@@ -438,7 +438,8 @@ def _uses(fn) -> tuple[set[str], set[str]]:
     return tests, typed
 
 
-def _find(fns: list, job: dict, backend, options, env_vars):
+def find_specialisation(fns: list, job: dict, backend, options,
+                        env_vars) -> tuple[tuple | None, str]:
     """The function and specialisation whose key is the claim's, or None and why."""
     import hashlib
 
@@ -483,7 +484,8 @@ def _rebuild(job: dict, out: Path) -> dict:
     target = GPUTarget("cuda", job["arch"], 32)
     backend = make_backend(target)
     options = backend.parse_options(dict(job["options"]))
-    found, why = _find(fns, job, backend, options, get_cache_invalidating_env_vars())
+    found, why = find_specialisation(fns, job, backend, options,
+                                     get_cache_invalidating_env_vars())
     if found is None:
         return {"outcome": "too-many" if why.startswith("over") else "mismatch", "why": why}
     compiled = triton.compile(found[0], target=target, options=job["options"])
