@@ -1,5 +1,5 @@
 """Support for the tests and benchmarks that run the daemon on a Ray cluster: the one builder
-of their warmd.yaml (`cluster_config`; scripts/bench_join.py uses it too), and a private
+of their warmd.yaml (`cluster_config`; scripts/bench/bench_join.py uses it too), and a private
 machine for tests that run `warmd start` without --address: its own HOME (state dir, caches),
 its own Ray temp dir (RAY_TMPDIR, so a cluster that a user's `ray start` or warmd daemon runs
 on this machine is never found) and no warmd/Ray variables of the caller."""

@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-SCRIPTS = sorted((Path(__file__).resolve().parent.parent / "scripts").glob("*.py"))
+SCRIPTS_DIR = Path(__file__).resolve().parent.parent / "scripts"
+BENCH = SCRIPTS_DIR / "bench"
+SCRIPTS = sorted(SCRIPTS_DIR.glob("*/*.py"))
 
 
 def _warmd_imports(path: Path) -> list[tuple[str, str | None]]:
@@ -24,7 +26,12 @@ def _warmd_imports(path: Path) -> list[tuple[str, str | None]]:
     return out
 
 
-@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_every_python_script_is_in_bench_or_tools_where_the_import_check_looks():
+    assert not list(SCRIPTS_DIR.glob("*.py"))
+    assert {p.parent.name for p in SCRIPTS} == {"bench", "tools"}
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_every_warmd_name_a_script_imports_exists(script):
     for module, name in _warmd_imports(script):
         imported = importlib.import_module(module)
@@ -34,7 +41,7 @@ def test_every_warmd_name_a_script_imports_exists(script):
 
 def _bench():
     spec = importlib.util.spec_from_file_location(
-        "flashinfer_warm_bench", SCRIPTS[0].parent / "flashinfer_warm_bench.py")
+        "flashinfer_warm_bench", BENCH / "flashinfer_warm_bench.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -71,14 +78,14 @@ def test_flashinfer_no_rebuild_check_sees_every_kind_of_change(tmp_path):
 
 
 def _script(name: str):
-    spec = importlib.util.spec_from_file_location(name, SCRIPTS[0].parent / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
 def test_store_fetch_bench_runs_against_a_real_server(tmp_path):
-    """scripts/bench_store_fetch.py end to end (publish, fetch+verify, prefetch into a fresh
+    """scripts/bench/bench_store_fetch.py end to end (publish, fetch+verify, prefetch into a fresh
     root, redis-benchmark beside it) on a small plan: its figures in docs/benchmarks.md can
     be run again."""
     import argparse

@@ -140,7 +140,7 @@ def test_cache_fingerprint_fits_80_columns_with_every_value_whole(monkeypatch):
 def _screens_script():
     import importlib.util
 
-    path = SCREENS.parent.parent / "scripts" / "screens.py"
+    path = SCREENS.parent.parent / "scripts" / "tools" / "screens.py"
     spec = importlib.util.spec_from_file_location("screens_script", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # (its dataclasses look their module up)
@@ -151,12 +151,12 @@ def _screens_script():
 def test_docs_screens_md_is_what_scripts_screens_py_writes():
     """The plans and --help texts in docs/screens.md are rendered again by the script (real
     `python -m warmd` runs at 80 columns) and must be what is committed: run
-    `python scripts/screens.py` after changing what they show. The daemon's screens are
+    `python scripts/tools/screens.py` after changing what they show. The daemon's screens are
     kept as captured (`--live` renders them)."""
     script = _screens_script()
     committed = SCREENS.read_text()
     written = script.document(live=False, kept=script.kept_blocks(committed))
-    assert written == committed, "docs/screens.md is stale: run python scripts/screens.py"
+    assert written == committed, "docs/screens.md is stale: run python scripts/tools/screens.py"
     titles = [s.title for s in script.SCREENS_LIST if not s.live]
     assert {"warmd --help", "warmd plan: DeepSeek-V3"} <= set(titles)
     assert "Summary: 10 tasks (8 deep_gemm, 2 flashinfer)" in committed

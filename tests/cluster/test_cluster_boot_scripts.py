@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "scripts"))
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts" / "bench"
+sys.path.insert(0, str(SCRIPTS))
 
 import bench_cluster_boot as bench  # noqa: E402
 import device_cluster_boot as device  # noqa: E402
@@ -29,7 +29,7 @@ def test_device_arguments_are_checked():
     assert device.parse_models("dsv3,qwen") == ["dsv3", "qwen"]
     with pytest.raises(ValueError, match="qwen, dsv3"):
         device.parse_models("llama")
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "device_cluster_boot.py"),
+    proc = subprocess.run([sys.executable, str(SCRIPTS / "device_cluster_boot.py"),
                            "run", "--out", "/tmp/unused", "--nodes", "1"],
                           capture_output=True, text=True)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
@@ -91,7 +91,7 @@ def test_cpu_bench_judges_against_one_node_divided_by_k():
                             "kernel.boot006.00000006"],
         "testlib/boot/01": ["kernel.boot001.00000001", "kernel.boot004.00000004"],
         "testlib/boot/02": ["kernel.boot002.00000002", "kernel.boot005.00000005"]}
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_cluster_boot.py"),
+    proc = subprocess.run([sys.executable, str(SCRIPTS / "bench_cluster_boot.py"),
                            "testlib", "--nodes", "0"], capture_output=True, text=True)
     assert proc.returncode == 2 and proc.stderr.strip() == \
         "bench_cluster_boot: --nodes needs K >= 1"

@@ -1,6 +1,6 @@
 """The drift report cannot miss a decision: every top-level symbol of the modules that decide
 kernels and cache locations is digested, and each one a release changed is listed, cited by
-a rule or not (scripts/engine_drift.py, warmd.engines.sources)."""
+a rule or not (scripts/tools/engine_drift.py, warmd.engines.sources)."""
 
 from __future__ import annotations
 
@@ -60,8 +60,27 @@ def test_a_change_is_cited_by_its_rule_its_class_or_its_file_only():
     assert not cites(other, changes["kernel_warmup"])
 
 
+
+def test_a_wheel_and_its_unpacked_tree_list_the_same_files_of_a_suffix(tmp_path):
+    """scripts/tools/engine_flags.py lists the fused-MoE config tables (.json) this way."""
+    import zipfile
+
+    files = ["vllm/configs/E=8.json", "vllm/configs/sub/E=16.json", "vllm/configs/x.py",
+             "vllm/other/E=4.json"]
+    unpacked = tmp_path / "tree"
+    with zipfile.ZipFile(tmp_path / "vllm.whl", "w") as wheel:
+        for name in files:
+            (unpacked / name).parent.mkdir(parents=True, exist_ok=True)
+            (unpacked / name).write_text("{}")
+            wheel.writestr(name, "{}")
+    for tree in (SourceTree(unpacked), SourceTree(tmp_path / "vllm.whl")):
+        assert tree.names("vllm/configs/", ".json") == ["vllm/configs/E=8.json",
+                                                        "vllm/configs/sub/E=16.json"]
+        assert tree.names("vllm/configs/") == ["vllm/configs/x.py"]
+
 def _drift(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "scripts" / "engine_drift.py"), *args],
+    script = ROOT / "scripts" / "tools" / "engine_drift.py"
+    return subprocess.run([sys.executable, str(script), *args],
                           capture_output=True, text=True, timeout=900)
 
 

@@ -141,7 +141,7 @@ def test_the_flag_tables_are_what_the_engine_source_gives(engine, tmp_path):
     tree = SOURCES / f"{engine}-{version}"
     if not tree.is_dir():
         pytest.skip(f"no unpacked {engine} {version} under {SOURCES}")
-    result = subprocess.run([sys.executable, str(Path(__file__).parents[2] / "scripts" /
+    result = subprocess.run([sys.executable, str(Path(__file__).parents[2] / "scripts" / "tools" /
                                                   "engine_flags.py"), "--out", str(tmp_path),
                              str(tree)], capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
@@ -166,7 +166,7 @@ def test_the_flag_tables_match_the_engines_own_parsers(engine):
     tree = SOURCES / f"{engine}-{FOLLOWED[engine]}"
     if not tree.is_dir() or not DEPS.is_dir():
         pytest.skip(f"no unpacked {engine} and its dependencies ({SOURCES}, {DEPS})")
-    result = subprocess.run([sys.executable, str(Path(__file__).parents[2] / "scripts" /
+    result = subprocess.run([sys.executable, str(Path(__file__).parents[2] / "scripts" / "tools" /
                                                   "engine_parser_check.py"), engine, str(tree),
                              "--deps", str(DEPS)], capture_output=True, text=True,
                             timeout=600)

@@ -1,7 +1,7 @@
 """DeepGEMM's cache adapter and executor on a machine without a GPU.
 
 tests/data/deep_gemm/cache holds real entries that sgl-deep-gemm 0.1.4.post1 compiled on an
-H200 (scripts/device_deepgemm.sh): two dense fp8_gemm_nt kernels (shape-agnostic: SHAPE_N
+H200 (scripts/bench/device_deepgemm.sh): two dense fp8_gemm_nt kernels (shape-agnostic: SHAPE_N
 and SHAPE_K are 0 in their kernel.cu), one grouped contiguous kernel of Qwen3-30B-A3B
 (N=2048, K=768, 128 experts) and one transpose_fp32 layout kernel.
 """

@@ -178,7 +178,7 @@ def test_psum_tasks_call_deep_gemm_with_the_psum_layout_in_an_alignment_scope():
     spec = dge.gemm_spec(_task("psum"))
     assert spec.gemm_type == "MGroupedContiguousWithPsumLayout" and spec.alignment == 64
     fake = FakeDeepGemmWithoutGpu()
-    call = dge._caller(fake, spec, _inputs(spec, 64))
+    call = dge.make_caller(fake, spec, _inputs(spec, 64))
     call(128)
     call(256)
     # Each expert ends on an aligned block; the last end is the row count.
@@ -190,7 +190,7 @@ def test_plain_tasks_keep_the_expert_id_layout_in_the_scope():
     spec = dge.gemm_spec(_task("contiguous"))
     assert spec.gemm_type == "MGroupedContiguous"
     fake = FakeDeepGemmWithoutGpu()
-    dge._caller(fake, spec, _inputs(spec, 64))(128)
+    dge.make_caller(fake, spec, _inputs(spec, 64))(128)
     assert fake.calls == [(128, [0] * 64 + [1] * 64, False, 64)] and fake.alignment == 128
 
 
@@ -201,7 +201,7 @@ def test_psum_is_refused_where_deep_gemm_has_none():
 
     spec = dge.gemm_spec(_task("psum", 128))
     with pytest.raises(ValueError, match="no psum layout"):
-        dge._caller(OldDeepGemm(), spec, _inputs(spec, 128))
+        dge.make_caller(OldDeepGemm(), spec, _inputs(spec, 128))
 
 
 @pytest.mark.parametrize("spec,match", [
@@ -224,11 +224,11 @@ def test_psum_layout_ends_spread_whole_blocks():
     assert dge.psum_layout_ends(128, 4, 128) == [128, 128, 128, 128]
 
 
-# ----- scripts/deepgemm_engine_pattern.py, without a GPU -----
+# ----- scripts/bench/deepgemm_engine_pattern.py, without a GPU -----
 
 def _pattern(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "VLLM_MOE_USE_DEEP_GEMM": "1"}
-    return subprocess.run([sys.executable, "scripts/deepgemm_engine_pattern.py", *args],
+    return subprocess.run([sys.executable, "scripts/bench/deepgemm_engine_pattern.py", *args],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
 
 

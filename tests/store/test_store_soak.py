@@ -1,6 +1,6 @@
 """The store soak, short: warmups in a loop against a real redis-server under chaos (kills,
 FLUSHALL, eviction, DEBUG SLEEP, damaged chunks, keys of another type, the key proof
-deleted) end with no bad install and no failed task (scripts/soak_store.py; the 20-minute
+deleted) end with no bad install and no failed task (scripts/bench/soak_store.py; the 20-minute
 run and its figures are in docs/benchmarks.md)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 pytestmark = pytest.mark.slow
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "soak_store.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench" / "soak_store.py"
 
 
 def test_a_short_soak_ends_with_no_bad_install():

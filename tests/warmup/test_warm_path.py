@@ -5,7 +5,7 @@ JIT library; --verify-load replays through the library; a damaged entry is not a
 Real parts: a redis-server, a FlashInfer module built here by a first (cold) warmup and
 published by it, and the real H200 DeepGEMM entries of tests/data published the way a
 cold GPU node's warmup publishes them. Node B's warmups are `warmd warmup` processes run
-through scripts/speed_bench.py's probe, which records what the process imported."""
+through scripts/bench/speed_bench.py's probe, which records what the process imported."""
 
 from __future__ import annotations
 
@@ -81,8 +81,9 @@ def _node_b(cluster: dict, name: str, *args: str) -> tuple[int, dict, dict, Path
            "SGLANG_DG_CACHE_DIR": str(node / "dg")}  # SGLang's own (it forces DG_JIT_CACHE_DIR)
     node.mkdir(parents=True, exist_ok=True)
     probe = node / f"probe-{uuid.uuid4().hex[:8]}.json"
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "speed_bench.py"), "probe",
-                           str(probe), "--", "warmup", *PLAN_ARGS, "--json", *args],
+    script = ROOT / "scripts" / "bench" / "speed_bench.py"
+    proc = subprocess.run([sys.executable, str(script), "probe", str(probe), "--", "warmup",
+                           *PLAN_ARGS, "--json", *args],
                           capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
     imported = json.loads(probe.read_text())
     assert imported["rc"] == proc.returncode

@@ -1,7 +1,7 @@
 """A serve command's arguments parsed as the engine's own parser parses them.
 
 The flags each engine release accepts are data generated from its released source
-(scripts/engine_flags.py -> warmd/engines/data/<engine>-<version>.json): every option string,
+(scripts/tools/engine_flags.py -> warmd/engines/data/<engine>-<version>.json): every option string,
 how many values it takes, its choices where argparse checks them. From that data this module
 builds an argparse parser with the engine's settings (both engines keep argparse's
 allow_abbrev=True, so an unambiguous prefix such as SGLang's `--tp` is accepted, as the engine

@@ -1,6 +1,6 @@
 """The engine rules that changed up to vLLM 0.34.0 and SGLang 0.5.23, as data rows keyed by
 release range, each citing the released file and the symbol (function, class, method or
-table) it follows. docs/selection.md lists every row; scripts/engine_drift.py digests each
+table) it follows. docs/selection.md lists every row; scripts/tools/engine_drift.py digests each
 cited symbol per followed release (warmd/engines/data/rule-digests.json) and reports the rows
 whose source a new release changed. The functions below apply the rows that are numbers."""
 
@@ -176,7 +176,7 @@ RULES: tuple[Rule, ...] = (
          "else the newest directory with the table; device name unfolded, block as [128, 128]"),
     # Rules older than this wave, cited so that a release changing them is found too.
     Rule("vllm-cli-flags", "vllm", _ALL, _ARG_UTILS, "EngineArgs.add_cli_args",
-         "the serve flags (warmd/engines/data/vllm-<version>.json, scripts/engine_flags.py)"),
+         "the serve flags (warmd/engines/data/vllm-<version>.json, scripts/tools/engine_flags.py)"),
     Rule("vllm-cli-rewrite", "vllm", _ALL, "vllm/utils/argparse_utils.py",
          "FlexibleArgumentParser.parse_args",
          "--model moved to the positional, underscores to dashes, -O, dotted JSON arguments"),

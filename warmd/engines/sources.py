@@ -1,8 +1,8 @@
 """An engine release's Python source, read without installing or importing it: an unpacked
 wheel directory or the wheel itself. Rule rows cite a file and a symbol of it; this module
 finds a symbol's source and digests it, so a new release's changes to what a rule follows
-are found by comparing digests (scripts/engine_drift.py), and the engines' argument
-definitions can be read by AST (scripts/engine_flags.py)."""
+are found by comparing digests (scripts/tools/engine_drift.py), and the engines' argument
+definitions can be read by AST (scripts/tools/engine_flags.py)."""
 
 from __future__ import annotations
 
@@ -55,13 +55,14 @@ class SourceTree:
         return next(line.split(":", 1)[1].strip() for line in text.splitlines()
                     if line.startswith("Version:"))
 
-    def names(self, prefix: str) -> list[str]:
-        """Every .py file under prefix (a package path), as paths inside the tree."""
+    def names(self, prefix: str, suffix: str = ".py") -> list[str]:
+        """Every file ending in suffix under prefix (a package path), as paths inside the
+        tree."""
         if self._zip is not None:
             return sorted(n for n in self._zip.namelist()
-                          if n.startswith(prefix) and n.endswith(".py"))
+                          if n.startswith(prefix) and n.endswith(suffix))
         base = self.root / prefix
-        return sorted(str(p.relative_to(self.root)) for p in base.rglob("*.py"))
+        return sorted(str(p.relative_to(self.root)) for p in base.rglob(f"*{suffix}"))
 
 
 def find_symbol(module: ast.Module, symbol: str) -> ast.AST | None:
@@ -132,7 +133,7 @@ def rule_changes(before_digests: dict, after_digests: dict, rules) -> list[tuple
 
 # The modules that decide which kernels an engine compiles and where it caches them: every
 # top-level symbol of these is digested, cited by a rule or not, so that a release changing
-# any of them is reviewed (scripts/engine_drift.py). Prefixes are package paths in the wheel;
+# any of them is reviewed (scripts/tools/engine_drift.py). Prefixes are package paths in the wheel;
 # the files the rules cite are added to them.
 DECIDING_MODULES: dict[str, tuple[str, ...]] = {
     "vllm": ("vllm/model_executor/layers/fused_moe/", "vllm/model_executor/layers/quantization/",

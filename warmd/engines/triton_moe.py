@@ -14,7 +14,7 @@ get_moe_configs: its own tables, under configs/triton_<version>/ for the Triton 
 folding) and the block shape as Python prints a list ([128, 128]).
 
 The tables of the followed releases are indexed in warmd/engines/data/<engine>-<version>-
-moe-configs.json (scripts/engine_flags.py).
+moe-configs.json (scripts/tools/engine_flags.py).
 """
 
 from __future__ import annotations

@@ -33,6 +33,7 @@ import re
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -322,8 +323,8 @@ class DeepGemmExecutor(Executor):
         torch.cuda.set_device(device)
         inputs = None
         try:
-            inputs = _make_inputs(torch, self.deep_gemm, spec, device, self.fill_inputs)
-            call = _caller(self.deep_gemm, spec, inputs)
+            inputs = make_inputs(torch, self.deep_gemm, spec, device, self.fill_inputs)
+            call = make_caller(self.deep_gemm, spec, inputs)
             self.phases.setdefault("inputs", time.time())
             books.start()
             self.call_errors = []
@@ -409,7 +410,7 @@ def _gpu_problems(device: int | None) -> list[str]:
     return []
 
 
-def _make_inputs(torch, deep_gemm, spec: GemmSpec, device, fill: bool = True) -> dict:
+def make_inputs(torch, deep_gemm, spec: GemmSpec, device, fill: bool = True) -> dict:
     """The GEMM's operands at its largest M, cast the way DeepGEMM's tests cast them; with
     fill False the same tensors (shapes, dtypes, layouts) left unset."""
     casts = importlib.import_module(f"{deep_gemm.__name__}.utils.math")
@@ -483,7 +484,9 @@ def _grouped_weights(torch, cast, spec: GemmSpec, device, use_ue8m0: bool):
     return data, scales
 
 
-def _caller(deep_gemm, spec: GemmSpec, inputs: dict):
+def make_caller(deep_gemm, spec: GemmSpec, inputs: dict) -> Callable[[int], object]:
+    """A function of M that calls spec's GEMM on M rows of inputs (make_inputs') as the engine
+    calls it (masked grouped: M tokens for every expert)."""
     function = next((getattr(deep_gemm, name) for name in spec.functions
                      if hasattr(deep_gemm, name)), None)
     if function is None:

@@ -29,8 +29,8 @@ the claim's code is not the library's (tampering, or another version), and it is
 quarantined (``RederiveMismatch``). The re-derived entry is what this node's Triton wrote
 for that key, every stage and the metadata.
 
-Measured (tests/capture/test_capture_rederive.py, scripts/bench_triton_rederive.py, triton 3.9,
-sm_90 on a CPU machine): this node's compile reproduces the engine's entry byte for byte
+Measured (tests/capture/test_capture_rederive.py, scripts/bench/bench_triton_rederive.py,
+triton 3.9, sm_90 on a CPU machine): this node's compile reproduces the engine's entry byte for byte
 (FlashInfer's own rms_norm_kernel, found through the default allow-list, among them) when
 it sees the engine's Triton tool
 knobs (importing FlashInfer sets TRITON_PTXAS_BLACKWELL_PATH, which changes the cubin: this
@@ -438,7 +438,8 @@ def _uses(fn) -> tuple[set[str], set[str]]:
     return tests, typed
 
 
-def _find(fns: list, job: dict, backend, options, env_vars):
+def find_specialisation(fns: list, job: dict, backend, options,
+                        env_vars) -> tuple[tuple | None, str]:
     """The function and specialisation whose key is the claim's, or None and why."""
     import hashlib
 
@@ -483,7 +484,8 @@ def _rebuild(job: dict, out: Path) -> dict:
     target = GPUTarget("cuda", job["arch"], 32)
     backend = make_backend(target)
     options = backend.parse_options(dict(job["options"]))
-    found, why = _find(fns, job, backend, options, get_cache_invalidating_env_vars())
+    found, why = find_specialisation(fns, job, backend, options,
+                                     get_cache_invalidating_env_vars())
     if found is None:
         return {"outcome": "too-many" if why.startswith("over") else "mismatch", "why": why}
     compiled = triton.compile(found[0], target=target, options=job["options"])
