@@ -9,5 +9,5 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 VENV="${WARMD_VENV:-.venv}"
 export PATH="$(cd "$VENV/bin" && pwd):$PATH" RAY_AUTH_MODE=disabled
-ruff check warmd tests
+ruff check warmd tests scripts
 python -m pytest -q -p no:cacheprovider -n 4 --dist loadscope --no-loadscope-reorder "$@"
