@@ -40,3 +40,11 @@ def unpacked_site(requirement: str, into: Path) -> Path:
     with zipfile.ZipFile(wheel_file(requirement, into)) as wheel:
         wheel.extractall(site)
     return site
+
+
+def release_source(engine: str, version: str, into: Path) -> Path:
+    """An engine release's source as its tools read it (scripts/tools/engine_drift.py,
+    engine_flags.py: an unpacked tree or the .whl itself): the tree under
+    $WARMD_ENGINE_SOURCES when that names one, else the wheel, downloaded once into ``into``."""
+    tree = Path(os.environ.get("WARMD_ENGINE_SOURCES", "/nonexistent")) / f"{engine}-{version}"
+    return tree if tree.is_dir() else wheel_file(f"{engine}=={version}", into)

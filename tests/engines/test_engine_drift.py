@@ -5,12 +5,12 @@ a rule or not (scripts/tools/engine_drift.py, warmd.engines.sources)."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from wheels import release_source
 
 from warmd.engines.rules import Rule
 from warmd.engines.sources import (
@@ -26,8 +26,12 @@ from warmd.engines.versions import VersionRange
 
 ROOT = Path(__file__).parents[2]
 TREES = Path(__file__).parents[1] / "data" / "engine_src"
-# Unpacked wheels of the releases the rerun reads (pip download --no-deps; unzip), when here.
-SOURCES = Path(os.environ.get("WARMD_ENGINE_SOURCES", "/tmp/engines"))
+
+
+@pytest.fixture(scope="module")
+def releases(tmp_path_factory) -> Path:
+    """Where this module's engine wheels are downloaded (pip download --no-deps), once."""
+    return tmp_path_factory.mktemp("releases")
 
 
 def _small(side: str) -> dict:
@@ -121,10 +125,8 @@ RERUNS = [("vllm", "0.33.0", "0.34.0", ("select_fp8_moe_backend", "TritonExperts
 
 
 @pytest.mark.parametrize("engine, old, new, names", RERUNS, ids=[r[0] for r in RERUNS])
-def test_the_rerun_lists_the_decisions_the_audit_found(engine, old, new, names):
-    trees = [SOURCES / f"{engine}-{v}" for v in (old, new)]
-    if not all(t.is_dir() for t in trees):
-        pytest.skip(f"no unpacked {engine} {old} and {new} under {SOURCES}")
+def test_the_rerun_lists_the_decisions_the_audit_found(engine, old, new, names, releases):
+    trees = [release_source(engine, v, releases) for v in (old, new)]
     result = _drift(engine, "--base", str(trees[0]), "--wheel", str(trees[1]))
     assert result.returncode == 1, result.stderr
     cited, uncited = result.stdout.split("uncited symbols", 1)

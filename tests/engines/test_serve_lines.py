@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from wheels import release_source
 
 from warmd.engines.launch import parse_launch
 from warmd.errors import WarmdInputError
@@ -127,7 +128,7 @@ SOURCES = Path(os.environ.get("WARMD_ENGINE_SOURCES", "/tmp/engines"))
 
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
-def test_the_flag_tables_are_what_the_engine_source_gives(engine, tmp_path):
+def test_the_flag_tables_are_what_the_engine_source_gives(engine, tmp_path, tmp_path_factory):
     """The committed tables record the digest of the source they were read from; with the
     followed release's unpacked wheel here, regenerating them gives the committed files."""
     import json
@@ -138,9 +139,7 @@ def test_the_flag_tables_are_what_the_engine_source_gives(engine, tmp_path):
     names = (f"{engine}-{version}.json", f"{engine}-{version}-moe-configs.json")
     table = json.loads((FLAGS_DIR / names[0]).read_text())
     assert len(table["source_digest"]) == 16 and table["version"] == version
-    tree = SOURCES / f"{engine}-{version}"
-    if not tree.is_dir():
-        pytest.skip(f"no unpacked {engine} {version} under {SOURCES}")
+    tree = release_source(engine, version, tmp_path_factory.getbasetemp() / "releases")
     result = subprocess.run([sys.executable, str(Path(__file__).parents[2] / "scripts" / "tools" /
                                                   "engine_flags.py"), "--out", str(tmp_path),
                              str(tree)], capture_output=True, text=True, timeout=600)
