@@ -24,9 +24,10 @@ from testlib import LIBRARY_MODULE, NAME
 from testlib.cache import DEFAULT_SIZE, DirAdapter, compile_entry, entry_bytes
 
 from warmd import libraries, settings
-from warmd.plan import Plan, PlanRequest, Task, make_plan
+from warmd.plan import Plan, PlanRequest, make_plan
 from warmd.store import ServerProcess, start_server
 from warmd.store.api import SharedCache
+from warmd.tasks import Task
 from warmd.warmup import WarmupOptions, run_warmup
 
 SRC = str(Path(__file__).resolve().parent.parent)
@@ -64,7 +65,7 @@ def _any_plan() -> Plan:
 def warmup_plan(plan: dict[str, list[str]], log: Path | None = None, seconds: float = 0.0,
                 size: int = DEFAULT_SIZE) -> Plan:
     """A warmup plan of test library tasks: {task key: [entry names it compiles]}."""
-    tasks = tuple(Task(key, NAME, "write_entries", spec={
+    tasks = tuple(Task(NAME, "write_entries", key=key, spec={
         "entries": list(names), "size": size, "seconds": seconds,
         "log": str(log) if log else None}) for key, names in sorted(plan.items()))
     return dataclasses.replace(_any_plan(), tasks=tasks)

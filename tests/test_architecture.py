@@ -1,11 +1,16 @@
 """The package structure docs/architecture.md draws, held by reading every module's imports
 (module level and inside functions): no import cycle at any level, the CLI on top, the
-daemon above the warmup, the warmup above its stages, click only in the CLI."""
+daemon above the warmup, the warmup above its stages, the tasks below the planner and the
+executors, click only in the CLI."""
 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent / "warmd"
 
@@ -127,11 +132,43 @@ def test_the_daemon_sits_above_the_warmup_and_the_warmup_above_its_stages():
     assert {n for n in _importers("warmd.warmup")
             if not (_in(n, "warmd.cli") or _in(n, "warmd.cluster"))} == set()
     stages = ("warmd.config", "warmd.plan", "warmd.engines", "warmd.kernels", "warmd.models",
-              "warmd.executors", "warmd.cache", "warmd.store", "warmd.libraries")
+              "warmd.tasks", "warmd.executors", "warmd.cache", "warmd.store", "warmd.libraries")
     for stage in stages:
         above = {m for m in imports_of(stage)
                  if any(_in(m, p) for p in ("warmd.warmup", "warmd.cluster", "warmd.cli"))}
         assert above == set(), stage
+
+
+def test_the_tasks_sit_below_the_planner_and_the_executors():
+    # warmd.request for its jsonable, a module that imports nothing of warmd
+    assert {m for m in IMPORTS["warmd.tasks"][1] if m.startswith("warmd")} <= {"warmd.request"}
+    assert {n for n in _importers("warmd.plan")
+            if not any(_in(n, p) for p in ("warmd.warmup", "warmd.cluster", "warmd.cli"))} \
+        == set()
+
+
+# The warmd modules a worker process loads before its first task: the executors' interface,
+# the tasks, the outcomes and the cache's interface (8 and 10 when this was written; 34 and
+# 36 while Task lived in warmd.plan).
+WORKER_MODULES = 12
+
+
+def _loaded_by(module: str) -> list[str]:
+    code = (f"import sys, {module}; "
+            "print(' '.join(sorted(m for m in sys.modules if m.startswith('warmd'))))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT.parent, capture_output=True,
+                          text=True, check=True)
+    return done.stdout.split()
+
+
+@pytest.mark.parametrize("module", ["warmd.executors.base", "warmd.executors.pool"])
+def test_a_worker_process_loads_the_tasks_and_not_the_planner(module):
+    loaded = _loaded_by(module)
+    assert "warmd.tasks" in loaded
+    assert [m for m in loaded if any(_in(m, p) for p in (
+        "warmd.plan", "warmd.engines", "warmd.models", "warmd.kernels", "warmd.store",
+        "warmd.cluster", "warmd.warmup"))] == []
+    assert len(loaded) <= WORKER_MODULES, loaded
 
 
 def test_the_local_cache_knows_nothing_of_the_store_or_the_warmup():

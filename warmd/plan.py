@@ -6,47 +6,18 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from warmd.engines.cache_dirs import CacheDirs
-from warmd.kernels.base import Environment, JitWork, Kernel
+from warmd.kernels.base import Environment, Kernel
 from warmd.kernels.selection import Selection, select_kernel
 from warmd.models import ModelShapes
 from warmd.mvalues import MSpec
 from warmd.request import PlanRequest, jsonable
+from warmd.tasks import Task
 
-__all__ = ["Plan", "PlanRequest", "Task", "absent_libraries_that_matter", "build_plan",
-           "jsonable", "make_plan"]
-
-
-@dataclass(frozen=True)
-class Task:
-    """One unit of JIT work, with a key that is stable across runs and machines."""
-
-    key: str
-    library: str
-    kernel: str
-    n: int | None = None
-    k: int | None = None
-    num_groups: int | None = None
-    m: tuple[int, ...] = ()
-    module: str | None = None
-    spec: dict = field(default_factory=dict, hash=False, compare=False)
-    layers: tuple[str, ...] = ()
-
-    def to_json(self) -> dict:
-        return {"key": self.key, "library": self.library, "kernel": self.kernel,
-                "n": self.n, "k": self.k, "num_groups": self.num_groups, "m": list(self.m),
-                "module": self.module, "spec": jsonable(self.spec), "layers": list(self.layers)}
-
-    @classmethod
-    def from_json(cls, data: dict) -> Task:
-        spec = dict(data.get("spec") or {})
-        if "args" in spec:
-            spec["args"] = tuple(spec["args"])
-        return cls(data["key"], data["library"], data["kernel"], data.get("n"), data.get("k"),
-                   data.get("num_groups"), tuple(data.get("m") or ()), data.get("module"), spec,
-                   tuple(data.get("layers") or ()))
+__all__ = ["Plan", "PlanRequest", "absent_libraries_that_matter", "build_plan", "jsonable",
+           "make_plan"]
 
 
 @dataclass(frozen=True)
@@ -141,7 +112,7 @@ def leaf_kernels(kernel: type[Kernel], lo: int = 1, hi: int | None = None):
             yield from leaf_kernels(branch.kernel, *clipped)
 
 
-def _work_for(selection: Selection, env: Environment, mspec: MSpec) -> list[JitWork]:
+def _work_for(selection: Selection, env: Environment, mspec: MSpec) -> list[Task]:
     if selection.kernel is None:
         return []
     work = []
@@ -160,31 +131,28 @@ def engine_jit(selection: Selection, env: Environment, mspec: MSpec) -> list[str
     return [line for line in lines if line]
 
 
-def _task_key(work: JitWork, env: Environment) -> str:
+def _task_key(work: Task, env: Environment) -> str:
     # Everything that decides which kernels the task compiles, its M values included: two
     # plans share a task key only when the same key means the same set of kernels.
     ident = {"library": work.library, "kernel": work.kernel, "n": work.n, "k": work.k,
              "num_groups": work.num_groups, "module": work.module, "m": list(work.m),
-             "spec": jsonable(dict(work.spec)), "arch": env.target.arch, "sms": env.target.sms}
+             "spec": jsonable(work.spec), "arch": env.target.arch, "sms": env.target.sms}
     shape = work.module or "x".join(str(v) for v in (work.num_groups, work.n, work.k) if v)
     return f"{work.library}/{work.kernel}/{shape}/{_digest(ident)[:12]}"
 
 
 def build_tasks(selections: list[Selection], env: Environment, mspec: MSpec) -> list[Task]:
-    merged: dict[str, dict] = {}
+    """The kernels' work for every layer, merged by task key: each task with the M values
+    and the layers of all the work that has its key."""
+    merged: dict[str, tuple[Task, set[int], list[str]]] = {}
     for selection in selections:
         for work in _work_for(selection, env, mspec):
-            key = _task_key(work, env)
-            entry = merged.setdefault(key, {"work": work, "m": set(), "layers": []})
-            entry["m"].update(work.m)
-            if selection.layer.name not in entry["layers"]:
-                entry["layers"].append(selection.layer.name)
-    tasks = []
-    for key, entry in merged.items():
-        w = entry["work"]
-        tasks.append(Task(key, w.library, w.kernel, w.n, w.k, w.num_groups,
-                          tuple(sorted(entry["m"])), w.module, dict(w.spec),
-                          tuple(entry["layers"])))
+            _, m, layers = merged.setdefault(_task_key(work, env), (work, set(), []))
+            m.update(work.m)
+            if selection.layer.name not in layers:
+                layers.append(selection.layer.name)
+    tasks = [replace(work, key=key, m=tuple(sorted(m)), layers=tuple(layers))
+             for key, (work, m, layers) in merged.items()]
     return sorted(tasks, key=lambda t: t.key)
 
 

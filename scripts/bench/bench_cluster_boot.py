@@ -66,8 +66,9 @@ def run_node(args: argparse.Namespace) -> int:
     from testlib import LIBRARY_MODULE, NAME
 
     from warmd import libraries
-    from warmd.plan import PlanRequest, Task, make_plan
+    from warmd.plan import PlanRequest, make_plan
     from warmd.store import open_shared_cache
+    from warmd.tasks import Task
     from warmd.warmup import WarmupOptions, run_warmup
 
     entered = time.time()
@@ -75,7 +76,7 @@ def run_node(args: argparse.Namespace) -> int:
     spec = json.loads(args.spec)
     base = make_plan(PlanRequest(model="qwen3-30b-a3b-fp8", target="h200", engine="sglang",
                                  without_libs=("sgl_kernel",)))
-    tasks = tuple(Task(key, NAME, "write_entries", spec={
+    tasks = tuple(Task(NAME, "write_entries", key=key, spec={
         "entries": names, "size": spec["size"], "seconds": spec["seconds"],
         "log": spec["log"]}) for key, names in sorted(spec["plan"].items()))
     plan = dataclasses.replace(base, tasks=tasks)

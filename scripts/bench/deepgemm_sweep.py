@@ -35,7 +35,8 @@ import click
 from warmd.cli.options import plan_options
 from warmd.libraries.deep_gemm.executor import DeepGemmExecutor
 from warmd.mvalues import GROUPED_BLOCK_M
-from warmd.plan import PlanRequest, Task, make_plan
+from warmd.plan import PlanRequest, make_plan
+from warmd.tasks import Task
 
 
 def sweep_task(task: Task) -> Task:

@@ -137,9 +137,9 @@ def _base_plan():
 def _plan(plan: int):
     from testlib import NAME
 
-    from warmd.plan import Task
+    from warmd.tasks import Task
 
-    tasks = tuple(Task(key, NAME, "write_entries", spec={"entries": names, "size": size})
+    tasks = tuple(Task(NAME, "write_entries", key=key, spec={"entries": names, "size": size})
                   for key, (names, size) in sorted(plan_entries(plan).items()))
     return dataclasses.replace(_base_plan(), tasks=tasks)
 

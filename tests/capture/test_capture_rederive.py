@@ -637,7 +637,7 @@ def test_a_warmup_workers_compiles_inherit_no_secret(tmp_path):
     """A real warmup worker process, started from a process holding the signing key and
     the store's URL: what it starts (nvcc, ninja: here a stand-in child) gets neither."""
     from warmd.executors.pool import Worker
-    from warmd.plan import Task
+    from warmd.tasks import Task
 
     out = tmp_path / "child-env.json"
     secrets = {"WARMD_SIGNING_KEY": SECRET.decode(), "WARMD_SIGNING_KEY_FILE": "/k",

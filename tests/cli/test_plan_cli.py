@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from warmd.cli import main
 from warmd.examples import example_names
-from warmd.plan import Task
+from warmd.tasks import Task
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:

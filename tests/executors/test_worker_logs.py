@@ -13,7 +13,7 @@ from store_support import registered_testlib
 from testlib import NAME, ROOT_ENV
 
 from warmd.executors.pool import MAX_WORKER_LOGS, Worker, _rotate_worker_logs
-from warmd.plan import Task
+from warmd.tasks import Task
 
 SRC = str(Path(__file__).resolve().parents[2])
 # A worker process as the pool sets it up (its output redirected to its log), given a

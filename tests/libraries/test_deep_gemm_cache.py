@@ -37,7 +37,7 @@ from warmd.libraries.deep_gemm.cache import (
 )
 from warmd.libraries.deep_gemm.executor import DeepGemmExecutor, StdoutCapture, gemm_spec
 from warmd.libraries.deep_gemm.install import Generation
-from warmd.plan import Task
+from warmd.tasks import Task
 
 DATA = Path(__file__).parents[1] / "data" / "deep_gemm" / "cache"
 NAMES = sorted(p.name for p in DATA.iterdir())
@@ -362,7 +362,7 @@ def test_fingerprint_names_install_path_headers_toolkit_and_env(tmp_path: Path,
 # ----- executor -----
 
 def _task(kernel="fp8_gemm_nt", n=2048, k=4096, groups=None, m=(1, 64, 64, 8)) -> Task:
-    return Task(f"deep_gemm/{kernel}/{n}x{k}/test", "deep_gemm", kernel, n, k, groups, m)
+    return Task("deep_gemm", kernel, n, k, groups, m, key=f"deep_gemm/{kernel}/{n}x{k}/test")
 
 
 def test_gemm_spec_validates_tasks():

@@ -22,8 +22,8 @@ from warmd import settings
 from warmd.libraries.deep_gemm.cache import COMMITTED, DeepGemmCacheAdapter
 from warmd.libraries.deep_gemm.listed import ListedJob, nvcc_version, set_digest, task_digest
 from warmd.libraries.deep_gemm.nvcc_shim import parse_compile
-from warmd.plan import Task
 from warmd.store import open_shared_cache
+from warmd.tasks import Task
 from warmd.warmup import WarmupOptions, run_warmup
 
 pytestmark = pytest.mark.slow  # real nvcc builds of a DeepGEMM kernel (about 7 s each)
@@ -65,7 +65,7 @@ def recorded_job(**changes) -> ListedJob:
     return dataclasses.replace(job, **changes)
 
 
-TASK = Task("deep_gemm/transpose/test", "deep_gemm", "transpose_fp32", m=(128,))
+TASK = Task("deep_gemm", "transpose_fp32", m=(128,), key="deep_gemm/transpose/test")
 
 
 def _warm(server, root: Path, node: str, **options):

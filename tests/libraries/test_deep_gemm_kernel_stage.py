@@ -32,7 +32,7 @@ from warmd.libraries.deep_gemm.nvcc_shim import (
     set_compile_nice,
     write_shim,
 )
-from warmd.plan import Task
+from warmd.tasks import Task
 
 NVCC = str(settings.cuda_home() / "bin" / "nvcc")
 needs_nvcc = pytest.mark.skipif(not Path(NVCC).is_file(), reason="no nvcc here")

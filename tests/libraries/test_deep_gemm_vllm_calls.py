@@ -21,9 +21,10 @@ from warmd.kernels.base import Environment
 from warmd.libraries.deep_gemm import executor as dge
 from warmd.libraries.deep_gemm.kernels import vllm_grouped_alignment
 from warmd.mvalues import relax_m_values, vllm_grouped_rows
-from warmd.plan import PlanRequest, Task, make_plan
+from warmd.plan import PlanRequest, make_plan
 from warmd.probes import LibraryProbe
 from warmd.targets import PRESETS
+from warmd.tasks import Task
 
 ROOT = Path(__file__).resolve().parents[2]
 QWEN = str(ROOT / "tests" / "data" / "models" / "qwen3-235b-a22b-fp8")
@@ -160,8 +161,9 @@ class FakeDeepGemmWithoutGpu:
 
 
 def _task(layout: str, alignment: int = 64, m=(128, 256)) -> Task:
-    return Task("deep_gemm/x", "deep_gemm", "m_grouped_fp8_gemm_nt_contiguous", 256, 512, 3,
-                m, spec={"scale_fmt": "float32", "layout": layout, "alignment": alignment})
+    return Task("deep_gemm", "m_grouped_fp8_gemm_nt_contiguous", 256, 512, 3, m,
+                spec={"scale_fmt": "float32", "layout": layout, "alignment": alignment},
+                key="deep_gemm/x")
 
 
 def _inputs(spec: dge.GemmSpec, block: int) -> dict:
@@ -213,8 +215,8 @@ def test_bad_layouts_are_refused(spec, match):
     task = replace(_task("psum"), spec={"scale_fmt": "float32", **spec})
     with pytest.raises(ValueError, match=match):
         dge.gemm_spec(task)
-    dense = Task("deep_gemm/d", "deep_gemm", "fp8_gemm_nt", 256, 512, None, (1,),
-                 spec={"layout": "psum"})
+    dense = Task("deep_gemm", "fp8_gemm_nt", 256, 512, None, (1,), spec={"layout": "psum"},
+                 key="deep_gemm/d")
     with pytest.raises(ValueError, match="contiguous grouped GEMMs only"):
         dge.gemm_spec(dense)
 

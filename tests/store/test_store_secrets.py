@@ -66,7 +66,7 @@ def test_password_file_urls(tmp_path):
 CHILD = r"""
 import json, os, subprocess, sys, time
 from warmd.executors.pool import Worker
-from warmd.plan import Task
+from warmd.tasks import Task
 from warmd.store import open_shared_cache
 
 cache = open_shared_cache(node="parent")

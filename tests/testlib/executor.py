@@ -11,7 +11,7 @@ from pathlib import Path
 from testlib import ROOT_ENV
 from testlib.cache import DEFAULT_SIZE, DirAdapter, compile_entry
 from warmd.executors.base import Executor, KernelOutcome, TaskResult
-from warmd.plan import Task
+from warmd.tasks import Task
 
 
 class TestlibExecutor(Executor):

@@ -19,7 +19,8 @@ import pytest
 
 from warmd.cache.records import read_record
 from warmd.libraries.flashinfer.cache import FlashInferCacheAdapter, read_ninja_log
-from warmd.plan import PlanRequest, Task, make_plan
+from warmd.plan import PlanRequest, make_plan
+from warmd.tasks import Task
 from warmd.warmup import WarmupOptions, run_warmup
 
 pytestmark = pytest.mark.slow  # every test here waits on a real FlashInfer build

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 
-from warmd.plan import Task
+from warmd.tasks import Task
 from warmd.warmup import default_workers
 
 GIB = 1 << 30

@@ -41,9 +41,10 @@ from warmd.cluster.work import NodeSummary, NodeWarm, summarize, warm_node
 from warmd.config import WarmdConfig, load_config
 from warmd.errors import WarmdInputError
 from warmd.libraries import LIBRARIES
-from warmd.plan import PlanRequest, Task, make_plan
+from warmd.plan import PlanRequest, make_plan
 from warmd.settings import STORE_OFF
 from warmd.stats import Counters, Outcome, format_seconds
+from warmd.tasks import Task
 from warmd.warmup import (
     Build,
     TaskReport,

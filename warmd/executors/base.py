@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from warmd.cache.base import CacheAdapter
-from warmd.plan import Task
 from warmd.stats import Outcome
+from warmd.tasks import Task
 
 OUTCOMES = tuple(Outcome)
 

@@ -21,9 +21,9 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 from warmd.executors.base import Executor, KernelOutcome, TaskResult
-from warmd.plan import Task
 from warmd.processes import pid_alive
 from warmd.stats import Outcome
+from warmd.tasks import Task
 
 STOP_GRACE_SECONDS = 3.0
 MAX_WORKER_LOGS = 20  # logs of finished workers kept in <state dir>/logs, newest first

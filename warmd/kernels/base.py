@@ -6,13 +6,14 @@ why each kernel before the chosen one was rejected.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import ClassVar
 
 from warmd.models import Layer
 from warmd.mvalues import MSpec
 from warmd.probes import LibraryProbe
 from warmd.targets import Target
+from warmd.tasks import Task
 
 Check = tuple[bool, str]
 OK: Check = (True, "")
@@ -45,20 +46,6 @@ class Environment:
 
     def library(self, name: str) -> LibraryProbe:
         return self.libraries.get(name) or LibraryProbe(name, False, reason=f"{name} not probed")
-
-
-@dataclass(frozen=True)
-class JitWork:
-    """One piece of JIT work a kernel needs for a layer: a GEMM config family or a module."""
-
-    library: str
-    kernel: str
-    n: int | None = None
-    k: int | None = None
-    num_groups: int | None = None
-    m: tuple[int, ...] = ()
-    module: str | None = None
-    spec: tuple[tuple[str, object], ...] = field(default=())
 
 
 @dataclass(frozen=True)
@@ -116,8 +103,9 @@ class Kernel:
 
     @classmethod
     def jit_work(cls, layer: Layer, env: Environment, mspec: MSpec,
-                 m_range: tuple[int, int | None]) -> list[JitWork]:
-        """The JIT work this (leaf) kernel needs for M in m_range; none for AOT kernels."""
+                 m_range: tuple[int, int | None]) -> list[Task]:
+        """The JIT work this (leaf) kernel needs for M in m_range, as tasks without a key (the
+        planner keys them); none for AOT kernels."""
         return []
 
     @classmethod

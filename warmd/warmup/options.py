@@ -8,7 +8,8 @@ from pathlib import Path
 
 from warmd import settings
 from warmd.errors import WarmdInputError
-from warmd.plan import Plan, Task
+from warmd.plan import Plan
+from warmd.tasks import Task
 
 
 @dataclass

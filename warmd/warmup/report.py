@@ -8,8 +8,8 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
 from warmd.executors.base import TaskResult
-from warmd.plan import Task
 from warmd.stats import BY_OUTCOME, CounterFlag, Counters, Outcome, compile_seconds_saved, ids
+from warmd.tasks import Task
 from warmd.warmup.claims import Got, UnitResult
 
 if TYPE_CHECKING:  # the interface only: warming without a store imports no store client

@@ -14,8 +14,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from warmd.executors.pool import Worker
-from warmd.plan import Plan, Task
+from warmd.plan import Plan
 from warmd.stats import Counters, Outcome
+from warmd.tasks import Task
 from warmd.warmup.options import WarmupOptions
 from warmd.warmup.report import (
     BootReport,

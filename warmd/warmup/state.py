@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, TypeVar
 from warmd.cache.base import CacheAdapter
 from warmd.cache.records import LocalTaskRecord, fingerprint_digest, read_record
 from warmd.executors.base import KernelStage
-from warmd.plan import Plan, Task
+from warmd.plan import Plan
+from warmd.tasks import Task
 from warmd.warmup.options import WarmupOptions
 from warmd.warmup.report import Build, TaskReport
 

@@ -7,15 +7,19 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from warmd import settings
 from warmd.errors import WarmdInputError
 from warmd.executors.pool import Worker
-from warmd.plan import Plan, Task
+from warmd.tasks import Task
 from warmd.warmup.options import WarmupOptions
 from warmd.warmup.sizing import default_workers, gpu_ids, worker_count
 from warmd.warmup.state import RunState
 from warmd.warmup.units import StageWork
+
+if TYPE_CHECKING:  # the type only: the worker side of a run reads tasks, not the planner
+    from warmd.plan import Plan
 
 log = logging.getLogger(__name__)
 

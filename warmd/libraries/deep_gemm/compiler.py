@@ -81,7 +81,7 @@ from warmd.libraries.deep_gemm.nvcc_shim import (
     set_compile_nice,
     write_shim,
 )
-from warmd.plan import Task
+from warmd.tasks import Task
 
 RECORDER = "warmd.libraries.deep_gemm.executor:DeepGemmRecorder"
 # Discovery processes on the node (at most one per two compile jobs). Few: processes that

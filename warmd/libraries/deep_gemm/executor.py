@@ -41,7 +41,7 @@ from warmd import settings
 from warmd.cache.base import CacheEntry
 from warmd.executors.base import Executor, KernelOutcome, TaskResult
 from warmd.libraries.deep_gemm.cache import DeepGemmCacheAdapter, entry_state
-from warmd.plan import Task
+from warmd.tasks import Task
 
 LIBRARY = "deep_gemm"
 # Plan kernel name -> (DeepGEMM functions, the first that exists is called; GemmType its

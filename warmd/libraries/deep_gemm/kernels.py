@@ -10,7 +10,6 @@ from warmd.kernels.base import (
     Branch,
     Check,
     Environment,
-    JitWork,
     Kernel,
     MRange,
     WrapperKernel,
@@ -26,6 +25,7 @@ from warmd.mvalues import (
     vllm_grouped_rows,
     vllm_grouped_warmup_tokens,
 )
+from warmd.tasks import Task
 
 # DeepGEMM's shape rules as vLLM applies them before dispatching (should_use_deepgemm_for_
 # fp8_linear: N % 64, K % 128; grouped contiguous layout: N and K % 128).
@@ -45,8 +45,8 @@ def deep_gemm_scale_format(env: Environment) -> str:
 DEEP_GEMM_CAPABILITIES = (9, 10, 12)
 
 
-def _deep_gemm_spec(env: Environment) -> tuple[tuple[str, object], ...]:
-    return (("scale_fmt", deep_gemm_scale_format(env)),)
+def _deep_gemm_spec(env: Environment) -> dict[str, object]:
+    return {"scale_fmt": deep_gemm_scale_format(env)}
 
 
 class DeepGemmFp8BlockScaledMMKernel(Kernel):
@@ -71,8 +71,8 @@ class DeepGemmFp8BlockScaledMMKernel(Kernel):
         m = clip(mspec.values(layer.n, env.target.sms), *_warmed_range(env, m_range))
         if not m:
             return []
-        return [JitWork("deep_gemm", "fp8_gemm_nt", layer.n, layer.k, None, tuple(m),
-                        spec=_deep_gemm_spec(env))]
+        return [Task("deep_gemm", "fp8_gemm_nt", layer.n, layer.k, None, tuple(m),
+                     spec=_deep_gemm_spec(env))]
 
 
 def _warmed_range(env: Environment, m_range: MRange) -> MRange:
@@ -109,8 +109,8 @@ def _contiguous_work(layer: Layer, env: Environment, mspec: MSpec, m_range: MRan
                             layer.num_groups, *m_range)
     if not rows:
         return []
-    return [JitWork("deep_gemm", "m_grouped_fp8_gemm_nt_contiguous", layer.n, layer.k,
-                    layer.num_groups, tuple(rows), spec=_deep_gemm_spec(env))]
+    return [Task("deep_gemm", "m_grouped_fp8_gemm_nt_contiguous", layer.n, layer.k,
+                 layer.num_groups, tuple(rows), spec=_deep_gemm_spec(env))]
 
 
 # The contiguous grouped layouts of DeepGEMM 2.x: the plain one (an expert id per row) and
@@ -206,9 +206,9 @@ def _vllm_contiguous_work(layer: Layer, env: Environment, mspec: MSpec, m_range:
             for t in vllm_grouped_warmup_tokens(mspec, widest, env.target.sms)}
     serve = set(_vllm_serving_rows(layer, env, mspec, m_range, alignment))
     layouts = {PLAIN: warm, PSUM: serve} if vllm_serves_psum(env) else {PLAIN: warm | serve}
-    return [JitWork("deep_gemm", "m_grouped_fp8_gemm_nt_contiguous", layer.n, layer.k,
-                    layer.num_groups, tuple(sorted(rows)),
-                    spec=(*_deep_gemm_spec(env), ("layout", layout), ("alignment", alignment)))
+    return [Task("deep_gemm", "m_grouped_fp8_gemm_nt_contiguous", layer.n, layer.k,
+                 layer.num_groups, tuple(sorted(rows)),
+                 spec={**_deep_gemm_spec(env), "layout": layout, "alignment": alignment})
             for layout, rows in layouts.items() if rows]
 
 
@@ -256,8 +256,8 @@ class DeepEPDeepGemmExperts(DeepGemmExperts):
         work = _contiguous_work(layer, env, mspec, m_range)
         expected = clip(mspec.values(layer.n, env.target.sms), *m_range)
         if expected:
-            work.append(JitWork("deep_gemm", "m_grouped_fp8_gemm_nt_masked", layer.n, layer.k,
-                                layer.num_groups, tuple(expected), spec=_deep_gemm_spec(env)))
+            work.append(Task("deep_gemm", "m_grouped_fp8_gemm_nt_masked", layer.n, layer.k,
+                             layer.num_groups, tuple(expected), spec=_deep_gemm_spec(env)))
         return work
 
 
@@ -313,9 +313,9 @@ class BatchedDeepGemmExperts(Kernel):
 
     @classmethod
     def jit_work(cls, layer: Layer, env: Environment, mspec: MSpec, m_range: MRange):
-        return [JitWork("deep_gemm", "m_grouped_fp8_gemm_nt_masked", layer.n, layer.k,
-                        layer.num_groups, tuple(batched_expected_m(layer, mspec)),
-                        spec=_deep_gemm_spec(env))]
+        return [Task("deep_gemm", "m_grouped_fp8_gemm_nt_masked", layer.n, layer.k,
+                     layer.num_groups, tuple(batched_expected_m(layer, mspec)),
+                     spec=_deep_gemm_spec(env))]
 
 
 class TritonOrDeepGemmExperts(WrapperKernel):

@@ -31,7 +31,7 @@ from warmd.cache.artifacts import rename_noreplace
 from warmd.libraries.deep_gemm.cache import COMMITTED, MAX_SOURCE_BYTES, layout_of
 from warmd.libraries.deep_gemm.install import Generation
 from warmd.libraries.deep_gemm.nvcc_shim import OUTPUT, SOURCE, Job, compile_job, save_job
-from warmd.plan import Task
+from warmd.tasks import Task
 
 _KEY = re.compile(r"^[0-9a-f]{32}$")
 MAX_ARGS = 256

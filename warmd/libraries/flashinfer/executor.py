@@ -39,8 +39,8 @@ from warmd.libraries.flashinfer.cache import (
     flashinfer_version,
     parse_ninja_log,
 )
-from warmd.plan import Task
 from warmd.stats import Outcome
+from warmd.tasks import Task
 
 LIBRARY = "flashinfer"
 _REASON_CHARS = 600

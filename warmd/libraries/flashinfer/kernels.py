@@ -8,7 +8,6 @@ from warmd.kernels.base import (
     Branch,
     Check,
     Environment,
-    JitWork,
     Kernel,
     MRange,
     WrapperKernel,
@@ -18,10 +17,11 @@ from warmd.kernels.registry import AttentionKernel, FlashMLABackend
 from warmd.libraries.deep_gemm.kernels import DeepGemmFp8BlockScaledMMKernel
 from warmd.models import Layer
 from warmd.mvalues import MSpec
+from warmd.tasks import Task
 
 
-def _spec(generator: str, *args: object) -> tuple[tuple[str, object], ...]:
-    return (("generator", generator), ("args", tuple(args)))
+def _spec(generator: str, *args: object) -> dict[str, object]:
+    return {"generator": generator, "args": tuple(args)}
 
 
 _DTYPES = ("bfloat16", "bfloat16", "bfloat16", "int32")
@@ -40,9 +40,9 @@ class FlashInferFp8BlockScaledMMKernel(Kernel):
 
     @classmethod
     def jit_work(cls, layer: Layer, env: Environment, mspec: MSpec, m_range: MRange):
-        return [JitWork("flashinfer", "fp8_blockscale_gemm", module="fp8_blockscale_gemm_90",
-                        spec=_spec("flashinfer.jit.gemm.fp8_blockscale:"
-                                   "gen_fp8_blockscale_gemm_sm90_module"))]
+        return [Task("flashinfer", "fp8_blockscale_gemm", module="fp8_blockscale_gemm_90",
+                     spec=_spec("flashinfer.jit.gemm.fp8_blockscale:"
+                                "gen_fp8_blockscale_gemm_sm90_module"))]
 
 
 class FlashInferFp8DeepGEMMDynamicBlockScaledKernel(WrapperKernel):
@@ -67,8 +67,8 @@ class FlashInferFP8ScaledMMLinearKernel(Kernel):
 
     @classmethod
     def jit_work(cls, layer: Layer, env: Environment, mspec: MSpec, m_range: MRange):
-        return [JitWork("flashinfer", "fp8_gemm_cutlass", module="fp8_gemm_cutlass",
-                        spec=_spec("flashinfer.jit.gemm.core:gen_gemm_sm100_module_cutlass_fp8"))]
+        return [Task("flashinfer", "fp8_gemm_cutlass", module="fp8_gemm_cutlass",
+                     spec=_spec("flashinfer.jit.gemm.core:gen_gemm_sm100_module_cutlass_fp8"))]
 
 
 class FlashInferCutlassMxfp8LinearKernel(Kernel):
@@ -89,8 +89,8 @@ class FlashInferCutlassMxfp8LinearKernel(Kernel):
     def jit_work(cls, layer: Layer, env: Environment, mspec: MSpec, m_range: MRange):
         sm = "sm120" if env.target.capability[0] == 12 else "sm100"
         module = "mxfp8_gemm_cutlass_sm120" if sm == "sm120" else "mxfp8_gemm_cutlass"
-        return [JitWork("flashinfer", "mxfp8_gemm_cutlass", module=module,
-                        spec=_spec(f"flashinfer.jit.gemm.core:gen_gemm_{sm}_module_cutlass_mxfp8"))]
+        return [Task("flashinfer", "mxfp8_gemm_cutlass", module=module,
+                     spec=_spec(f"flashinfer.jit.gemm.core:gen_gemm_{sm}_module_cutlass_mxfp8"))]
 
 
 class FlashInferCutedslMxfp8LinearKernel(Kernel):
@@ -172,8 +172,8 @@ class FlashInferExperts(FlashInferFusedMoE):
         else:
             arch = {(10, 3): "103"}.get((major, minor), "120" if major == 12 else "100")
             module, generator = f"fused_moe_{arch}", f"gen_cutlass_fused_moe_sm{arch}_module"
-        return [JitWork("flashinfer", "cutlass_fused_moe", module=module,
-                        spec=_spec(f"flashinfer.jit.fused_moe:{generator}"))]
+        return [Task("flashinfer", "cutlass_fused_moe", module=module,
+                     spec=_spec(f"flashinfer.jit.fused_moe:{generator}"))]
 
 
 class TrtLlmFp8Experts(FlashInferFusedMoE):
@@ -189,9 +189,9 @@ class TrtLlmFp8Experts(FlashInferFusedMoE):
     def jit_work(cls, layer: Layer, env: Environment, mspec: MSpec, m_range: MRange):
         rubin = env.target.capability == (10, 7)
         module = "fused_moe_trtllm_sm107" if rubin else "fused_moe_trtllm_sm100"
-        return [JitWork("flashinfer", "trtllm_fused_moe", module=module,
-                        spec=_spec("flashinfer.jit.fused_moe:gen_trtllm_gen_fused_moe_sm100_module",
-                                   rubin))]
+        return [Task("flashinfer", "trtllm_fused_moe", module=module,
+                     spec=_spec("flashinfer.jit.fused_moe:gen_trtllm_gen_fused_moe_sm100_module",
+                                rubin))]
 
 
 class FlashInferAttentionBackend(AttentionKernel):
@@ -222,12 +222,12 @@ class FlashInferAttentionBackend(AttentionKernel):
                    f"dtype_idx_i32_head_dim_qk_{d}_head_dim_vo_{d}_posenc_0_use_swa_False_"
                    "use_logits_cap_False_f16qk_False" + ("_sm90" if backend == "fa3" else ""))
         work = [
-            JitWork("flashinfer", "batch_decode", module=decode,
-                    spec=_spec("flashinfer.jit:gen_batch_decode_module", *_DTYPES, d, d, 0,
-                               False, False)),
-            JitWork("flashinfer", "batch_prefill", module=prefill,
-                    spec=_spec("flashinfer.jit:gen_batch_prefill_module", backend, *_DTYPES, d,
-                               d, 0, False, False, False)),
+            Task("flashinfer", "batch_decode", module=decode,
+                 spec=_spec("flashinfer.jit:gen_batch_decode_module", *_DTYPES, d, d, 0,
+                            False, False)),
+            Task("flashinfer", "batch_prefill", module=prefill,
+                 spec=_spec("flashinfer.jit:gen_batch_prefill_module", backend, *_DTYPES, d,
+                            d, 0, False, False, False)),
         ]
         return work[1:] if trtllm == "decode" else work
 
@@ -293,9 +293,9 @@ class FlashInferMLABackend(FlashMLABackend):
         module = ("batch_mla_attention_dtype_q_bf16_dtype_kv_bf16_dtype_o_bf16_dtype_idx_i32_"
                   f"head_dim_ckv_{ckv}_head_dim_kpe_{kpe}_profiler_False_planabi2"
                   + ("_sm90" if backend == "fa3" else ""))
-        return [JitWork("flashinfer", "batch_mla", module=module,
-                        spec=_spec("flashinfer.jit:gen_batch_mla_module", backend, *_DTYPES, ckv,
-                                   kpe, False))]
+        return [Task("flashinfer", "batch_mla", module=module,
+                     spec=_spec("flashinfer.jit:gen_batch_mla_module", backend, *_DTYPES, ckv,
+                                kpe, False))]
 
 
 class FlashInferActivation(Kernel):
@@ -314,8 +314,8 @@ class FlashInferActivation(Kernel):
     @classmethod
     def jit_work(cls, layer: Layer, env: Environment, mspec: MSpec, m_range: MRange):
         act = {"gelu_pytorch_tanh": "gelu_tanh"}.get(layer.param["act"], layer.param["act"])
-        return [JitWork("flashinfer", "act_and_mul", module=f"{act}_and_mul",
-                        spec=_spec("flashinfer.jit:gen_act_and_mul_module", act))]
+        return [Task("flashinfer", "act_and_mul", module=f"{act}_and_mul",
+                     spec=_spec("flashinfer.jit:gen_act_and_mul_module", act))]
 
 
 class FlashInferSampler(Kernel):
@@ -326,8 +326,8 @@ class FlashInferSampler(Kernel):
 
     @classmethod
     def jit_work(cls, layer: Layer, env: Environment, mspec: MSpec, m_range: MRange):
-        return [JitWork("flashinfer", "sampling", module="sampling",
-                        spec=_spec("flashinfer.jit.sampling:gen_sampling_module"))]
+        return [Task("flashinfer", "sampling", module="sampling",
+                     spec=_spec("flashinfer.jit.sampling:gen_sampling_module"))]
 
 
 KERNELS: tuple[type[Kernel], ...] = (
