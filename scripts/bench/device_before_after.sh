@@ -1,18 +1,44 @@
 #!/usr/bin/env bash
-# The warm-path refactor measured on the H200: the same DeepGEMM warmups (cold, from the
-# store, from disk) on the tree before it and on this tree, in one run
-# (scripts/bench/bench_before_after.py; results in docs/benchmarks.md).
+# A refactor measured on the H200: the same DeepGEMM warmups (cold, from the store, from
+# disk) on the tree before it and on this tree, in one run, for both DeepGEMM generations
+# that load there (scripts/bench/bench_before_after.py; results in docs/benchmarks.md).
 #
-# Through the device tool, kind nvidia-h200, carrying .whl-speed/ (see
-# scripts/bench/device_speed.sh) and .carry-before/ (`git archive <commit> warmd | tar -x -C .carry-before`):
+# Through the device tool, kind nvidia-h200, carrying .dv/ (as scripts/bench/device_verify.sh:
+# .dv/whl/ the cp312 wheels, .dv/vdg.tar.xz vLLM 0.34.0's vllm/third_party/deep_gemm) and
+# .carry-before/ (`git archive <commit> warmd | tar -x -C .carry-before`):
 #     bash scripts/bench/device_before_after.sh
-# Output: $OUT/before_after.json, $OUT/before_after.log.
+# GENERATIONS="vendored-2.8.1 sgl-0.1.4.post1" (the default) picks them; ENGINE_VERSION the
+# engine release both trees plan for. Output: $OUT/<generation>/before_after.json and .log.
 set -uo pipefail
 OUT=${OUT:-/tmp/before-after-out}
+DV=${DV:-.dv}
 mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site "${WHEELS:-.whl-speed}"/*.whl || exit 1
-export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+LOG="$OUT/device.log"
+pip_target() {
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target "$@" >>"$LOG" 2>&1 || { cat "$LOG"; exit 1; }
+}
+mapfile -t deps < <(ls "$DV"/whl/*.whl | grep -v -e sgl_deep_gemm -e apache_tvm_ffi)
+pip_target /tmp/site "${deps[@]}"
+pip_target /tmp/dg014 "$DV"/whl/sgl_deep_gemm-*.whl "$DV"/whl/apache_tvm_ffi-*.whl
+V=/tmp/vllm034  # vLLM 0.34.0's layout: its dist-info and vllm/third_party/deep_gemm
+mkdir -p "$V/vllm/third_party" "$V/vllm-0.34.0.dist-info"
+: >"$V/vllm/__init__.py"
+: >"$V/vllm/third_party/__init__.py"
+tar -xJf "$DV/vdg.tar.xz" -C "$V/vllm/third_party" || exit 1
+printf 'Metadata-Version: 2.1\nName: vllm\nVersion: 0.34.0\n' >"$V/vllm-0.34.0.dist-info/METADATA"
+export PYTHONUNBUFFERED=1 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 export VLLM_MOE_USE_DEEP_GEMM=1  # the MoE's grouped GEMMs through DeepGEMM, as before
-python3 scripts/bench/bench_before_after.py --tree "before=${BEFORE:-.carry-before}" \
-    --tree after=. --out "$OUT" --rounds "${ROUNDS:-1}" 2>&1 | tee "$OUT/before_after.log"
+{ nvidia-smi -L; nproc | sed 's/^/cores: /'; } 2>&1 | tee -a "$LOG"
+for generation in ${GENERATIONS:-vendored-2.8.1 sgl-0.1.4.post1}; do
+    case $generation in
+        vendored-2.8.1) path="/tmp/site:$V" ;;
+        sgl-0.1.4.post1) path="/tmp/dg014:/tmp/site:$V" ;;
+        *) echo "unknown generation $generation" >&2; exit 2 ;;
+    esac
+    mkdir -p "$OUT/$generation"
+    PYTHONPATH="$path" python3 scripts/bench/bench_before_after.py \
+        --tree "before=${BEFORE:-.carry-before}" --tree after=. --out "$OUT/$generation" \
+        --rounds "${ROUNDS:-1}" --engine-version "${ENGINE_VERSION:-0.34.0}" 2>&1 \
+        | sed "s/^/$generation /" | tee "$OUT/$generation/before_after.log" | tee -a "$LOG"
+done
