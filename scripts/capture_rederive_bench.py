@@ -47,12 +47,13 @@ def client(n: int, k: int, cache: Path) -> None:
     os.environ["DG_JIT_CACHE_DIR"] = str(cache)
     import torch
 
-    from warmd.libraries.deep_gemm.executor import GemmSpec, _caller, _make_inputs
+    from warmd.libraries.deep_gemm.calls import caller, make_inputs
+    from warmd.libraries.deep_gemm.gemms import GemmSpec
     from warmd.libraries.deep_gemm.install import resolve
 
     deep_gemm = importlib.import_module(resolve("vllm").module)
     spec = GemmSpec(("fp8_gemm_nt",), "Normal", n, k, None, (128,))
-    call = _caller(deep_gemm, spec, _make_inputs(torch, deep_gemm, spec, torch.device("cuda")))
+    call = caller(deep_gemm, spec, make_inputs(torch, deep_gemm, spec, torch.device("cuda")))
     call(128)
     torch.cuda.synchronize()
 
