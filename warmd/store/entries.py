@@ -22,8 +22,9 @@ from concurrent.futures import ThreadPoolExecutor
 from contextvars import copy_context
 
 from warmd import boundedjson, settings
-from warmd.cache.artifacts import TooLargeHere, install_batch
+from warmd.cache.artifacts import TooLargeHere
 from warmd.cache.base import CacheAdapter, IncompatibleHere, UnsafeArtifact
+from warmd.cache.install import install_batch
 from warmd.store import layout
 from warmd.store.api import BlobPeers, StoreFailed
 from warmd.store.connection import classify

@@ -14,7 +14,7 @@ import uuid
 from dataclasses import replace
 from pathlib import Path
 
-from warmd.cache.artifacts import rename_noreplace
+from warmd.cache.durable import rename_noreplace
 from warmd.executors.pool import Worker
 from warmd.libraries.deep_gemm.cache import DeepGemmCacheAdapter, entry_state
 from warmd.libraries.deep_gemm.nvcc_shim import Job, read_passthrough
