@@ -83,14 +83,16 @@ def learn_flags(work: Path, n: int, k: int) -> list[str]:
 
 
 def scope(base: Path):
-    from warmd.capture import CaptureScope
+    from warmd.capture.scope import CaptureScope
     from warmd.targets import preset
 
     return CaptureScope(PLAN, preset("h200").to_json(), {"deep_gemm": str(base / "dg")})
 
 
 def bench(out: Path, label: str, n: int, k: int, dry: bool) -> dict:
-    from warmd.capture import Capture, adapters_for, install_learned
+    from warmd.capture.scope import adapters_for
+    from warmd.capture.sharing import install_learned
+    from warmd.capture.watch import Capture
     from warmd.libraries.deep_gemm.install import resolve
     from warmd.libraries.deep_gemm.rederive import adapter_digest, record_flags
     from warmd.rederive import Rederiver

@@ -18,7 +18,9 @@ from pathlib import Path
 import pytest
 from store_support import isolate_capture, module_server
 
-from warmd.capture import Capture, CaptureScope, CaptureTrust, install_learned
+from warmd.capture.scope import CaptureScope
+from warmd.capture.sharing import install_learned
+from warmd.capture.watch import Capture, CaptureTrust
 from warmd.libraries.flashinfer_autotune.cache import FlashInferAutotuneAdapter
 from warmd.libraries.triton.cache import TritonCacheAdapter
 from warmd.rederive import Rederiver
@@ -359,7 +361,7 @@ def test_real_compiles_after_ready_reach_the_next_node_through_the_re_derivation
           f"differs: {[r.why for r in results if not r.identical]}")
     assert identical["triton"]  # FlashInfer's never is: docs/redis.md, "The capture path"
 
-    from warmd.capture import adapters_for
+    from warmd.capture.scope import adapters_for
 
     c = adapters_for(scope(tmp_path / "c"))
     names = {lib: learned_on(server, tmp_path / "c", c[lib]) for lib in ("triton", "flashinfer")}
@@ -531,7 +533,7 @@ def planted_module(tmp_path: Path, name: str, code: str) -> bytes:
 
 
 def submit(server, base: Path, name: str, artifact: bytes) -> None:
-    from warmd.capture import adapters_for
+    from warmd.capture.scope import adapters_for
 
     adapter = adapters_for(scope(base))["flashinfer"]
     with opener(server, "node-a")(preset("h200")) as shared:

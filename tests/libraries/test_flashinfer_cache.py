@@ -311,7 +311,8 @@ def test_a_symlinked_generated_directory_is_refused_and_its_secret_never_publish
     module up to date, so it is complete; packing it must not follow the link."""
     from store_support import start_test_server
 
-    from warmd.capture import Capture, CaptureScope
+    from warmd.capture.scope import CaptureScope
+    from warmd.capture.watch import Capture
     from warmd.store import open_shared_cache
     from warmd.targets import preset
 

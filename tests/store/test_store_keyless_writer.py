@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 from store_support import DirAdapter, compile_entry, module_server, task_entries, warm
 
-from warmd.capture import install_learned, learned_task, publish_learned
+from warmd.capture.sharing import install_learned, learned_task, publish_learned
 from warmd.cli import main
 from warmd.store import layout
 

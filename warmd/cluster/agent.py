@@ -15,7 +15,7 @@ import threading
 import time
 
 from warmd import settings
-from warmd.capture import MAX_EVENTS
+from warmd.capture.watch import MAX_EVENTS
 from warmd.cluster import ray_api
 from warmd.cluster.decisions import RetryBackoff
 from warmd.cluster.fanout import join_peers
@@ -268,7 +268,8 @@ class NodeAgent:
         """Start watching (and, on a trusted producer, re-deriving) in threads of their
         own: nothing here reads a cache, so nothing a cache holds can stop this thread's
         heartbeats."""
-        from warmd.capture import Capture, CaptureScope, CaptureTrust
+        from warmd.capture.scope import CaptureScope
+        from warmd.capture.watch import Capture, CaptureTrust
 
         env = node_env(self.config, self.node_name)
         trust = CaptureTrust(self.config.capture.trust)
