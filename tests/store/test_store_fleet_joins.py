@@ -18,8 +18,8 @@ from warmd.cache import install
 from warmd.cache.records import entry_digest
 from warmd.errors import WarmdInputError
 from warmd.store import layout, parse_store_url
+from warmd.store.blobs import READ_WINDOW_BYTES
 from warmd.store.breaker import JoinBudget
-from warmd.store.entries import READ_WINDOW_BYTES
 
 server = module_server()
 

@@ -1,7 +1,10 @@
 """The shared compiled-kernel cache over Redis: SharedCache composed of its parts.
 
     transport.py  connection, circuit breaker, the op wrapper, failure classification
-    entries.py    fetch: task records, manifests, blobs; verify, install, quarantine
+    entries.py    fetch: task records and manifests, verified; entries installed
+    blobs.py      blobs read in bounded windows (from peers first) and verified
+    refusals.py   refused records and entries counted, remembered, quarantined
+    renewal.py    the TTL of what a plan used, renewed once per interval cluster-wide
     leases.py     single flight, and claims on units of cluster work
     publish.py    pack and publish a task's entries and record
     counters.py   this process's counters and the per-node / per-fingerprint stats
@@ -34,6 +37,7 @@ from warmd.store.api import (
     StoreFailed,
     discovery_unit,
 )
+from warmd.store.blobs import Blobs
 from warmd.store.breaker import CircuitBreaker, JoinBudget
 from warmd.store.connection import CONNECT_TIMEOUT, StoreURL, classify
 from warmd.store.counters import StoreStats
@@ -43,6 +47,7 @@ from warmd.store.layout import BadRecord, Manifest, PendingClaim, StoredTaskReco
 from warmd.store.leases import KERNEL_LEASE_SECONDS, Leases, WorkClaims, spread_start
 from warmd.store.pending import PendingClaims
 from warmd.store.publish import Publisher
+from warmd.store.refusals import Refusals
 from warmd.store.session import Session, StaleRecords
 from warmd.store.signing import KeyProof, sign
 from warmd.store.signing import check as check_signature
@@ -84,7 +89,9 @@ class RedisSharedCache(SharedCache):
             lease_ms=_lease_ms(lease_seconds), poll_interval=poll_interval,
             max_artifact_bytes=max_artifact_bytes or settings.max_artifact_bytes())
         stale = StaleRecords()  # Entries notes them, Leases reads them, Publisher clears them
-        self.entries = Entries(self.session, stale, peers)
+        self.refusals = Refusals(self.session)
+        self.blobs = Blobs(self.session, peers)
+        self.entries = Entries(self.session, stale, self.refusals, self.blobs)
         self.leases = Leases(self.session, stale)
         self.publisher = Publisher(self.session, stale)
         self.claims = PendingClaims(self.session)

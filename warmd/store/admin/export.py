@@ -68,7 +68,7 @@ def _export_entries(cache: RedisSharedCache, tar: tarfile.TarFile, fp: str,
         good.append((man, item["raw"]))
     exported, blobs_done = set(), set()
     for batch in layout.size_batches(good):
-        blobs = cache.entries.read_blobs([m for m, _ in batch])
+        blobs = cache.blobs.read_blobs([m for m, _ in batch])
         for man, raw in batch:
             blob = blobs[man.digest]
             if isinstance(blob, BadRecord):

@@ -48,9 +48,9 @@ def _refuse(cache: RedisSharedCache, counts: dict, fp: str, what: str,
             problem: BadRecord) -> None:
     counts[problem.counter] += 1
     if isinstance(problem, layout.RefusedHere):
-        cache.entries.refused_here(fp, what, str(problem))
+        cache.refusals.refused_here(fp, what, str(problem))
     else:
-        cache.entries.reject(problem.counter, fp, what, str(problem))
+        cache.refusals.reject(problem.counter, fp, what, str(problem))
 
 
 def _import_entry(cache: RedisSharedCache, tar: tarfile.TarFile, fp: str, name: str,

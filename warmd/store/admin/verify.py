@@ -43,7 +43,7 @@ def verify(cache: RedisSharedCache, selected: Iterable[str] = (),
             except BadRecord as exc:
                 _bad(cache, report, fp, item["name"], item["raw"], exc, quarantine)
         for batch in layout.size_batches(good):
-            blobs = cache.entries.read_blobs([m for m, _ in batch])
+            blobs = cache.blobs.read_blobs([m for m, _ in batch])
             for man, raw in batch:
                 blob = blobs[man.digest]
                 problem = blob if isinstance(blob, BadRecord) else unsafe_artifact(blob)
@@ -73,9 +73,9 @@ def _bad(cache: RedisSharedCache, report: VerifyReport, fp: str, name: str, raw:
     report.bad.append({"fingerprint": fp, "name": name, "reason": str(problem),
                        "kind": problem.counter})
     if quarantine and not isinstance(problem, (layout.SignatureRefused, layout.RefusedHere)):
-        if cache.entries.quarantine(fp, name, raw, str(problem), counter=problem.counter):
+        if cache.refusals.quarantine(fp, name, raw, str(problem), counter=problem.counter):
             report.quarantined += 1
     elif isinstance(problem, layout.RefusedHere):
-        cache.entries.refused_here(fp, name, str(problem))
+        cache.refusals.refused_here(fp, name, str(problem))
     else:
         cache.stats.count_refusal(problem.counter, fp)
