@@ -25,6 +25,7 @@ from warmd.libraries.flashinfer_autotune.cache import FlashInferAutotuneAdapter
 from warmd.libraries.triton.cache import TritonCacheAdapter
 from warmd.rederive import Rederiver
 from warmd.store import layout, open_shared_cache
+from warmd.store.formats import Manifest
 from warmd.targets import preset
 
 pytest.importorskip("triton")
@@ -375,7 +376,7 @@ def test_real_compiles_after_ready_reach_the_next_node_through_the_re_derivation
     client = server.client()
     signed = [client.get(k) for k in client.scan_iter(match="warmd:v1:man:*")]
     assert len(signed) == 2 and all(b'"sig"' in m for m in signed)
-    assert all(layout.Manifest.decode(m, 1 << 30).producer == "node-b" for m in signed)
+    assert all(Manifest.decode(m, 1 << 30).producer == "node-b" for m in signed)
 
 
 TINY_IMPL = """#pragma once

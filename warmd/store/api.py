@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from warmd.cache.base import CacheAdapter, CacheEntry
 
 if TYPE_CHECKING:
-    from warmd.store.layout import PendingClaim
+    from warmd.store.pending import PendingClaim
 
 
 class StoreFailed(Exception):
@@ -240,7 +240,7 @@ class SharedCache(ABC):
     def read_claim(self, adapter: CacheAdapter, name: str
                    ) -> tuple[PendingClaim, bytes] | None:
         """A pending claim and its artifact, checked against the claim's digest; None when
-        absent or unreachable. Raises warmd.store.layout.BadRecord for a malformed claim."""
+        absent or unreachable. Raises warmd.store.validation.BadRecord for a malformed claim."""
         return None
 
     def drop_claim(self, adapter: CacheAdapter, name: str, chunks: int = 0) -> bool:

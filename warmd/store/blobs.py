@@ -11,10 +11,12 @@ from collections.abc import Iterator
 
 from warmd.store import layout
 from warmd.store.api import BlobPeers
+from warmd.store.chunking import check_blob, chunk_lengths, verify_blob
 from warmd.store.connection import classify
-from warmd.store.layout import BadRecord, Manifest
+from warmd.store.formats import Manifest
 from warmd.store.renewal import Used
 from warmd.store.session import Session
+from warmd.store.validation import BadRecord
 
 log = logging.getLogger("warmd.store")
 
@@ -68,8 +70,8 @@ class Blobs:
                 if man is None:
                     continue
                 try:
-                    out[digest] = layout.verify_blob(man, data if isinstance(data, bytes)
-                                                     else b"")
+                    out[digest] = verify_blob(man, data if isinstance(data, bytes)
+                                              else b"")
                 except BadRecord as exc:
                     self.peers.refused(digest, peer)
                     self.count("peer_refused", fp=fp)
@@ -117,7 +119,7 @@ class Blobs:
         READ_WINDOW_BYTES (one chunk at least)."""
         reads = [(at, layout.blob_key(man.digest, i), length)
                  for at, man in enumerate(manifests)
-                 for i, length in enumerate(layout.chunk_lengths(man))]
+                 for i, length in enumerate(chunk_lengths(man))]
         chunks: list[list] = [[] for _ in manifests]
         for window in _windows(reads, READ_WINDOW_BYTES):
             def run(client, window=window):
@@ -139,7 +141,7 @@ class Blobs:
                     raise self.session.transport.failure(reply, "fetch")
                 return BadRecord(f"chunk {i} is unreadable: {reply}")  # e.g. WRONGTYPE
         try:
-            return layout.check_blob(man, chunks)
+            return check_blob(man, chunks)
         except BadRecord as exc:
             return exc
 

@@ -28,12 +28,14 @@ from warmd.cache.install import install_batch
 from warmd.store import layout
 from warmd.store.api import StoreFailed
 from warmd.store.blobs import Blobs
+from warmd.store.chunking import size_batches
 from warmd.store.connection import classify
 from warmd.store.fingerprint import Fingerprint
-from warmd.store.layout import BadRecord, Manifest, StoredTaskRecord
+from warmd.store.formats import Manifest, StoredTaskRecord, accept_manifest, accept_record
 from warmd.store.refusals import Refusals
 from warmd.store.renewal import Renewal, Used
 from warmd.store.session import Session, StaleRecords
+from warmd.store.validation import WRONG_TYPE, BadRecord, RefusedHere
 
 log = logging.getLogger("warmd.store")
 
@@ -169,8 +171,8 @@ class Entries:
         def check(i: int, raw: bytes):
             raws[i] = raw
             try:
-                return layout.accept_record(raw, key=self.session.signing_key, fp=fp,
-                                            task=tasks[i])
+                return accept_record(raw, key=self.session.signing_key, fp=fp,
+                                     task=tasks[i])
             except BadRecord as exc:
                 return exc
 
@@ -192,10 +194,10 @@ class Entries:
         def check(i: int, raw: bytes):
             raws[i] = raw
             try:
-                return layout.accept_manifest(raw, key=self.session.signing_key,
-                                              max_size=self.session.max_artifact_bytes,
-                                              fp=fp.digest, name=names[i], library=fp.library)
-            except layout.RefusedHere as exc:
+                return accept_manifest(raw, key=self.session.signing_key,
+                                       max_size=self.session.max_artifact_bytes,
+                                       fp=fp.digest, name=names[i], library=fp.library)
+            except RefusedHere as exc:
                 return exc
             except BadRecord as exc:
                 return exc
@@ -203,7 +205,7 @@ class Entries:
         keys = [layout.manifest_key(fp.digest, n) for n in names]
         out = {}
         for i, found in enumerate(self._read_checked(keys, check)):
-            if isinstance(found, layout.RefusedHere):
+            if isinstance(found, RefusedHere):
                 self.refusals.refused_here(fp.digest, names[i], str(found))
             elif isinstance(found, BadRecord):
                 self.refusals.refuse_entry(fp.digest, names[i], raws[i], found)
@@ -212,10 +214,10 @@ class Entries:
         return out
 
     def _string(self, reply) -> bytes | None:
-        """A GET reply; a key of another Redis type (WRONGTYPE) reads as layout.WRONG_TYPE,
+        """A GET reply; a key of another Redis type (WRONGTYPE) reads as WRONG_TYPE,
         which no decoder accepts; other errors raise StoreFailed."""
         if isinstance(reply, Exception) and classify(reply) == "error":
-            return layout.WRONG_TYPE
+            return WRONG_TYPE
         return self.session.transport.checked(reply, "fetch")
 
     # -- blobs -----------------------------------------------------------------------------
@@ -249,7 +251,7 @@ class Entries:
         wanted = [(man, raw) for man, raw in manifests.values()
                   if (fp, man.name, man.digest) not in self.session.refused_entries]
         with ThreadPoolExecutor(INSTALL_THREADS, thread_name_prefix="warmd-install") as pool:
-            for batch in layout.size_batches(wanted, BLOB_BATCH_BYTES):
+            for batch in size_batches(wanted, BLOB_BATCH_BYTES):
                 with self._timed("fetch_seconds", fp):
                     blobs = self.blobs.fetch([man for man, _raw in batch], fp, used)
                 with self._timed("install_seconds", fp), install_batch():

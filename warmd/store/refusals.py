@@ -8,9 +8,10 @@ import logging
 
 from warmd.store import layout
 from warmd.store.api import StoreFailed
-from warmd.store.layout import BadRecord
+from warmd.store.formats import quarantine_note
 from warmd.store.session import Session
 from warmd.store.signing import check as check_signature
+from warmd.store.validation import BadRecord, SignatureRefused, load_record
 
 log = logging.getLogger("warmd.store")
 
@@ -30,7 +31,7 @@ class Refusals:
         counter = counter or problem.counter
         if counter == "corrupt_rejected" and not self._signed_ok(raw):
             counter = "signature_rejected"  # unsigned garbage under a signing key
-        if isinstance(problem, layout.SignatureRefused) and problem.other_key:
+        if isinstance(problem, SignatureRefused) and problem.other_key:
             self.session.cluster_key.note_other_key()
         self.quarantine(fp, name, raw, str(problem), counter=counter)
 
@@ -39,7 +40,7 @@ class Refusals:
         if not self.session.signing_key:
             return True
         try:
-            return check_signature(layout.load_record(raw), self.session.signing_key) is None
+            return check_signature(load_record(raw), self.session.signing_key) is None
         except BadRecord:
             return False
 
@@ -76,7 +77,7 @@ class Refusals:
                         f"{self.session.key_state()}: this node does not heal the store)")
             return False
         self.reject(counter, fp, f"entry {name}", f"{why}; quarantining it")
-        value = layout.quarantine_note(raw, why, self.session.node)
+        value = quarantine_note(raw, why, self.session.node)
 
         def run(client):
             return self.session.transport.script(
