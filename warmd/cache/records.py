@@ -60,7 +60,7 @@ class LocalTaskRecord:
 
 def learned_record_key(plan_key: str) -> str:
     """The key of this node's record of the entries learned for a plan and installed here
-    (warmd.capture.install_learned), one per library's cache."""
+    (warmd.capture.sharing.install_learned), one per library's cache."""
     return f"learned-for-plan:{plan_key}"
 
 

@@ -87,7 +87,7 @@ class NodeAgent:
         self._stop = threading.Event()
         self._progress: dict[tuple[int, str], tuple[int, int]] = {}
         self.retry = RetryBackoff(RETRY_FIRST, RETRY_MAX)
-        self.capture = None  # warmd.capture.Capture while the node is warm
+        self.capture = None  # warmd.capture.watch.Capture while the node is warm
         self.rederiver = None  # warmd.rederive.Rederiver on a trusted producer, while warm
         # other nodes serve the blobs they verified, this one too (warmd.cluster.fanout)
         self.peers = join_peers(self.node_id)

@@ -216,7 +216,7 @@ class SharedCache(ABC):
     # -- learned entries: what the engine compiled that no plan named (warmd.capture) ---------
 
     def add_learned(self, adapter: CacheAdapter, plan_key: str, names: list[str]) -> bool:
-        """Add entries (each already published as its own task, warmd.capture.learned_task)
+        """Add entries (each already published as its own task, warmd.capture.sharing.learned_task)
         to the plan's learned index; a set, so nodes adding at once lose nothing. False when
         the store did not take it (or keeps no index)."""
         return False
