@@ -185,7 +185,7 @@ class RayConfig:
                           "on Ray's token authentication)", LOOPBACK)
 
 
-CAPTURE_TRUST = ("rederive", "own-nodes", "off")  # warmd.capture.CaptureTrust's values
+CAPTURE_TRUST = ("rederive", "own-nodes", "off")  # warmd.capture.watch.CaptureTrust's values
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,8 @@ from warmd.cache.rederived import (
     RederiveMismatch,
     private_dir,
 )
-from warmd.capture import CaptureScope, adapters_for, publish_learned
+from warmd.capture.scope import CaptureScope, adapters_for
+from warmd.capture.sharing import publish_learned
 
 if TYPE_CHECKING:
     from warmd.store.api import SharedCache
@@ -129,7 +130,7 @@ def rederivation_lines(libraries: list[str]) -> list[str]:
 def rederive_claim(shared: SharedCache, adapter: CacheAdapter, name: str,
                    scratch_root: Path | None = None) -> ClaimResult:
     """Re-derive one pending claim and publish the result; never raises."""
-    from warmd.store.layout import BadRecord
+    from warmd.store.validation import BadRecord
 
     library = adapter.library
     try:

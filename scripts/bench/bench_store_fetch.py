@@ -68,7 +68,7 @@ def time_fetch_verify(cache, adapter, tasks: dict[str, list]) -> float:
     records = cache.entries.read_records(fp.digest, list(tasks))
     names = sorted({n for rec, _raw in records.values() for n in rec.entries})
     manifests = cache.entries.read_manifests(fp, names)
-    blobs = cache.entries.read_blobs([man for man, _raw in manifests.values()])
+    blobs = cache.blobs.read_blobs([man for man, _raw in manifests.values()])
     elapsed = time.perf_counter() - start
     assert len(blobs) == len(names) and all(isinstance(b, bytes) for b in blobs.values())
     return elapsed

@@ -47,13 +47,13 @@ def client(n: int, k: int, cache: Path) -> None:
     os.environ["DG_JIT_CACHE_DIR"] = str(cache)
     import torch
 
-    from warmd.libraries.deep_gemm.executor import GemmSpec, make_caller, make_inputs
+    from warmd.libraries.deep_gemm.calls import caller, make_inputs
+    from warmd.libraries.deep_gemm.gemms import GemmSpec
     from warmd.libraries.deep_gemm.install import resolve
 
     deep_gemm = importlib.import_module(resolve("vllm").module)
     spec = GemmSpec(("fp8_gemm_nt",), "Normal", n, k, None, (128,))
-    inputs = make_inputs(torch, deep_gemm, spec, torch.device("cuda"))
-    call = make_caller(deep_gemm, spec, inputs)
+    call = caller(deep_gemm, spec, make_inputs(torch, deep_gemm, spec, torch.device("cuda")))
     call(128)
     torch.cuda.synchronize()
 
@@ -83,14 +83,16 @@ def learn_flags(work: Path, n: int, k: int) -> list[str]:
 
 
 def scope(base: Path):
-    from warmd.capture import CaptureScope
+    from warmd.capture.scope import CaptureScope
     from warmd.targets import preset
 
     return CaptureScope(PLAN, preset("h200").to_json(), {"deep_gemm": str(base / "dg")})
 
 
 def bench(out: Path, label: str, n: int, k: int, dry: bool) -> dict:
-    from warmd.capture import Capture, adapters_for, install_learned
+    from warmd.capture.scope import adapters_for
+    from warmd.capture.sharing import install_learned
+    from warmd.capture.watch import Capture
     from warmd.libraries.deep_gemm.install import resolve
     from warmd.libraries.deep_gemm.rederive import adapter_digest, record_flags
     from warmd.rederive import Rederiver

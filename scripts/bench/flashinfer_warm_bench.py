@@ -382,7 +382,7 @@ def check_node_b(bench: Bench, row: dict, planned: list[str], node_b: Path) -> N
 
 
 def ninja_says_up_to_date(bench: Bench, node_b: Path) -> None:
-    from warmd.libraries.flashinfer.cache import ninja_is_up_to_date
+    from warmd.libraries.flashinfer.ninja import ninja_is_up_to_date
 
     found = {m.name[:60]: ninja_is_up_to_date(m)[0] for m in module_dirs(node_b / "ws")}
     bench.check("node-b: ninja -n finds nothing to do in any module", all(found.values()),

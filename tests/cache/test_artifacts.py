@@ -18,16 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from warmd.cache.artifacts import (
-    STAGING_DIR,
-    check_artifact,
-    clean_staging,
-    install_atomically,
-    pack_directory,
-    pack_members,
-    unpack_safely,
-)
+from warmd.cache.artifacts import check_artifact, pack_directory, pack_members, unpack_safely
 from warmd.cache.base import UnsafeArtifact
+from warmd.cache.install import STAGING_DIR, clean_staging, install_atomically
 from warmd.cache.safe_fs import CacheTree
 
 
@@ -364,7 +357,7 @@ def test_clean_staging_removes_only_dead_installers(tmp_path):
 _INSTALLER = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    from warmd.cache.artifacts import install_atomically
+    from warmd.cache.install import install_atomically
 
     def pause(staged):  # staged tree complete, not yet renamed into place
         print("staged", flush=True)

@@ -11,14 +11,9 @@ from pathlib import Path
 import pytest
 from store_support import isolate_capture
 
-from warmd.capture import (
-    Capture,
-    CaptureScope,
-    CaptureTrust,
-    adapters_for,
-    install_learned,
-    learned_task,
-)
+from warmd.capture.scope import CaptureScope, adapters_for
+from warmd.capture.sharing import install_learned, learned_task
+from warmd.capture.watch import Capture, CaptureTrust
 from warmd.libraries.triton.cache import TritonCacheAdapter
 from warmd.store import open_shared_cache, start_server
 from warmd.targets import preset

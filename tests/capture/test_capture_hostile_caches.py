@@ -23,7 +23,9 @@ from store_support import SRC, isolate_capture, module_server
 
 from warmd.cache.artifacts import pack_directory, unpack_safely
 from warmd.cache.base import CacheEntry, UnsafeArtifact
-from warmd.capture import Capture, CaptureScope, adapters_for, verify_for_publishing
+from warmd.capture.scope import CaptureScope, adapters_for
+from warmd.capture.sharing import verify_for_publishing
+from warmd.capture.watch import Capture
 from warmd.libraries.triton.cache import TritonCacheAdapter
 from warmd.store import layout, open_shared_cache
 from warmd.targets import preset

@@ -9,7 +9,8 @@ import json
 import pytest
 
 from tests.cluster_support import private_machine, warmd
-from warmd.capture import Capture, CaptureScope, CaptureTrust
+from warmd.capture.scope import CaptureScope
+from warmd.capture.watch import Capture, CaptureTrust
 from warmd.store import open_shared_cache, start_server
 from warmd.targets import preset
 

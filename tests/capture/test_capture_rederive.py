@@ -18,11 +18,14 @@ from pathlib import Path
 import pytest
 from store_support import isolate_capture, module_server
 
-from warmd.capture import Capture, CaptureScope, CaptureTrust, install_learned
+from warmd.capture.scope import CaptureScope
+from warmd.capture.sharing import install_learned
+from warmd.capture.watch import Capture, CaptureTrust
 from warmd.libraries.flashinfer_autotune.cache import FlashInferAutotuneAdapter
 from warmd.libraries.triton.cache import TritonCacheAdapter
 from warmd.rederive import Rederiver
 from warmd.store import layout, open_shared_cache
+from warmd.store.formats import Manifest
 from warmd.targets import preset
 
 pytest.importorskip("triton")
@@ -359,7 +362,7 @@ def test_real_compiles_after_ready_reach_the_next_node_through_the_re_derivation
           f"differs: {[r.why for r in results if not r.identical]}")
     assert identical["triton"]  # FlashInfer's never is: docs/redis.md, "The capture path"
 
-    from warmd.capture import adapters_for
+    from warmd.capture.scope import adapters_for
 
     c = adapters_for(scope(tmp_path / "c"))
     names = {lib: learned_on(server, tmp_path / "c", c[lib]) for lib in ("triton", "flashinfer")}
@@ -373,7 +376,7 @@ def test_real_compiles_after_ready_reach_the_next_node_through_the_re_derivation
     client = server.client()
     signed = [client.get(k) for k in client.scan_iter(match="warmd:v1:man:*")]
     assert len(signed) == 2 and all(b'"sig"' in m for m in signed)
-    assert all(layout.Manifest.decode(m, 1 << 30).producer == "node-b" for m in signed)
+    assert all(Manifest.decode(m, 1 << 30).producer == "node-b" for m in signed)
 
 
 TINY_IMPL = """#pragma once
@@ -531,7 +534,7 @@ def planted_module(tmp_path: Path, name: str, code: str) -> bytes:
 
 
 def submit(server, base: Path, name: str, artifact: bytes) -> None:
-    from warmd.capture import adapters_for
+    from warmd.capture.scope import adapters_for
 
     adapter = adapters_for(scope(base))["flashinfer"]
     with opener(server, "node-a")(preset("h200")) as shared:

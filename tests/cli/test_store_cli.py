@@ -14,6 +14,7 @@ from store_support import DirAdapter, module_server, task_entries, warm
 from warmd.cli import main
 from warmd.stats import LABEL_WIDTH, VALUE_WIDTH
 from warmd.store import layout, open_shared_cache
+from warmd.store.formats import Manifest
 
 server = module_server("cli-secret")
 
@@ -122,7 +123,7 @@ def test_verify_finds_and_quarantines_corruption(url, server, tmp_path):
     assert "6 entries checked: 6 ok, 0 bad" in run("cache", "verify", "--redis", url).output
     client = server.client()
     name = task_entries(3)["testlib/gemm/1"][0]
-    man = layout.Manifest.decode(client.get(layout.manifest_key(fp, name)), 1 << 30)
+    man = Manifest.decode(client.get(layout.manifest_key(fp, name)), 1 << 30)
     chunk = layout.blob_key(man.digest, 0)
     data = client.get(chunk)
     client.set(chunk, data[:100] + bytes([data[100] ^ 0x40]) + data[101:])

@@ -155,7 +155,7 @@ def test_two_models_of_two_engines_on_one_node_each_get_their_engines_directorie
 def test_the_capture_watches_the_autotune_store_the_plans_engine_reads(tmp_path, monkeypatch):
     """FlashInfer's autotune store lies under its workspace, which SGLang moves: the capture
     (its scope crossing Ray as JSON) watches SGLang's, and vLLM's own store for vLLM."""
-    from warmd.capture import CaptureScope, adapters_for, scope_of
+    from warmd.capture.scope import CaptureScope, adapters_for, scope_of
 
     monkeypatch.setenv("HOME", str(tmp_path))
     for name in ("FLASHINFER_AUTOTUNE_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE",

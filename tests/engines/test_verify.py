@@ -16,7 +16,7 @@ import pytest
 import triton_support
 from test_cache_dirs import CACHE_ENV, EXCERPT
 
-from warmd.capture import record_learned
+from warmd.capture.sharing import record_learned
 from warmd.engines.launch import launch_request
 from warmd.plan import PlanRequest, make_plan
 

@@ -308,9 +308,9 @@ def _defined(path: Path) -> dict[str, list[str]]:
 
 
 def test_the_executor_calls_only_what_0_2_offers(dg023):
-    """The executor's calls (executor.GEMMS, the psum layout, the alignment scope, the
+    """The executor's calls (gemms.GEMMS, the psum layout, the alignment scope, the
     casts), checked against 0.2.3.post2's Python API as its source defines it."""
-    from warmd.libraries.deep_gemm.executor import GEMMS
+    from warmd.libraries.deep_gemm.gemms import GEMMS
 
     package = dg023 / "deep_gemm"
     api = _defined(package / "__init__.py")

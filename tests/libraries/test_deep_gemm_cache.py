@@ -25,17 +25,20 @@ from pathlib import Path
 import hardware
 import pytest
 
-from warmd.cache.artifacts import STAGING_DIR, pack_directory
+from warmd.cache.artifacts import pack_directory
 from warmd.cache.base import UnsafeArtifact
+from warmd.cache.install import STAGING_DIR
+from warmd.libraries.deep_gemm import accounting
 from warmd.libraries.deep_gemm import cache as dgc
-from warmd.libraries.deep_gemm import executor as dge
+from warmd.libraries.deep_gemm.accounting import Accounting, StdoutCapture
 from warmd.libraries.deep_gemm.cache import (
     DeepGemmCacheAdapter,
     IncompleteEntry,
     entry_state,
     parse_kernel_source,
 )
-from warmd.libraries.deep_gemm.executor import DeepGemmExecutor, StdoutCapture, gemm_spec
+from warmd.libraries.deep_gemm.executor import DeepGemmExecutor
+from warmd.libraries.deep_gemm.gemms import gemm_spec
 from warmd.libraries.deep_gemm.install import Generation
 from warmd.tasks import Task
 
@@ -412,14 +415,14 @@ def test_accounting_classifies_loads_against_entries_before_the_call(
     (root / "cache").mkdir(parents=True)
     shutil.copytree(DATA / DENSE[0], root / "cache" / DENSE[0])
     adapter = DeepGemmCacheAdapter(root)
-    books = dge.Accounting(adapter, gemm_spec(_task()))
+    books = Accounting(adapter, gemm_spec(_task()))
     books.start()
     # DeepGEMM renames a finished build into cache/ and then loads it.
     shutil.copytree(DATA / DENSE[1], root / "cache" / DENSE[1])
     printed = (f"Load time ({root}/cache/{DENSE[0]}): 0.80 ms\n"
                f"Load time ({root}/cache/{DENSE[1]}): 1.10 ms\n"
                "Warning: something DeepGEMM said\n")
-    monkeypatch.setattr(dge, "_loads_seen", False)
+    monkeypatch.setattr(accounting, "_loads_seen", False)
     books.after_call(printed, 4.2)
     outcomes = {k.name: (k.outcome, k.seconds) for k in books.result()}
     assert outcomes == {DENSE[0]: ("local_hit", 0.0), DENSE[1]: ("compiled", 4.2)}
@@ -431,8 +434,8 @@ def test_accounting_falls_back_to_cache_scan_when_nothing_is_printed(
     root = tmp_path / "dg"
     (root / "cache").mkdir(parents=True)
     adapter = DeepGemmCacheAdapter(root)
-    monkeypatch.setattr(dge, "_loads_seen", False)
-    books = dge.Accounting(adapter, gemm_spec(_task()))
+    monkeypatch.setattr(accounting, "_loads_seen", False)
+    books = Accounting(adapter, gemm_spec(_task()))
     books.start()
     for name in (DENSE[0], GROUPED, TRANSPOSE):
         shutil.copytree(DATA / name, root / "cache" / name)

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from warmd.kernels.base import Environment
-from warmd.libraries.deep_gemm import executor as dge
+from warmd.libraries.deep_gemm import calls, gemms
 from warmd.libraries.deep_gemm.kernels import vllm_grouped_alignment
 from warmd.mvalues import relax_m_values, vllm_grouped_rows
 from warmd.plan import PlanRequest, make_plan
@@ -166,21 +166,21 @@ def _task(layout: str, alignment: int = 64, m=(128, 256)) -> Task:
                 key="deep_gemm/x")
 
 
-def _inputs(spec: dge.GemmSpec, block: int) -> dict:
+def _inputs(spec: gemms.GemmSpec, block: int) -> dict:
     rows = max(spec.m)
     inputs = {"a": (list(range(rows)), list(range(rows))), "b": None, "d": list(range(rows))}
     if spec.layout == "psum":
-        inputs["psum"] = {m: dge.psum_layout_ends(m, spec.num_groups, block) for m in spec.m}
+        inputs["psum"] = {m: gemms.psum_layout_ends(m, spec.num_groups, block) for m in spec.m}
     else:
         inputs["layout"] = [(i // block) % spec.num_groups for i in range(rows)]
     return inputs
 
 
 def test_psum_tasks_call_deep_gemm_with_the_psum_layout_in_an_alignment_scope():
-    spec = dge.gemm_spec(_task("psum"))
+    spec = gemms.gemm_spec(_task("psum"))
     assert spec.gemm_type == "MGroupedContiguousWithPsumLayout" and spec.alignment == 64
     fake = FakeDeepGemmWithoutGpu()
-    call = dge.make_caller(fake, spec, _inputs(spec, 64))
+    call = calls.caller(fake, spec, _inputs(spec, 64))
     call(128)
     call(256)
     # Each expert ends on an aligned block; the last end is the row count.
@@ -189,10 +189,10 @@ def test_psum_tasks_call_deep_gemm_with_the_psum_layout_in_an_alignment_scope():
 
 
 def test_plain_tasks_keep_the_expert_id_layout_in_the_scope():
-    spec = dge.gemm_spec(_task("contiguous"))
+    spec = gemms.gemm_spec(_task("contiguous"))
     assert spec.gemm_type == "MGroupedContiguous"
     fake = FakeDeepGemmWithoutGpu()
-    dge.make_caller(fake, spec, _inputs(spec, 64))(128)
+    calls.caller(fake, spec, _inputs(spec, 64))(128)
     assert fake.calls == [(128, [0] * 64 + [1] * 64, False, 64)] and fake.alignment == 128
 
 
@@ -201,9 +201,9 @@ def test_psum_is_refused_where_deep_gemm_has_none():
         def m_grouped_fp8_gemm_nt_contiguous(self, a, b, d, m_indices):  # 0.1.x signature
             raise AssertionError("not to be called")
 
-    spec = dge.gemm_spec(_task("psum", 128))
+    spec = gemms.gemm_spec(_task("psum", 128))
     with pytest.raises(ValueError, match="no psum layout"):
-        dge.make_caller(OldDeepGemm(), spec, _inputs(spec, 128))
+        calls.caller(OldDeepGemm(), spec, _inputs(spec, 128))
 
 
 @pytest.mark.parametrize("spec,match", [
@@ -214,16 +214,16 @@ def test_psum_is_refused_where_deep_gemm_has_none():
 def test_bad_layouts_are_refused(spec, match):
     task = replace(_task("psum"), spec={"scale_fmt": "float32", **spec})
     with pytest.raises(ValueError, match=match):
-        dge.gemm_spec(task)
+        gemms.gemm_spec(task)
     dense = Task("deep_gemm", "fp8_gemm_nt", 256, 512, None, (1,), spec={"layout": "psum"},
                  key="deep_gemm/d")
     with pytest.raises(ValueError, match="contiguous grouped GEMMs only"):
-        dge.gemm_spec(dense)
+        gemms.gemm_spec(dense)
 
 
 def test_psum_layout_ends_spread_whole_blocks():
-    assert dge.psum_layout_ends(128 * 5, 3, 128) == [256, 512, 640]
-    assert dge.psum_layout_ends(128, 4, 128) == [128, 128, 128, 128]
+    assert gemms.psum_layout_ends(128 * 5, 3, 128) == [256, 512, 640]
+    assert gemms.psum_layout_ends(128, 4, 128) == [128, 128, 128, 128]
 
 
 # ----- scripts/bench/deepgemm_engine_pattern.py, without a GPU -----

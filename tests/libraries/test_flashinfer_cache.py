@@ -17,8 +17,8 @@ import pytest
 
 from warmd.cache.artifacts import pack_directory, unpack_safely
 from warmd.cache.base import IncompatibleHere, UnsafeArtifact
-from warmd.libraries.flashinfer.cache import (
-    FlashInferCacheAdapter,
+from warmd.libraries.flashinfer.cache import FlashInferCacheAdapter
+from warmd.libraries.flashinfer.ninja import (
     ninja_commands,
     rapidhash,
     read_deps_log,
@@ -311,7 +311,8 @@ def test_a_symlinked_generated_directory_is_refused_and_its_secret_never_publish
     module up to date, so it is complete; packing it must not follow the link."""
     from store_support import start_test_server
 
-    from warmd.capture import Capture, CaptureScope
+    from warmd.capture.scope import CaptureScope
+    from warmd.capture.watch import Capture
     from warmd.store import open_shared_cache
     from warmd.targets import preset
 
@@ -418,7 +419,7 @@ def test_a_build_ninja_including_a_node_file_is_quarantined_and_never_echoed(
 def test_ninja_is_only_run_on_a_build_ninja_that_opens_nothing_else(built, tmp_path):
     """What FlashInfer writes passes; what would make ninja read another file, or write
     its logs elsewhere, does not (a FIFO there would block ninja for its whole timeout)."""
-    from warmd.libraries.flashinfer.cache import build_ninja_problem
+    from warmd.libraries.flashinfer.ninja import build_ninja_problem
 
     module = built.adapter.root / MODULE
     real = (module / "build.ninja").read_text()

@@ -13,6 +13,7 @@ import pytest
 from store_support import SRC, DirAdapter, module_server, task_entries, warm
 
 from warmd.store import layout
+from warmd.store.formats import Manifest
 
 BIG = 150 << 20  # what each poisoned chunk holds: more than twice the 64 MiB batch limit
 MARGIN = 48 << 20  # generous: the declared sizes are 2 x 120 kB
@@ -58,7 +59,7 @@ def test_oversized_chunks_are_refused_without_being_read(where, server, rclient,
     fp = writer.fingerprint(adapter).digest
     planter = server.client(timeout=120)  # the attacker's 150 MiB writes: no 1 s bound
     for name in names:
-        man = layout.Manifest.decode(rclient.get(layout.manifest_key(fp, name)), 1 << 30)
+        man = Manifest.decode(rclient.get(layout.manifest_key(fp, name)), 1 << 30)
         index = 0 if where == "first" else man.chunks - 1
         planter.set(layout.blob_key(man.digest, index), b"x" * BIG)
     planter.close()

@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 from store_support import DirAdapter, entry_bytes, module_server, start_test_server, warm
 
-from warmd.cache import artifacts
+from warmd.cache import install
 from warmd.cache.records import entry_digest
 from warmd.errors import WarmdInputError
 from warmd.store import layout, parse_store_url
+from warmd.store.blobs import READ_WINDOW_BYTES
 from warmd.store.breaker import JoinBudget
-from warmd.store.entries import READ_WINDOW_BYTES
 
 server = module_server()
 
@@ -180,14 +180,14 @@ def test_what_an_install_wrote_is_not_hashed_again_unless_it_changed(tmp_path):
     blob = src.pack(src.list_entries()[0])
     dest = DirAdapter(tmp_path / "dest")
     path = dest.install("kernel.x.0001", blob).path
-    known = artifacts.installed_digest(path)
+    known = install.installed_digest(path)
     assert known is not None and known == entry_digest(entry)
     stat = os.stat(path / "kernel.bin")
     (path / "kernel.bin").write_bytes(entry_bytes("y", 50_000))
     os.utime(path / "kernel.bin", ns=(stat.st_atime_ns, stat.st_mtime_ns))  # mtime restored
-    assert artifacts.installed_digest(path) is None  # the ctime still says it changed
+    assert install.installed_digest(path) is None  # the ctime still says it changed
     assert entry_digest(path) != known
     (path / "kernel.bin").write_bytes(entry_bytes("x", 50_000))
     time.sleep(0.01)
     (path / "extra").write_bytes(b"planted")
-    assert artifacts.installed_digest(path) is None
+    assert install.installed_digest(path) is None

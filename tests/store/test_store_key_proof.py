@@ -13,6 +13,7 @@ from store_support import DirAdapter, compile_entry, compiles, module_server, ta
 
 from warmd.cli import main
 from warmd.store import layout
+from warmd.store.formats import Manifest
 from warmd.store.signing import KeyProof, key_proof
 
 KEY = b"cluster-key"
@@ -192,7 +193,7 @@ def test_a_value_that_is_no_proof_is_replaced_by_the_clusters_key(planted, serve
 def test_a_node_without_a_key_never_heals_a_signed_cluster(server, rclient, caches, cluster,
                                                            tmp_path):
     entry = NAMES[0]
-    man = layout.Manifest.decode(rclient.get(layout.manifest_key(cluster, entry)), 1 << 30)
+    man = Manifest.decode(rclient.get(layout.manifest_key(cluster, entry)), 1 << 30)
     rclient.setrange(layout.blob_key(man.digest, 0), 0, b"XX")  # a damaged chunk
     before = entries_state(rclient)
     keyless = caches(server.url, node="keyless")

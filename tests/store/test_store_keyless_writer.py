@@ -14,9 +14,10 @@ import pytest
 from click.testing import CliRunner
 from store_support import DirAdapter, compile_entry, module_server, task_entries, warm
 
-from warmd.capture import install_learned, learned_task, publish_learned
+from warmd.capture.sharing import install_learned, learned_task, publish_learned
 from warmd.cli import main
 from warmd.store import layout
+from warmd.store.formats import StoredTaskRecord, json_bytes
 
 server = module_server("keyless-pw")
 
@@ -139,7 +140,7 @@ def test_an_empty_or_inconsistent_task_record_is_refused_like_any_bad_record(
     fp = writer.fingerprint(adapter).digest
     task = sorted(PLAN)[0]
     key = layout.task_key(fp, task)
-    rclient.set(key, layout.json_bytes({**json.loads(rclient.get(key)), **edit}))
+    rclient.set(key, json_bytes({**json.loads(rclient.get(key)), **edit}))
     node = caches(server.url, node="b")
     dest = DirAdapter(tmp_path / "b")
     assert node.prefetch(dest, list(PLAN))[task] is None
@@ -148,7 +149,7 @@ def test_an_empty_or_inconsistent_task_record_is_refused_like_any_bad_record(
     # its entries are still published one by one: installed, nothing compiled again, and
     # the task's record written anew
     assert counts["compiled"] == 0 and counts["remote_hits"] == 4
-    assert layout.StoredTaskRecord.decode(rclient.get(key)).entries == tuple(PLAN[task])
+    assert StoredTaskRecord.decode(rclient.get(key)).entries == tuple(PLAN[task])
 
 
 class UnboundedJsonAdapter(DirAdapter):

@@ -12,6 +12,7 @@ from store_support import DirAdapter, compiles, module_server, task_entries, war
 
 from warmd.cli import main
 from warmd.store import layout
+from warmd.store.formats import accept_manifest, json_bytes
 from warmd.store.signing import sign
 
 KEY = b"cluster-key"
@@ -191,7 +192,7 @@ def test_future_manifest_version_is_kept_by_prune(server, rclient, caches, tmp_p
 def test_signed_records_survive_the_decoder(server, rclient, caches, tmp_path):
     _writer, fp = published(caches, server.url, tmp_path, key=KEY)
     raw = rclient.get(layout.manifest_key(fp, NAMES[0]))
-    assert layout.accept_manifest(raw, key=KEY, max_size=1 << 30, fp=fp, name=NAMES[0])
+    assert accept_manifest(raw, key=KEY, max_size=1 << 30, fp=fp, name=NAMES[0])
     assert sign(json.loads(raw), KEY) == json.loads(raw)
 
 
@@ -218,7 +219,7 @@ def test_planted_unsigned_manifest_is_quarantined_and_replaced(server, rclient, 
     key = layout.manifest_key(fp, NAMES[0])
     data = json.loads(rclient.get(key))
     del data["sig"]
-    rclient.set(key, layout.json_bytes(data), px=50_000)
+    rclient.set(key, json_bytes(data), px=50_000)
     # a node with another key refuses it, leaves it, and does not renew its TTL
     node_warms(caches, server.url, tmp_path / "w", key=b"wrong")
     assert 0 < rclient.pttl(key) <= 50_000
@@ -239,8 +240,8 @@ def test_a_refused_manifest_found_before_building_is_quarantined_then_healed(
     writer = caches(server.url, signing_key=KEY, node="first")
     adapter = DirAdapter(tmp_path / "a")
     fp = writer.fingerprint(adapter).digest
-    planted = layout.json_bytes({"library": "testlib", "name": NAMES[0], "fingerprint": fp,
-                                 "digest": "0" * 64, "size": 1, "producer": "mallory"})
+    planted = json_bytes({"library": "testlib", "name": NAMES[0], "fingerprint": fp,
+                          "digest": "0" * 64, "size": 1, "producer": "mallory"})
     rclient.set(layout.manifest_key(fp, NAMES[0]), planted)
     assert warm(writer, adapter, PLAN)["compiled"] == 2
     assert writer.counters["quarantined"] == 1 and writer.counters["published"] == 2

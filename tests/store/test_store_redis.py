@@ -15,6 +15,7 @@ from store_support import DirAdapter, compile_entry, start_test_server, task_ent
 
 from warmd.store import admin, layout
 from warmd.store.breaker import CircuitBreaker
+from warmd.store.formats import Manifest, json_bytes
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +51,7 @@ def test_publish_then_fetch_installs_verified_entries(server, rclient, caches, t
     big = "kernel.big.0001"
     _publish(writer, a, "testlib/t1", ["kernel.x.0001", big], size=2_500_000)
     fp = _fp(writer, a)
-    man = layout.Manifest.decode(rclient.get(layout.manifest_key(fp, big)), 1 << 30)
+    man = Manifest.decode(rclient.get(layout.manifest_key(fp, big)), 1 << 30)
     assert man.chunks == 3 and man.producer == "node0" and man.compile_seconds == 1.0
     assert all(len(rclient.get(layout.blob_key(man.digest, i))) <= 1 << 20 for i in range(3))
 
@@ -162,7 +163,7 @@ def test_damaged_entries_are_refused_quarantined_and_rebuilt(server, rclient, ca
     _publish(writer, a, "testlib/bad", ["kernel.victim.0001"])
     _publish(writer, a, "testlib/good", ["kernel.other.0001"])
     fp = _fp(writer, a)
-    read = lambda name: layout.Manifest.decode(  # noqa: E731
+    read = lambda name: Manifest.decode(  # noqa: E731
         rclient.get(layout.manifest_key(fp, name)), 1 << 30)
     man, other = read("kernel.victim.0001"), read("kernel.other.0001")
     _corrupt_cases(rclient, fp, man, other)[case]()
@@ -208,10 +209,10 @@ def test_signatures_are_required_when_a_key_is_configured(server, rclient, cache
     # A manifest re-signed with the wrong key over a tampered digest is refused too.
     fp = _fp(strict, a)
     key = layout.manifest_key(fp, "kernel.s.0001")
-    forged = layout.Manifest.decode(rclient.get(key), 1 << 30).to_json()
+    forged = Manifest.decode(rclient.get(key), 1 << 30).to_json()
     from warmd.store.signing import sign
 
-    rclient.set(key, layout.json_bytes(sign(dict(forged, producer="mallory"), b"guess")))
+    rclient.set(key, json_bytes(sign(dict(forged, producer="mallory"), b"guess")))
     c = DirAdapter(tmp_path / "c")
     assert caches(server.url, signing_key=b"cluster-key").fetch_task(c, "testlib/signed") \
         is None
@@ -231,13 +232,13 @@ def test_unsafe_artifact_is_refused_and_writes_nothing_outside(server, rclient, 
         tar.addfile(info, io.BytesIO(b"owned"))
     blob = raw.getvalue()
     # Correct digest and a valid signature: only the archive itself is bad.
-    man = layout.Manifest("testlib", "kernel.evil.0001", fp, layout.sha256(blob), len(blob),
-                          "mallory", 1.0, time.time())
+    man = Manifest("testlib", "kernel.evil.0001", fp, layout.sha256(blob), len(blob),
+                   "mallory", 1.0, time.time())
     from warmd.store.signing import sign
 
     rclient.set(layout.blob_key(man.digest, 0), blob)
     rclient.set(layout.manifest_key(fp, man.name),
-                layout.json_bytes(sign(man.to_json(), b"k")))
+                json_bytes(sign(man.to_json(), b"k")))
     b = DirAdapter(tmp_path / "b")
     reader = caches(server.url, signing_key=b"k")
     before = _outside_files(tmp_path, a.root, b.root)

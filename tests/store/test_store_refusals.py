@@ -19,6 +19,7 @@ from warmd.cache.artifacts import pack_directory
 from warmd.cache.base import CacheEntry, IncompatibleHere
 from warmd.cli import main
 from warmd.store import admin, digest_of, free_port, layout
+from warmd.store.formats import Manifest, json_bytes
 
 
 @pytest.fixture(scope="module")
@@ -55,8 +56,8 @@ def _zeros_entry(adapter: DirAdapter, name: str, size: int) -> CacheEntry:
     return CacheEntry(adapter.library, name, path)
 
 
-def _manifest(rclient, fp: str, name: str) -> layout.Manifest:
-    return layout.Manifest.decode(rclient.get(layout.manifest_key(fp, name)), 1 << 30)
+def _manifest(rclient, fp: str, name: str) -> Manifest:
+    return Manifest.decode(rclient.get(layout.manifest_key(fp, name)), 1 << 30)
 
 
 # ----------------------------------------------------------------------------- refusals
@@ -106,7 +107,7 @@ def test_quarantine_leaves_chunks_another_fingerprint_uses(server, rclient, cach
     man = _manifest(rclient, fp1, entry.name)
     # fp1's manifest alone is damaged (a wrong size): its blob check fails there only
     data = dict(man.to_json(), size=man.size + 1)
-    rclient.set(layout.manifest_key(fp1, entry.name), layout.json_bytes(data))
+    rclient.set(layout.manifest_key(fp1, entry.name), json_bytes(data))
     reader = caches(server.url)
     assert reader.fetch_task(DirAdapter(tmp_path / "b", "1.0"), "t") is None
     assert reader.counters["quarantined"] == 1
@@ -259,8 +260,8 @@ def test_import_refuses_fingerprint_inputs_that_are_not_a_mapping(server, rclien
     (src / "kernel.bin").write_bytes(b"y" * 100)
     blob = pack_directory(src)
     name = "kernel.x.0001"
-    man = layout.Manifest("testlib", name, fp, layout.sha256(blob), len(blob), "p", 1.0,
-                          time.time())
+    man = Manifest("testlib", name, fp, layout.sha256(blob), len(blob), "p", 1.0,
+                   time.time())
     path = tmp_path / "evil.tar"
     with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
         for member, data in [

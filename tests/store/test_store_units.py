@@ -7,9 +7,11 @@ import pytest
 from warmd.errors import WarmdInputError
 from warmd.store import layout, signing
 from warmd.store.breaker import CircuitBreaker
+from warmd.store.chunking import check_blob, split_chunks
 from warmd.store.connection import classify, parse_store_url, redact, scrub
 from warmd.store.fingerprint import fingerprint_of
-from warmd.store.layout import BadRecord, Manifest, SignatureRefused
+from warmd.store.formats import Manifest, accept_manifest, json_bytes
+from warmd.store.validation import BadRecord, SignatureRefused
 from warmd.targets import PRESETS, Target
 
 
@@ -108,32 +110,32 @@ def test_manifest_decoding_refuses_malformed_records():
 
 
 def test_accept_manifest_checks_signature_and_identity():
-    raw = layout.json_bytes(signing.sign(_manifest().to_json(), b"k"))
+    raw = json_bytes(signing.sign(_manifest().to_json(), b"k"))
     fp = "f" * 24
-    assert layout.accept_manifest(raw, key=b"k", max_size=100, fp=fp, name="kernel.a.00")
+    assert accept_manifest(raw, key=b"k", max_size=100, fp=fp, name="kernel.a.00")
     with pytest.raises(SignatureRefused):
-        layout.accept_manifest(raw, key=b"other", max_size=100, fp=fp, name="kernel.a.00")
+        accept_manifest(raw, key=b"other", max_size=100, fp=fp, name="kernel.a.00")
     with pytest.raises(BadRecord) as err:  # a valid manifest stored under another name
-        layout.accept_manifest(raw, key=b"k", max_size=100, fp=fp, name="kernel.b.00")
+        accept_manifest(raw, key=b"k", max_size=100, fp=fp, name="kernel.b.00")
     assert not isinstance(err.value, SignatureRefused)
 
 
 def test_blob_checks_and_chunking():
     blob = bytes(range(256)) * 9000  # 2.2 MiB: three chunks
-    chunks = layout.split_chunks(blob)
+    chunks = split_chunks(blob)
     assert [len(c) for c in chunks] == [1 << 20, 1 << 20, len(blob) - (2 << 20)]
     man = _manifest(digest=layout.sha256(blob), size=len(blob))
     assert man.chunks == 3
-    assert layout.check_blob(man, chunks) == blob
+    assert check_blob(man, chunks) == blob
     with pytest.raises(BadRecord, match="missing chunk 1"):
-        layout.check_blob(man, [chunks[0], None, chunks[2]])
+        check_blob(man, [chunks[0], None, chunks[2]])
     with pytest.raises(BadRecord, match="truncated"):
-        layout.check_blob(man, [chunks[0], chunks[1], chunks[2][:-1]])
+        check_blob(man, [chunks[0], chunks[1], chunks[2][:-1]])
     flipped = bytearray(chunks[1])
     flipped[7] ^= 0x10
     with pytest.raises(BadRecord, match="digest mismatch"):
-        layout.check_blob(man, [chunks[0], bytes(flipped), chunks[2]])
-    assert layout.split_chunks(b"") == [b""] and _manifest(size=0).chunks == 1
+        check_blob(man, [chunks[0], bytes(flipped), chunks[2]])
+    assert split_chunks(b"") == [b""] and _manifest(size=0).chunks == 1
 
 
 def test_keys_of_one_entry_share_a_hash_slot():

@@ -10,8 +10,9 @@ import os
 import time
 from pathlib import Path
 
-from warmd.cache.artifacts import install_atomically, pack_directory
+from warmd.cache.artifacts import pack_directory
 from warmd.cache.base import CacheAdapter, CacheEntry
+from warmd.cache.install import install_atomically
 
 DEFAULT_SIZE = 120_000
 

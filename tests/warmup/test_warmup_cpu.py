@@ -18,7 +18,8 @@ import hardware
 import pytest
 
 from warmd.cache.records import read_record
-from warmd.libraries.flashinfer.cache import FlashInferCacheAdapter, read_ninja_log
+from warmd.libraries.flashinfer.cache import FlashInferCacheAdapter
+from warmd.libraries.flashinfer.ninja import read_ninja_log
 from warmd.plan import PlanRequest, make_plan
 from warmd.tasks import Task
 from warmd.warmup import WarmupOptions, run_warmup

@@ -24,8 +24,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from warmd.cache.artifacts import installed_digest
 from warmd.cache.base import CacheAdapter, CacheEntry
+from warmd.cache.install import installed_digest
 
 RECORD_DIR = ".warmd/tasks"  # under each cache root
 
@@ -60,7 +60,7 @@ class LocalTaskRecord:
 
 def learned_record_key(plan_key: str) -> str:
     """The key of this node's record of the entries learned for a plan and installed here
-    (warmd.capture.install_learned), one per library's cache."""
+    (warmd.capture.sharing.install_learned), one per library's cache."""
     return f"learned-for-plan:{plan_key}"
 
 
@@ -134,7 +134,7 @@ def recorded_entries(root: Path) -> set[str]:
 def entry_digest(path: Path) -> str | None:
     """sha256 over an entry's regular files (relative path and bytes, in name order);
     None when it holds anything else or cannot be read. An entry this process has just
-    installed, unchanged since, is not read again (warmd.cache.artifacts.installed_digest)."""
+    installed, unchanged since, is not read again (warmd.cache.install.installed_digest)."""
     known = installed_digest(path)
     if known is not None:
         return known

@@ -407,7 +407,7 @@ def ls_cmd(fingerprint_, learned, plan_key, config_path, redis_url, as_json) -> 
 
 def show_learned(indexes: list[dict], as_json: bool, title: str) -> None:
     """Learned entries (store.admin.learned_indexes) as a table, or JSON rows."""
-    from warmd.capture import learned_rows
+    from warmd.capture.sharing import learned_rows
 
     rows = learned_rows(indexes)
     if as_json:

@@ -57,7 +57,7 @@ def plan(request: PlanRequest, as_json: bool, learned: bool, redis_url: str | No
         if assumed is not None:
             data["assumed_on_target"] = assumed
         if indexes is not None:
-            from warmd.capture import learned_rows
+            from warmd.capture.sharing import learned_rows
 
             data["learned"] = learned_rows(indexes)
         click.echo(json.dumps(data, indent=2))

@@ -15,7 +15,7 @@ import threading
 import time
 
 from warmd import settings
-from warmd.capture import MAX_EVENTS
+from warmd.capture.watch import MAX_EVENTS
 from warmd.cluster import ray_api
 from warmd.cluster.decisions import RetryBackoff
 from warmd.cluster.fanout import join_peers
@@ -87,7 +87,7 @@ class NodeAgent:
         self._stop = threading.Event()
         self._progress: dict[tuple[int, str], tuple[int, int]] = {}
         self.retry = RetryBackoff(RETRY_FIRST, RETRY_MAX)
-        self.capture = None  # warmd.capture.Capture while the node is warm
+        self.capture = None  # warmd.capture.watch.Capture while the node is warm
         self.rederiver = None  # warmd.rederive.Rederiver on a trusted producer, while warm
         # other nodes serve the blobs they verified, this one too (warmd.cluster.fanout)
         self.peers = join_peers(self.node_id)
@@ -268,7 +268,8 @@ class NodeAgent:
         """Start watching (and, on a trusted producer, re-deriving) in threads of their
         own: nothing here reads a cache, so nothing a cache holds can stop this thread's
         heartbeats."""
-        from warmd.capture import Capture, CaptureScope, CaptureTrust
+        from warmd.capture.scope import CaptureScope
+        from warmd.capture.watch import Capture, CaptureTrust
 
         env = node_env(self.config, self.node_name)
         trust = CaptureTrust(self.config.capture.trust)

@@ -26,7 +26,7 @@ from warmd.stats import Counters
 from warmd.warmup import StoreHealth
 
 if TYPE_CHECKING:
-    from warmd.capture import CaptureScope
+    from warmd.capture.scope import CaptureScope
     from warmd.store.api import BlobPeers
 
 ProgressFn = Callable[[str, int, int], None]  # (model name, tasks done, tasks total)
@@ -74,7 +74,7 @@ class NodeWarm:
 
     @classmethod
     def from_json(cls, data: dict) -> NodeWarm:
-        from warmd.capture import CaptureScope
+        from warmd.capture.scope import CaptureScope
 
         return cls([ModelResult.from_json(m) for m in data.get("models", [])],
                    StoreHealth(**(data.get("store") or {})),
@@ -172,7 +172,7 @@ def warm_node(config: WarmdConfig, *, builder: bool = False, shard: int = 0, sha
     workers). ``peers``: other nodes serving blobs (warmd.cluster.fanout), asked before the
     store. ``building`` hears of each kernel or module as its build here begins and ends.
     """
-    from warmd.capture import scope_of
+    from warmd.capture.scope import scope_of
 
     started = time.monotonic()
     learn = shard == 0 and (not builder if serves is None else serves)
@@ -276,7 +276,8 @@ def _warm_model(model: ModelConfig, plan, options, result: ModelResult, redis_ur
 def _install_learned(plan, options, shared) -> int:
     """Install every entry captured on other nodes for this plan (all libraries, the ones
     warmd plans for and the captured-only ones), before the node says READY."""
-    from warmd.capture import adapters_for, install_learned, scope_of
+    from warmd.capture.scope import adapters_for, scope_of
+    from warmd.capture.sharing import install_learned
 
     installed = 0
     for adapter in adapters_for(scope_of(plan, options.for_plan(plan).cache_roots)).values():

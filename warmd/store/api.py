@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from warmd.cache.base import CacheAdapter, CacheEntry
 
 if TYPE_CHECKING:
-    from warmd.store.layout import PendingClaim
+    from warmd.store.pending import PendingClaim
 
 
 class StoreFailed(Exception):
@@ -216,7 +216,7 @@ class SharedCache(ABC):
     # -- learned entries: what the engine compiled that no plan named (warmd.capture) ---------
 
     def add_learned(self, adapter: CacheAdapter, plan_key: str, names: list[str]) -> bool:
-        """Add entries (each already published as its own task, warmd.capture.learned_task)
+        """Add entries (each already published as its own task, warmd.capture.sharing.learned_task)
         to the plan's learned index; a set, so nodes adding at once lose nothing. False when
         the store did not take it (or keeps no index)."""
         return False
@@ -240,7 +240,7 @@ class SharedCache(ABC):
     def read_claim(self, adapter: CacheAdapter, name: str
                    ) -> tuple[PendingClaim, bytes] | None:
         """A pending claim and its artifact, checked against the claim's digest; None when
-        absent or unreachable. Raises warmd.store.layout.BadRecord for a malformed claim."""
+        absent or unreachable. Raises warmd.store.validation.BadRecord for a malformed claim."""
         return None
 
     def drop_claim(self, adapter: CacheAdapter, name: str, chunks: int = 0) -> bool:

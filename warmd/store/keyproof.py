@@ -24,6 +24,7 @@ from warmd.store.api import StoreFailed
 from warmd.store.connection import classify
 from warmd.store.signing import SIG_FIELD, KeyProof, check, is_proof, key_proof, proof_state
 from warmd.store.transport import RedisTransport
+from warmd.store.validation import WRONG_TYPE, BadRecord, load_record
 
 log = logging.getLogger("warmd.store")
 
@@ -94,13 +95,13 @@ class ClusterKey:
         return state
 
     def _read(self) -> bytes | None:
-        """The stored proof: None when absent, layout.WRONG_TYPE for another Redis type."""
+        """The stored proof: None when absent, WRONG_TYPE for another Redis type."""
         (found,) = self.transport.op(lambda c: c.pipeline(transaction=False).get(
             layout.KEY_PROOF_KEY).execute(raise_on_error=False), "key proof")
         if isinstance(found, Exception):
             if classify(found) != "error":
                 raise self.transport.failure(found, "key proof")
-            return layout.WRONG_TYPE
+            return WRONG_TYPE
         return found
 
     def _claim(self, stored: bytes | None) -> KeyProof:
@@ -137,8 +138,8 @@ class ClusterKey:
         verified = other = 0
         for raw in values:
             try:
-                record = layout.load_record(raw)
-            except layout.BadRecord:
+                record = load_record(raw)
+            except BadRecord:
                 continue
             sig = record.get(SIG_FIELD)
             if not isinstance(sig, str) or not is_proof(sig.encode()):

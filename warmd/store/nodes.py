@@ -14,8 +14,8 @@ from warmd import settings
 from warmd.store import layout
 from warmd.store.api import NodeRecord, NodeRecords
 from warmd.store.connection import STORE_ERRORS, make_client, parse_store_url, redact, scrub
-from warmd.store.layout import BadRecord
 from warmd.store.signing import KeyProof, proof_json, proof_state
+from warmd.store.validation import WRONG_TYPE, BadRecord, load_record
 
 log = logging.getLogger("warmd.store")
 _UNREAD = object()
@@ -77,7 +77,7 @@ class RedisNodeRecords(NodeRecords):
                 if raw is None:
                     continue
                 with contextlib.suppress(BadRecord, TypeError, ValueError):
-                    out.append(self.decode(layout.load_record(raw)))
+                    out.append(self.decode(load_record(raw)))
             return out
 
         return self._call("get_all", read, None)
@@ -98,7 +98,7 @@ class RedisNodeRecords(NodeRecords):
     def get_daemon(self) -> dict | None:
         raw = self._call("get_daemon", lambda c: c.get(layout.daemon_key(self.namespace)))
         try:
-            return layout.load_record(raw) if raw else None
+            return load_record(raw) if raw else None
         except BadRecord:
             return None
 
@@ -134,7 +134,7 @@ class RedisNodeRecords(NodeRecords):
             layout.KEY_PROOF_KEY).execute(raise_on_error=False)[0], _UNREAD)
         if stored is _UNREAD:
             return proof_json(KeyProof.UNKNOWN, key)
-        return proof_json(proof_state(layout.WRONG_TYPE if isinstance(stored, Exception)
+        return proof_json(proof_state(WRONG_TYPE if isinstance(stored, Exception)
                                       else stored, key), key)
 
     def close(self) -> None:

@@ -1,7 +1,7 @@
 """The pending tier: entries captured on serving nodes, held apart until a trusted producer
 re-derives them (warmd.capture, warmd.rederive).
 
-A claim is an artifact and a record (layout.PendingClaim) under keys of its own
+A claim is an artifact and a record (PendingClaim) under keys of its own
 (``claim:``, ``claimblob:``, ``claims:``), never under a manifest, task record or learned
 index: nothing a node installs reads them, and nothing here is signed. What a claim says is
 read back through the store's bounded decoder and the artifact checked against the claim's
@@ -12,17 +12,81 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import asdict, dataclass, field
 
 from warmd.cache.base import CacheAdapter
 from warmd.store import layout
 from warmd.store.api import StoreFailed
+from warmd.store.chunking import CHUNK_SIZE, check_blob, chunk_count, chunk_lengths, split_chunks
 from warmd.store.connection import classify
-from warmd.store.layout import BadRecord, PendingClaim
+from warmd.store.formats import json_bytes
 from warmd.store.session import Session
+from warmd.store.validation import (
+    HEX64,
+    MAX_BLOB_BYTES,
+    MAX_TEXT,
+    BadRecord,
+    Fields,
+    RefusedHere,
+    is_entry_name,
+    load_record,
+)
 
 log = logging.getLogger("warmd.store")
 
 MAX_PENDING_LISTED = 1000  # claims one listing returns (oldest first): a bounded read
+MAX_CLAIM_PLANS = 64  # plans one claim names (a node warms a handful of models)
+
+
+@dataclass(frozen=True)
+class PendingClaim:
+    """What a serving node says it captured (warmd.capture): an entry's artifact, its digest,
+    the node and the plans it learned it for. Never signed and never installed: a trusted
+    producer re-derives it (warmd.rederive) and publishes what it built itself."""
+
+    library: str
+    name: str
+    fingerprint: str
+    digest: str
+    size: int
+    node: str
+    plans: tuple[str, ...]
+    compile_seconds: float = 0.0
+    created: float = field(default_factory=time.time)
+    chunk_size: int = CHUNK_SIZE
+    v: int = 1
+
+    @property
+    def chunks(self) -> int:
+        return chunk_count(self.size, self.chunk_size)
+
+    def encode(self) -> bytes:
+        data = asdict(self)
+        data["plans"] = list(self.plans)
+        return json_bytes(data)
+
+    @classmethod
+    def decode(cls, raw: bytes | str, max_size: int) -> PendingClaim:
+        """Parse and check a stored claim; raises BadRecord (RefusedHere when over this
+        node's size limit)."""
+        f = Fields(load_record(raw), "claim")
+        plans = f.value("plans", list)
+        if not plans or len(plans) > MAX_CLAIM_PLANS or not all(
+                isinstance(p, str) and 0 < len(p) <= MAX_TEXT for p in plans):
+            raise BadRecord(f"malformed claim: plans must be 1 to {MAX_CLAIM_PLANS} strings")
+        claim = cls(f.text("library"), f.text("name"), f.text("fingerprint"), f.text("digest"),
+                    f.integer("size", 0, MAX_BLOB_BYTES), f.text("node", ""), tuple(plans),
+                    f.number("compile_seconds", 0.0), f.number("created", 0.0),
+                    f.integer("chunk_size", 64 << 10, 64 << 20, CHUNK_SIZE),
+                    f.integer("v", 0, 1 << 31, 1))
+        if claim.v != 1:
+            raise RefusedHere(f"unknown claim version {claim.v}")
+        if not is_entry_name(claim.name) or not HEX64.match(claim.digest):
+            raise BadRecord("malformed claim: name or digest")
+        if claim.size > max_size:
+            raise RefusedHere(f"claim size {claim.size} is over this node's {max_size}-byte "
+                              "limit")
+        return claim
 
 
 class PendingClaims:
@@ -35,7 +99,7 @@ class PendingClaims:
         """Store a claim (artifact chunks first, then its record, then its name in the
         index); True when the store took it. A claim already there is replaced only by the
         same bytes' record (nodes claiming one entry at once write the same thing)."""
-        if self.session.read_only or not layout.is_entry_name(name):
+        if self.session.read_only or not is_entry_name(name):
             return False
         if len(artifact) > self.session.max_artifact_bytes:
             return False
@@ -44,13 +108,13 @@ class PendingClaims:
         except Exception:  # the adapter could not describe itself: nothing to claim under
             return False
         claim = PendingClaim(adapter.library, name, fp, layout.sha256(artifact), len(artifact),
-                             self.session.node, tuple(plans[:layout.MAX_CLAIM_PLANS]),
+                             self.session.node, tuple(plans[:MAX_CLAIM_PLANS]),
                              float(compile_seconds))
         ttl = self.session.ttl_ms
 
         def run(client):
             pipe = client.pipeline(transaction=False)
-            for i, chunk in enumerate(layout.split_chunks(artifact, claim.chunk_size)):
+            for i, chunk in enumerate(split_chunks(artifact, claim.chunk_size)):
                 pipe.set(layout.claim_blob_key(fp, name, i), chunk, px=ttl)
             pipe.set(layout.claim_key(fp, name), claim.encode(), px=ttl)
             pipe.zadd(layout.claims_key(fp), {name: time.time()})
@@ -79,7 +143,7 @@ class PendingClaims:
             return []
         decoded = [n.decode(errors="replace") if isinstance(n, bytes) else str(n)
                    for n in names or []]
-        return [n for n in decoded if layout.is_entry_name(n)]
+        return [n for n in decoded if is_entry_name(n)]
 
     def read(self, adapter: CacheAdapter, name: str) -> tuple[PendingClaim, bytes] | None:
         """The claim and its artifact, each checked (bounded record, the artifact's chunk
@@ -103,7 +167,7 @@ class PendingClaims:
 
         def chunks(client):
             pipe = client.pipeline(transaction=False)
-            for i, length in enumerate(layout.chunk_lengths(claim)):
+            for i, length in enumerate(chunk_lengths(claim)):
                 pipe.getrange(layout.claim_blob_key(fp, name, i), 0, length)
             return pipe.execute(raise_on_error=False)
 
@@ -114,7 +178,7 @@ class PendingClaims:
         if any(isinstance(r, Exception) and classify(r) != "error" for r in replies):
             return None
         replies = [None if isinstance(r, Exception) else r for r in replies]
-        return claim, layout.check_blob(claim, replies)
+        return claim, check_blob(claim, replies)
 
     def drop(self, adapter: CacheAdapter, name: str, chunks: int = 0) -> bool:
         """Remove a claim (re-derived, or refused): its record, chunks and index entry."""

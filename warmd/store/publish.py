@@ -10,11 +10,26 @@ import time
 from warmd.cache.base import CacheAdapter, CacheEntry
 from warmd.store import layout
 from warmd.store.api import Publication, StoreFailed
+from warmd.store.chunking import split_chunks
 from warmd.store.connection import classify
 from warmd.store.fingerprint import Fingerprint
-from warmd.store.layout import BadRecord, Manifest, StoredTaskRecord
+from warmd.store.formats import (
+    Manifest,
+    StoredTaskRecord,
+    accept_manifest,
+    accept_record,
+    json_bytes,
+    quarantine_note,
+)
 from warmd.store.session import Session, StaleRecords
 from warmd.store.signing import sign
+from warmd.store.validation import (
+    WRONG_TYPE,
+    BadRecord,
+    RefusedHere,
+    SignatureRefused,
+    is_entry_name,
+)
 
 log = logging.getLogger("warmd.store")
 
@@ -41,7 +56,7 @@ class Publisher:
             return Publication(skipped="an entry could not be packed")
         rec = StoredTaskRecord(fp.digest, task_key, tuple(m.name for m, _ in packed),
                                self.session.node, float(compile_seconds))
-        rec_raw = layout.json_bytes(sign(rec.to_json(), self.session.signing_key))
+        rec_raw = json_bytes(sign(rec.to_json(), self.session.signing_key))
         try:
             new = self.write_entries(fp, packed)
             self._write_record(fp, task_key, rec_raw)
@@ -128,7 +143,7 @@ class Publisher:
                 self.count("publish_failed", fp=fp.digest)
                 log.warning("shared cache: cannot pack %s: %s", entry.name, exc)
                 return None
-            if len(blob) > self.session.max_artifact_bytes or not layout.is_entry_name(entry.name):
+            if len(blob) > self.session.max_artifact_bytes or not is_entry_name(entry.name):
                 self.count("publish_failed", fp=fp.digest)
                 log.warning("shared cache: not publishing %s (%d bytes): too large or a bad "
                             "name", entry.name, len(blob))
@@ -159,7 +174,7 @@ class Publisher:
         def chunks(client):
             pipe = client.pipeline(transaction=False)
             for man, blob in new:
-                for i, chunk in enumerate(layout.split_chunks(blob, man.chunk_size)):
+                for i, chunk in enumerate(split_chunks(blob, man.chunk_size)):
                     pipe.set(layout.blob_key(man.digest, i), chunk, px=ttl_ms)
             return pipe.execute()
 
@@ -174,7 +189,7 @@ class Publisher:
                     pipe.set(layout.manifest_key(fp.digest, man.name), man.encode(), nx=True,
                              px=ttl_ms)
             pipe.zadd(layout.index_key(fp.digest), {m.name: time.time() for m, _ in packed})
-            pipe.set(layout.fp_meta_key(fp.digest), layout.json_bytes(fp.to_json()), px=ttl_ms)
+            pipe.set(layout.fp_meta_key(fp.digest), json_bytes(fp.to_json()), px=ttl_ms)
             pipe.zadd(layout.FPS_KEY, {fp.digest: time.time()})
             return self._bookkeeping_tolerated(pipe.execute(raise_on_error=False))
 
@@ -201,7 +216,7 @@ class Publisher:
         return replies
 
     def _existing(self, keys: list[str]) -> list[bytes | None]:
-        """The values at keys (None: absent; layout.WRONG_TYPE: another Redis type)."""
+        """The values at keys (None: absent; WRONG_TYPE: another Redis type)."""
         def run(client):
             pipe = client.pipeline(transaction=False)
             for key in keys:
@@ -212,7 +227,7 @@ class Publisher:
         out = []
         for reply in replies:
             if isinstance(reply, Exception) and classify(reply) == "error":
-                out.append(layout.WRONG_TYPE)
+                out.append(WRONG_TYPE)
             else:
                 out.append(self.session.transport.checked(reply, "publish"))
         return out
@@ -224,15 +239,15 @@ class Publisher:
         holds the cluster's key. One this node may not touch is counted."""
         try:
             if task is None:
-                man = layout.accept_manifest(raw, key=self.session.signing_key,
-                                             max_size=1 << 62, fp=fp, name=name)
+                man = accept_manifest(raw, key=self.session.signing_key,
+                                      max_size=1 << 62, fp=fp, name=name)
                 return self._incompatible_here(fp, man)  # else published once, kept
-            layout.accept_record(raw, key=self.session.signing_key, fp=fp, task=task)
+            accept_record(raw, key=self.session.signing_key, fp=fp, task=task)
             return True
-        except layout.RefusedHere:
+        except RefusedHere:
             return False  # e.g. a newer format: not ours to judge
         except BadRecord as exc:
-            if isinstance(exc, layout.SignatureRefused) and exc.other_key:
+            if isinstance(exc, SignatureRefused) and exc.other_key:
                 self.session.cluster_key.note_other_key()
             if self.session.holds_cluster_key():
                 return True
@@ -259,8 +274,8 @@ class Publisher:
 
     def _note_replaced(self, fp: str, name: str, raw: bytes) -> None:
         """Keep what a replacement overwrote under the quarantine key, for operators."""
-        note = layout.quarantine_note(raw, "refused here; replaced by a verified publish",
-                                      self.session.node)
+        note = quarantine_note(raw, "refused here; replaced by a verified publish",
+                               self.session.node)
 
         def run(client):
             client.set(layout.quarantine_key(fp, name), note, px=layout.QUARANTINE_TTL_MS)

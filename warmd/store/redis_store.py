@@ -1,7 +1,10 @@
 """The shared compiled-kernel cache over Redis: SharedCache composed of its parts.
 
     transport.py  connection, circuit breaker, the op wrapper, failure classification
-    entries.py    fetch: task records, manifests, blobs; verify, install, quarantine
+    entries.py    fetch: task records and manifests, verified; entries installed
+    blobs.py      blobs read in bounded windows (from peers first) and verified
+    refusals.py   refused records and entries counted, remembered, quarantined
+    renewal.py    the TTL of what a plan used, renewed once per interval cluster-wide
     leases.py     single flight, and claims on units of cluster work
     publish.py    pack and publish a task's entries and record
     counters.py   this process's counters and the per-node / per-fingerprint stats
@@ -24,7 +27,7 @@ from typing import Any
 
 from warmd import settings
 from warmd.cache.base import CacheAdapter, CacheEntry
-from warmd.store import claimid, history, layout
+from warmd.store import claimid, formats, history, layout
 from warmd.store.api import (
     BlobPeers,
     Claim,
@@ -34,19 +37,21 @@ from warmd.store.api import (
     StoreFailed,
     discovery_unit,
 )
+from warmd.store.blobs import Blobs
 from warmd.store.breaker import CircuitBreaker, JoinBudget
 from warmd.store.connection import CONNECT_TIMEOUT, StoreURL, classify
 from warmd.store.counters import StoreStats
 from warmd.store.entries import Entries
 from warmd.store.fingerprint import Fingerprint
-from warmd.store.layout import BadRecord, Manifest, PendingClaim, StoredTaskRecord
 from warmd.store.leases import KERNEL_LEASE_SECONDS, Leases, WorkClaims, spread_start
-from warmd.store.pending import PendingClaims
+from warmd.store.pending import PendingClaim, PendingClaims
 from warmd.store.publish import Publisher
+from warmd.store.refusals import Refusals
 from warmd.store.session import Session, StaleRecords
 from warmd.store.signing import KeyProof, sign
 from warmd.store.signing import check as check_signature
 from warmd.store.transport import RedisTransport
+from warmd.store.validation import BadRecord, SignatureRefused, is_entry_name, load_record
 from warmd.targets import Target
 
 log = logging.getLogger("warmd.store")
@@ -84,7 +89,9 @@ class RedisSharedCache(SharedCache):
             lease_ms=_lease_ms(lease_seconds), poll_interval=poll_interval,
             max_artifact_bytes=max_artifact_bytes or settings.max_artifact_bytes())
         stale = StaleRecords()  # Entries notes them, Leases reads them, Publisher clears them
-        self.entries = Entries(self.session, stale, peers)
+        self.refusals = Refusals(self.session)
+        self.blobs = Blobs(self.session, peers)
+        self.entries = Entries(self.session, stale, self.refusals, self.blobs)
         self.leases = Leases(self.session, stale)
         self.publisher = Publisher(self.session, stale)
         self.claims = PendingClaims(self.session)
@@ -160,7 +167,7 @@ class RedisSharedCache(SharedCache):
             self.session.warn_once(f"learned:{key}", "shared cache: the learned index of plan "
                                    "%s (%s) holds %d names; reading the newest %d",
                                    plan_key, adapter.library, total, len(decoded))
-        return [n for n in decoded if layout.is_entry_name(n)]
+        return [n for n in decoded if is_entry_name(n)]
 
     def submit_claim(self, adapter: CacheAdapter, plans: list[str], name: str,
                      artifact: bytes, compile_seconds: float = 0.0) -> bool:
@@ -278,7 +285,7 @@ class RedisSharedCache(SharedCache):
                      if raw is not None}
             listed = {t: tuple(rec.get("entries") or ()) for t, rec in found.items()}
             names = sorted({n for entries in listed.values() for n in entries})
-            if not all(layout.is_entry_name(n) for n in names):
+            if not all(is_entry_name(n) for n in names):
                 raise BadRecord("kernel list names an entry badly")
             raws = self._get_all([layout.kernel_job_key(fp, n) for n in names])
             jobs = {n: self._accept_signed(raw, fp) for n, raw in zip(names, raws, strict=True)
@@ -304,10 +311,10 @@ class RedisSharedCache(SharedCache):
     def _accept_signed(self, raw: bytes, fp: str) -> dict:
         """A kernel-list record if it decodes, is signed as this node requires, and
         belongs to this fingerprint; raises BadRecord."""
-        data = layout.load_record(raw)
+        data = load_record(raw)
         refused = check_signature(data, self.session.signing_key)
         if refused:
-            raise layout.SignatureRefused(refused)
+            raise SignatureRefused(refused)
         if data.get("fingerprint") != fp:
             raise BadRecord("kernel list record of another fingerprint")
         data.pop("sig", None)
@@ -321,7 +328,7 @@ class RedisSharedCache(SharedCache):
         key, ttl = self.session.signing_key, self.session.ttl_ms
 
         def signed(record: dict) -> bytes:
-            return layout.json_bytes(sign({**record, "fingerprint": fp}, key))
+            return formats.json_bytes(sign({**record, "fingerprint": fp}, key))
 
         def run(client):
             pipe = client.pipeline(transaction=False)
@@ -416,15 +423,15 @@ class RedisSharedCache(SharedCache):
         """fn(client) through the transport (timeouts, breaker, classification)."""
         return self.transport.op(fn, what)
 
-    def accept_manifest(self, raw: bytes, fp: str, name: str) -> Manifest:
+    def accept_manifest(self, raw: bytes, fp: str, name: str) -> formats.Manifest:
         """The manifest stored for (fp, name) if a fetch here would use it (this node's
         signing key and size limit); raises BadRecord or one of its kinds."""
-        return layout.accept_manifest(raw, key=self.session.signing_key,
-                                      max_size=self.session.max_artifact_bytes, fp=fp,
-                                      name=name)
+        return formats.accept_manifest(raw, key=self.session.signing_key,
+                                       max_size=self.session.max_artifact_bytes, fp=fp,
+                                       name=name)
 
-    def accept_record(self, raw: bytes, fp: str, task: str) -> StoredTaskRecord:
-        return layout.accept_record(raw, key=self.session.signing_key, fp=fp, task=task)
+    def accept_record(self, raw: bytes, fp: str, task: str) -> formats.StoredTaskRecord:
+        return formats.accept_record(raw, key=self.session.signing_key, fp=fp, task=task)
 
     @property
     def ttl_ms(self) -> int:

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from warmd.cache.artifacts import rename_noreplace
+from warmd.cache.durable import rename_noreplace
 from warmd.libraries.deep_gemm.cache import COMMITTED, MAX_SOURCE_BYTES, layout_of
 from warmd.libraries.deep_gemm.install import Generation
 from warmd.libraries.deep_gemm.nvcc_shim import OUTPUT, SOURCE, Job, compile_job, save_job

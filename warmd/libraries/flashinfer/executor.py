@@ -37,8 +37,8 @@ from warmd.libraries.flashinfer.cache import (
     FlashInferCacheAdapter,
     arch_dir,
     flashinfer_version,
-    parse_ninja_log,
 )
+from warmd.libraries.flashinfer.ninja import parse_ninja_log
 from warmd.stats import Outcome
 from warmd.tasks import Task
 

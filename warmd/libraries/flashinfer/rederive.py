@@ -41,7 +41,7 @@ from warmd.libraries.flashinfer.cache import (
     FlashInferCacheAdapter,
     _check_layout,
     _check_module_name,
-    _workspace_of,
+    workspace_of,
 )
 
 _DTYPE = {"bf16": "bfloat16", "f16": "float16", "f32": "float32", "e4m3": "float8_e4m3fn",
@@ -109,7 +109,7 @@ def rederive(adapter: FlashInferCacheAdapter, name: str, artifact: bytes,
     claim = scratch / "claim"
     unpack_safely(artifact, claim)
     module = _check_layout(claim, name)
-    old_ws = _workspace_of(module, name)
+    old_ws = workspace_of(module, name)
     work = scratch / "work"  # the only place the build process may write
     work.mkdir()
     arch_list = _arch_list(adapter.arch)

@@ -11,7 +11,7 @@ import tarfile
 import time
 
 from warmd.store import layout
-from warmd.store.layout import BadRecord
+from warmd.store.validation import MAX_RECORD_BYTES, BadRecord, load_record
 
 EXPORT_FORMAT = "warmd-cache-export"
 HEADER = "warmd-export.json"
@@ -73,7 +73,7 @@ def scan(tar: tarfile.TarFile, max_blob: int) -> dict[str, list[tarfile.TarInfo]
                                 "warmd-export.json, fp/, man/, task/ and blob/ files)")
         if not member.isreg():
             raise UnsafeArchive(f"member {member.name!r} is not a regular file")
-        limit = max_blob if kind == "blob" else layout.MAX_RECORD_BYTES
+        limit = max_blob if kind == "blob" else MAX_RECORD_BYTES
         if member.size > limit:
             raise UnsafeArchive(f"member {member.name!r} is {member.size} bytes, over the "
                                 f"{limit}-byte limit")
@@ -85,6 +85,6 @@ def scan(tar: tarfile.TarFile, max_blob: int) -> dict[str, list[tarfile.TarInfo]
 
 def json_member(tar: tarfile.TarFile, member: tarfile.TarInfo) -> dict:
     try:
-        return layout.load_record(tar.extractfile(member).read())
+        return load_record(tar.extractfile(member).read())
     except BadRecord as exc:
         raise UnsafeArchive(f"member {member.name!r}: {exc}") from None

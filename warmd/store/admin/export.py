@@ -18,8 +18,10 @@ from warmd.store.admin.reads import (
     get_many,
     scan,
 )
-from warmd.store.layout import BadRecord, StoredTaskRecord
+from warmd.store.chunking import size_batches
+from warmd.store.formats import StoredTaskRecord
 from warmd.store.redis_store import RedisSharedCache
+from warmd.store.validation import BadRecord
 
 
 def export_archive(cache: RedisSharedCache, path: Path, selected: Iterable[str] = ()) -> dict:
@@ -67,8 +69,8 @@ def _export_entries(cache: RedisSharedCache, tar: tarfile.TarFile, fp: str,
             continue
         good.append((man, item["raw"]))
     exported, blobs_done = set(), set()
-    for batch in layout.size_batches(good):
-        blobs = cache.entries.read_blobs([m for m, _ in batch])
+    for batch in size_batches(good):
+        blobs = cache.blobs.read_blobs([m for m, _ in batch])
         for man, raw in batch:
             blob = blobs[man.digest]
             if isinstance(blob, BadRecord):

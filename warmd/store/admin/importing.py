@@ -12,9 +12,11 @@ from warmd.store import layout
 from warmd.store.admin import archive
 from warmd.store.admin.archive import UnsafeArchive
 from warmd.store.admin.verify import unsafe_artifact
+from warmd.store.chunking import verify_blob
 from warmd.store.fingerprint import Fingerprint, digest_of
-from warmd.store.layout import BadRecord, StoredTaskRecord
+from warmd.store.formats import StoredTaskRecord
 from warmd.store.redis_store import RedisSharedCache
+from warmd.store.validation import BadRecord, RefusedHere
 
 
 def import_archive(cache: RedisSharedCache, path: Path) -> dict:
@@ -47,10 +49,10 @@ def import_archive(cache: RedisSharedCache, path: Path) -> dict:
 def _refuse(cache: RedisSharedCache, counts: dict, fp: str, what: str,
             problem: BadRecord) -> None:
     counts[problem.counter] += 1
-    if isinstance(problem, layout.RefusedHere):
-        cache.entries.refused_here(fp, what, str(problem))
+    if isinstance(problem, RefusedHere):
+        cache.refusals.refused_here(fp, what, str(problem))
     else:
-        cache.entries.reject(problem.counter, fp, what, str(problem))
+        cache.refusals.reject(problem.counter, fp, what, str(problem))
 
 
 def _import_entry(cache: RedisSharedCache, tar: tarfile.TarFile, fp: str, name: str,
@@ -66,7 +68,7 @@ def _import_entry(cache: RedisSharedCache, tar: tarfile.TarFile, fp: str, name: 
                             "match its inputs")
         if man.digest not in blobs:
             raise BadRecord("entry without its blob in the archive")
-        blob = layout.verify_blob(man, tar.extractfile(blobs[man.digest]).read())
+        blob = verify_blob(man, tar.extractfile(blobs[man.digest]).read())
         problem = unsafe_artifact(blob)
         if problem is not None:
             raise problem

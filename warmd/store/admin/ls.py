@@ -14,7 +14,7 @@ from warmd.store.admin.reads import (
     scan,
     text,
 )
-from warmd.store.layout import Manifest
+from warmd.store.formats import Manifest
 from warmd.store.redis_store import RedisSharedCache
 
 

@@ -21,8 +21,9 @@ from warmd.store.admin.reads import (
     string_reply,
     wrong_types,
 )
-from warmd.store.layout import BadRecord, Manifest, StoredTaskRecord
+from warmd.store.formats import Manifest, StoredTaskRecord
 from warmd.store.redis_store import RedisSharedCache
+from warmd.store.validation import BadRecord, RefusedHere
 
 ORPHAN_GRACE_MS = 10 * 60 * 1000  # chunks younger than this may belong to a publish in flight
 
@@ -71,7 +72,7 @@ def prune(cache: RedisSharedCache, *, older_than: float | None = None,
                 report.stale_index += 1
                 removed.append(item["name"])
             elif item["manifest"] is None and not isinstance(item["problem"],
-                                                             layout.RefusedHere):
+                                                             RefusedHere):
                 report.malformed_removed += 1  # garbage for every node: never kept
                 removed.append(item["name"])
             elif in_scope and (doomed_fp or (cutoff is not None

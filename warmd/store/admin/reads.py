@@ -1,14 +1,16 @@
 """What every operator command reads: the fingerprints, their stored inputs, the entries
 indexed under one, and raw replies turned into values (a key of another Redis type reads as
-layout.WRONG_TYPE, a store that went away raises StoreFailed)."""
+WRONG_TYPE, a store that went away raises StoreFailed)."""
 
 from __future__ import annotations
 
 from warmd.store import layout
 from warmd.store.api import StoreFailed
 from warmd.store.connection import classify
-from warmd.store.layout import BadRecord, Manifest, text
+from warmd.store.formats import Manifest
+from warmd.store.layout import text
 from warmd.store.redis_store import RedisSharedCache
+from warmd.store.validation import WRONG_TYPE, BadRecord, load_record
 
 # Listing and pruning read every manifest whatever this node's own size limit: an entry too
 # large to install here is still an entry (and its chunks are still referenced).
@@ -21,7 +23,7 @@ def string_reply(reply):
     if isinstance(reply, Exception):
         if classify(reply) != "error":
             raise StoreFailed(classify(reply), str(reply))
-        return layout.WRONG_TYPE
+        return WRONG_TYPE
     return reply
 
 
@@ -112,7 +114,7 @@ def _meta_fields(raw: bytes | Exception | None) -> dict:
     if raw is None:
         return {"library": "?", "inputs": {}}
     try:
-        meta = layout.load_record(string_reply(raw))
+        meta = load_record(string_reply(raw))
     except BadRecord:
         meta = None
     if meta is None or not isinstance(meta.get("inputs", {}), dict):

@@ -9,11 +9,11 @@ from dataclasses import dataclass, field
 from warmd import settings
 from warmd.cache.artifacts import check_artifact
 from warmd.cache.base import UnsafeArtifact
-from warmd.store import layout
 from warmd.store.admin.reads import entries, fingerprints
+from warmd.store.chunking import size_batches
 from warmd.store.entries import unpacks_over
-from warmd.store.layout import BadRecord
 from warmd.store.redis_store import RedisSharedCache
+from warmd.store.validation import BadRecord, RefusedHere, SignatureRefused
 
 
 @dataclass
@@ -42,8 +42,8 @@ def verify(cache: RedisSharedCache, selected: Iterable[str] = (),
                 good.append((cache.accept_manifest(item["raw"], fp, item["name"]), item["raw"]))
             except BadRecord as exc:
                 _bad(cache, report, fp, item["name"], item["raw"], exc, quarantine)
-        for batch in layout.size_batches(good):
-            blobs = cache.entries.read_blobs([m for m, _ in batch])
+        for batch in size_batches(good):
+            blobs = cache.blobs.read_blobs([m for m, _ in batch])
             for man, raw in batch:
                 blob = blobs[man.digest]
                 problem = blob if isinstance(blob, BadRecord) else unsafe_artifact(blob)
@@ -58,7 +58,7 @@ def unsafe_artifact(blob: bytes) -> BadRecord | None:
     """Why a verified blob must not be installed on this node (None: it may)."""
     limit = settings.max_artifact_bytes()
     if unpacks_over(blob, limit):
-        return layout.RefusedHere(f"unpacks to more than this node's {limit}-byte limit")
+        return RefusedHere(f"unpacks to more than this node's {limit}-byte limit")
     try:
         check_artifact(blob, limit)
     except UnsafeArtifact as exc:
@@ -72,10 +72,10 @@ def _bad(cache: RedisSharedCache, report: VerifyReport, fp: str, name: str, raw:
          problem: BadRecord, quarantine: bool) -> None:
     report.bad.append({"fingerprint": fp, "name": name, "reason": str(problem),
                        "kind": problem.counter})
-    if quarantine and not isinstance(problem, (layout.SignatureRefused, layout.RefusedHere)):
-        if cache.entries.quarantine(fp, name, raw, str(problem), counter=problem.counter):
+    if quarantine and not isinstance(problem, (SignatureRefused, RefusedHere)):
+        if cache.refusals.quarantine(fp, name, raw, str(problem), counter=problem.counter):
             report.quarantined += 1
-    elif isinstance(problem, layout.RefusedHere):
-        cache.entries.refused_here(fp, name, str(problem))
+    elif isinstance(problem, RefusedHere):
+        cache.refusals.refused_here(fp, name, str(problem))
     else:
         cache.stats.count_refusal(problem.counter, fp)

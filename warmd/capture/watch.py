@@ -1,37 +1,6 @@
-"""Capture what the engine really compiles on a node, share it, and count JIT after READY.
-
-After a node is READY its agent watches every registered library's cache directories
-(``CacheAdapter.watch_dirs``; inotify through watchdog, else polling, and a periodic rescan
-either way), in a thread of its own: a FIFO, a slow disk or a huge cache never holds up
-the agent's heartbeats. Each complete entry that appears is a *runtime JIT*: a kernel the
-warmup did not predict, compiled in traffic. It is recorded (library, entry, node, time),
-counted once per entry for the life of the capture (an entry that disappears and comes back
-is not counted again), and shared according to the cluster's trust in what its serving
-nodes' caches hold (``CaptureTrust``, warmd.yaml ``capture.trust``):
-
-- ``rederive`` (the default): what a node captured is a *claim*, not code. It is verified
-  (its adapter packs it: complete entries only, no links, no odd names; the archive check
-  refuses traversal, devices and oversize) and stored unsigned in the pending tier
-  (``SharedCache.submit_claim``), which no node installs. A trusted producer rebuilds it
-  from its recorded source and flags (warmd.rederive) and publishes what *it* built, signed,
-  as a *learned* entry of every plan the claim names.
-- ``own-nodes``: the capturing node publishes the verified entry itself, signed with the
-  cluster key, as a learned entry (for a small cluster whose serving nodes are as trusted as
-  its builders: anything that can write into an engine's cache then reaches every node).
-- ``off``: runtime JIT is counted and nothing is shared.
-
-A learned entry is published through the shared cache's task path (``publish_task``): one
-task record per entry, ``learned_task(plan, entry)``, its manifest once per fingerprint; its
-name joins the plan's learned index (``SharedCache.add_learned``, a set, so nodes capturing
-at once lose nothing). Every node that warms the plan installs it before READY
-(``install_learned``, through ``prefetch``: the same verification as any task).
-
-A scan on start shares every complete entry on disk that no local task record names and the
-store does not hold yet (learned, or pending), so a watcher that fell behind or restarted
-loses nothing; entries present at start are not counted as runtime JIT (a restarted agent
-re-warms first). Every error is caught per entry and counted (``capture_failed``): a bad
-entry never stops a scan.
-"""
+"""A node's capture from READY on: its caches watched (inotify through watchdog, else
+polling, and a periodic rescan either way) in a thread of its own, each complete entry that
+appears counted once as runtime JIT and shared as the cluster's ``CaptureTrust`` says."""
 
 from __future__ import annotations
 
@@ -48,24 +17,17 @@ from typing import TYPE_CHECKING
 
 from warmd import settings
 from warmd.cache.base import CacheAdapter, CacheEntry, UnsafeArtifact
-from warmd.cache.records import (
-    LocalTaskRecord,
-    entry_digest,
-    fingerprint_digest,
-    learned_record_key,
-    recorded_entries,
-    write_record,
-)
+from warmd.cache.records import recorded_entries
+from warmd.capture.scope import CaptureScope, adapters_for
+from warmd.capture.sharing import publish_learned, submit_claims, verified_artifact
 from warmd.stats import CounterFlag, ids
 
 if TYPE_CHECKING:
-    from warmd.engines.cache_dirs import CacheDirs
     from warmd.store.api import SharedCache
     from warmd.targets import Target
 
 log = logging.getLogger(__name__)
 
-LEARNED = "learned"
 POLL_SECONDS = 2.0  # without inotify: how often the caches are scanned
 RESCAN_SECONDS = 30.0  # with inotify: a full scan anyway (events can be dropped)
 SETTLE_SECONDS = 0.2  # after an event, let the writer finish its renames
@@ -85,11 +47,6 @@ class CaptureTrust(str, enum.Enum):
         return self.value
 
 
-def learned_task(plan_key: str, entry: str) -> str:
-    """The task key a learned entry is published under (one record per entry)."""
-    return f"{LEARNED}:{plan_key}:{entry}"
-
-
 @dataclass(frozen=True)
 class RuntimeJit:
     """An entry that appeared on a node after READY: a kernel compiled in traffic."""
@@ -102,155 +59,6 @@ class RuntimeJit:
 
     def to_json(self) -> dict:
         return asdict(self)
-
-
-@dataclass(frozen=True)
-class CaptureScope:
-    """One model the node warmed: its plan key, the target it was planned for (part of every
-    fingerprint) and each library's cache root on this node."""
-
-    plan_key: str
-    target: dict  # Target.to_json()
-    roots: dict[str, str]  # library -> cache root
-    # the plan's engine and its cache variables (CacheDirs.values): the stores it reads
-    # beyond the roots (FlashInfer autotune's); empty: this process's settings
-    engine: str = ""
-    cache_env: dict[str, str] = field(default_factory=dict)
-
-    def to_json(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, data: dict) -> CaptureScope:
-        return cls(str(data["plan_key"]), dict(data["target"]),
-                   {str(k): str(v) for k, v in data["roots"].items()},
-                   str(data.get("engine") or ""),
-                   {str(k): str(v) for k, v in (data.get("cache_env") or {}).items()})
-
-    def cache_dirs(self) -> CacheDirs | None:
-        from warmd.engines.cache_dirs import CacheDirs
-
-        if not self.cache_env:
-            return None
-        return CacheDirs(self.engine, tuple(sorted(self.cache_env.items())))
-
-    def target_object(self) -> Target:
-        from warmd.targets import Target, parse_capability
-
-        t = self.target
-        return Target(t["name"], parse_capability(t["capability"]), int(t["sms"]),
-                      int(t.get("count", 1)), t.get("driver"), t.get("cuda"),
-                      t.get("source", "preset"))
-
-
-def scope_of(plan, roots: dict[str, Path]) -> CaptureScope:
-    """The capture scope of a plan warmed with these cache roots (WarmupOptions.cache_roots)."""
-    dirs = plan.dirs()
-    return CaptureScope(plan.key, plan.env.target.to_json(),
-                        {lib: str(root) for lib, root in roots.items()}, dirs.engine,
-                        dict(dirs.values))
-
-
-def adapters_for(scope: CaptureScope) -> dict[str, CacheAdapter]:
-    """Every registered library's cache adapter at the scope's roots, for the libraries
-    installed here (nothing else can compile into a cache, or use an installed entry)."""
-    from warmd.libraries import LIBRARIES, probe_library
-
-    arch, dirs = scope.target_object().arch, scope.cache_dirs()
-    found = {}
-    for name, library in LIBRARIES.items():
-        if not probe_library(name).available:
-            continue
-        root = Path(scope.roots.get(name) or library.root.default())
-        try:
-            adapter = library.make_adapter(root, arch, dirs)
-        except ModuleNotFoundError:  # the library's own imports: nothing to watch, no crash
-            adapter = None
-        if adapter is not None:
-            found[name] = adapter
-    return found
-
-
-def missed_by(library: str) -> str:
-    """Which planner rule would have missed a learned entry of this library."""
-    from warmd.libraries import LIBRARIES
-
-    registered = LIBRARIES.get(library)
-    if registered is None:
-        return f"{library}: not a library this warmd knows"
-    if not registered.plans_tasks:
-        return (f"no planner rule: {registered.display} entries are compiled by the engine "
-                "at run time (captured only)")
-    return (f"{registered.display} rules: no task of the plan produced it (the planner did "
-            "not select this kernel, shape or module)")
-
-
-def learned_rows(indexes: list[dict]) -> list[dict]:
-    """One row per learned entry of store.admin.learned_indexes, with the rule that missed it."""
-    return [{"plan": i["plan"], "library": i["library"], "entry": name,
-             "fingerprint": i["fingerprint"], "missed_by": missed_by(i["library"])}
-            for i in indexes for name in i["entries"]]
-
-
-def install_learned(shared: SharedCache, adapter: CacheAdapter, plan_key: str) -> list[str]:
-    """Install every learned entry of the plan (verified like any task); returns the names
-    now present."""
-    names = shared.learned(adapter, plan_key)
-    if not names:
-        return []
-    fetched = shared.prefetch(adapter, [learned_task(plan_key, n) for n in names])
-    present = sorted({n for got in fetched.values() if got for n in got})
-    record_learned(adapter, plan_key, present)
-    return present
-
-
-def record_learned(adapter: CacheAdapter, plan_key: str, names: list[str]) -> None:
-    """This node's record of what was learned for the plan and installed here, so that
-    `warmd verify` can say whether the engine will find each entry."""
-    if not names:
-        return
-    complete = {e.name: e for e in adapter.list_entries()}
-    digests = {n: d for n in names if n in complete
-               and (d := entry_digest(complete[n].path)) is not None}
-    write_record(adapter.root, LocalTaskRecord(learned_record_key(plan_key),
-                                               dict.fromkeys(names, 0.0), digests,
-                                               fingerprint_digest(adapter)))
-
-
-def verify_for_publishing(adapter: CacheAdapter, entry: CacheEntry) -> str | None:
-    """Why an entry must not be shared (None: it may): packing refuses incomplete entries
-    and links, the archive check refuses traversal, devices and oversize."""
-    try:
-        _verified(adapter, entry)
-    except UnsafeArtifact as exc:
-        return str(exc)
-    return None
-
-
-def publish_learned(shared: SharedCache, adapter: CacheAdapter, plan_keys: list[str],
-                    entries: list[CacheEntry], seconds: float = 0.0) -> list[str]:
-    """Publish verified entries as learned entries of each plan (signed when signing is
-    on); returns the names the store took (published now or by another node before). Only
-    a trusted producer calls this (warmd.rederive), or a capture whose cluster trusts its
-    own nodes."""
-    taken = []
-    for entry in entries:
-        done = [shared.publish_task(adapter, learned_task(plan, entry.name), [entry], seconds)
-                for plan in plan_keys]
-        if any(publication.stored for publication in done):
-            taken.append(entry.name)
-    if taken:
-        for plan in plan_keys:
-            shared.add_learned(adapter, plan, taken)
-    return taken
-
-
-def submit_claims(shared: SharedCache, adapter: CacheAdapter, plan_keys: list[str],
-                  artifacts: dict[str, bytes]) -> list[str]:
-    """Store verified entries' artifacts as pending claims (unsigned, installed by no
-    node); returns the names the store took."""
-    return [name for name, artifact in artifacts.items()
-            if shared.submit_claim(adapter, plan_keys, name, artifact)]
 
 
 @dataclass
@@ -471,7 +279,7 @@ class Capture:
         packed: dict[str, bytes] = {}
         for entry in entries:
             try:
-                packed[entry.name] = _verified(watched.adapter, entry)
+                packed[entry.name] = verified_artifact(watched.adapter, entry)
             except UnsafeArtifact as exc:
                 self._count("capture_refused", watched.library)
                 log.warning("capture: not sharing %s %s: %s", watched.library, entry.name, exc)
@@ -519,16 +327,6 @@ class Capture:
         except Exception as exc:  # RecursionError, a library's surprise: counted, not fatal
             self._failed(watched, f"listing {watched.adapter.root}", exc)
         return None
-
-
-def _verified(adapter: CacheAdapter, entry: CacheEntry) -> bytes:
-    """The entry's artifact if it may be shared; raises UnsafeArtifact (never shared) or
-    OSError/ValueError (changed while packing)."""
-    from warmd.cache.artifacts import check_artifact
-
-    artifact = adapter.pack(entry)
-    check_artifact(artifact, settings.max_artifact_bytes())
-    return artifact
 
 
 class _Watcher:
