@@ -119,7 +119,7 @@ def test_the_cli_is_on_top_and_click_only_in_it():
     assert _importers("warmd.cli") == {"warmd.__main__"}
     assert {n for n, (_, every) in IMPORTS.items() if "click" in every
             and not _in(n, "warmd.cli")} == set()
-    assert "click" not in IMPORTS["warmd.config"][1]  # pure data and validation
+    assert "click" not in imports_of("warmd.config")  # pure data and validation
 
 
 def test_the_daemon_sits_above_the_warmup_and_the_warmup_above_its_stages():

@@ -30,7 +30,7 @@ from redis.retry import Retry
 from warmd import settings
 from warmd.cli import main
 from warmd.cluster.state import NodeState, node_records
-from warmd.config import parse_config
+from warmd.config.parse import parse_config
 from warmd.store import free_port
 
 ROOT = Path(__file__).resolve().parent.parent

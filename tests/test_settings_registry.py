@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from warmd import settings
-from warmd.config import parse_config
+from warmd.config.parse import parse_config
 from warmd.errors import WarmdInputError
 from warmd.kernels.selection import ALL_KERNELS
 from warmd.libraries import (
@@ -193,12 +193,13 @@ def _loaded_after_import(imports: str, watched: tuple[str, ...]) -> list[str]:
 
 
 def test_registering_imports_no_gpu_library():
-    assert _loaded_after_import("warmd.libraries, warmd.kernels.selection, warmd.config",
+    assert _loaded_after_import("warmd.libraries, warmd.kernels.selection, warmd.config.load",
                                 ("torch", "flashinfer", "deep_gemm", "ray")) == []
 
 
 def test_config_imports_no_cli_and_no_cluster():
-    assert _loaded_after_import("warmd.config", ("click", "warmd.cluster.work", "warmd.cli")) == []
+    assert _loaded_after_import("warmd.config.load",
+                                ("click", "warmd.cluster.work", "warmd.cli")) == []
 
 
 def test_overlapping_scopes_of_two_threads_keep_the_variable_until_the_last_closes(

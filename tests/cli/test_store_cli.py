@@ -285,7 +285,7 @@ def test_store_commands_start_no_server_and_say_how_to_get_one(state_dir, tmp_pa
 def test_store_commands_read_the_config_and_the_running_daemons_store(url, state_dir,
                                                                       tmp_path, monkeypatch):
     from warmd.cluster import client
-    from warmd.config import load_config
+    from warmd.config.load import load_config
 
     _fill(url, tmp_path)
     config = _config_file(tmp_path, url)
@@ -324,7 +324,7 @@ def test_store_commands_take_the_configs_namespace_and_signing_key(url, state_di
 
 def test_stop_ends_the_embedded_server_warmd_started_not_the_users(state_dir):
     from warmd.cluster import client
-    from warmd.config import load_config
+    from warmd.config.load import load_config
     from warmd.store import StartedBy, embedded_status, ensure_embedded, stop_embedded
 
     config = load_config()  # the embedded default: redis.url null

@@ -367,7 +367,7 @@ def test_bad_engine_variable_is_bad_input():
 
 
 def test_warmd_yaml_engine_command_and_env():
-    from warmd.config import parse_config
+    from warmd.config.parse import parse_config
 
     command = (f"vllm serve {model('qwen3-30b-a3b-fp8')} -tp 2 -dp 2 --enable-expert-parallel"
                " --max-num-batched-tokens 2048")

@@ -20,7 +20,7 @@ from warmd.cli.status_view import (
 )
 from warmd.cluster.state import WARM_STATES, NodeStatus
 from warmd.cluster.status import StatusSnapshot
-from warmd.config import load_config
+from warmd.config.load import load_config
 
 
 class _Seconds(click.ParamType):

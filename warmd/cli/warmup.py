@@ -38,7 +38,8 @@ from warmd.cli.options import PLAN_FIELDS, plan_options, require_model
 from warmd.cli.render import make_console, prose_width, shorten, wrapped
 from warmd.cluster.state import DEGRADED, FAILED
 from warmd.cluster.work import NodeSummary, NodeWarm, summarize, warm_node
-from warmd.config import WarmdConfig, load_config
+from warmd.config import WarmdConfig
+from warmd.config.load import load_config
 from warmd.errors import WarmdInputError
 from warmd.libraries import LIBRARIES
 from warmd.plan import PlanRequest, Task, make_plan

@@ -32,7 +32,8 @@ from warmd import settings
 from warmd.cluster.exposure import is_loopback
 from warmd.cluster.state import node_records
 from warmd.cluster.status import ControllerView, KeyProofView, StatusSnapshot, StoreSize
-from warmd.config import WarmdConfig, expand_path, load_config, redact_url
+from warmd.config import WarmdConfig, expand_path, redact_url
+from warmd.config.load import load_config
 from warmd.errors import WarmdInputError
 from warmd.processes import pid_alive
 
