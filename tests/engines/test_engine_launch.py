@@ -493,11 +493,11 @@ def test_every_rule_has_a_digest_of_the_followed_release_and_a_row_in_the_docs()
 
 
 def test_engine_variables_are_knobs_of_the_one_table():
-    from warmd import settings
+    from warmd import knobs
     from warmd.engines.environment import ALIASES, BY_NAME
 
-    assert set(settings.ENGINE_KERNEL_ENV) == set(BY_NAME) | set(ALIASES)
-    assert set(settings.ENGINE_KERNEL_ENV) <= {knob.env for knob in settings.KNOBS}
+    assert set(knobs.ENGINE_KERNEL_ENV) == set(BY_NAME) | set(ALIASES)
+    assert set(knobs.ENGINE_KERNEL_ENV) <= {knob.env for knob in knobs.KNOBS}
 
 
 def test_linear_backend_keeps_its_kernels_where_it_has_some():

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, NoReturn
 import click
 from rich.console import RenderableType
 
-from warmd import settings
+from warmd import knobs
 from warmd.cli.render import Col, console_width, fitted_table, fold, make_console, wrapped
 from warmd.errors import WarmdInputError
 from warmd.stats import (
@@ -74,7 +74,7 @@ def _opened(store: CommandStore) -> Iterator[SharedCache]:
 
     if store.url is None:
         _fail(store.problem or "no shared cache")
-    with settings.scoped_env(store.env()):
+    with knobs.scoped_env(store.env()):
         cache = _open(store.url)
         try:
             yield cache
@@ -166,7 +166,7 @@ def fingerprint(libraries, target, capability, sms, config_path, explain, as_jso
 
     resolved = resolve_target(target, capability, sms)
     results = []
-    with settings.scoped_env(command_store(config_path).env()):
+    with knobs.scoped_env(command_store(config_path).env()):
         for library, adapter in _adapters(tuple(libraries), resolved):
             if adapter is None:
                 results.append({"library": library, "digest": None, "inputs": {},

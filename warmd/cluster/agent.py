@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 import time
 
-from warmd import settings
+from warmd import knobs, settings
 from warmd.capture import MAX_EVENTS
 from warmd.cluster import ray_api
 from warmd.cluster.decisions import RetryBackoff
@@ -226,7 +226,7 @@ class NodeAgent:
         visible = {} if builder else {
             "CUDA_VISIBLE_DEVICES": ",".join(map(str, range(self.state.gpus)))}
         try:
-            with settings.scoped_env(visible):
+            with knobs.scoped_env(visible):
                 warm = warm_node(config, builder=builder, redis_url=url,
                                  node_name=self.node_name, warm_only=True, peers=self.peers,
                                  serves=serves)
@@ -279,7 +279,7 @@ class NodeAgent:
 
             if settings.store_is_off(url):
                 return None
-            with settings.scoped_env(env):  # the signing key the warmup used
+            with knobs.scoped_env(env):  # the signing key the warmup used
                 return open_shared_cache(url, target=target, node=self.node_name)
 
         try:

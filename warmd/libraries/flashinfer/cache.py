@@ -58,7 +58,7 @@ from dataclasses import dataclass
 from importlib import metadata, util
 from pathlib import Path, PurePosixPath
 
-from warmd import boundedjson, settings
+from warmd import boundedjson, knobs, settings
 from warmd.cache.artifacts import (
     fsync_dir,
     fsync_tree,
@@ -73,7 +73,7 @@ from warmd.cache.safe_fs import CacheTree, FileContent, parts_of
 LIBRARY = "flashinfer"
 # Env knobs FlashInfer copies into the build commands (but CUDA_HOME/CUDA_PATH enter the
 # fingerprint as the resolved toolkit).
-FINGERPRINT_ENV = tuple(k for k in settings.FLASHINFER_COMMAND_ENV
+FINGERPRINT_ENV = tuple(k for k in knobs.FLASHINFER_COMMAND_ENV
                         if k not in ("CUDA_HOME", "CUDA_PATH"))
 LOCK_TIMEOUT = 600.0
 _NOT_ENTRIES = {"tmp"}
@@ -663,7 +663,7 @@ class FlashInferCacheAdapter(CacheAdapter):
             "nvcc": _tool_version([str(settings.cuda_home() / "bin" / "nvcc"), "--version"]),
             "cxx": _tool_version([settings.cxx(), "-dumpfullversion"]),
             "ninja": _tool_version([shutil.which("ninja") or "ninja", "--version"]),
-            "env": settings.present(FINGERPRINT_ENV),
+            "env": knobs.present(FINGERPRINT_ENV),
         }
 
 
