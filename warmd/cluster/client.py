@@ -467,7 +467,7 @@ def _model_problem(config: WarmdConfig, index: int) -> str | None:
     """Why models[index] cannot be read on this machine (its path, or its serve command);
     None when it can."""
     from warmd.examples import resolve_model_path
-    from warmd.models import load_config as load_model_config
+    from warmd.models.config_json import load_config as load_model_config
 
     try:
         request = config.models[index].plan_request()

@@ -418,7 +418,8 @@ def _sglang_trtllm_mla(request, target: Target) -> bool:
     sglang-deepseek-trtllm-mla): sm100, a DeepSeek-V3-family architecture without DSA, no
     attention backend of any phase given."""
     from warmd.engines.hub import resolve_model
-    from warmd.models import language_config, load_config
+    from warmd.models import language_config
+    from warmd.models.config_json import load_config
 
     given = {arg.split()[0] for arg in request.unmodelled_args}
     if target.capability[0] != 10 or given & {"--prefill-attention-backend",
