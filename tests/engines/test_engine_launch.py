@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from warmd.engines.decide import sglang_fast_max, sglang_m_max
+from warmd.engines.decide_sglang import sglang_fast_max, sglang_m_max
 from warmd.engines.launch import launch_request, parse_launch
 from warmd.engines.versions import parse_version, resolve_version
 from warmd.errors import WarmdInputError
