@@ -13,7 +13,7 @@ import urllib.request
 import pytest
 
 from warmd.cluster import state as st
-from warmd.cluster.client import reachable, resolve_address
+from warmd.cluster.address import reachable, resolve_address
 from warmd.cluster.logs import node_logger
 from warmd.cluster.nodes import RayNode, wanted_nodes
 from warmd.cluster.state import NodeState, node_records

@@ -46,7 +46,7 @@ def fingerprint(libraries, target, capability, sms, config_path, explain, as_jso
     daemon's redis.namespace, WARMD_NAMESPACE overriding it). Nodes with equal fingerprints
     share entries.
     """
-    from warmd.cluster.client import command_store
+    from warmd.cluster.command_store import command_store
     from warmd.store import compute_fingerprint
     from warmd.store.fingerprint import COMMON_INPUTS
     from warmd.targets import resolve_target

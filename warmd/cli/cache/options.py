@@ -18,7 +18,7 @@ from warmd import knobs
 from warmd.stats import format_seconds
 
 if TYPE_CHECKING:
-    from warmd.cluster.client import CommandStore
+    from warmd.cluster.command_store import CommandStore
     from warmd.store import SharedCache
 
 STORE_HELP = ("Shared cache URL: redis://[user:password@]host:port/db, rediss:// for TLS, "
@@ -49,10 +49,10 @@ def json_option(func):
 
 def opened_store(config_path: str | None, redis_url: str | None
                  ) -> contextlib.AbstractContextManager[SharedCache]:
-    """The daemon's shared cache (warmd.cluster.client.command_store: never started here),
+    """The daemon's shared cache (warmd.cluster.command_store: never started here),
     open, with the daemon's namespace and signing key. Exit 1 with one line when there is
     none, when it is unreachable, or when a store command fails."""
-    from warmd.cluster.client import command_store
+    from warmd.cluster.command_store import command_store
 
     return opened(command_store(config_path, redis_url))
 

@@ -21,7 +21,7 @@ def stats(config_path, redis_url, as_json) -> None:
     that used the store, summed per machine since the store began (`warmd status` sums
     each selected node's last warmup instead), and the store's size and capacity."""
     from warmd.cli.status_view import store_lines
-    from warmd.cluster.client import command_store, store_size
+    from warmd.cluster.command_store import command_store, store_size
     from warmd.store import admin
 
     target = command_store(config_path, redis_url)
