@@ -18,12 +18,12 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from warmd import settings
+from warmd import knobs
 
 # What warmd, the engines and their libraries write under HOME when nothing says otherwise:
 # warmd's state dir, vLLM's cache root (DeepGEMM's cache and staging under it), FlashInfer's
 # workspace, DeepGEMM's own default, Triton's cache, torch's extension/kernel caches, CUDA's
-# compute cache. tests/test_suite_isolation.py holds this list to settings.KNOBS' defaults.
+# compute cache. tests/test_suite_isolation.py holds this list to knobs.KNOBS' defaults.
 WATCHED = (".cache/warmd", ".cache/vllm", ".cache/sglang", ".cache/flashinfer", ".cache/torch",
            ".cache/torch_extensions", ".deep_gemm", ".triton", ".nv")
 # What a daemon the user runs meanwhile (the Quickstart's `warmd start`) keeps writing: its
@@ -48,7 +48,7 @@ class PrivateHome:
 def redirected_variables() -> tuple[str, ...]:
     """Every variable naming a directory under HOME: unset in the suite, so that each one
     takes its default under the private HOME."""
-    paths = tuple(k.env for k in settings.KNOBS if k.kind == settings.PATH)
+    paths = tuple(k.env for k in knobs.KNOBS if k.kind == knobs.PATH)
     return tuple(dict.fromkeys((*paths, *XDG, *TOOL_PATHS)))
 
 

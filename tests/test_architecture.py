@@ -124,7 +124,7 @@ def test_the_cli_is_on_top_and_click_only_in_it():
     assert _importers("warmd.cli") == {"warmd.__main__"}
     assert {n for n, (_, every) in IMPORTS.items() if "click" in every
             and not _in(n, "warmd.cli")} == set()
-    assert "click" not in IMPORTS["warmd.config"][1]  # pure data and validation
+    assert "click" not in imports_of("warmd.config")  # pure data and validation
 
 
 def test_the_daemon_sits_above_the_warmup_and_the_warmup_above_its_stages():
@@ -187,3 +187,13 @@ def test_the_request_is_data_the_engines_read_without_the_planner():
 
 def test_the_probes_are_below_the_library_registry():
     assert {m for m in IMPORTS["warmd.probes"][1] if _in(m, "warmd.libraries")} == set()
+
+
+MAX_MODULE_LINES = 450
+
+
+def test_no_module_is_longer_than_the_bound():
+    """A module over the bound holds more than one idea: split it along them."""
+    long = {name: n for name, path in MODULES.items()
+            if (n := len(path.read_text().splitlines())) > MAX_MODULE_LINES}
+    assert not long, long

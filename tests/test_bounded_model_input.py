@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from warmd.config import MAX_CONFIG_FILE_BYTES, MAX_YAML_NODES
+from warmd.config.load import MAX_CONFIG_FILE_BYTES, MAX_YAML_NODES
 from warmd.examples import resolve_model_path
-from warmd.models import FIELD_BOUNDS, MAX_CONFIG_BYTES, model_shapes
+from warmd.models import model_shapes
+from warmd.models.config_json import FIELD_BOUNDS, MAX_CONFIG_BYTES
 
 DEEP = 100_000
 

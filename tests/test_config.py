@@ -12,16 +12,9 @@ import yaml
 from click.testing import CliRunner
 
 from warmd.cli import main
-from warmd.config import (
-    DEFAULT_CONFIG,
-    NodeSelector,
-    WarmdConfig,
-    expand_path,
-    load_config,
-    parse_config,
-    read_config_file,
-    schema_keys,
-)
+from warmd.config import DEFAULT_CONFIG, NodeSelector, expand_path, schema_keys
+from warmd.config.load import load_config, read_config_file
+from warmd.config.parse import config_from_json, parse_config
 from warmd.errors import WarmdInputError
 
 MINIMAL = {"models": [{"path": "llama-3.1-8b"}]}
@@ -170,10 +163,10 @@ def test_json_roundtrip_and_work_hash():
     config = parse_config({"models": [{"path": "llama-3.1-8b", "with": ["flashinfer"]}],
                            "redis": {"url": "redis://w:s3cret@h:1/0"},
                            "nodes": {"labels": {"a": "b"}}})
-    assert WarmdConfig.from_json(config.to_json()) == config
+    assert config_from_json(config.to_json()) == config
     public = config.public_json()
     assert public["redis"]["url"] == "redis://w:***@h:1/0" and "s3cret" not in str(public)
-    assert WarmdConfig.from_json(public).work_hash() == config.work_hash()
+    assert config_from_json(public).work_hash() == config.work_hash()
 
     def variant(**changes) -> str:
         data = config.to_json()
@@ -182,7 +175,7 @@ def test_json_roundtrip_and_work_hash():
                 data["models"][0].update(values)
             else:
                 data[section].update(values)
-        return WarmdConfig.from_json(data).work_hash()
+        return config_from_json(data).work_hash()
 
     base = config.work_hash()
     assert variant(agent={"heartbeat_seconds": 9, "metrics_port": 1}) == base

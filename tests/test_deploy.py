@@ -27,15 +27,15 @@ import yaml
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from warmd import settings
+from warmd import knobs, settings
 from warmd.cli import main
 from warmd.cluster.state import NodeState, node_records
-from warmd.config import parse_config
+from warmd.config.parse import parse_config
 from warmd.store import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
-SETTINGS = (ROOT / "warmd" / "settings.py").read_text()
+SETTINGS = (ROOT / "warmd" / "knobs.py").read_text()
 _SEPARATORS = {";", "&&", "||", "|", "&", "then", "do", "else", "fi", "done", "(", ")"}
 
 
@@ -236,7 +236,7 @@ def test_the_engines_environment_resolves_to_the_directories_the_agent_fills(kub
             version, _ = resolve_version(request.engine, request.engine_version)
             engine = resolve(request.engine, {**env, **dict(request.engine_env or ())}, None,
                              version)
-            with settings.scoped_env(node_env(config)):  # the agent's environment
+            with knobs.scoped_env(node_env(config)):  # the agent's environment
                 agent = process_cache_dirs(request.engine, version, request.engine_env or ())
             assert agent.directories() == engine.directories(), model.name
             for directory in engine.directories().values():

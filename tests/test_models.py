@@ -13,7 +13,8 @@ import pytest
 
 from warmd.errors import WarmdInputError
 from warmd.examples import resolve_model_path
-from warmd.models import model_shapes, parse_quantization
+from warmd.models import model_shapes
+from warmd.models.quantization import parse_quantization
 
 
 def shapes(model: str, tp: int = 1, ep: int = 1, quantization: str | None = None) -> dict:

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from warmd import settings
-from warmd.config import parse_config
+from warmd import knobs, settings
+from warmd.config.parse import parse_config
 from warmd.errors import WarmdInputError
 from warmd.kernels.selection import ALL_KERNELS
 from warmd.libraries import (
@@ -42,13 +42,13 @@ def test_every_knob_is_in_the_readme_table_and_nothing_else_is():
     rows = [line for line in section.splitlines() if line.startswith("| `")]
     documented = {name for row in rows for name in re.findall(r"`([A-Z][A-Z0-9_]+)`",
                                                               row.split(" | ")[0])}
-    assert documented == {knob.env for knob in settings.KNOBS}
+    assert documented == {knob.env for knob in knobs.KNOBS}
 
 
 def test_no_environment_read_outside_the_knob_table():
     offenders = []
     for path in sorted((ROOT / "warmd").rglob("*.py")):
-        if path.name == "settings.py" and path.parent.name == "warmd":
+        if path.name == "knobs.py" and path.parent.name == "warmd":
             continue
         for number, line in enumerate(path.read_text().splitlines(), 1):
             if _READ.search(line):
@@ -72,13 +72,13 @@ def test_knob_types_and_defaults(monkeypatch, tmp_path):
         monkeypatch.setenv("WARMD_REDIS_TIMEOUT", bad)
         with pytest.raises(WarmdInputError, match="WARMD_REDIS_TIMEOUT must be a positive"):
             settings.redis_timeout()
-    assert settings.get("WARMD_COMPILE_NICE") == 10
+    assert knobs.get("WARMD_COMPILE_NICE") == 10
     monkeypatch.setenv("WARMD_COMPILE_NICE", "0")
-    assert settings.get("WARMD_COMPILE_NICE") == 0  # a whole number: 0 means no nice
+    assert knobs.get("WARMD_COMPILE_NICE") == 0  # a whole number: 0 means no nice
     for bad in ("-1", "2.5", "low"):
         monkeypatch.setenv("WARMD_COMPILE_NICE", bad)
         with pytest.raises(WarmdInputError, match="WARMD_COMPILE_NICE must be a whole"):
-            settings.get("WARMD_COMPILE_NICE")
+            knobs.get("WARMD_COMPILE_NICE")
     monkeypatch.setenv("WARMD_DISABLED_KERNELS", " A, ,B")
     monkeypatch.setenv("VLLM_DISABLED_KERNELS", "C")  # the engine's: warmd.engines
     assert settings.disabled_kernels() == {"A", "B"}
@@ -98,9 +98,9 @@ def test_knob_types_and_defaults(monkeypatch, tmp_path):
 
 
 def test_code_reads_a_named_knob_through_its_accessor():
-    """settings.get(ENV) with the name written out belongs in settings.py (the accessor);
+    """knobs.get(ENV) with the name written out belongs in settings.py (the accessor);
     elsewhere get() takes names held as data (a library's cache root)."""
-    literal = re.compile(r"settings\.get\(\s*[\"']")
+    literal = re.compile(r"knobs\.get\(\s*[\"']")
     offenders = [f"{path.relative_to(ROOT)}:{number}"
                  for path in sorted((ROOT / "warmd").rglob("*.py"))
                  for number, line in enumerate(path.read_text().splitlines(), 1)
@@ -166,7 +166,7 @@ def test_registry_names_every_library_once_with_its_parts():
         assert bool(library.kernels) == library.plans_tasks
         assert library.executor is None or callable(resolve(library.executor))
         assert library.worker_env is None or callable(resolve(library.worker_env))
-        assert all(root.env in {k.env for k in settings.KNOBS} for root in library.roots)
+        assert all(root.env in {k.env for k in knobs.KNOBS} for root in library.roots)
         assert probe_names()[:len(LIBRARIES)] == tuple(LIBRARIES)
     assert check_library_name("DeepGEMM") == "deep_gemm"
     assert display_name("sgl_kernel") == "sgl-kernel"  # a helper probe, not registered
@@ -193,12 +193,13 @@ def _loaded_after_import(imports: str, watched: tuple[str, ...]) -> list[str]:
 
 
 def test_registering_imports_no_gpu_library():
-    assert _loaded_after_import("warmd.libraries, warmd.kernels.selection, warmd.config",
+    assert _loaded_after_import("warmd.libraries, warmd.kernels.selection, warmd.config.load",
                                 ("torch", "flashinfer", "deep_gemm", "ray")) == []
 
 
 def test_config_imports_no_cli_and_no_cluster():
-    assert _loaded_after_import("warmd.config", ("click", "warmd.cluster.work", "warmd.cli")) == []
+    assert _loaded_after_import("warmd.config.load",
+                                ("click", "warmd.cluster.work", "warmd.cli")) == []
 
 
 def test_overlapping_scopes_of_two_threads_keep_the_variable_until_the_last_closes(
@@ -216,14 +217,14 @@ def test_overlapping_scopes_of_two_threads_keep_the_variable_until_the_last_clos
     seen = {}
 
     def first():
-        with settings.scoped_env(env):
+        with knobs.scoped_env(env):
             first_in.set()
             second_in.wait(5)
         first_out.set()
 
     def second():
         first_in.wait(5)
-        with settings.scoped_env(dict(env)):
+        with knobs.scoped_env(dict(env)):
             second_in.set()
             first_out.wait(5)
             seen["namespace"] = settings.namespace()
@@ -239,7 +240,7 @@ def test_overlapping_scopes_of_two_threads_keep_the_variable_until_the_last_clos
 
 
 def test_a_nested_scope_gives_back_the_outer_value():
-    with settings.scoped_env({"WARMD_NAMESPACE": "outer"}):
-        with settings.scoped_env({"WARMD_NAMESPACE": "inner"}):
+    with knobs.scoped_env({"WARMD_NAMESPACE": "outer"}):
+        with knobs.scoped_env({"WARMD_NAMESPACE": "inner"}):
             assert settings.namespace() == "inner"
         assert settings.namespace() == "outer"

@@ -12,7 +12,7 @@ from pathlib import Path
 import private_home
 import pytest
 
-from warmd import settings
+from warmd import knobs, settings
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
@@ -36,8 +36,8 @@ def test_every_default_cache_under_home_is_watched(monkeypatch, tmp_path):
     for name in private_home.redirected_variables():
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))
-    for knob in settings.KNOBS:
-        default = knob.get() if knob.kind == settings.PATH else None
+    for knob in knobs.KNOBS:
+        default = knob.get() if knob.kind == knobs.PATH else None
         if default is None or not Path(default).is_relative_to(tmp_path):
             continue
         rel = Path(default).relative_to(tmp_path)

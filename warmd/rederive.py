@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from warmd import settings
+from warmd import knobs, settings
 from warmd.cache.artifacts import check_artifact
 from warmd.cache.base import CacheAdapter, CacheEntry, UnsafeArtifact
 from warmd.cache.rederived import (
@@ -208,7 +208,7 @@ class Rederiver:
             self._thread.join(timeout=30)
 
     def _loop(self) -> None:
-        with settings.scoped_env(self.env):
+        with knobs.scoped_env(self.env):
             caches = self._caches()
             while not self._stop.is_set():
                 try:

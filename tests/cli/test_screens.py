@@ -62,7 +62,7 @@ def test_status_at_80_columns_keeps_names_ips_and_reasons_whole():
 
 
 def test_warmup_summary_at_80_columns_wraps_reasons_whole(monkeypatch):
-    from warmd.cli.warmup import summary_text
+    from warmd.cli.warmup_view import summary_text
     from warmd.stats import Counters
 
     monkeypatch.setenv("COLUMNS", str(WIDTH))

@@ -285,8 +285,8 @@ def test_store_commands_start_no_server_and_say_how_to_get_one(state_dir, tmp_pa
 
 def test_store_commands_read_the_config_and_the_running_daemons_store(url, state_dir,
                                                                       tmp_path, monkeypatch):
-    from warmd.cluster import client
-    from warmd.config import load_config
+    from warmd.cluster.command_store import record_store
+    from warmd.config.load import load_config
 
     _fill(url, tmp_path)
     config = _config_file(tmp_path, url)
@@ -298,7 +298,7 @@ def test_store_commands_read_the_config_and_the_running_daemons_store(url, state
     monkeypatch.delenv("WARMD_CONFIG")
     run("cache", "stats", code=1)  # no daemon: the embedded default, not running
     # what `warmd start --config` records: the store the daemon runs with
-    client._record_store(load_config(config), url, embedded=False)
+    record_store(load_config(config), url, embedded=False)
     recorded = state_dir / "daemon.json"
     assert recorded.stat().st_mode & 0o777 == 0o600  # the URL may hold a password
     assert json.loads(run("cache", "stats", "--json").output)["totals"]["compiled"] == 6
@@ -324,22 +324,23 @@ def test_store_commands_take_the_configs_namespace_and_signing_key(url, state_di
 
 
 def test_stop_ends_the_embedded_server_warmd_started_not_the_users(state_dir):
-    from warmd.cluster import client
-    from warmd.config import load_config
+    from warmd.cluster.client import effective_redis_url
+    from warmd.cluster.local_head import stop_local_services
+    from warmd.config.load import load_config
     from warmd.store import StartedBy, embedded_status, ensure_embedded, stop_embedded
 
     config = load_config()  # the embedded default: redis.url null
     try:
         ensure_embedded(started_by=StartedBy.WARMUP)  # a warmup's, then the daemon's
-        url, embedded = client.effective_redis_url(config)
+        url, embedded = effective_redis_url(config)
         assert embedded and embedded_status().url == url
-        assert client.stop_local_services() == ["embedded Redis (data kept)"]
+        assert stop_local_services() == ["embedded Redis (data kept)"]
         assert embedded_status() is None
 
         started = json.loads(run("cache", "server", "start", "--json").output)
         assert started["started_by"] == "warmd cache server start"
-        client.effective_redis_url(config)
-        assert client.stop_local_services() == []  # the user's: it stays up
+        effective_redis_url(config)
+        assert stop_local_services() == []  # the user's: it stays up
         assert embedded_status().pid == started["pid"]
     finally:
         stop_embedded()

@@ -13,12 +13,12 @@ import urllib.request
 import pytest
 
 from warmd.cluster import state as st
-from warmd.cluster.client import reachable, resolve_address
+from warmd.cluster.address import reachable, resolve_address
 from warmd.cluster.logs import node_logger
 from warmd.cluster.nodes import RayNode, wanted_nodes
 from warmd.cluster.state import NodeState, node_records
 from warmd.cluster.work import NodeWarm, summarize, warm_node
-from warmd.config import parse_config
+from warmd.config.parse import parse_config
 from warmd.errors import WarmdInputError
 from warmd.store import free_port, layout, start_server
 

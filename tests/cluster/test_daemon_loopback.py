@@ -15,7 +15,7 @@ pytest.importorskip("ray")
 from cluster_support import private_machine, warmd  # noqa: E402
 from listening import is_loopback, listening, processes_with_env  # noqa: E402
 
-from warmd.cluster.client import head_launch  # noqa: E402
+from warmd.cluster.local_head import head_launch  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from warmd.config import parse_config
+from warmd.config.parse import parse_config
 from warmd.engines.cache_dirs import UnresolvedCacheDir, resolve
 from warmd.errors import WarmdInputError
 from warmd.plan import PlanRequest, make_plan

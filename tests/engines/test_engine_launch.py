@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from warmd.engines.decide import sglang_fast_max, sglang_m_max
+from warmd.engines.decide_sglang import sglang_fast_max, sglang_m_max
 from warmd.engines.launch import launch_request, parse_launch
 from warmd.engines.versions import parse_version, resolve_version
 from warmd.errors import WarmdInputError
@@ -367,7 +367,7 @@ def test_bad_engine_variable_is_bad_input():
 
 
 def test_warmd_yaml_engine_command_and_env():
-    from warmd.config import parse_config
+    from warmd.config.parse import parse_config
 
     command = (f"vllm serve {model('qwen3-30b-a3b-fp8')} -tp 2 -dp 2 --enable-expert-parallel"
                " --max-num-batched-tokens 2048")
@@ -493,11 +493,11 @@ def test_every_rule_has_a_digest_of_the_followed_release_and_a_row_in_the_docs()
 
 
 def test_engine_variables_are_knobs_of_the_one_table():
-    from warmd import settings
+    from warmd import knobs
     from warmd.engines.environment import ALIASES, BY_NAME
 
-    assert set(settings.ENGINE_KERNEL_ENV) == set(BY_NAME) | set(ALIASES)
-    assert set(settings.ENGINE_KERNEL_ENV) <= {knob.env for knob in settings.KNOBS}
+    assert set(knobs.ENGINE_KERNEL_ENV) == set(BY_NAME) | set(ALIASES)
+    assert set(knobs.ENGINE_KERNEL_ENV) <= {knob.env for knob in knobs.KNOBS}
 
 
 def test_linear_backend_keeps_its_kernels_where_it_has_some():

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from wheels import unpacked_site
 
-from warmd import settings
+from warmd import knobs, settings
 from warmd.libraries import probe_library
 from warmd.libraries.deep_gemm import deep_jit
 from warmd.libraries.deep_gemm.cache import (
@@ -281,8 +281,8 @@ def test_every_variable_that_moves_deep_jits_flags_is_in_the_fingerprint(dg023, 
     dumps = {"JIT_DUMP_ASM", "JIT_DUMP_PTX", "JIT_DUMP_SASS"}  # extra files, same flags
     assert read - dumps == set(deep_jit.FLAG_ENV)
     for name in deep_jit.FLAG_ENV:
-        assert {f"DG_{name}", f"DJ_{name}"} <= set(settings.DEEP_GEMM_KEY_ENV)
-    for name in settings.DEEP_GEMM_KEY_ENV:
+        assert {f"DG_{name}", f"DJ_{name}"} <= set(knobs.DEEP_GEMM_KEY_ENV)
+    for name in knobs.DEEP_GEMM_KEY_ENV:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("DJ_JIT_WITH_LINEINFO", "1")
     on_path(dg023)
@@ -349,9 +349,9 @@ def test_the_fingerprint_holds_only_what_each_generations_key_reads(dg023, dg014
     from warmd.libraries.deep_gemm.cache import key_env
     from warmd.libraries.deep_gemm.install import NVCC_JIT_KEY_ENV
 
-    assert set(settings.DEEP_GEMM_KEY_ENV) == {*NVCC_JIT_KEY_ENV, *(
+    assert set(knobs.DEEP_GEMM_KEY_ENV) == {*NVCC_JIT_KEY_ENV, *(
         f"{p}_{n}" for p in ("DG", "DJ") for n in deep_jit.KEYED_ENV)}
-    for name in settings.DEEP_GEMM_KEY_ENV:
+    for name in knobs.DEEP_GEMM_KEY_ENV:
         monkeypatch.delenv(name, raising=False)
 
     def fingerprint(site: Path, **env: str) -> dict:

@@ -184,7 +184,7 @@ def test_terminal_progress_has_a_live_line_per_build_and_failures_on_their_own_l
 
     from rich.console import Console
 
-    from warmd.cli.warmup import WarmupDisplay
+    from warmd.cli.warmup_view import WarmupDisplay
     from warmd.executors.base import KernelOutcome, TaskResult
     from warmd.warmup import TaskReport
 

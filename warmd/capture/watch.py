@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from warmd import settings
+from warmd import knobs
 from warmd.cache.base import CacheAdapter, CacheEntry, UnsafeArtifact
 from warmd.cache.records import recorded_entries
 from warmd.capture.scope import CaptureScope, adapters_for
@@ -163,7 +163,7 @@ class Capture:
 
     def _run(self) -> None:
         try:
-            with settings.scoped_env(self.env):
+            with knobs.scoped_env(self.env):
                 for watched in self._watched:
                     if self._stop.is_set():
                         return
@@ -211,7 +211,7 @@ class Capture:
             if self._stop.is_set():
                 return
             try:
-                with settings.scoped_env(self.env):
+                with knobs.scoped_env(self.env):
                     self.scan()
             except Exception:  # a capture problem must never take the agent down
                 log.exception("capture scan failed")

@@ -20,7 +20,7 @@ from warmd.cli.status_view import (
 )
 from warmd.cluster.state import WARM_STATES, NodeStatus
 from warmd.cluster.status import StatusSnapshot
-from warmd.config import load_config
+from warmd.config.load import load_config
 
 
 class _Seconds(click.ParamType):
@@ -101,6 +101,7 @@ def start(config_path, redis_url, namespace, address, metrics_port, wait, timeou
     address).
     """
     from warmd.cluster import client
+    from warmd.cluster.command_store import config_store
 
     config = _load(config_path, redis_url, namespace, metrics_port)
     began = time.monotonic()
@@ -131,7 +132,7 @@ def start(config_path, redis_url, namespace, address, metrics_port, wait, timeou
         code = 1
     elif wait:
         say(f"waiting for the selected nodes to be warm (at most {timeout:.0f} s)")
-        snap, code = _wait_for_nodes(None, client.config_store(config), timeout,
+        snap, code = _wait_for_nodes(None, config_store(config), timeout,
                                      started.address, interval=0.25,
                                      progress=None if as_json else _node_progress())
         if code == 0 and not snap.nodes:  # the current config selects no node after all
@@ -239,9 +240,9 @@ def status(address, config_path, redis_url, namespace, as_json, watch, interval,
     --fail-on-runtime-jit, when a node compiled a kernel after READY: a warm miss, which
     `runtime JIT` shows per node). --watch ends on Ctrl-C (exit 130) or SIGTERM (exit 143).
     """
-    from warmd.cluster import client
+    from warmd.cluster.command_store import command_store
 
-    store = client.command_store(config_path, redis_url, namespace)
+    store = command_store(config_path, redis_url, namespace)
     if not watch:
         code = _show_status(address, store, as_json, watch=False,
                             fail_on_runtime_jit=fail_on_runtime_jit)
@@ -333,12 +334,12 @@ def wait_ready(address, node_id, all_nodes, timeout, config_path, redis_url, nam
     reachable). Exit code 0 when warm, 1 when a node FAILED, the config selects no node or
     the time ran out.
     """
-    from warmd.cluster import client
+    from warmd.cluster.command_store import command_store
     from warmd.errors import WarmdInputError
 
     if node_id and all_nodes:
         raise WarmdInputError("use either --node-id or --all, not both")
-    store = client.command_store(config_path, redis_url, namespace)
+    store = command_store(config_path, redis_url, namespace)
     snap, code = _wait_for_nodes(node_id, store, timeout, address, interval=0.5)
     nodes = snap.matching(node_id)
     if code == 0 and nodes:

@@ -64,14 +64,14 @@ def plan(request: PlanRequest, as_json: bool, learned: bool, redis_url: str | No
         return
     render_plan(result, make_console())
     if indexes is not None:
-        from warmd.cli.cache import show_learned
+        from warmd.cli.cache.ls import show_learned
 
         show_learned(indexes, False, "Learned (not planned; installed with the plan)")
 
 
 def _learned(plan_key: str, redis_url: str | None) -> list[dict]:
     """The plan's learned indexes in the shared cache (exit 1 when it cannot be read)."""
-    from warmd.cli.cache import opened_store
+    from warmd.cli.cache.options import opened_store
     from warmd.store import admin
 
     with opened_store(None, redis_url) as store:

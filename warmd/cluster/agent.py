@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 import time
 
-from warmd import settings
+from warmd import knobs, settings
 from warmd.capture.watch import MAX_EVENTS
 from warmd.cluster import ray_api
 from warmd.cluster.decisions import RetryBackoff
@@ -31,6 +31,7 @@ from warmd.cluster.work import (
     warm_node,
 )
 from warmd.config import WarmdConfig
+from warmd.config.parse import config_from_json
 
 RETRY_FIRST, RETRY_MAX = 30.0, 600.0  # seconds before a FAILED node warms again, doubling
 
@@ -39,7 +40,7 @@ def warm_shard(config_json: dict, builder: bool, shard: int, shards: int,
                redis_url: str | None, node_name: str, agent=None,
                serves: bool | None = None) -> dict:
     """One worker's share of the node's warmup (runs as a Ray task on the agent's node)."""
-    config = WarmdConfig.from_json(config_json)
+    config = config_from_json(config_json)
     log = node_logger("worker", ray_api.current_node_id())
 
     def progress(model: str, done: int, total: int) -> None:
@@ -66,7 +67,7 @@ class NodeAgent:
     def __init__(self, node: dict, config_json: dict, redis_url: str | None) -> None:
         self.node_id = node["node_id"]
         self.log = node_logger("agent", self.node_id)
-        self.config = WarmdConfig.from_json(config_json)
+        self.config = config_from_json(config_json)
         self.redis_url = redis_url
         self.target_hash = self.config.work_hash()
         self.node_name = settings.node_name()
@@ -109,7 +110,7 @@ class NodeAgent:
 
     def set_config(self, config_json: dict, redis_url: str | None) -> str:
         """Take a new config; a different work hash means a re-warm (after the current one)."""
-        config = WarmdConfig.from_json(config_json)
+        config = config_from_json(config_json)
         with self._lock:
             changed = config.work_hash() != self.target_hash or redis_url != self.redis_url
             self.config, self.redis_url = config, redis_url
@@ -225,7 +226,7 @@ class NodeAgent:
         visible = {} if builder else {
             "CUDA_VISIBLE_DEVICES": ",".join(map(str, range(self.state.gpus)))}
         try:
-            with settings.scoped_env(visible):
+            with knobs.scoped_env(visible):
                 warm = warm_node(config, builder=builder, redis_url=url,
                                  node_name=self.node_name, warm_only=True, peers=self.peers,
                                  serves=serves)
@@ -279,7 +280,7 @@ class NodeAgent:
 
             if settings.store_is_off(url):
                 return None
-            with settings.scoped_env(env):  # the signing key the warmup used
+            with knobs.scoped_env(env):  # the signing key the warmup used
                 return open_shared_cache(url, target=target, node=self.node_name)
 
         try:

@@ -47,7 +47,7 @@ def check_models(config: WarmdConfig, consequence: str = "", here_only: bool = F
 
 def _readable_here(model) -> bool:
     from warmd.examples import resolve_model_path
-    from warmd.models import load_config as load_model_config
+    from warmd.models.config_json import load_config as load_model_config
 
     try:
         load_model_config(resolve_model_path(model.plan_request().model))

@@ -27,6 +27,7 @@ from warmd.cluster.logs import node_logger
 from warmd.cluster.nodes import RayNode, selection_problem, wanted_nodes
 from warmd.cluster.state import NodeState, node_records
 from warmd.config import WarmdConfig, redact_url
+from warmd.config.parse import config_from_json
 
 HEALTH_TIMEOUT = 3.0
 NODE_POLL_SECONDS = 0.25  # how soon a node that joined gets its agent
@@ -73,7 +74,7 @@ class Controller:
         return self.metrics.endpoint_url(ray_api.current_node_ip())
 
     def _configure(self, config_json: dict, redis_url: str | None) -> None:
-        self.config = WarmdConfig.from_json(config_json)
+        self.config = config_from_json(config_json)
         self.redis_url = redis_url
         self.config_hash = self.config.work_hash()
         self.store = node_records(redis_url, self.config.redis.namespace)
@@ -84,7 +85,7 @@ class Controller:
         """A later `warmd start`: take its config (agents re-warm when the work changed)."""
         with self._lock:
             old = self.config_hash
-            if self.config.redis.namespace != WarmdConfig.from_json(config_json).redis.namespace:
+            if self.config.redis.namespace != config_from_json(config_json).redis.namespace:
                 self.store.delete_daemon()
             self._configure(config_json, redis_url)
             self.info.update(info or {})

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from warmd import settings
+from warmd import knobs, settings
 from warmd.cluster.state import DEGRADED, FAILED, READY
 from warmd.config import ModelConfig, WarmdConfig, expand_path
 from warmd.errors import WarmdInputError
@@ -129,7 +129,7 @@ def node_env(config: WarmdConfig, node_name: str | None = None) -> dict[str, str
         env["WARMD_SIGNING_KEY_FILE"] = expand_path(config.signing_key_file)
     if config.capture.triton_modules:
         env["WARMD_TRITON_MODULES"] = ",".join(config.capture.triton_modules)
-    if node_name and not settings.is_set("WARMD_NODE_NAME"):
+    if node_name and not knobs.is_set("WARMD_NODE_NAME"):
         env["WARMD_NODE_NAME"] = node_name
     return env
 
@@ -177,7 +177,7 @@ def warm_node(config: WarmdConfig, *, builder: bool = False, shard: int = 0, sha
     started = time.monotonic()
     learn = shard == 0 and (not builder if serves is None else serves)
     store = StoreHealth()
-    with settings.scoped_env(node_env(config, node_name)):
+    with knobs.scoped_env(node_env(config, node_name)):
         results, planned = _plan_all(config, builder, shard, shards, progress, workers,
                                      warm_only, not settings.store_is_off(redis_url))
         warm = True

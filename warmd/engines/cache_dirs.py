@@ -233,7 +233,7 @@ def process_cache_dirs(engine: str, version: Version | None,
                        overlay: tuple[tuple[str, str], ...] = ()) -> CacheDirs:
     """The directories the engine reads when started from this process's environment,
     overlaid with ``overlay`` (a warmd.yaml model's `env:`, a serve line's variables)."""
-    from warmd import settings
+    from warmd import knobs
 
-    env = {**settings.present(CACHE_VARIABLES), **dict(overlay)}
-    return resolve(engine, env, settings.home(), version)
+    env = {**knobs.present(CACHE_VARIABLES), **dict(overlay)}
+    return resolve(engine, env, knobs.home(), version)

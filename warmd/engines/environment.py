@@ -78,7 +78,7 @@ _FALSE = ("0", "false", "no", "off")
 
 def process_engine_env() -> dict[str, str]:
     """The engine variables of this process's environment, read through warmd's one knob
-    table (settings.ENGINE_KERNEL_ENV)."""
+    table (knobs.ENGINE_KERNEL_ENV)."""
     from warmd import settings
 
     environ = settings.engine_kernel_env()

@@ -231,7 +231,8 @@ def _quantization(launch: EngineLaunch, model_path: str) -> str | None:
     override; `fp8` on an unquantized checkpoint is vLLM/SGLang's online per-tensor FP8."""
     if launch.quantization is None:
         return None
-    from warmd.models import language_config, load_config
+    from warmd.models import language_config
+    from warmd.models.config_json import load_config
 
     config = language_config(load_config(model_path)[0])
     method = str((config.get("quantization_config") or {}).get("quant_method", "")).lower()

@@ -39,7 +39,7 @@ class Selection:
 
 
 def disabled_kernels_from_env() -> frozenset[str]:
-    """Kernels WARMD_DISABLED_KERNELS names (VLLM_DISABLED_KERNELS: warmd.engines.decide)."""
+    """Kernels WARMD_DISABLED_KERNELS names (VLLM_DISABLED_KERNELS: warmd.engines.decide_vllm)."""
     return settings.disabled_kernels()
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from warmd import settings
+from warmd import knobs
 from warmd.kernels.base import Kernel
 from warmd.probes import LibraryProbe
 
@@ -27,14 +27,14 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class CacheRoot:
     """A directory a library's cache depends on: the engine's variable for it (a knob in
-    settings.KNOBS) and its key under warmd.yaml's ``cache:`` section."""
+    knobs.KNOBS) and its key under warmd.yaml's ``cache:`` section."""
 
     config_key: str
     env: str
 
     def default(self) -> Path:
         """The root as this process's environment sets it (or its default)."""
-        return settings.get(self.env)
+        return knobs.get(self.env)
 
 
 @dataclass(frozen=True)

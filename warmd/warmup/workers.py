@@ -9,7 +9,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from warmd import settings
+from warmd import knobs
 from warmd.errors import WarmdInputError
 from warmd.executors.pool import Worker
 from warmd.tasks import Task
@@ -69,7 +69,7 @@ def start_workers(run: RunState, cold: list[Task]) -> list[Worker]:
             with lock:
                 if not shared_env:
                     env = {**worker_env(run.plan, options, libraries), **extra}
-                    if not settings.is_set("MAX_JOBS"):
+                    if not knobs.is_set("MAX_JOBS"):
                         env["MAX_JOBS"] = per_build  # ninja's own -j, sharing the cores
                     shared_env.append(env)
             return gpu_env(shared_env[0], ids, index)

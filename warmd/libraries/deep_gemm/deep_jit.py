@@ -44,7 +44,7 @@ _PRIMES = (0x100000001b3, 0x9e3779b97f4a7c15)
 PREFIX, FALLBACK_PREFIX = "DG", "DJ"  # DeepGEMM's env prefix; DeepJIT's global one
 INCLUDE_PREFIXES = ("deep_gemm/",)  # the includes whose text is in the key
 # Variables that change DeepJIT's flags (options.hpp default_options), hence every key (each
-# DG_X or DJ_X; settings.DEEP_GEMM_KEY_ENV puts them in the fingerprint).
+# DG_X or DJ_X; knobs.DEEP_GEMM_KEY_ENV puts them in the fingerprint).
 FLAG_ENV = ("JIT_DEBUG", "JIT_PTXAS_VERBOSE", "JIT_CHECK_NO_SPILLS", "JIT_CHECK_NO_LOCAL_MEMORY",
             "JIT_WITH_LINEINFO", "JIT_CPP_STANDARD")
 # ... and the compiler, whose `--version` output is hashed.

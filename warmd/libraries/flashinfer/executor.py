@@ -28,7 +28,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-from warmd import settings
+from warmd import knobs, settings
 from warmd.cache.base import UnsafeArtifact
 from warmd.cache.safe_fs import CacheTree
 from warmd.executors.base import Executor, KernelOutcome, TaskResult
@@ -93,7 +93,7 @@ def curand_include_dir() -> Path | None:
 
 
 def _prepend(env: dict[str, str], var: str, value: str) -> None:
-    current = env.get(var, settings.get(var) or "")
+    current = env.get(var, knobs.get(var) or "")
     env[var] = f"{value}:{current}" if current else value
 
 
@@ -110,7 +110,7 @@ def worker_env(target_arch: str, workspace_base: Path) -> dict[str, str]:
 
     env = {"FLASHINFER_WORKSPACE_BASE": str(workspace_base)}
     home = settings.cuda_home()
-    if not settings.is_set("CUDA_HOME") and (home / "bin" / "nvcc").exists():
+    if not knobs.is_set("CUDA_HOME") and (home / "bin" / "nvcc").exists():
         env["CUDA_HOME"] = str(home)
     wanted = settings.flashinfer_arch_list() or target_arch
     if arch_dir(wanted) not in {arch_dir(g.arch) for g in detect_local_gpus()}:

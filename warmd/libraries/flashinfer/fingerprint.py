@@ -13,11 +13,11 @@ import subprocess
 import sysconfig
 from importlib import metadata
 
-from warmd import settings
+from warmd import knobs, settings
 
 # Env knobs FlashInfer copies into the build commands (but CUDA_HOME/CUDA_PATH enter the
 # fingerprint as the resolved toolkit).
-FINGERPRINT_ENV = tuple(k for k in settings.FLASHINFER_COMMAND_ENV
+FINGERPRINT_ENV = tuple(k for k in knobs.FLASHINFER_COMMAND_ENV
                         if k not in ("CUDA_HOME", "CUDA_PATH"))
 
 # What each fingerprint input is and why FlashInfer's key depends on it (`warmd cache
@@ -64,7 +64,7 @@ def fingerprint_inputs(version: str, arch: str) -> dict:
         "nvcc": _tool_version([str(settings.cuda_home() / "bin" / "nvcc"), "--version"]),
         "cxx": _tool_version([settings.cxx(), "-dumpfullversion"]),
         "ninja": _tool_version([shutil.which("ninja") or "ninja", "--version"]),
-        "env": settings.present(FINGERPRINT_ENV),
+        "env": knobs.present(FINGERPRINT_ENV),
     }
 
 

@@ -2,22 +2,23 @@
 
 Column-parallel layers divide N by TP, row-parallel layers divide K; merged projections
 (qkv, gate_up) are one GEMM; MoE experts split across EP ranks (vLLM runs the experts with
-TP=1 under expert parallelism) or their intermediate size across TP ranks.
+TP=1 under expert parallelism) or their intermediate size across TP ranks. The config.json
+is read and its fields checked by warmd.models.config_json, its quantization by
+warmd.models.quantization.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from warmd import boundedjson
 from warmd.errors import WarmdInputError
+from warmd.models.config_json import int_list, load_config, optional, require, text_field
+from warmd.models.quantization import Quantization, parse_quantization
 
-QUANT_SCHEMES = ("fp8_block", "fp8_tensor", "mxfp8", "bf16")
 DENSE_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 MOE_TYPES = ("qwen3_moe", "mixtral")
 MLA_TYPES = ("deepseek_v3", "deepseek_v2")
@@ -32,29 +33,6 @@ ARCHITECTURES = {
     "Qwen3MoeForCausalLM": "qwen3_moe", "MixtralForCausalLM": "mixtral",
     "DeepseekV3ForCausalLM": "deepseek_v3", "DeepseekV2ForCausalLM": "deepseek_v2",
 }
-
-
-@dataclass(frozen=True)
-class Quantization:
-    scheme: str
-    block: tuple[int, int] | None = None
-    ignored: tuple[str, ...] = ()
-    # FP8 per-tensor weights with static per-tensor activation scales (kFp8StaticTensorSym
-    # for both): what FlashInfer's fused MoE takes besides block FP8.
-    static_activations: bool = False
-
-    def for_layer(self, name: str) -> Quantization:
-        """BF16 for layers a checkpoint leaves unquantized (ignored_layers and the like)."""
-        if self.scheme == "bf16":
-            return self
-        for pattern in self.ignored:
-            if pattern.startswith("re:"):  # compressed-tensors regex entries
-                if re.fullmatch(pattern[3:], name) or re.fullmatch(pattern[3:], f"x.{name}"):
-                    return Quantization("bf16")
-                continue
-            if name == pattern or name.endswith("." + pattern) or pattern.endswith("." + name):
-                return Quantization("bf16")
-        return self
 
 
 @dataclass(frozen=True)
@@ -98,224 +76,6 @@ class ModelShapes:
     num_hidden_layers: int
     config_digest: str = ""  # sha256 of the config.json's content: the model's identity
     dp: int = 1
-
-
-# What a config.json may be: real ones are a few KiB (the largest seen, with label maps, well
-# under 1 MiB) and nest 3 deep (quantization_config.config_groups.group_0.weights).
-MAX_CONFIG_BYTES = 16 * 1024 * 1024
-MAX_CONFIG_DEPTH = 32
-# Each count and size a builder reads, bounded to what real models use with headroom
-# (largest seen in brackets; docs/models.md). Beyond: bad input, refused before planning.
-FIELD_BOUNDS = {
-    "num_hidden_layers": 1024,  # 126 (Llama 3.1 405B)
-    "hidden_size": 131072,  # 18432 (Nemotron-4 340B)
-    "intermediate_size": 1 << 20,  # 73728 (Nemotron-4 340B)
-    "moe_intermediate_size": 1 << 20,  # 2048 (DeepSeek-V3)
-    "num_attention_heads": 1024,  # 128 (DeepSeek-V3, Llama 405B)
-    "num_key_value_heads": 1024,  # 128 (DeepSeek-V3)
-    "head_dim": 4096,  # 256 (Gemma)
-    "num_experts": 4096,  # 512 (Qwen3-Next)
-    "num_local_experts": 4096,
-    "n_routed_experts": 4096,  # 384 (Kimi K2)
-    "num_experts_per_tok": 1024,  # 10 (Qwen3-Next)
-    "n_shared_experts": 1024,  # 2 (DeepSeek-V2)
-    "vocab_size": 1 << 22,  # 262144 (Gemma 3)
-    "kv_lora_rank": 65536,  # 512 (DeepSeek-V3)
-    "q_lora_rank": 65536,  # 1536 (DeepSeek-V3)
-    "qk_nope_head_dim": 65536,
-    "qk_rope_head_dim": 65536,
-    "v_head_dim": 65536,
-}
-DEFAULT_BOUND = 1 << 22  # any other integer field a builder reads
-MAX_LAYER_LIST = FIELD_BOUNDS["num_hidden_layers"]  # mlp_only_layers and the like
-
-
-def load_config(path: str | Path) -> tuple[dict, Path]:
-    """Read a local config.json (a file, or a directory holding one). Never downloads. At
-    most MAX_CONFIG_BYTES, nested at most MAX_CONFIG_DEPTH deep."""
-    p = Path(path).expanduser()
-    if p.is_dir():
-        p = p / "config.json"
-    if not p.exists():
-        raise WarmdInputError(f"model config not found: {p}")
-    try:
-        with p.open("rb") as f:
-            raw = f.read(MAX_CONFIG_BYTES + 1)
-    except OSError as exc:
-        raise WarmdInputError(f"cannot read model config {p}: {exc.strerror or exc}") from None
-    try:
-        data = boundedjson.loads(raw, MAX_CONFIG_BYTES, MAX_CONFIG_DEPTH)
-    except boundedjson.NotJson as exc:
-        raise WarmdInputError(f"model config {p} is not valid JSON: {exc}") from None
-    except boundedjson.JsonRefused as exc:
-        raise WarmdInputError(f"model config {p} refused: {exc}") from None
-    if not isinstance(data, dict):
-        raise WarmdInputError(f"model config {p} must hold a JSON object")
-    return data, p
-
-
-def parse_quantization(config: dict, override: str | None = None) -> Quantization:
-    if override is not None:
-        scheme = override.lower().replace("-", "_")
-        if scheme not in QUANT_SCHEMES:
-            raise WarmdInputError(
-                f"unknown quantization {override!r}; known: {', '.join(QUANT_SCHEMES)}")
-        return Quantization(scheme, (128, 128) if scheme == "fp8_block" else None)
-    qc = config.get("quantization_config")
-    if not qc:
-        return Quantization("bf16")
-    if not isinstance(qc, dict):
-        raise WarmdInputError("quantization_config must be a JSON object")
-    method = str(qc.get("quant_method", "")).lower()
-    algo = str(qc.get("quant_algo", "") or (qc.get("quantization") or {}).get("quant_algo", ""))
-    ignored = _ignored(qc, "ignored_layers", "modules_to_not_convert", "exclude_modules")
-    if method == "fp8":
-        block = qc.get("weight_block_size")
-        scheme = qc.get("activation_scheme", "dynamic")
-        # Fp8Config.__init__: ACTIVATION_SCHEMES, and block weights only with dynamic ones.
-        if scheme not in ("static", "dynamic"):
-            raise WarmdInputError(f"quantization_config activation_scheme must be static or "
-                                  f"dynamic, got {scheme!r}")
-        if block and scheme != "dynamic":
-            raise WarmdInputError("quantization_config: block-wise FP8 (weight_block_size) "
-                                  "takes only the dynamic activation_scheme, as vLLM requires")
-        if block:
-            return Quantization("fp8_block", _block("weight_block_size", block), ignored)
-        # Fp8Config.activation_scheme: "static" scales come with the checkpoint.
-        return Quantization("fp8_tensor", None, ignored,
-                            static_activations=qc.get("activation_scheme") == "static")
-    if method == "mxfp8" or algo.upper() == "MXFP8":
-        return Quantization("mxfp8", (1, 32), ignored)
-    if method == "modelopt" and algo.upper() == "FP8":
-        # ModelOpt FP8: per-tensor weights and static per-tensor input scales.
-        return Quantization("fp8_tensor", None, ignored, static_activations=True)
-    if method == "compressed-tensors":
-        return _compressed_tensors(qc)
-    if method == "fbgemm_fp8":
-        # Per-channel FP8 weights, dynamic per-token activations: vLLM's FBGEMMFp8Config runs
-        # them through the scaled-mm kernels (vllm/model_executor/layers/quantization/
-        # fbgemm_fp8.py), like per-tensor FP8.
-        return Quantization("fp8_tensor", None, ignored)
-    raise WarmdInputError(
-        f"unsupported quantization (quant_method={method or None!r}, quant_algo={algo or None!r});"
-        " supported: fp8 (block or per-tensor), compressed-tensors FP8, fbgemm_fp8, mxfp8,"
-        " modelopt FP8/MXFP8, none (BF16); or pass --quantization")
-
-
-def _block(key: str, block) -> tuple[int, int]:
-    """A weight block size: two positive integers."""
-    if not (isinstance(block, list) and len(block) == 2 and all(
-            isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in block)):
-        raise WarmdInputError(f"quantization_config {key} must be two positive integers, "
-                              f"got {block!r}")
-    return block[0], block[1]
-
-
-def _ignored(qc: dict, *keys: str) -> tuple[str, ...]:
-    for key in keys:
-        value = qc.get(key)
-        if value:
-            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-                raise WarmdInputError(f"quantization_config {key} must be a list of layer "
-                                      f"names, got {value!r}")
-            return tuple(value)
-    return ()
-
-
-def _compressed_tensors(qc: dict) -> Quantization:
-    """compressed-tensors FP8 (W8A8 float): 'tensor' and 'channel' weight strategies run the
-    scaled-mm kernels, 'block' the block-scaled FP8 linear path (DeepGEMM on Hopper), as
-    vLLM's CompressedTensorsW8A8Fp8 scheme dispatches them (vllm/model_executor/layers/
-    quantization/compressed_tensors/schemes/compressed_tensors_w8a8_fp8.py)."""
-    groups = qc.get("config_groups") or {}
-    if not isinstance(groups, dict):
-        raise WarmdInputError("compressed-tensors config_groups must be a JSON object")
-    weights = [g.get("weights") or {} for g in groups.values() if isinstance(g, dict)]
-    if not all(isinstance(w, dict) for w in weights):
-        raise WarmdInputError("compressed-tensors config_groups weights must be JSON objects")
-    ignored = _ignored(qc, "ignore")
-    if not weights:
-        raise WarmdInputError("compressed-tensors quantization_config has no config_groups "
-                              "with weights")
-    kinds = {(w.get("type"), w.get("num_bits"), w.get("strategy")) for w in weights}
-    if len(kinds) != 1:
-        raise WarmdInputError(f"compressed-tensors with mixed weight schemes {sorted(kinds)} "
-                              "is not supported; pass --quantization")
-    kind, bits, strategy = kinds.pop()
-    if kind != "float" or bits != 8:
-        raise WarmdInputError(f"unsupported compressed-tensors weights (type={kind!r}, "
-                              f"num_bits={bits!r}); supported: 8-bit float; or pass "
-                              "--quantization")
-    if strategy in ("tensor", "channel"):
-        inputs = [g.get("input_activations") or {} for g in groups.values()
-                  if isinstance(g, dict)]
-        static = strategy == "tensor" and bool(inputs) and all(
-            isinstance(i, dict) and i.get("dynamic") is False and i.get("strategy") == "tensor"
-            for i in inputs)
-        return Quantization("fp8_tensor", None, ignored, static_activations=static)
-    if strategy == "block":
-        block = weights[0].get("block_structure")
-        return Quantization("fp8_block", _block("block_structure", block), ignored)
-    raise WarmdInputError(f"unsupported compressed-tensors FP8 weight strategy {strategy!r}; "
-                          "supported: tensor, channel, block")
-
-
-def _bounded(key: str, value: int) -> int:
-    bound = FIELD_BOUNDS.get(key, DEFAULT_BOUND)
-    if value > bound:
-        raise WarmdInputError(f"model config field {key!r} is {value}, over warmd's bound of "
-                              f"{bound} (real models stay far below it)")
-    return value
-
-
-def _require(config: dict, *keys: str) -> list[int]:
-    values = []
-    for key in keys:
-        value = config.get(key)
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            raise WarmdInputError(f"model config field {key!r} must be a positive integer, "
-                                  f"got {_short(value)}")
-        values.append(_bounded(key, value))
-    return values
-
-
-def _short(value: object) -> str:
-    """A value as an error line shows it: never more than a line."""
-    text = repr(value)
-    return text if len(text) <= 60 else f"{text[:57]}..."
-
-
-def _optional(config: dict, key: str, default: int, minimum: int = 1) -> int:
-    """An optional integer field: absent or null is the default; anything else must be an
-    integer >= minimum (the engines build the model from it and refuse other values)."""
-    value = config.get(key)
-    if value is None:
-        return default
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        what = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
-        raise WarmdInputError(f"model config field {key!r} must be {what}, "
-                              f"got {_short(value)}")
-    return _bounded(key, value)
-
-
-def _int_list(config: dict, key: str) -> list[int]:
-    value = config.get(key)
-    if value is None:
-        return []
-    if not isinstance(value, list) or len(value) > MAX_LAYER_LIST or not all(
-            isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value):
-        raise WarmdInputError(f"model config field {key!r} must be a list of at most "
-                              f"{MAX_LAYER_LIST} layer indexes, got {_short(value)}")
-    return value
-
-
-def _text_field(config: dict, key: str, default: str) -> str:
-    value = config.get(key)
-    if value is None:
-        return default
-    if not isinstance(value, str) or not value:
-        raise WarmdInputError(f"model config field {key!r} must be a name, got {value!r}")
-    return value
 
 
 def _divide(total: int, parts: int, what: str, flag: str) -> int:
@@ -371,12 +131,12 @@ class _Builder:
 
 
 def _attention_mha(b: _Builder, config: dict, tp: int, times: int) -> None:
-    hidden, heads = _require(config, "hidden_size", "num_attention_heads")
-    kv_heads = _optional(config, "num_key_value_heads", heads)
+    hidden, heads = require(config, "hidden_size", "num_attention_heads")
+    kv_heads = optional(config, "num_key_value_heads", heads)
     if heads % kv_heads:
         raise WarmdInputError(f"model config: num_attention_heads ({heads}) is not a multiple "
                               f"of num_key_value_heads ({kv_heads})")
-    head_dim = _optional(config, "head_dim", hidden // heads)
+    head_dim = optional(config, "head_dim", hidden // heads)
     q_per_rank = _divide(heads, tp, "num_attention_heads", "--tp")
     kv_per_rank = _kv_heads_per_rank(kv_heads, tp)
     b.linear("self_attn.qkv_proj", (q_per_rank + 2 * kv_per_rank) * head_dim, hidden, times)
@@ -387,10 +147,10 @@ def _attention_mha(b: _Builder, config: dict, tp: int, times: int) -> None:
 
 
 def _attention_mla(b: _Builder, config: dict, tp: int, times: int) -> None:
-    hidden, heads, kv_lora, nope, rope, v_dim = _require(
+    hidden, heads, kv_lora, nope, rope, v_dim = require(
         config, "hidden_size", "num_attention_heads", "kv_lora_rank", "qk_nope_head_dim",
         "qk_rope_head_dim", "v_head_dim")
-    q_lora = _optional(config, "q_lora_rank", 0, minimum=0)
+    q_lora = optional(config, "q_lora_rank", 0, minimum=0)
     heads_per_rank = _divide(heads, tp, "num_attention_heads", "--tp")
     if q_lora:
         # q_a and kv_a are merged and replicated on every rank (disable_tp in vLLM).
@@ -458,10 +218,10 @@ def _moe(b: _Builder, hidden: int, experts: int, inter: int, topk: int, tp: int,
 
 def _activation_and_sampling(b: _Builder, config: dict, vocab_tp: int, hidden: int,
                              times: int) -> None:
-    act = _text_field(config, "hidden_act", "") or _text_field(config, "hidden_activation",
+    act = text_field(config, "hidden_act", "") or text_field(config, "hidden_activation",
                                                                 "silu")
     b.add(Layer("mlp.act_fn", "activation", "bf16", params=(("act", act),)), times)
-    vocab = _optional(config, "vocab_size", 0, minimum=0)
+    vocab = optional(config, "vocab_size", 0, minimum=0)
     if vocab > 0:
         padded = -(-vocab // 64) * 64  # vLLM pads the vocabulary to a multiple of 64
         b.linear("lm_head", _divide(padded, vocab_tp, "padded vocab_size", "--tp"), hidden,
@@ -470,7 +230,7 @@ def _activation_and_sampling(b: _Builder, config: dict, vocab_tp: int, hidden: i
 
 
 def _build_dense(b: _Builder, config: dict, tp: int, ep: int) -> int:
-    hidden, inter, n_layers = _require(config, "hidden_size", "intermediate_size",
+    hidden, inter, n_layers = require(config, "hidden_size", "intermediate_size",
                                        "num_hidden_layers")
     _attention_mha(b, config, tp, n_layers)
     _dense_mlp(b, "mlp", hidden, inter, tp, n_layers)
@@ -479,23 +239,23 @@ def _build_dense(b: _Builder, config: dict, tp: int, ep: int) -> int:
 
 
 def _build_moe(b: _Builder, config: dict, tp: int, ep: int) -> int:
-    hidden, n_layers = _require(config, "hidden_size", "num_hidden_layers")
+    hidden, n_layers = require(config, "hidden_size", "num_hidden_layers")
     if config.get("model_type") == "mixtral":
-        experts, inter, topk = _require(config, "num_local_experts", "intermediate_size",
+        experts, inter, topk = require(config, "num_local_experts", "intermediate_size",
                                         "num_experts_per_tok")
         dense_layers = 0
     else:
-        experts, inter, topk = _require(config, "num_experts", "moe_intermediate_size",
+        experts, inter, topk = require(config, "num_experts", "moe_intermediate_size",
                                         "num_experts_per_tok")
-        step = _optional(config, "decoder_sparse_step", 1)
-        mlp_only = set(_int_list(config, "mlp_only_layers"))
+        step = optional(config, "decoder_sparse_step", 1)
+        mlp_only = set(int_list(config, "mlp_only_layers"))
         # Layer i is sparse when (i + 1) % step == 0 and i is not MLP-only (vLLM's
         # Qwen*MoeDecoderLayer): counted, not listed, so planning time is no number's.
         sparse_mlp_only = sum(1 for i in mlp_only if i < n_layers and (i + 1) % step == 0)
         dense_layers = n_layers - (n_layers // step - sparse_mlp_only)
     _attention_mha(b, config, tp, n_layers)
     if dense_layers:
-        _dense_mlp(b, "mlp", hidden, _require(config, "intermediate_size")[0], tp,
+        _dense_mlp(b, "mlp", hidden, require(config, "intermediate_size")[0], tp,
                    dense_layers)
     _moe(b, hidden, experts, inter, topk, tp, ep, n_layers - dense_layers)
     _activation_and_sampling(b, config, tp, hidden, n_layers)
@@ -503,15 +263,15 @@ def _build_moe(b: _Builder, config: dict, tp: int, ep: int) -> int:
 
 
 def _build_mla(b: _Builder, config: dict, tp: int, ep: int) -> int:
-    hidden, n_layers, inter, moe_inter, experts, topk = _require(
+    hidden, n_layers, inter, moe_inter, experts, topk = require(
         config, "hidden_size", "num_hidden_layers", "intermediate_size", "moe_intermediate_size",
         "n_routed_experts", "num_experts_per_tok")
-    first_dense = min(_optional(config, "first_k_dense_replace", 0, minimum=0), n_layers)
-    freq = _optional(config, "moe_layer_freq", 1)
+    first_dense = min(optional(config, "first_k_dense_replace", 0, minimum=0), n_layers)
+    freq = optional(config, "moe_layer_freq", 1)
     # the layers i in [first_dense, n_layers) with i % freq == 0, counted
     moe_layers = max(0, (n_layers - 1) // freq - (first_dense - 1) // freq)
     dense_layers = n_layers - moe_layers
-    shared = _optional(config, "n_shared_experts", 0, minimum=0)
+    shared = optional(config, "n_shared_experts", 0, minimum=0)
     _attention_mla(b, config, tp, n_layers)
     if dense_layers:
         _dense_mlp(b, "mlp", hidden, inter, tp, dense_layers)
