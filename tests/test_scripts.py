@@ -7,6 +7,7 @@ import ast
 import importlib
 import importlib.util
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -39,19 +40,11 @@ def test_every_warmd_name_a_script_imports_exists(script):
             f"{module}.{name}"), f"{script.name}: from {module} import {name}"
 
 
-def _bench():
-    spec = importlib.util.spec_from_file_location(
-        "flashinfer_warm_bench", BENCH / "flashinfer_warm_bench.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_flashinfer_no_rebuild_check_sees_every_kind_of_change(tmp_path):
     """The GPU benchmark's proof of "no rebuild" is a before/after snapshot of node B's
     workspace: a touched file, a new object, a new ninja log line and FlashInfer's own
     "Building JIT module" line must each show."""
-    bench = _bench()
+    bench = _script("flashinfer_warm_bench")
     ops = tmp_path / ".cache" / "flashinfer" / "0.7.4" / "90a"
     module = ops / "cached_ops" / "silu_and_mul"
     module.mkdir(parents=True)
@@ -78,10 +71,29 @@ def test_flashinfer_no_rebuild_check_sees_every_kind_of_change(tmp_path):
 
 
 def _script(name: str):
+    """A bench script loaded as `python scripts/bench/NAME.py` loads it: with its folder on
+    sys.path, where the modules it shares with the other scripts are (step_runner)."""
     spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    sys.path.insert(0, str(BENCH))
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(BENCH))
     return module
+
+
+def test_a_bench_step_keeps_the_json_it_printed_or_the_tails_of_its_output():
+    run_step = _script("step_runner").run_step
+    env = dict(os.environ)
+    rc, printed = run_step([sys.executable, "-c", "print('{\"a\": 1}')"], env, 60, 10, 2)
+    assert rc == 0 and printed == {"json": {"a": 1}, "stderr_tail": []}
+    code = "import sys; print('x' * 50); sys.stderr.write('1\\n\\n2\\n \\n3\\n'); sys.exit(3)"
+    rc, printed = run_step([sys.executable, "-c", code], env, 60, 10, 2)
+    assert rc == 3 and printed == {"stdout_tail": "x" * 9 + "\n", "stderr_tail": ["2", "3"]}
+    code = "import time; print('started', flush=True); time.sleep(60)"
+    rc, printed = run_step([sys.executable, "-c", code], env, 2, 100, 2)
+    assert rc == "timeout" and printed["stdout_tail"] == "started\n"
 
 
 def test_store_fetch_bench_runs_against_a_real_server(tmp_path):

@@ -8,6 +8,10 @@ import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # not imported at run time: engine stand-in processes import this module
+    from warmd.capture.watch import Capture, RuntimeJit
 
 
 @contextlib.contextmanager
@@ -46,6 +50,19 @@ def compile_add(cache_dir: Path, block: int = 128, module: str = "tests.triton_k
         started = time.perf_counter()
         triton.compile(source, target=GPUTarget("cuda", 90, 32))
         return time.perf_counter() - started
+
+
+def capture_compile_add(capture: Capture, cache_dir: Path) -> RuntimeJit:
+    """Start `capture`, compile the add kernel into cache_dir and return the one event the
+    capture's scan then reports; the capture is stopped again either way."""
+    capture.start()
+    assert capture.wait_started(60)
+    try:
+        compile_add(cache_dir)
+        (event,) = capture.scan()
+    finally:
+        capture.stop()
+    return event
 
 
 def compile_flashinfer_rms_norm(cache_dir: Path) -> None:

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import click
+from step_runner import run_step
 
 MODELS = {
     "qwen": ["--model", "qwen3-30b-a3b-fp8"],
@@ -60,23 +61,12 @@ class Bench:
         before = _entries(root)
         self.log(f"RUN  {name}: {' '.join(argv)}  (DG_JIT_CACHE_DIR={cache})")
         began = time.monotonic()
-        try:
-            proc = subprocess.run(argv, env=self.env(cache), cwd=ROOT, capture_output=True,
-                                  text=True, timeout=max(10.0, self.left() - 10))
-            rc, stdout, stderr = proc.returncode, proc.stdout, proc.stderr
-        except subprocess.TimeoutExpired as exc:
-            rc, stdout = "timeout", _text(exc.stdout)
-            stderr = _text(exc.stderr)
+        rc, printed = run_step(argv, self.env(cache), max(10.0, self.left() - 10), 2000, 12)
         wall = round(time.monotonic() - began, 2)
         after = _entries(root)
         row = {"argv": argv, "cache": cache, "rc": rc, "wall_s": wall,
                "entries_before": len(before), "entries_after": len(after),
-               "new_entries": len(after - before)}
-        try:
-            row["json"] = json.loads(stdout)
-        except ValueError:
-            row["stdout_tail"] = stdout[-2000:]
-        row["stderr_tail"] = [ln for ln in stderr.splitlines() if ln.strip()][-12:]
+               "new_entries": len(after - before), **printed}
         self.summary["steps"][name] = row
         self.save()
         self.log(f"DONE {name}: rc={rc} wall={wall}s new_entries={row['new_entries']} "
@@ -111,12 +101,6 @@ class Bench:
         argv = [sys.executable, "scripts/bench/deepgemm_sweep.py", *MODELS[model], *self.plan_args,
                 "--json"]
         return self.run(name, argv, str(cache), need)
-
-
-def _text(value) -> str:
-    if value is None:
-        return ""
-    return value.decode(errors="replace") if isinstance(value, bytes) else value
 
 
 def _entries(root: Path) -> set[str]:
@@ -220,6 +204,29 @@ def colon_path_check(bench: Bench, base: Path, need: float) -> None:
                   f"entries={row['literal_entries']} front={row['front_entries']}")
 
 
+# Each model's cold warmup with 4 workers, sweep and warm rerun: the seconds each needs.
+MODEL_NEEDS = {"qwen": {"cold_w4": 60, "sweep": 25, "warm": 20},
+               "dsv3": {"cold_w4": 120, "sweep": 35, "warm": 25}}
+MODEL_STEPS = {f"{model}_{stage}" for model, needs in MODEL_NEEDS.items() for stage in needs}
+
+
+def model_step(bench: Bench, step: str, model: str, stage: str, cache: Path,
+               ok: dict[str, bool]) -> None:
+    """One of a model's steps; the sweep and the warm rerun only after a good cold warmup
+    (ok[model]), which also describes the cache it made."""
+    need = MODEL_NEEDS[model][stage]
+    if stage == "cold_w4":
+        ok[model] = _fine(bench.warmup(step, model, cache, 4, need=need))
+        if ok[model]:
+            describe_cache(bench, cache)
+    elif not ok.get(model):
+        return
+    elif stage == "sweep":
+        bench.sweep(step, model, cache, need=need)
+    else:
+        bench.warmup(step, model, cache, 1, need=need)
+
+
 STEPS = ("info", "qwen_cold_w4", "pack", "qwen_sweep", "qwen_warm", "dsv3_cold_w4",
          "dsv3_sweep", "dsv3_warm", "speedup_w4", "colon_path", "speedup_w1",
          "qwen_cold_w1")
@@ -270,24 +277,12 @@ def main(out: Path, work: Path, budget: float, max_tokens: int, speedup_tokens: 
                 bench.summary.setdefault("plans", {})[model] = rows
                 bench.log(f"plan {model}: {len(rows)} DeepGEMM tasks: {rows}")
             bench.save()
-        elif step == "qwen_cold_w4":
-            ok["qwen"] = _fine(bench.warmup(step, "qwen", q4, 4, need=60))
-            if ok["qwen"]:
-                describe_cache(bench, q4)
+        elif step in MODEL_STEPS:
+            model, stage = step.split("_", 1)
+            cache = {"qwen": q4, "dsv3": d4}[model]
+            model_step(bench, step, model, stage, cache, ok)
         elif step == "pack" and ok.get("qwen"):
             pack_samples(bench, q4)
-        elif step == "qwen_sweep" and ok.get("qwen"):
-            bench.sweep(step, "qwen", q4, need=25)
-        elif step == "qwen_warm" and ok.get("qwen"):
-            bench.warmup(step, "qwen", q4, 1, need=20)
-        elif step == "dsv3_cold_w4":
-            ok["dsv3"] = _fine(bench.warmup(step, "dsv3", d4, 4, need=120))
-            if ok["dsv3"]:
-                describe_cache(bench, d4)
-        elif step == "dsv3_sweep" and ok.get("dsv3"):
-            bench.sweep(step, "dsv3", d4, need=35)
-        elif step == "dsv3_warm" and ok.get("dsv3"):
-            bench.warmup(step, "dsv3", d4, 1, need=25)
         elif step == "speedup_w4":
             ok["speedup"] = _fine(bench.warmup(step, "qwen", work / "speedup-w4", 4, need=40,
                                                max_tokens=speedup_tokens))

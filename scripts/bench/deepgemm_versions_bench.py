@@ -28,10 +28,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from step_runner import run_step
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "tests/data/models/qwen3-235b-a22b-fp8"
@@ -67,23 +68,14 @@ class Bench:
         before = entries(cache)
         self.log(f"RUN  {name}: {' '.join(argv)}")
         began = time.monotonic()
-        try:
-            proc = subprocess.run([sys.executable, *argv], env=env, cwd=ROOT,
-                                  capture_output=True, text=True,
-                                  timeout=max(10.0, self.left() - 5))
-            rc, stdout, stderr = proc.returncode, proc.stdout, proc.stderr
-        except subprocess.TimeoutExpired as exc:
-            rc, stdout, stderr = "timeout", _text(exc.stdout), _text(exc.stderr)
+        rc, printed = run_step([sys.executable, *argv], env, max(10.0, self.left() - 5), 2000,
+                               12)
         row: dict = {"argv": argv, "pythonpath": pythonpath, "rc": rc,
                      "wall_s": round(time.monotonic() - began, 2)}
         if cache is not None:
             after = entries(cache)
             row.update(cache=str(cache), new_entries=len(after - before))
-        try:
-            row["json"] = json.loads(stdout)
-        except ValueError:
-            row["stdout_tail"] = stdout[-2000:]
-        row["stderr_tail"] = [ln for ln in stderr.splitlines() if ln.strip()][-12:]
+        row.update(printed)
         self.results["steps"][name] = row
         self.save()
         self.log(f"DONE {name}: rc={rc} wall={row['wall_s']}s new_entries="
@@ -104,12 +96,6 @@ def entries(root: Path | None) -> set[str]:
         return {p.name for p in (root / "cache").iterdir() if p.is_dir()} if root else set()
     except OSError:
         return set()
-
-
-def _text(value) -> str:
-    if value is None:
-        return ""
-    return value.decode(errors="replace") if isinstance(value, bytes) else value
 
 
 def stage_of(row: dict) -> dict:

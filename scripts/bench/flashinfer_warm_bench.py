@@ -41,6 +41,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from step_runner import run_step
+
 ROOT = Path(__file__).resolve().parents[2]
 # Llama-3.1-8B on SGLang with FlashInfer attention: its plan holds silu_and_mul, sampling and
 # the bf16 head_dim 128 batch decode (and the fa3 prefill, left out by the filter: minutes).
@@ -294,30 +296,14 @@ class Bench:
     def step(self, name: str, argv: list[str], env: dict) -> dict:
         log(f"RUN  {name}: {' '.join(argv[1:])[:300]}")
         began = time.monotonic()
-        try:
-            proc = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True,
-                                  timeout=TIMEOUT[name])
-            rc, stdout, stderr = proc.returncode, proc.stdout, proc.stderr
-        except subprocess.TimeoutExpired as exc:
-            rc, stdout, stderr = "timeout", _text(exc.stdout), _text(exc.stderr)
-        row: dict = {"rc": rc, "wall_s": round(time.monotonic() - began, 3)}
-        try:
-            row["json"] = json.loads(stdout)
-        except ValueError:
-            row["stdout_tail"] = stdout[-2000:]
-        row["stderr_tail"] = [ln for ln in stderr.splitlines() if ln.strip()][-20:]
+        rc, printed = run_step(argv, env, TIMEOUT[name], 2000, 20)
+        row: dict = {"rc": rc, "wall_s": round(time.monotonic() - began, 3), **printed}
         self.results["steps"][name] = row
         self.save()
         log(f"DONE {name}: rc={rc} wall={row['wall_s']}s")
         for line in row["stderr_tail"] if rc != 0 else []:
             print(f"       | {line[:300]}", flush=True)
         return row
-
-
-def _text(value: str | bytes | None) -> str:
-    if isinstance(value, bytes):  # TimeoutExpired holds bytes even with text=True
-        return value.decode(errors="replace")
-    return value or ""
 
 
 def node_env(site: Path | None, node: Path, name: str, store_url: str) -> dict:

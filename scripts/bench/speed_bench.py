@@ -41,6 +41,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from step_runner import run_step
+
 ROOT = Path(__file__).resolve().parents[2]
 PLANS = {
     "qwen": ["--model", "qwen3-30b-a3b-fp8"],
@@ -122,22 +124,13 @@ class Bench:
         before = entries(cache) if cache else set()
         self.log(f"RUN  {name}: {' '.join(argv[1:])}")
         began = time.monotonic()
-        try:
-            proc = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True,
-                                  timeout=max(10.0, self.left() - 5))
-            rc, stdout, stderr = proc.returncode, proc.stdout, proc.stderr
-        except subprocess.TimeoutExpired as exc:
-            rc, stdout, stderr = "timeout", _text(exc.stdout), _text(exc.stderr)
+        rc, printed = run_step(argv, env, max(10.0, self.left() - 5), 3000, 15)
         row: dict = {"argv": argv[1:], "rc": rc, "wall_s": round(time.monotonic() - began, 3)}
         if cache is not None:
             after = entries(cache)
             row.update(cache=str(cache), entries_before=len(before), entries_after=len(after),
                        new_entries=len(after - before))
-        try:
-            row["json"] = json.loads(stdout)
-        except ValueError:
-            row["stdout_tail"] = stdout[-3000:]
-        row["stderr_tail"] = [ln for ln in stderr.splitlines() if ln.strip()][-15:]
+        row.update(printed)
         self.results["steps"][name] = row
         self.save()
         self.log(f"DONE {name}: rc={rc} wall={row['wall_s']}s {_brief(row)}")
@@ -159,12 +152,6 @@ class Bench:
             row["probe"] = json.loads(report.read_text())
             self.save()
         return row
-
-
-def _text(value) -> str:
-    if value is None:
-        return ""
-    return value.decode(errors="replace") if isinstance(value, bytes) else value
 
 
 def _brief(row: dict) -> str:

@@ -20,7 +20,7 @@ from warmd.targets import preset
 
 pytest.importorskip("triton")
 
-from tests.triton_support import compile_add, snapshot  # noqa: E402
+from tests.triton_support import capture_compile_add, compile_add, snapshot  # noqa: E402
 
 PLAN = "plan-llama-0123456789abcdef"
 
@@ -169,13 +169,7 @@ def test_learned_entries_are_signed_when_signing_is_on(server, tmp_path):
     a = Capture("node-a", [scope(tmp_path / "a")], lambda target: open_shared_cache(
         server.url, target=target, node="node-a", signing_key=b"cluster-key"), inotify=False,
         trust=CaptureTrust.OWN_NODES)
-    a.start()
-    assert a.wait_started(60)
-    try:
-        compile_add(root)
-        (event,) = a.scan()
-    finally:
-        a.stop()
+    event = capture_compile_add(a, root)
     record = server.client().get(next(iter(server.client().scan_iter(
         match=f"*task:*{learned_task(PLAN, event.entry)}"))))
     assert b'"sig"' in record

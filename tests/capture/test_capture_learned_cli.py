@@ -16,7 +16,7 @@ from warmd.targets import preset
 
 pytest.importorskip("triton")
 
-from tests.triton_support import compile_add  # noqa: E402
+from tests.triton_support import capture_compile_add  # noqa: E402
 
 PLAN_ARGS = ("--model", "llama-3.1-8b", "--target", "h200", "--with", "flashinfer")
 
@@ -34,13 +34,8 @@ def test_plan_and_cache_ls_list_learned_entries(tmp_path, monkeypatch):
                                                      {"triton": str(root)})],
                               lambda t: open_shared_cache(server.url, target=t), inotify=False,
                               trust=CaptureTrust.OWN_NODES, poll_seconds=3600)
-            capture.start()  # a cluster trusting its own nodes: learned entries at once
-            assert capture.wait_started(60)
-            try:
-                compile_add(root)
-                (event,) = capture.scan()
-            finally:
-                capture.stop()
+            # a cluster trusting its own nodes: learned entries at once
+            event = capture_compile_add(capture, root)
 
             shown = warmd(env, "plan", *PLAN_ARGS, "--learned", "--redis", server.url,
                           "--json")

@@ -19,14 +19,14 @@ import time
 from pathlib import Path
 
 import pytest
+from flashinfer_support import FLASHINFER_PLAN_ARGS
 from store_support import start_test_server
 
 from warmd.store import open_shared_cache
 
 pytestmark = pytest.mark.slow  # starts a real FlashInfer build
 
-PLAN_ARGS = ["-m", "qwen3-30b-a3b-fp8", "-t", "h200", "--engine", "sglang", "--with",
-             "flashinfer", "--without", "sgl_kernel", "--task-filter", "act_and_mul"]
+PLAN_ARGS = [*FLASHINFER_PLAN_ARGS, "--task-filter", "act_and_mul"]
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 

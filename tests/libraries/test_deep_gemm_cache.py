@@ -319,49 +319,6 @@ def test_colon_in_cache_dir_is_one_directory_like_deep_gemm(root: Path, tmp_path
     assert [e.name for e in adapter.list_entries()] == [GROUPED]
 
 
-# ----- compatibility fingerprint -----
-
-def _stand_in_package(base: Path, header: bytes) -> Path:
-    """A directory laid out like an installed deep_gemm (package + headers): where the
-    package lives is what the fingerprint must capture; nothing is imported from it."""
-    pkg = base / "deep_gemm"
-    (pkg / "include" / "deep_gemm" / "impls").mkdir(parents=True)
-    (pkg / "__init__.py").write_text("")
-    (pkg / "include" / "deep_gemm" / "impls" / "sm90_fp8_gemm_1d2d.cuh").write_bytes(header)
-    return pkg
-
-
-def _fingerprint_with(monkeypatch: pytest.MonkeyPatch, site: Path) -> dict:
-    from warmd.libraries import probe_library
-
-    with monkeypatch.context() as mp:
-        mp.syspath_prepend(str(site))
-        probe_library.cache_clear()
-        try:
-            return DeepGemmCacheAdapter(site / "cache", arch="9.0a",
-                                        sms=132).fingerprint_inputs()
-        finally:
-            probe_library.cache_clear()
-
-
-def test_fingerprint_names_install_path_headers_toolkit_and_env(tmp_path: Path,
-                                                                 monkeypatch: pytest.MonkeyPatch):
-    dgc._include_digest.cache_clear()
-    a = _stand_in_package(tmp_path / "siteA", b"// v1\n")
-    b = _stand_in_package(tmp_path / "siteB", b"// v1\n")
-    c = _stand_in_package(tmp_path / "siteC", b"// v2\n")
-    fa = _fingerprint_with(monkeypatch, tmp_path / "siteA")
-    fb = _fingerprint_with(monkeypatch, tmp_path / "siteB")
-    fc = _fingerprint_with(monkeypatch, tmp_path / "siteC")
-    assert fa["install_path"] == str(a.resolve()) and fb["install_path"] == str(b.resolve())
-    assert fa != fb  # same headers, another install path: kernels would all miss
-    assert fa["include_digest"] == fb["include_digest"] != fc["include_digest"]
-    assert str(c.resolve()) == fc["install_path"]
-    assert fa["arch"] == "9.0a" and fa["sms"] == 132 and "cuda" in fa and "version" in fa
-    monkeypatch.setenv("DG_JIT_USE_NVRTC", "1")
-    assert _fingerprint_with(monkeypatch, tmp_path / "siteA")["env"] == {"DG_JIT_USE_NVRTC": "1"}
-
-
 # ----- executor -----
 
 def _task(kernel="fp8_gemm_nt", n=2048, k=4096, groups=None, m=(1, 64, 64, 8)) -> Task:

@@ -64,10 +64,21 @@ def _deepgemm_call(shim: Path, tmp: Path, n: int, out_name: str) -> subprocess.P
     (build / "kernel.cu").write_text(KERNEL.replace("{n}", str(n)))
     scratch = tmp / "scratch"
     scratch.mkdir(exist_ok=True)
-    command = f"cd {scratch} && {shim} {build / 'kernel.cu'} -cubin -o {tmp / out_name} " \
-              + " ".join(FLAGS)
+    command = _deepgemm_command(shim, scratch, build / "kernel.cu", tmp / out_name)
     return subprocess.Popen(command, shell=True, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
+
+
+def _deepgemm_command(shim: Path, cwd: Path, source: Path, output: Path) -> str:
+    """How DeepGEMM 0.1.x runs its compiler: a shell in `cwd`, kernel.cu by its path."""
+    return f"cd {cwd} && {shim} {source} -cubin -o {output} " + " ".join(FLAGS)
+
+
+def _run_dir(tmp: Path) -> Path:
+    """A stage's run directory: the shim keeps its jobs and compiles there."""
+    run = tmp / "run"
+    run.mkdir()
+    return run
 
 
 @needs_nvcc
@@ -81,8 +92,7 @@ def test_shim_answers_version_exactly_as_nvcc(tmp_path):
 @pytest.mark.slow
 @needs_nvcc
 def test_record_mode_saves_the_request_and_answers_with_a_placeholder(tmp_path):
-    run = tmp_path / "run"
-    run.mkdir()
+    run = _run_dir(tmp_path)
     shim = write_shim(run, RECORD, NVCC)
     for name in ("a.cubin", "b.cubin"):  # the same kernel asked twice: one job
         proc = _deepgemm_call(shim, tmp_path, 3, name)
@@ -102,8 +112,7 @@ def test_record_mode_saves_the_request_and_answers_with_a_placeholder(tmp_path):
 def test_build_mode_compiles_each_kernel_once_whoever_asks(tmp_path):
     """Three DeepGEMM processes and the parent's pool want the same kernel at once, a
     fourth process another one: two nvcc runs, and everyone gets the real cubin."""
-    run = tmp_path / "run"
-    run.mkdir()
+    run = _run_dir(tmp_path)
     shim = write_shim(run, BUILD, NVCC)
     procs = [_deepgemm_call(shim, tmp_path, 3, f"same-{i}.cubin") for i in range(3)]
     other = _deepgemm_call(shim, tmp_path, 5, "other.cubin")
@@ -134,14 +143,12 @@ def test_build_mode_compiles_each_kernel_once_whoever_asks(tmp_path):
 @pytest.mark.slow
 @needs_nvcc
 def test_a_failing_kernel_fails_once_with_nvcc_output(tmp_path):
-    run = tmp_path / "run"
-    run.mkdir()
+    run = _run_dir(tmp_path)
     shim = write_shim(run, BUILD, NVCC)
     build = tmp_path / "b"
     build.mkdir()
     (build / "kernel.cu").write_text("this is not CUDA\n")
-    command = f"cd {tmp_path} && {shim} {build / 'kernel.cu'} -cubin -o {tmp_path / 'x'} " \
-              + " ".join(FLAGS)
+    command = _deepgemm_command(shim, tmp_path, build / "kernel.cu", tmp_path / "x")
     first = subprocess.run(command, shell=True, capture_output=True, text=True)
     second = subprocess.run(command, shell=True, capture_output=True, text=True)
     assert first.returncode == second.returncode == 1
@@ -194,8 +201,7 @@ def test_stage_without_a_gpu_degrades_to_the_workers_and_cleans_up(tmp_path):
 def test_compiles_run_at_the_configured_nice(tmp_path):
     """Every nvcc of a run starts at the run's nice increment (discovery keeps the CPU);
     the compiler here is a script that reports its own niceness as its output."""
-    run = tmp_path / "run"
-    run.mkdir()
+    run = _run_dir(tmp_path)
     compiler = tmp_path / "report-nice"
     compiler.write_text('#!/bin/sh\nfor a; do [ "$prev" = -o ] && out=$a; prev=$a; done\n'
                         'nice > "$out"\n')
@@ -299,8 +305,7 @@ def _deep_jit_call(shim: Path, build: Path, n: int) -> subprocess.CompletedProce
 @pytest.mark.slow
 @needs_nvcc
 def test_deep_jit_calls_are_recorded_then_built_once(tmp_path):
-    run = tmp_path / "run"
-    run.mkdir()
+    run = _run_dir(tmp_path)
     recorded = _deep_jit_call(write_shim(run, RECORD, NVCC), tmp_path / "b1", 3)
     assert recorded.returncode == 0, recorded.stdout
     placeholder = (run / "placeholder-sm_90a.cubin").read_bytes()
@@ -319,8 +324,7 @@ def test_deep_jit_calls_are_recorded_then_built_once(tmp_path):
 @pytest.mark.slow
 @needs_nvcc
 def test_a_compile_the_shim_cannot_take_apart_goes_to_nvcc_and_is_noted(tmp_path):
-    run = tmp_path / "run"
-    run.mkdir()
+    run = _run_dir(tmp_path)
     (tmp_path / "k.cu").write_text(KERNEL.replace("{n}", "2"))
     command = f"{write_shim(run, RECORD, NVCC)} {tmp_path / 'k.cu'} -fatbin -o " \
               f"{tmp_path / 'k.fatbin'} --gpu-architecture=sm_90a"

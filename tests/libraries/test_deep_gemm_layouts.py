@@ -121,12 +121,14 @@ def test_install_refuses_what_deep_jit_would_not_take(mixed: Path, tmp_path: Pat
 
 # ----- fingerprint -----
 
-def _package(base: Path, version: str, header: bytes) -> Path:
-    """An installed deep_gemm (package, VERSION, headers); nothing is imported from it."""
+def _package(base: Path, version: str | None, header: bytes) -> Path:
+    """An installed deep_gemm (package, VERSION unless version is None, headers); nothing
+    is imported from it."""
     package = base / "deep_gemm"
     (package / "include" / "deep_gemm").mkdir(parents=True)
     (package / "__init__.py").write_text("raise SystemExit('imported')\n")
-    (package / "VERSION").write_text(version)
+    if version is not None:
+        (package / "VERSION").write_text(version)
     (package / "include" / "deep_gemm" / "gemm.cuh").write_bytes(header)
     return package
 
@@ -139,6 +141,24 @@ def _fingerprint(monkeypatch: pytest.MonkeyPatch, site: Path) -> dict:
             return DeepGemmCacheAdapter(site / "cache", arch="9.0a", sms=132).fingerprint_inputs()
         finally:
             probe_library.cache_clear()
+
+
+def test_fingerprint_names_install_path_headers_toolkit_and_env(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch):
+    dgc._include_digest.cache_clear()
+    a = _package(tmp_path / "siteA", None, b"// v1\n")
+    b = _package(tmp_path / "siteB", None, b"// v1\n")
+    c = _package(tmp_path / "siteC", None, b"// v2\n")
+    fa = _fingerprint(monkeypatch, tmp_path / "siteA")
+    fb = _fingerprint(monkeypatch, tmp_path / "siteB")
+    fc = _fingerprint(monkeypatch, tmp_path / "siteC")
+    assert fa["install_path"] == str(a.resolve()) and fb["install_path"] == str(b.resolve())
+    assert fa != fb  # same headers, another install path: kernels would all miss
+    assert fa["include_digest"] == fb["include_digest"] != fc["include_digest"]
+    assert str(c.resolve()) == fc["install_path"]
+    assert fa["arch"] == "9.0a" and fa["sms"] == 132 and "cuda" in fa and "version" in fa
+    monkeypatch.setenv("DG_JIT_USE_NVRTC", "1")
+    assert _fingerprint(monkeypatch, tmp_path / "siteA")["env"] == {"DG_JIT_USE_NVRTC": "1"}
 
 
 def test_deep_jit_fingerprint_leaves_the_install_path_out(tmp_path, monkeypatch):

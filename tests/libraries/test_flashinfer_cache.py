@@ -14,6 +14,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from flashinfer_support import act_and_mul_built, warm_act_and_mul
 
 from warmd.cache.artifacts import pack_directory, unpack_safely
 from warmd.cache.base import IncompatibleHere, UnsafeArtifact
@@ -26,30 +27,15 @@ from warmd.libraries.flashinfer.ninja import (
     write_deps_log,
     write_ninja_log,
 )
-from warmd.plan import PlanRequest, make_plan
-from warmd.warmup import WarmupOptions, run_warmup
 
 pytestmark = pytest.mark.slow
 MODULE = "silu_and_mul"
 
 
-def _plan():
-    return make_plan(PlanRequest(model="qwen3-30b-a3b-fp8", target="h200", engine="sglang",
-                                 with_libs=("flashinfer",), without_libs=("sgl_kernel",)))
-
-
-def _warm(plan, workspace: Path):
-    return run_warmup(plan, WarmupOptions(libraries=("flashinfer",), task_filter="act_and_mul",
-                                          cache_roots={"flashinfer": workspace}))
-
-
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     base = tmp_path_factory.mktemp("flashinfer")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("WARMD_STATE_DIR", str(base / "state"))
-        plan = _plan()
-        report = _warm(plan, base / "wsA")
+    with act_and_mul_built(base, base / "wsA") as (plan, report):
         yield SimpleNamespace(base=base, plan=plan, report=report,
                               adapter=FlashInferCacheAdapter(base / "wsA", "9.0a"))
 
@@ -89,7 +75,7 @@ def test_deps_log_roundtrips_byte_for_byte(built, tmp_path):
 
 def test_second_run_is_a_local_hit_with_no_ninja_work(built):
     before = _log(built.adapter)
-    report = _warm(built.plan, built.base / "wsA")
+    report = warm_act_and_mul(built.plan, built.base / "wsA")
     c = report.counters
     assert (c.local_hits, c.compiled, c.failed) == (1, 0, 0)
     assert c.compile_seconds_saved == 0.0  # this node's own compile: no time saved
@@ -109,7 +95,7 @@ def test_pack_delete_install_gives_zero_builds(built):
     adapter.install(MODULE, artifact)
     assert adapter.is_up_to_date(MODULE)[0]
     installed = _log(adapter)
-    report = _warm(built.plan, built.base / "wsA")
+    report = warm_act_and_mul(built.plan, built.base / "wsA")
     assert (report.counters.local_hits, report.counters.compiled) == (1, 0)
     assert _log(adapter) == installed  # ninja ran no command
 
@@ -124,7 +110,7 @@ def test_install_under_another_workspace_path_gives_zero_builds(built):
     # control: the same files copied verbatim under another workspace all rebuild
     copied = FlashInferCacheAdapter(built.base / "copied", "9.0a")
     _copy_module_verbatim(built.adapter, copied)
-    control = _warm(built.plan, built.base / "copied")
+    control = warm_act_and_mul(built.plan, built.base / "copied")
     assert (control.counters.local_hits, control.counters.compiled) == (0, 1)
 
     other_base = built.base / "another" / "node" / "workspace"
@@ -135,7 +121,8 @@ def test_install_under_another_workspace_path_gives_zero_builds(built):
     assert str(built.base / "wsA") not in build_ninja and str(other_base) in build_ninja
     assert other.is_up_to_date(MODULE)[0]
     installed = _log(other)
-    report = _warm(built.plan, other_base)  # FlashInfer's own JitSpec.build() in a worker
+    # FlashInfer's own JitSpec.build() in a worker
+    report = warm_act_and_mul(built.plan, other_base)
     assert (report.counters.local_hits, report.counters.compiled) == (1, 0)
     assert _log(other) == installed
     so = f"{MODULE}.so"

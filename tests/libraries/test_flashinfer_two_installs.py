@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from flashinfer_support import FLASHINFER_PLAN
 from store_support import start_test_server
 
 from warmd import settings
@@ -25,8 +26,6 @@ pytest.importorskip("flashinfer")
 pytestmark = pytest.mark.slow  # a real FlashInfer build
 
 REPO = Path(__file__).resolve().parents[2]
-PLAN = dict(model="qwen3-30b-a3b-fp8", target="h200", engine="sglang",
-            with_libs=("flashinfer",), without_libs=("sgl_kernel",))
 
 NODE = """
 import json
@@ -97,7 +96,8 @@ def _env(tmp: Path, name: str, url: str, site: Path | None = None, **extra: str)
 
 
 def _node(env: dict) -> dict:
-    args = {"plan": PLAN, "ws": env["FLASHINFER_WORKSPACE_BASE"], "url": env["WARMD_REDIS_URL"]}
+    args = {"plan": FLASHINFER_PLAN, "ws": env["FLASHINFER_WORKSPACE_BASE"],
+            "url": env["WARMD_REDIS_URL"]}
     script = Path(env["WARMD_STATE_DIR"]).parent / "node.py"
     script.parent.mkdir(parents=True, exist_ok=True)
     script.write_text(NODE)

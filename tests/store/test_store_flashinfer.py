@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+from flashinfer_support import FLASHINFER_PLAN_ARGS
 from store_support import SRC, start_test_server
 
 from warmd.libraries.flashinfer.cache import FlashInferCacheAdapter
@@ -16,8 +17,7 @@ from warmd.store import admin, open_shared_cache
 
 pytestmark = pytest.mark.slow
 
-PLAN_ARGS = ["-m", "qwen3-30b-a3b-fp8", "-t", "h200", "--engine", "sglang", "--with",
-             "flashinfer", "--without", "sgl_kernel", "--task-filter", "act_and_mul"]
+PLAN_ARGS = [*FLASHINFER_PLAN_ARGS, "--task-filter", "act_and_mul"]
 MODULE = "silu_and_mul"
 
 

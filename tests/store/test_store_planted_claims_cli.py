@@ -12,21 +12,19 @@ import threading
 import time
 
 import pytest
+from flashinfer_support import FLASHINFER_PLAN_ARGS, flashinfer_plan
 from store_support import SRC, start_test_server
 
 from warmd.libraries import LIBRARIES
-from warmd.plan import PlanRequest, make_plan
 from warmd.store import layout, open_shared_cache
 
 pytestmark = pytest.mark.slow
 
-PLAN_ARGS = ["-m", "qwen3-30b-a3b-fp8", "-t", "h200", "--engine", "sglang", "--with",
-             "flashinfer", "--without", "sgl_kernel", "--task-filter", "act_and_mul"]
+PLAN_ARGS = [*FLASHINFER_PLAN_ARGS, "--task-filter", "act_and_mul"]
 
 
 def _task_lease(url: str, workspace) -> str:
-    plan = make_plan(PlanRequest(model="qwen3-30b-a3b-fp8", target="h200", engine="sglang",
-                                 with_libs=("flashinfer",), without_libs=("sgl_kernel",)))
+    plan = flashinfer_plan()
     (task,) = [t for t in plan.tasks if "act_and_mul" in t.key]
     cache = open_shared_cache(url, target=plan.env.target, node="planter")
     try:

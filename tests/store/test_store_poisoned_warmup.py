@@ -11,21 +11,15 @@ import subprocess
 import sys
 
 import pytest
+from flashinfer_support import FLASHINFER_PLAN_ARGS, flashinfer_plan
 
 from warmd.libraries.flashinfer.cache import FlashInferCacheAdapter
-from warmd.plan import PlanRequest, make_plan
 from warmd.store import layout, open_shared_cache, start_server
 from warmd.warmup import WarmupOptions, run_warmup
 
 pytestmark = pytest.mark.slow  # real FlashInfer builds
 
-PLAN_ARGS = ["-m", "qwen3-30b-a3b-fp8", "-t", "h200", "--engine", "sglang", "--with",
-             "flashinfer", "--without", "sgl_kernel", "--task-filter", "act_and_mul"]
-
-
-def _plan():
-    return make_plan(PlanRequest(model="qwen3-30b-a3b-fp8", target="h200", engine="sglang",
-                                 with_libs=("flashinfer",), without_libs=("sgl_kernel",)))
+PLAN_ARGS = [*FLASHINFER_PLAN_ARGS, "--task-filter", "act_and_mul"]
 
 
 def _options(workspace) -> WarmupOptions:
@@ -38,7 +32,7 @@ def test_poisoned_manifest_degrades_warmup_then_heals(tmp_path, monkeypatch):
     server = start_server(tmp_path / "redis", appendonly=False)
     client = server.client()
     try:
-        plan = _plan()
+        plan = flashinfer_plan()
         node_a = open_shared_cache(server.url, target=plan.env.target, node="a")
         first = run_warmup(plan, _options(tmp_path / "a"), shared=node_a)
         node_a.close()

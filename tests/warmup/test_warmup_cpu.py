@@ -16,24 +16,17 @@ from types import SimpleNamespace
 
 import hardware
 import pytest
+from flashinfer_support import FLASHINFER_PLAN_ARGS, act_and_mul_built
 
 from warmd.cache.records import read_record
 from warmd.libraries.flashinfer.cache import FlashInferCacheAdapter
 from warmd.libraries.flashinfer.ninja import read_ninja_log
-from warmd.plan import PlanRequest, make_plan
 from warmd.tasks import Task
 from warmd.warmup import WarmupOptions, run_warmup
 
 pytestmark = pytest.mark.slow  # every test here waits on a real FlashInfer build
 
 GEN = "flashinfer.jit:gen_act_and_mul_module"
-PLAN_ARGS = ["-m", "qwen3-30b-a3b-fp8", "-t", "h200", "--engine", "sglang", "--with",
-             "flashinfer", "--without", "sgl_kernel"]
-
-
-def _plan():
-    return make_plan(PlanRequest(model="qwen3-30b-a3b-fp8", target="h200", engine="sglang",
-                                 with_libs=("flashinfer",), without_libs=("sgl_kernel",)))
 
 
 def _task(module: str, generator: str = GEN, *args) -> Task:
@@ -55,10 +48,7 @@ def _cli(args: list[str], env: dict, timeout: float = 300) -> subprocess.Complet
 def warm(tmp_path_factory):
     """A workspace holding silu_and_mul, built once by a real warmup."""
     base = tmp_path_factory.mktemp("warmup")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("WARMD_STATE_DIR", str(base / "state"))
-        plan = _plan()
-        report = run_warmup(plan, _options(base / "ws", task_filter="act_and_mul"))
+    with act_and_mul_built(base, base / "ws") as (plan, report):
         assert report.counters.compiled == 1, report.to_json()
         yield SimpleNamespace(base=base, plan=plan, ws=base / "ws", report=report)
 
@@ -115,7 +105,7 @@ def test_parallel_workers_compile_then_hit(warm, tmp_path):
 # ----- the CLI -----
 
 def test_cli_json_shape_and_exit_code(warm, env):
-    proc = _cli(["warmup", *PLAN_ARGS, "--with", "deep_gemm", "--task-filter",
+    proc = _cli(["warmup", *FLASHINFER_PLAN_ARGS, "--with", "deep_gemm", "--task-filter",
                  "act_and_mul|fp8_gemm_nt/", "--no-shared", "--json"], env)
     runs = hardware.deep_gemm_runs()  # else DeepGEMM's task fails (no GPU, no DeepGEMM)
     assert proc.returncode == (0 if runs else 1), proc.stderr
@@ -143,7 +133,7 @@ def test_cli_json_shape_and_exit_code(warm, env):
 
 
 def test_cli_text_summary(warm, env):
-    proc = _cli(["warmup", *PLAN_ARGS, "--library", "flashinfer", "--task-filter",
+    proc = _cli(["warmup", *FLASHINFER_PLAN_ARGS, "--library", "flashinfer", "--task-filter",
                  "act_and_mul", "--no-shared"], env)
     assert proc.returncode == 0, proc.stderr
     assert "local hits" in proc.stdout and "Hit rate" in proc.stdout
@@ -161,7 +151,7 @@ def test_cli_json_reports_an_unreachable_store_without_its_password(warm, env):
     from warmd.store.embedded import free_port
 
     url = f"redis://:hunter2@127.0.0.1:{free_port()}/0"  # nothing listens there
-    proc = _cli(["warmup", *PLAN_ARGS, "--task-filter", "act_and_mul", "--redis", url,
+    proc = _cli(["warmup", *FLASHINFER_PLAN_ARGS, "--task-filter", "act_and_mul", "--redis", url,
                  "--json"], env)
     assert proc.returncode == 0, proc.stderr  # degraded to local work, not failed
     data = json.loads(proc.stdout)
@@ -170,7 +160,8 @@ def test_cli_json_reports_an_unreachable_store_without_its_password(warm, env):
     assert store["ok"] is False and store["url"] == url.replace("hunter2", "***")
     assert "unreachable" in store["reason"] and "kernels were built locally" in store["reason"]
     assert "hunter2" not in proc.stdout + proc.stderr
-    text = _cli(["warmup", *PLAN_ARGS, "--task-filter", "act_and_mul", "--redis", url], env)
+    text = _cli(["warmup", *FLASHINFER_PLAN_ARGS, "--task-filter", "act_and_mul", "--redis",
+                 url], env)
     assert text.returncode == 0 and "unreachable" in text.stdout and "hunter2" not in text.stdout
 
 
@@ -237,7 +228,7 @@ def _interrupt_a_build(env: dict, tmp_path: Path, sig: int, sigint) -> int:
     workspace = tmp_path / "ws"
     env = {**env, "FLASHINFER_WORKSPACE_BASE": str(workspace)}
     proc = subprocess.Popen([sys.executable, "-c", "from warmd.cli import main; main()",
-                             "warmup", *PLAN_ARGS, "--task-filter", "act_and_mul",
+                             "warmup", *FLASHINFER_PLAN_ARGS, "--task-filter", "act_and_mul",
                              "--no-shared"], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, preexec_fn=_with_sigint(sigint))
     adapter = FlashInferCacheAdapter(workspace, "9.0a")

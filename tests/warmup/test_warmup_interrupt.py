@@ -13,11 +13,11 @@ import sys
 import time
 
 import pytest
+from flashinfer_support import FLASHINFER_PLAN_ARGS
 
 pytestmark = pytest.mark.slow  # a real FlashInfer build
 
-PLAN_ARGS = ["-m", "qwen3-30b-a3b-fp8", "-t", "h200", "--engine", "sglang", "--with",
-             "flashinfer", "--without", "sgl_kernel", "--task-filter", "act_and_mul"]
+PLAN_ARGS = [*FLASHINFER_PLAN_ARGS, "--task-filter", "act_and_mul"]
 
 
 def _files(root) -> list[str]:

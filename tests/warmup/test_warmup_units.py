@@ -9,20 +9,12 @@ import subprocess
 import sys
 
 import pytest
+from flashinfer_support import FLASHINFER_PLAN_ARGS, flashinfer_plan
 
 from warmd.errors import WarmdInputError
 from warmd.libraries.flashinfer.cache import arch_dir
-from warmd.plan import PlanRequest, make_plan
 from warmd.stats import Counters
 from warmd.warmup import WarmupOptions
-
-PLAN_ARGS = ["-m", "qwen3-30b-a3b-fp8", "-t", "h200", "--engine", "sglang", "--with",
-             "flashinfer", "--without", "sgl_kernel"]
-
-
-def _plan():
-    return make_plan(PlanRequest(model="qwen3-30b-a3b-fp8", target="h200", engine="sglang",
-                                 with_libs=("flashinfer",), without_libs=("sgl_kernel",)))
 
 
 def _cli(args: list[str], env: dict, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -46,12 +38,12 @@ def test_counters_add_json_and_text():
 
 def test_bad_task_filter_is_input_error():
     with pytest.raises(WarmdInputError, match="task-filter"):
-        WarmupOptions(task_filter="(").select(_plan().tasks)
+        WarmupOptions(task_filter="(").select(flashinfer_plan().tasks)
 
 
 def test_cli_bad_input_is_one_line_exit_2(tmp_path):
     env = {**os.environ, "WARMD_STATE_DIR": str(tmp_path / "state"), "WARMD_REDIS_URL": "off"}
-    proc = _cli(["warmup", *PLAN_ARGS, "--task-filter", "(", "--no-shared"], env)
+    proc = _cli(["warmup", *FLASHINFER_PLAN_ARGS, "--task-filter", "(", "--no-shared"], env)
     assert proc.returncode == 2
     assert proc.stderr.strip().startswith("warmd: error: invalid --task-filter")
     assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1

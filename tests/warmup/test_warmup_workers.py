@@ -22,12 +22,12 @@ def test_default_workers_one_per_core_bounded_by_memory_at_least_one_per_gpu():
 def test_warm_only_runs_nothing_when_a_task_needs_its_library(tmp_path, monkeypatch):
     """The agent's check: a plan with a task not in any cache starts no worker and
     compiles nothing; it says which tasks are left for the GPU workers."""
-    from warmd.plan import PlanRequest, make_plan
+    from flashinfer_support import flashinfer_plan
+
     from warmd.warmup import WarmupOptions, run_warmup
 
     monkeypatch.setenv("WARMD_STATE_DIR", str(tmp_path / "state"))
-    plan = make_plan(PlanRequest(model="qwen3-30b-a3b-fp8", target="h200", engine="sglang",
-                                 with_libs=("flashinfer",), without_libs=("sgl_kernel",)))
+    plan = flashinfer_plan()
     options = WarmupOptions(libraries=("flashinfer",), task_filter="silu_and_mul",
                             cache_roots={"flashinfer": tmp_path / "fi"}, warm_only=True)
     report = run_warmup(plan, options)

@@ -48,42 +48,41 @@ class Publisher:
 
     def publish_task(self, adapter: CacheAdapter, task_key: str, entries: list[CacheEntry],
                      compile_seconds: float) -> Publication:
-        fp = self._may_publish(adapter, entries, record=True)
-        if isinstance(fp, Publication):
-            return fp
-        packed = self._pack(adapter, fp, entries, compile_seconds)
-        if packed is None:
-            return Publication(skipped="an entry could not be packed")
-        rec = StoredTaskRecord(fp.digest, task_key, tuple(m.name for m, _ in packed),
-                               self.session.node, float(compile_seconds))
-        rec_raw = json_bytes(sign(rec.to_json(), self.session.signing_key))
-        try:
-            new = self.write_entries(fp, packed)
-            self._write_record(fp, task_key, rec_raw)
-        except StoreFailed as failed:
-            self._publish_failed(failed, fp.digest)
-            return Publication(skipped=f"store {failed.kind}: {failed}")
-        self.stale.clear(task_key)
-        self._count_written(fp, packed, new, compile_seconds)
-        self.session.stats.maybe_flush()
-        return Publication(written=len(new), already_published=len(packed) - len(new))
+        return self._publish(adapter, entries, compile_seconds, task_key)
 
     def publish_entries(self, adapter: CacheAdapter, entries: list[CacheEntry],
                         compile_seconds: float) -> Publication:
         """Entries published the moment they are built (no task record: the task's own
         publication names them later), then a notice to the nodes waiting on claims."""
-        fp = self._may_publish(adapter, entries, record=False)
+        return self._publish(adapter, entries, compile_seconds, None)
+
+    def _publish(self, adapter: CacheAdapter, entries: list[CacheEntry],
+                 compile_seconds: float, task_key: str | None) -> Publication:
+        """Pack and write the entries; given a task_key, the task's record after them (it
+        replaces this node's stale record, and the counters may flush)."""
+        fp = self._may_publish(adapter, entries, record=task_key is not None)
         if isinstance(fp, Publication):
             return fp
         packed = self._pack(adapter, fp, entries, compile_seconds)
         if packed is None:
             return Publication(skipped="an entry could not be packed")
+        rec_raw = None
+        if task_key is not None:
+            rec = StoredTaskRecord(fp.digest, task_key, tuple(m.name for m, _ in packed),
+                                   self.session.node, float(compile_seconds))
+            rec_raw = json_bytes(sign(rec.to_json(), self.session.signing_key))
         try:
             new = self.write_entries(fp, packed)
+            if task_key is not None:
+                self._write_record(fp, task_key, rec_raw)
         except StoreFailed as failed:
             self._publish_failed(failed, fp.digest)
             return Publication(skipped=f"store {failed.kind}: {failed}")
+        if task_key is not None:
+            self.stale.clear(task_key)
         self._count_written(fp, packed, new, compile_seconds)
+        if task_key is not None:
+            self.session.stats.maybe_flush()
         return Publication(written=len(new), already_published=len(packed) - len(new))
 
     def _may_publish(self, adapter: CacheAdapter, entries: list[CacheEntry], record: bool

@@ -126,11 +126,19 @@ class RedisSharedCache(SharedCache):
         except Exception:  # the adapter could not describe itself: nothing was published
             return False
 
-        def run(client):
-            pipe = client.pipeline(transaction=False)
+        def write(pipe) -> None:
             pipe.zadd(key, dict.fromkeys(names, time.time()))
             pipe.zremrangebyrank(key, 0, -(layout.MAX_LEARNED + 1))  # the newest stay
             pipe.pexpire(key, self.session.ttl_ms)
+
+        return self._publish_pipeline(write)
+
+    def _publish_pipeline(self, write: Callable[[Any], None]) -> bool:
+        """Run the writes `write` queues on a pipeline as one publish call; False when the
+        store failed."""
+        def run(client):
+            pipe = client.pipeline(transaction=False)
+            write(pipe)
             return pipe.execute()
 
         try:
@@ -330,8 +338,7 @@ class RedisSharedCache(SharedCache):
         def signed(record: dict) -> bytes:
             return formats.json_bytes(sign({**record, "fingerprint": fp}, key))
 
-        def run(client):
-            pipe = client.pipeline(transaction=False)
+        def write(pipe) -> None:
             for name, job in jobs.items():
                 pipe.set(layout.kernel_job_key(fp, name), signed(job), px=ttl, nx=True)
             for task, entries in tasks.items():
@@ -341,13 +348,8 @@ class RedisSharedCache(SharedCache):
                      signed({"digest": digest, "tasks": sorted(tasks),
                              "producer": self.session.node, "created": time.time()}), px=ttl)
             pipe.publish(layout.kernel_channel(fp), b"kernel list")
-            return pipe.execute()
 
-        try:
-            self.transport.op(run, "publish")
-        except StoreFailed:
-            return False
-        return True
+        return self._publish_pipeline(write)
 
     def record_outcomes(self, counts: dict[str, float]) -> None:
         self.stats.record_outcomes(counts)

@@ -231,6 +231,12 @@ class DeepGemmExperts(Kernel):
         return _contiguous_work(layer, env, mspec, m_range)
 
 
+def _masked_task(layer: Layer, env: Environment, expected_m: list[int]) -> Task:
+    """DeepGEMM's masked grouped GEMM at each expected M (the M values of its task)."""
+    return Task("deep_gemm", "m_grouped_fp8_gemm_nt_masked", layer.n, layer.k,
+                layer.num_groups, tuple(expected_m), spec=_deep_gemm_spec(env))
+
+
 class DeepEPDeepGemmExperts(DeepGemmExperts):
     """SGLang with DeepEP (expert parallel): the contiguous grouped GEMM for prefill (normal
     mode) and the masked grouped GEMM for decode (low-latency mode)."""
@@ -256,8 +262,7 @@ class DeepEPDeepGemmExperts(DeepGemmExperts):
         work = _contiguous_work(layer, env, mspec, m_range)
         expected = clip(mspec.values(layer.n, env.target.sms), *m_range)
         if expected:
-            work.append(Task("deep_gemm", "m_grouped_fp8_gemm_nt_masked", layer.n, layer.k,
-                             layer.num_groups, tuple(expected), spec=_deep_gemm_spec(env)))
+            work.append(_masked_task(layer, env, expected))
         return work
 
 
@@ -313,9 +318,7 @@ class BatchedDeepGemmExperts(Kernel):
 
     @classmethod
     def jit_work(cls, layer: Layer, env: Environment, mspec: MSpec, m_range: MRange):
-        return [Task("deep_gemm", "m_grouped_fp8_gemm_nt_masked", layer.n, layer.k,
-                     layer.num_groups, tuple(batched_expected_m(layer, mspec)),
-                     spec=_deep_gemm_spec(env))]
+        return [_masked_task(layer, env, batched_expected_m(layer, mspec))]
 
 
 class TritonOrDeepGemmExperts(WrapperKernel):
