@@ -67,6 +67,7 @@ class WarmupDisplay:
         self.lock = threading.Lock()
         self._stopping = False
         self.interrupted: set[str] = set()  # keys of the tasks the stop ended unfinished
+        self.in_flight: dict[str, Task] = {}  # started, not finished
         self.overall = Progress(
             TextColumn("[bold]warmup[/]"), BarColumn(), MofNCompleteColumn(),
             TextColumn("tasks  {task.fields[compiled]} compiled  {task.fields[failed]} failed"),
@@ -88,6 +89,10 @@ class WarmupDisplay:
     def __exit__(self, *exc) -> None:
         if self.live is not None:
             self.live.stop()
+        if self._stopping:  # a task the stop ended before its result came back
+            for task in self.in_flight.values():
+                self.interrupted.add(task.key)
+                self._line(Text(f"warmup: interrupted: {describe_task(task)}"))
 
     def stopping(self) -> None:
         """The run is being stopped: what ends unfinished from now on was interrupted."""
@@ -97,6 +102,8 @@ class WarmupDisplay:
         return shorten(describe_task(task), max(20, self.console.width - 30))
 
     def started(self, task: Task) -> None:
+        with self.lock:
+            self.in_flight[task.key] = task
         if self.live is None:
             self._line(Text(f"warmup: warming {describe_task(task)}"))
             return
@@ -128,6 +135,7 @@ class WarmupDisplay:
         result = report.result
         interrupted = self._stopping and not result.ok
         with self.lock:
+            self.in_flight.pop(report.task.key, None)
             if interrupted:
                 self.interrupted.add(report.task.key)
             self.counts["compiled"] += sum(k.outcome == Outcome.COMPILED
