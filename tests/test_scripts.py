@@ -6,7 +6,9 @@ from __future__ import annotations
 import ast
 import importlib
 import importlib.util
+import json
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -186,3 +188,14 @@ def test_device_env_lays_out_vllm_as_installed_with_its_vendored_deep_gemm(tmp_p
     seen = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(tmp_path / "vllm034")})
     assert seen.stdout.split() == ["0.34.0", "2.8.1"], seen.stderr
+
+
+def test_a_bench_run_counts_down_its_budget_stamps_its_log_and_saves_its_results(tmp_path,
+                                                                                 capsys):
+    run = _script("step_runner").BenchRun(tmp_path, 60, {"steps": {}})
+    run.results["steps"]["cold"] = {"rc": 0}
+    run.save()
+    assert json.loads((tmp_path / "results.json").read_text()) == {"steps": {"cold": {"rc": 0}}}
+    assert 50 < run.left() <= 60
+    run.log("RUN cold")
+    assert re.fullmatch(r"\[ +\d+\.\ds\] RUN cold\n", capsys.readouterr().out)
