@@ -24,7 +24,6 @@ if [ "${GENERATION:-014}" = 281 ]; then
     # DeepGEMM 2.8.1 as vLLM 0.34.0 ships it; no sgl-deep-gemm on the path.
     V=$TMP/vllm034
     vllm034_layout "$V" "${VDG:-.vdg/vdg.tar.xz}"
-    mkdir -p "$TMP/site281"
     pip_target_except "$TMP/site281" "$WHEELS" sgl_deep_gemm
     SITE=$TMP/site281:$V
 fi
