@@ -6,8 +6,13 @@ from __future__ import annotations
 import ast
 import importlib
 import importlib.util
+import json
 import os
+import re
+import subprocess
 import sys
+import tarfile
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -118,3 +123,79 @@ def test_store_fetch_bench_runs_against_a_real_server(tmp_path):
     assert result["fetch_verify_entries_per_s"] > 0
     assert result["fetch_verify_install_entries_per_s"] > 0
     assert result["redis_benchmark_get_per_s_c1_P16"] > 0
+
+
+DEVICE_SCRIPTS = sorted(BENCH.glob("device_*.sh"))
+
+
+@pytest.mark.parametrize("script", DEVICE_SCRIPTS, ids=lambda p: p.name)
+def test_every_device_script_parses(script):
+    checked = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stderr
+
+
+def _device_env(tmp_path: Path, commands: str) -> subprocess.CompletedProcess:
+    """COMMANDS run in bash after sourcing scripts/bench/device_env.sh, $LOG in tmp_path."""
+    script = f'set -uo pipefail\nLOG={tmp_path}/device.log\nsource {BENCH}/device_env.sh\n'
+    return subprocess.run(["bash", "-c", script + commands], capture_output=True, text=True,
+                          cwd=tmp_path)
+
+
+def _wheel(folder: Path, project: str, version: str) -> None:
+    """A pure-Python wheel of one empty module named after the project."""
+    dist = f"{project}-{version}.dist-info"
+    files = {f"{project}/__init__.py": "",
+             f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {project}\nVersion: {version}\n",
+             f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+                              "Tag: py3-none-any\n"}
+    files[f"{dist}/RECORD"] = "".join(f"{name},,\n" for name in [*files, f"{dist}/RECORD"])
+    with zipfile.ZipFile(folder / f"{project}-{version}-py3-none-any.whl", "w") as whl:
+        for name, text in files.items():
+            whl.writestr(name, text)
+
+
+def test_device_env_puts_deepgemm_apart_from_warmds_dependencies(tmp_path):
+    wheels = tmp_path / "whl"
+    wheels.mkdir()
+    for project in ("sgl_deep_gemm", "apache_tvm_ffi", "click", "redis"):
+        _wheel(wheels, project, "1.0")
+    done = _device_env(tmp_path, f"deepgemm_sites {wheels} site dg014")
+    assert done.returncode == 0, done.stdout + done.stderr
+
+    def installed(site):
+        return sorted(p.name for p in (tmp_path / site).iterdir() if "." not in p.name)
+    assert installed("site") == ["click", "redis"]
+    assert installed("dg014") == ["apache_tvm_ffi", "sgl_deep_gemm"]
+
+
+def test_device_env_shows_the_log_and_stops_when_a_wheel_does_not_install(tmp_path):
+    (tmp_path / "broken-1.0-py3-none-any.whl").write_bytes(b"not a zip")
+    done = _device_env(tmp_path, "pip_target site broken-1.0-py3-none-any.whl; echo after")
+    assert done.returncode == 1 and "after" not in done.stdout
+    assert done.stdout == (tmp_path / "device.log").read_text() != ""
+
+
+def test_device_env_lays_out_vllm_as_installed_with_its_vendored_deep_gemm(tmp_path):
+    vendored = tmp_path / "deep_gemm"
+    vendored.mkdir()
+    (vendored / "__init__.py").write_text("__version__ = '2.8.1'\n")
+    with tarfile.open(tmp_path / "vdg.tar.xz", "w:xz") as tar:
+        tar.add(vendored, arcname="deep_gemm")
+    done = _device_env(tmp_path, "vllm034_layout vllm034 vdg.tar.xz")
+    assert done.returncode == 0, done.stderr
+    probe = ("import importlib.metadata, vllm.third_party.deep_gemm as dg; "
+             "print(importlib.metadata.version('vllm'), dg.__version__)")
+    seen = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(tmp_path / "vllm034")})
+    assert seen.stdout.split() == ["0.34.0", "2.8.1"], seen.stderr
+
+
+def test_a_bench_run_counts_down_its_budget_stamps_its_log_and_saves_its_results(tmp_path,
+                                                                                 capsys):
+    run = _script("step_runner").BenchRun(tmp_path, 60, {"steps": {}})
+    run.results["steps"]["cold"] = {"rc": 0}
+    run.save()
+    assert json.loads((tmp_path / "results.json").read_text()) == {"steps": {"cold": {"rc": 0}}}
+    assert 50 < run.left() <= 60
+    run.log("RUN cold")
+    assert re.fullmatch(r"\[ +\d+\.\ds\] RUN cold\n", capsys.readouterr().out)

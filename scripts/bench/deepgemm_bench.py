@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 import click
-from step_runner import run_step
+from step_runner import BenchRun, run_step
 
 MODELS = {
     "qwen": ["--model", "qwen3-30b-a3b-fp8"],
@@ -30,21 +30,15 @@ MODELS = {
 ROOT = Path(__file__).resolve().parents[2]
 
 
-class Bench:
+class Bench(BenchRun):
+    RESULTS_FILE = "summary.json"
+    STAMP_WIDTH = 7
+
     def __init__(self, out: Path, work: Path, budget: float, max_tokens: int) -> None:
-        self.out, self.work, self.budget = out, work, budget
+        super().__init__(out, budget, {"budget_s": budget, "max_tokens": max_tokens,
+                                       "steps": {}})
+        self.work = work
         self.plan_args = ["--max-tokens", str(max_tokens), "--mode", "relax"]
-        self.started = time.monotonic()
-        self.summary: dict = {"budget_s": budget, "max_tokens": max_tokens, "steps": {}}
-
-    def left(self) -> float:
-        return self.budget - (time.monotonic() - self.started)
-
-    def save(self) -> None:
-        (self.out / "summary.json").write_text(json.dumps(self.summary, indent=1))
-
-    def log(self, text: str) -> None:
-        print(f"[{time.monotonic() - self.started:7.1f}s] {text}", flush=True)
 
     def env(self, cache: str) -> dict:
         return {**os.environ, "DG_JIT_CACHE_DIR": cache,
@@ -54,7 +48,7 @@ class Bench:
         """One step in a fresh process; its stdout is JSON. None when skipped."""
         if self.left() < need:
             self.log(f"SKIP {name}: {self.left():.0f}s left, needs about {need:.0f}s")
-            self.summary["steps"][name] = {"skipped": f"needs ~{need:.0f}s"}
+            self.results["steps"][name] = {"skipped": f"needs ~{need:.0f}s"}
             self.save()
             return None
         root = Path(cache.split(":")[0])
@@ -67,7 +61,7 @@ class Bench:
         row = {"argv": argv, "cache": cache, "rc": rc, "wall_s": wall,
                "entries_before": len(before), "entries_after": len(after),
                "new_entries": len(after - before), **printed}
-        self.summary["steps"][name] = row
+        self.results["steps"][name] = row
         self.save()
         self.log(f"DONE {name}: rc={rc} wall={wall}s new_entries={row['new_entries']} "
                  f"{_brief(row.get('json'))}")
@@ -145,7 +139,7 @@ def describe_cache(bench: Bench, root: Path) -> None:
             "files_in_entries": files, "kinds": kinds, "unparsed": unparsed,
             "tmp_leftovers": sorted(p.name for p in tmp.iterdir()) if tmp.exists() else None,
             "cubin_bytes": sorted((e.path / "kernel.cubin").stat().st_size for e in entries)}
-    bench.summary["cache_layout"] = info
+    bench.results["cache_layout"] = info
     bench.save()
     shown = {k: v for k, v in info.items() if k != "cubin_bytes"}
     bench.log(f"cache layout: {json.dumps(shown)}")
@@ -172,9 +166,9 @@ def pack_samples(bench: Bench, root: Path) -> None:
     with tarfile.open(target, "w:gz") as tar:
         for entry in picked:
             tar.add(entry.path, arcname=f"cache/{entry.name}")
-    bench.summary["packed"] = {"file": target.name, "bytes": target.stat().st_size,
+    bench.results["packed"] = {"file": target.name, "bytes": target.stat().st_size,
                                "entries": [e.name for e in picked]}
-    bench.summary["fingerprint"] = adapter.fingerprint_inputs()
+    bench.results["fingerprint"] = adapter.fingerprint_inputs()
     bench.save()
     bench.log(f"packed {len(picked)} entries ({target.stat().st_size} bytes): "
               f"{[e.name for e in picked]}")
@@ -260,9 +254,9 @@ def main(out: Path, work: Path, budget: float, max_tokens: int, speedup_tokens: 
                  " deep_gemm.__file__, torch.__version__, torch.cuda.get_device_name(0))"],
                 capture_output=True, text=True)
             nvcc = subprocess.run(["nvcc", "--version"], capture_output=True, text=True)
-            bench.summary["info"] = {"deep_gemm": info.stdout.strip() or info.stderr[-500:],
+            bench.results["info"] = {"deep_gemm": info.stdout.strip() or info.stderr[-500:],
                                      "nvcc": nvcc.stdout.strip().splitlines()[-1:]}
-            bench.log(f"info: {bench.summary['info']}")
+            bench.log(f"info: {bench.results['info']}")
             for model in MODELS:
                 plan = subprocess.run([sys.executable, "-m", "warmd", "plan", *MODELS[model],
                                        *bench.plan_args, "--json"], capture_output=True,
@@ -274,7 +268,7 @@ def main(out: Path, work: Path, budget: float, max_tokens: int, speedup_tokens: 
                     bench.log(f"plan {model} failed: {plan.stderr[-800:]}")
                     continue
                 rows = [(t["key"], len(t["m"]), min(t["m"]), max(t["m"])) for t in tasks]
-                bench.summary.setdefault("plans", {})[model] = rows
+                bench.results.setdefault("plans", {})[model] = rows
                 bench.log(f"plan {model}: {len(rows)} DeepGEMM tasks: {rows}")
             bench.save()
         elif step in MODEL_STEPS:
@@ -289,11 +283,11 @@ def main(out: Path, work: Path, budget: float, max_tokens: int, speedup_tokens: 
         elif step == "colon_path" and ok.get("speedup"):
             colon_path_check(bench, work / "speedup-w4", need=20)
         elif step == "speedup_w1" and ok.get("speedup"):
-            fast = bench.summary["steps"]["speedup_w4"]["wall_s"]
+            fast = bench.results["steps"]["speedup_w4"]["wall_s"]
             bench.warmup(step, "qwen", work / "speedup-w1", 1, need=3.5 * fast,
                          max_tokens=speedup_tokens)
         elif step == "qwen_cold_w1":
-            cold = bench.summary["steps"].get("qwen_cold_w4", {})
+            cold = bench.results["steps"].get("qwen_cold_w4", {})
             need = 3.5 * cold["wall_s"] if "wall_s" in cold else 120
             bench.warmup(step, "qwen", q1, 1, need=need)
     bench.log("finished")

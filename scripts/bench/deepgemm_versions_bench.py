@@ -32,28 +32,21 @@ import sys
 import time
 from pathlib import Path
 
-from step_runner import run_step
+from step_runner import BenchRun, run_step
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "tests/data/models/qwen3-235b-a22b-fp8"
 SERVE = ["--", "vllm", "serve", MODEL, "--tensor-parallel-size", "4"]
 
 
-class Bench:
+class Bench(BenchRun):
+    RESULTS_FILE = "versions.json"
+
     def __init__(self, out: Path, budget: float) -> None:
-        self.out, self.budget, self.began = out, budget, time.monotonic()
+        super().__init__(out, budget, {"serve": " ".join(SERVE[1:]),
+                                       "cores": len(os.sched_getaffinity(0)),
+                                       "steps": {}, "checks": {}})
         self.work = Path("/tmp/dgv-work")
-        self.results: dict = {"serve": " ".join(SERVE[1:]), "cores": len(os.sched_getaffinity(0)),
-                              "steps": {}, "checks": {}}
-
-    def left(self) -> float:
-        return self.budget - (time.monotonic() - self.began)
-
-    def log(self, text: str) -> None:
-        print(f"[{time.monotonic() - self.began:6.1f}s] {text}", flush=True)
-
-    def save(self) -> None:
-        (self.out / "versions.json").write_text(json.dumps(self.results, indent=1))
 
     def check(self, name: str, ok: bool, detail) -> None:
         self.results["checks"][name] = {"ok": bool(ok), "detail": detail}

@@ -14,22 +14,12 @@ OUT=${OUT:-/tmp/before-after-out}
 DV=${DV:-.dv}
 mkdir -p "$OUT"
 LOG="$OUT/device.log"
-pip_target() {
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target "$@" >>"$LOG" 2>&1 || { cat "$LOG"; exit 1; }
-}
-mapfile -t deps < <(ls "$DV"/whl/*.whl | grep -v -e sgl_deep_gemm -e apache_tvm_ffi)
-pip_target /tmp/site "${deps[@]}"
-pip_target /tmp/dg014 "$DV"/whl/sgl_deep_gemm-*.whl "$DV"/whl/apache_tvm_ffi-*.whl
-V=/tmp/vllm034  # vLLM 0.34.0's layout: its dist-info and vllm/third_party/deep_gemm
-mkdir -p "$V/vllm/third_party" "$V/vllm-0.34.0.dist-info"
-: >"$V/vllm/__init__.py"
-: >"$V/vllm/third_party/__init__.py"
-tar -xJf "$DV/vdg.tar.xz" -C "$V/vllm/third_party" || exit 1
-printf 'Metadata-Version: 2.1\nName: vllm\nVersion: 0.34.0\n' >"$V/vllm-0.34.0.dist-info/METADATA"
-export PYTHONUNBUFFERED=1 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+source "$(dirname "${BASH_SOURCE[0]}")/device_env.sh"
+deepgemm_sites "$DV"/whl /tmp/site /tmp/dg014
+V=/tmp/vllm034
+vllm034_layout "$V" "$DV/vdg.tar.xz"
 export VLLM_MOE_USE_DEEP_GEMM=1  # the MoE's grouped GEMMs through DeepGEMM, as before
-{ nvidia-smi -L; nproc | sed 's/^/cores: /'; } 2>&1 | tee -a "$LOG"
+device_banner
 for generation in ${GENERATIONS:-vendored-2.8.1 sgl-0.1.4.post1}; do
     case $generation in
         vendored-2.8.1) path="/tmp/site:$V" ;;

@@ -19,21 +19,12 @@ LOG="$OUT/device.log"
 STARTED=$SECONDS
 # Fresh directories: a warm machine keeps /tmp from an earlier call (another DeepGEMM).
 TMP=$(mktemp -d /tmp/rederive.XXXXXX)
-pip_target() {
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target "$@" >>"$LOG" 2>&1 || { cat "$LOG"; exit 1; }
-}
-mapfile -t deps < <(ls "$WHEELS"/*.whl | grep -v -e sgl_deep_gemm -e apache_tvm_ffi)
-pip_target "$TMP/site" "${deps[@]}"
-pip_target "$TMP/dg014" "$WHEELS"/sgl_deep_gemm-*.whl "$WHEELS"/apache_tvm_ffi-*.whl
+source "$(dirname "${BASH_SOURCE[0]}")/device_env.sh"
+deepgemm_sites "$WHEELS" "$TMP/site" "$TMP/dg014"
 V=$TMP/vllm034
-mkdir -p "$V/vllm/third_party" "$V/vllm-0.34.0.dist-info"
-: >"$V/vllm/__init__.py"
-: >"$V/vllm/third_party/__init__.py"
-tar -xJf "$VDG" -C "$V/vllm/third_party" || exit 1
-printf 'Metadata-Version: 2.1\nName: vllm\nVersion: 0.34.0\n' >"$V/vllm-0.34.0.dist-info/METADATA"
-export PYTHONUNBUFFERED=1 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} RAY_AUTH_MODE=disabled
-{ nvidia-smi -L; nproc | sed 's/^/cores: /'; } 2>&1 | tee -a "$LOG"
+vllm034_layout "$V" "$VDG"
+export RAY_AUTH_MODE=disabled
+device_banner
 rc=0
 PYTHONPATH="$TMP/dg014:$TMP/site:$V:$PWD" timeout 150 python3 \
     scripts/bench/capture_rederive_bench.py --out "$OUT" --label v014 2>&1 | tee -a "$LOG"

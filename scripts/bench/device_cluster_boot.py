@@ -27,6 +27,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from step_runner import BenchRun
+
 ROOT = Path(__file__).resolve().parents[2]
 PLANS = {
     "qwen": ["--model", "qwen3-30b-a3b-fp8"],
@@ -124,22 +126,14 @@ def builder_compare(gpu_root: Path, built: dict[str, dict[str, bytes]]) -> dict:
             "identical": not missing and not differ and bool(built)}
 
 
-class Bench:
+class Bench(BenchRun):
+    RESULTS_FILE = "cluster_boot.json"
+
     def __init__(self, out: Path, budget: float, url: str) -> None:
-        self.out, self.budget, self.url = out, budget, url
-        self.began = time.monotonic()
         self.cores = len(os.sched_getaffinity(0))
-        self.results: dict = {"budget_s": budget, "cores": self.cores, "runs": {},
-                              "builder": {}}
-
-    def left(self) -> float:
-        return self.budget - (time.monotonic() - self.began)
-
-    def log(self, text: str) -> None:
-        print(f"[{time.monotonic() - self.began:6.1f}s] {text}", flush=True)
-
-    def save(self) -> None:
-        (self.out / "cluster_boot.json").write_text(json.dumps(self.results, indent=1))
+        super().__init__(out, budget, {"budget_s": budget, "cores": self.cores, "runs": {},
+                                       "builder": {}})
+        self.url = url
 
     def flush(self) -> None:
         import redis

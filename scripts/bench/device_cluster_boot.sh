@@ -17,28 +17,20 @@ mkdir -p "$OUT"
 LOG="$OUT/device.log"
 # Fresh directories: a warm machine keeps /tmp from an earlier call (another DeepGEMM).
 TMP=$(mktemp -d /tmp/boot.XXXXXX)
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target "$TMP/site" "$WHEELS"/*.whl >>"$LOG" 2>&1 || { cat "$LOG"; exit 1; }
+source "$(dirname "${BASH_SOURCE[0]}")/device_env.sh"
+pip_target "$TMP/site" "$WHEELS"/*.whl
 SITE=$TMP/site
 if [ "${GENERATION:-014}" = 281 ]; then
     # DeepGEMM 2.8.1 as vLLM 0.34.0 ships it; no sgl-deep-gemm on the path.
     V=$TMP/vllm034
-    mkdir -p "$V/vllm/third_party" "$V/vllm-0.34.0.dist-info" "$TMP/site281"
-    : >"$V/vllm/__init__.py"
-    : >"$V/vllm/third_party/__init__.py"
-    tar -xJf "${VDG:-.vdg/vdg.tar.xz}" -C "$V/vllm/third_party" || exit 1
-    printf 'Metadata-Version: 2.1\nName: vllm\nVersion: 0.34.0\n' \
-        >"$V/vllm-0.34.0.dist-info/METADATA"
-    mapfile -t deps < <(ls "$WHEELS"/*.whl | grep -v -e sgl_deep_gemm)
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target "$TMP/site281" "${deps[@]}" >>"$LOG" 2>&1 || { cat "$LOG"; exit 1; }
+    vllm034_layout "$V" "${VDG:-.vdg/vdg.tar.xz}"
+    pip_target_except "$TMP/site281" "$WHEELS" sgl_deep_gemm
     SITE=$TMP/site281:$V
 fi
-export PYTHONPATH=$SITE:$PWD PYTHONUNBUFFERED=1 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
-export RAY_AUTH_MODE=disabled
+export PYTHONPATH=$SITE:$PWD RAY_AUTH_MODE=disabled
 # vLLM's MoE through DeepGEMM: the grouped GEMM tasks are in the plans.
 export VLLM_MOE_USE_DEEP_GEMM=${VLLM_MOE_USE_DEEP_GEMM:-1}
-{ nvidia-smi -L; nproc | sed 's/^/cores: /'; } 2>&1 | tee -a "$LOG"
+device_banner
 python3 scripts/bench/device_cluster_boot.py run --out "$OUT" --budget "${BUDGET:-440}" \
     --models "${MODELS:-qwen,dsv3}" --nodes "${NODES:-2,4}" 2>&1 | tee -a "$LOG"
 rc=${PIPESTATUS[0]}

@@ -9,8 +9,9 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/deepgemm-out}
 mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
-nvidia-smi -L 2>&1 | tee "$OUT/device.log"
-python3 scripts/bench/deepgemm_bench.py --out "$OUT" "$@" 2>&1 | tee -a "$OUT/device.log"
+LOG="$OUT/device.log"
+source "$(dirname "${BASH_SOURCE[0]}")/device_env.sh"
+pip_target /tmp/site .whl/*.whl
+export PYTHONPATH=/tmp/site:$PWD
+nvidia-smi -L 2>&1 | tee "$LOG"
+python3 scripts/bench/deepgemm_bench.py --out "$OUT" "$@" 2>&1 | tee -a "$LOG"

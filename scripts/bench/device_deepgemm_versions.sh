@@ -20,23 +20,11 @@ WHEELS=${WHEELS:-.whl-speed}
 VDG=${VDG:-.vdg/vdg.tar.xz}
 mkdir -p "$OUT"
 LOG="$OUT/device.log"
-pip_target() {
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target "$@" >>"$LOG" 2>&1 || { cat "$LOG"; exit 1; }
-}
-# warmd's dependencies, no DeepGEMM
-mapfile -t deps < <(ls "$WHEELS"/*.whl | grep -v -e sgl_deep_gemm -e apache_tvm_ffi)
-pip_target /tmp/site "${deps[@]}"
-pip_target /tmp/dg014 "$WHEELS"/sgl_deep_gemm-*.whl "$WHEELS"/apache_tvm_ffi-*.whl
-# vLLM 0.34.0's layout: what warmd's probe and `import vllm.third_party.deep_gemm` see
+source "$(dirname "${BASH_SOURCE[0]}")/device_env.sh"
+deepgemm_sites "$WHEELS" /tmp/site /tmp/dg014
 V=/tmp/vllm034
-mkdir -p "$V/vllm/third_party" "$V/vllm-0.34.0.dist-info"
-: >"$V/vllm/__init__.py"
-: >"$V/vllm/third_party/__init__.py"
-tar -xJf "$VDG" -C "$V/vllm/third_party" || exit 1
-printf 'Metadata-Version: 2.1\nName: vllm\nVersion: 0.34.0\n' >"$V/vllm-0.34.0.dist-info/METADATA"
-export PYTHONUNBUFFERED=1 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
-{ nvidia-smi -L; nproc | sed 's/^/cores: /'; } 2>&1 | tee -a "$LOG"
+vllm034_layout "$V" "$VDG"
+device_banner
 python3 scripts/bench/deepgemm_versions_bench.py --out "$OUT" --budget "${BUDGET:-480}" \
     --pattern "${PATTERN:-no}" \
     --vendored "/tmp/site:$V:$PWD" --external "/tmp/dg014:/tmp/site:$V:$PWD" 2>&1 \

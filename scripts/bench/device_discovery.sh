@@ -8,9 +8,10 @@ set -uo pipefail
 OUT=${OUT:-/tmp/discovery-out}
 mkdir -p "$OUT"
 LOG="$OUT/discovery.log"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site "${WHEELS:-.whl-speed}"/*.whl >"$LOG" 2>&1 || { cat "$LOG"; exit 1; }
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+source "$(dirname "${BASH_SOURCE[0]}")/device_env.sh"
+: >"$LOG"
+pip_target /tmp/site "${WHEELS:-.whl-speed}"/*.whl
+export PYTHONPATH=/tmp/site:$PWD
 export VLLM_MOE_USE_DEEP_GEMM=${VLLM_MOE_USE_DEEP_GEMM:-1} WARMD_REDIS_URL=off
 python3 scripts/bench/discovery_profile.py --out "$OUT" 2>&1 | tee -a "$LOG"
 for nice in ${NICES:-10 0}; do

@@ -14,9 +14,10 @@ OUT=${OUT:-/tmp/engine-launch-out}
 TOKENS=${1:-2048}
 MODEL=${MODEL:-warmd/examples/qwen3-30b-a3b-fp8}
 mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+LOG="$OUT/device.log"
+source "$(dirname "${BASH_SOURCE[0]}")/device_env.sh"
+pip_target /tmp/site .whl/*.whl
+export PYTHONPATH=/tmp/site:$PWD
 export DG_JIT_CACHE_DIR=${DG_JIT_CACHE_DIR:-/tmp/engine-launch-dg-cache}
 export WARMD_STATE_DIR=${WARMD_STATE_DIR:-/tmp/engine-launch-state}
 rm -rf "$DG_JIT_CACHE_DIR" "$WARMD_STATE_DIR"

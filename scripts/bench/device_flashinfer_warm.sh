@@ -17,14 +17,13 @@ LOG="$OUT/flashinfer_warm.log"
 WHEELS=${WHEELS:-.whl-speed}
 CARRY=${CARRY:-.fi-carry}
 SITE=${SITE:-/tmp/site}
+source "$(dirname "${BASH_SOURCE[0]}")/device_env.sh"
 echo "[$(date +%T)] installing $WHEELS and $CARRY into $SITE" | tee "$LOG"
 wheels=("$WHEELS"/*.whl)
 compgen -G "$CARRY/*.whl" >/dev/null && wheels+=("$CARRY"/*.whl)
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target "$SITE" "${wheels[@]}" >>"$LOG" 2>&1 || { cat "$LOG"; exit 1; }
-export PYTHONPATH=$SITE:$PWD PYTHONUNBUFFERED=1 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
-nvidia-smi -L 2>&1 | tee -a "$LOG"
-nproc | sed 's/^/cores: /' | tee -a "$LOG"
+pip_target "$SITE" "${wheels[@]}"
+export PYTHONPATH=$SITE:$PWD
+device_banner
 python3 scripts/bench/flashinfer_warm_bench.py run --out "$OUT" --carry "$CARRY" --site "$SITE" \
     --node-a "${NODE_A:-/tmp/nodeA}" --node-b "${NODE_B:-/tmp/other/place}" "$@" 2>&1 \
     | tee -a "$LOG"

@@ -18,14 +18,13 @@ mkdir -p "$OUT"
 LOG="$OUT/join.log"
 WHEELS=${WHEELS:-.whl-speed}
 RAY_CARRY=${RAY_CARRY:-.ray-carry}
+source "$(dirname "${BASH_SOURCE[0]}")/device_env.sh"
 began=$EPOCHREALTIME
-{
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target /tmp/site "$WHEELS"/*.whl "$RAY_CARRY"/*.whl \
-        && tar -xJf "$RAY_CARRY"/ray-*.tar.xz -C /tmp/site
-} >"$LOG" 2>&1 || { cat "$LOG"; exit 1; }
+: >"$LOG"
+pip_target /tmp/site "$WHEELS"/*.whl "$RAY_CARRY"/*.whl
+tar -xJf "$RAY_CARRY"/ray-*.tar.xz -C /tmp/site >>"$LOG" 2>&1 || { cat "$LOG"; exit 1; }
 echo "setup (wheels, Ray unpacked): $(awk "BEGIN {print $EPOCHREALTIME - $began}") s" | tee -a "$LOG"
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+export PYTHONPATH=/tmp/site:$PWD
 export RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0
 # tests/ is imported as a namespace package: a regular `tests` package in the image would
 # shadow it, so say so plainly instead of failing inside the bench.

@@ -12,11 +12,11 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/shared-out}
 mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl-store/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
-export WARMD_STATE_DIR=/tmp/warmd-state
 LOG="$OUT/device.log"
+source "$(dirname "${BASH_SOURCE[0]}")/device_env.sh"
+pip_target /tmp/site .whl-store/*.whl
+export PYTHONPATH=/tmp/site:$PWD
+export WARMD_STATE_DIR=/tmp/warmd-state
 BUDGET=${BUDGET:-400}
 STEPS=${STEPS:-shared,masked,speedup}  # which groups of steps to run
 START=$(date +%s)

@@ -12,16 +12,15 @@ OUT=${OUT:-/tmp/speed-out}
 mkdir -p "$OUT"
 LOG="$OUT/device.log"
 WHEELS=${WHEELS:-.whl-speed}
+source "$(dirname "${BASH_SOURCE[0]}")/device_env.sh"
 # Whether the image itself has NVML's bindings (warmd's `nvml` extra), before we add ours.
 python3 -c 'import pynvml; print("pynvml in the image:", pynvml.__file__)' >"$LOG" 2>&1 \
     || echo "pynvml in the image: no" >>"$LOG"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site "$WHEELS"/*.whl >>"$LOG" 2>&1 || { cat "$LOG"; exit 1; }
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+pip_target /tmp/site "$WHEELS"/*.whl
+export PYTHONPATH=/tmp/site:$PWD
 # vLLM's MoE through DeepGEMM (what issue 12 measured; newer vLLM rules need it asked for):
 # the grouped GEMM tasks are in the plans.
 export VLLM_MOE_USE_DEEP_GEMM=${VLLM_MOE_USE_DEEP_GEMM:-1}
-nvidia-smi -L 2>&1 | tee -a "$LOG"
-nproc | sed 's/^/cores: /' | tee -a "$LOG"
+device_banner
 python3 scripts/bench/speed_bench.py run --out "$OUT" --budget "${BUDGET:-480}" \
     --models "${MODELS:-qwen,dsv3}" 2>&1 | tee -a "$LOG"

@@ -41,7 +41,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from step_runner import run_step
+from step_runner import BenchRun, run_step
 
 ROOT = Path(__file__).resolve().parents[2]
 PLANS = {
@@ -79,24 +79,16 @@ def entries(root: Path) -> set[str]:
         return set()
 
 
-class Bench:
+class Bench(BenchRun):
+    RESULTS_FILE = "speed.json"
+
     def __init__(self, out: Path, work: Path, budget: float, max_tokens: int) -> None:
-        self.out, self.work, self.budget = out, work, budget
+        self.cores = len(os.sched_getaffinity(0))
+        super().__init__(out, budget, {"budget_s": budget, "max_tokens": max_tokens,
+                                       "cores": self.cores, "steps": {}, "checks": {}})
+        self.work = work
         self.plan_args = ["--max-tokens", str(max_tokens), "--mode", "relax",
                           "--library", "deep_gemm"]
-        self.began = time.monotonic()
-        self.cores = len(os.sched_getaffinity(0))
-        self.results: dict = {"budget_s": budget, "max_tokens": max_tokens,
-                              "cores": self.cores, "steps": {}, "checks": {}}
-
-    def left(self) -> float:
-        return self.budget - (time.monotonic() - self.began)
-
-    def save(self) -> None:
-        (self.out / "speed.json").write_text(json.dumps(self.results, indent=1))
-
-    def log(self, text: str) -> None:
-        print(f"[{time.monotonic() - self.began:6.1f}s] {text}", flush=True)
 
     def check(self, name: str, ok: bool, detail) -> None:
         self.results["checks"][name] = {"ok": bool(ok), "detail": detail}

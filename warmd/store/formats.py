@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import asdict, dataclass, field
+from typing import Self
 
 from warmd.store.chunking import CHUNK_SIZE, chunk_count
 from warmd.store.signing import check as check_signature
@@ -28,8 +29,50 @@ def json_bytes(obj: dict) -> bytes:
     return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
 
 
+class StoredRecord:
+    """What every stored record (a dataclass) shares: its JSON, tuples as lists and no "sig"
+    while unsigned, stored as canonical bytes."""
+
+    def to_json(self) -> dict:
+        data = {name: list(value) if isinstance(value, tuple) else value
+                for name, value in asdict(self).items()}
+        if "sig" in data and data["sig"] is None:
+            del data["sig"]
+        return data
+
+    def encode(self) -> bytes:
+        return json_bytes(self.to_json())
+
+
+class ArtifactRecord(StoredRecord):
+    """A record of one stored artifact (a manifest, a pending claim): its chunks, and what its
+    decoding checks besides each field's bounds."""
+
+    name: str
+    digest: str
+    size: int
+    chunk_size: int
+    v: int
+
+    @property
+    def chunks(self) -> int:
+        return chunk_count(self.size, self.chunk_size)
+
+    def checked(self, kind: str, max_size: int) -> Self:
+        """This record if it is of version 1 and names an entry and a digest; raises
+        RefusedHere (another version, or over this node's size limit) or BadRecord."""
+        if self.v != 1:
+            raise RefusedHere(f"unknown {kind} version {self.v}")
+        if not is_entry_name(self.name) or not HEX64.match(self.digest):
+            raise BadRecord(f"malformed {kind}: name or digest")
+        if self.size > max_size:
+            raise RefusedHere(f"{kind} size {self.size} is over this node's {max_size}-byte "
+                              "limit")
+        return self
+
+
 @dataclass(frozen=True)
-class Manifest:
+class Manifest(ArtifactRecord):
     library: str
     name: str
     fingerprint: str
@@ -42,40 +85,19 @@ class Manifest:
     v: int = 1
     sig: str | None = field(default=None, compare=False)
 
-    @property
-    def chunks(self) -> int:
-        return chunk_count(self.size, self.chunk_size)
-
-    def to_json(self) -> dict:
-        data = asdict(self)
-        if data["sig"] is None:
-            del data["sig"]
-        return data
-
-    def encode(self) -> bytes:
-        return json_bytes(self.to_json())
-
     @classmethod
     def decode(cls, raw: bytes | str, max_size: int) -> Manifest:
         """Parse and check a stored manifest; raises BadRecord on anything off."""
         f = Fields(load_record(raw), "manifest")
-        man = cls(f.text("library"), f.text("name"), f.text("fingerprint"), f.text("digest"),
-                  f.integer("size", 0, MAX_BLOB_BYTES), f.text("producer", ""),
-                  f.number("compile_seconds", 0.0, low=0.0), f.number("created", 0.0, low=0.0),
-                  f.integer("chunk_size", 64 << 10, 64 << 20, CHUNK_SIZE),
-                  f.integer("v", 0, 1 << 31, 1), f.signature())
-        if man.v != 1:
-            raise RefusedHere(f"unknown manifest version {man.v}")
-        if not is_entry_name(man.name) or not HEX64.match(man.digest):
-            raise BadRecord("malformed manifest: name or digest")
-        if man.size > max_size:
-            raise RefusedHere(f"manifest size {man.size} is over this node's {max_size}-byte "
-                              "limit")
-        return man
+        return cls(f.text("library"), f.text("name"), f.text("fingerprint"), f.text("digest"),
+                   f.integer("size", 0, MAX_BLOB_BYTES), f.text("producer", ""),
+                   f.number("compile_seconds", 0.0, low=0.0), f.number("created", 0.0, low=0.0),
+                   f.integer("chunk_size", 64 << 10, 64 << 20, CHUNK_SIZE),
+                   f.integer("v", 0, 1 << 31, 1), f.signature()).checked("manifest", max_size)
 
 
 @dataclass(frozen=True)
-class StoredTaskRecord:
+class StoredTaskRecord(StoredRecord):
     """What the store keeps per (fingerprint, task): the entries one plan task produced
     (the local record of a task is warmd.cache's)."""
 
@@ -87,16 +109,6 @@ class StoredTaskRecord:
     created: float = field(default_factory=time.time)
     v: int = 1
     sig: str | None = field(default=None, compare=False)
-
-    def to_json(self) -> dict:
-        data = asdict(self)
-        data["entries"] = list(self.entries)
-        if data["sig"] is None:
-            del data["sig"]
-        return data
-
-    def encode(self) -> bytes:
-        return json_bytes(self.to_json())
 
     @classmethod
     def decode(cls, raw: bytes | str) -> StoredTaskRecord:

@@ -88,7 +88,7 @@ def learned_keys_pattern(plan: str | None = None) -> str:
 
 def parse_learned_key(key: bytes | str) -> tuple[str, str] | None:
     """(fingerprint, plan) of a learned index key; None for any other key."""
-    found = _LEARNED_KEY.match(_key_text(key))
+    found = _LEARNED_KEY.match(text(key))
     return (found.group(1), found.group(2)) if found else None
 
 
@@ -143,7 +143,7 @@ def blob_keys_pattern() -> str:
 
 def parse_blob_key(key: bytes | str) -> str | None:
     """The blob digest of a chunk key; None for any other key."""
-    found = _BLOB_KEY.match(_key_text(key))
+    found = _BLOB_KEY.match(text(key))
     return found.group(1) if found else None
 
 
@@ -157,10 +157,6 @@ def task_keys_pattern(fp: str) -> str:
     return task_key(fp, "*")
 
 
-def _key_text(key: bytes | str) -> str:
-    return key.decode(errors="replace") if isinstance(key, bytes) else key
-
-
 def text(value) -> str:
     """A name or key as Redis returns it (bytes), as text."""
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
@@ -168,7 +164,7 @@ def text(value) -> str:
 
 def is_record_key(key: bytes | str) -> bool:
     """Whether a key is a manifest's or a task record's (what a signature covers)."""
-    return _key_text(key).startswith((f"{PREFIX}man:", f"{PREFIX}task:"))
+    return text(key).startswith((f"{PREFIX}man:", f"{PREFIX}task:"))
 
 
 def lease_key(fp: str, task: str) -> str:

@@ -12,22 +12,20 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from warmd.cache.base import CacheAdapter
 from warmd.store import layout
 from warmd.store.api import StoreFailed
-from warmd.store.chunking import CHUNK_SIZE, check_blob, chunk_count, chunk_lengths, split_chunks
+from warmd.store.chunking import CHUNK_SIZE, check_blob, chunk_lengths, split_chunks
 from warmd.store.connection import classify
-from warmd.store.formats import json_bytes
+from warmd.store.formats import ArtifactRecord
 from warmd.store.session import Session
 from warmd.store.validation import (
-    HEX64,
     MAX_BLOB_BYTES,
     MAX_TEXT,
     BadRecord,
     Fields,
-    RefusedHere,
     is_entry_name,
     load_record,
 )
@@ -39,7 +37,7 @@ MAX_CLAIM_PLANS = 64  # plans one claim names (a node warms a handful of models)
 
 
 @dataclass(frozen=True)
-class PendingClaim:
+class PendingClaim(ArtifactRecord):
     """What a serving node says it captured (warmd.capture): an entry's artifact, its digest,
     the node and the plans it learned it for. Never signed and never installed: a trusted
     producer re-derives it (warmd.rederive) and publishes what it built itself."""
@@ -56,15 +54,6 @@ class PendingClaim:
     chunk_size: int = CHUNK_SIZE
     v: int = 1
 
-    @property
-    def chunks(self) -> int:
-        return chunk_count(self.size, self.chunk_size)
-
-    def encode(self) -> bytes:
-        data = asdict(self)
-        data["plans"] = list(self.plans)
-        return json_bytes(data)
-
     @classmethod
     def decode(cls, raw: bytes | str, max_size: int) -> PendingClaim:
         """Parse and check a stored claim; raises BadRecord (RefusedHere when over this
@@ -74,19 +63,11 @@ class PendingClaim:
         if not plans or len(plans) > MAX_CLAIM_PLANS or not all(
                 isinstance(p, str) and 0 < len(p) <= MAX_TEXT for p in plans):
             raise BadRecord(f"malformed claim: plans must be 1 to {MAX_CLAIM_PLANS} strings")
-        claim = cls(f.text("library"), f.text("name"), f.text("fingerprint"), f.text("digest"),
-                    f.integer("size", 0, MAX_BLOB_BYTES), f.text("node", ""), tuple(plans),
-                    f.number("compile_seconds", 0.0), f.number("created", 0.0),
-                    f.integer("chunk_size", 64 << 10, 64 << 20, CHUNK_SIZE),
-                    f.integer("v", 0, 1 << 31, 1))
-        if claim.v != 1:
-            raise RefusedHere(f"unknown claim version {claim.v}")
-        if not is_entry_name(claim.name) or not HEX64.match(claim.digest):
-            raise BadRecord("malformed claim: name or digest")
-        if claim.size > max_size:
-            raise RefusedHere(f"claim size {claim.size} is over this node's {max_size}-byte "
-                              "limit")
-        return claim
+        return cls(f.text("library"), f.text("name"), f.text("fingerprint"), f.text("digest"),
+                   f.integer("size", 0, MAX_BLOB_BYTES), f.text("node", ""), tuple(plans),
+                   f.number("compile_seconds", 0.0), f.number("created", 0.0),
+                   f.integer("chunk_size", 64 << 10, 64 << 20, CHUNK_SIZE),
+                   f.integer("v", 0, 1 << 31, 1)).checked("claim", max_size)
 
 
 class PendingClaims:
