@@ -10,9 +10,11 @@ deep_gemm, flashinfer, triton) only in the process that runs them.
 
 A plugin subclasses ``LibraryPlugin`` and overrides what its library does; the defaults here
 are a library warmd only captures and shares (no executor, no kernel stage, one unit of
-cluster work per task, nothing re-derived). What a library can do is said by typed
-attributes (``plans_tasks``, ``stages_kernels``, ``rederivation``), read before anything is
-built; a method of a capability it lacks is never called.
+cluster work per task, nothing re-derived); ``make_adapter`` it must define. What a library
+can do is said by typed attributes (``plans_tasks``, ``stages_kernels``, ``rederivation``),
+read before anything is built; a method of a capability it lacks is never called (and
+raises: TypeError, CannotRederiveHere). A type checker follows each plugin module's
+methods, lazy imports included.
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ class LibraryPlugin(Protocol):
     def make_executor(self) -> Executor:
         """Its executor, made in a worker process (imports the library); called only when
         ``plans_tasks``."""
-        raise NotImplementedError(f"{type(self).__name__} has no executor")
+        raise TypeError(f"{type(self).__name__} plans no tasks: it has no executor")
 
     def worker_env(self, arch: str, root: Path) -> dict[str, str]:
         """What its worker processes need set before they import it, for a target arch and
@@ -68,7 +70,7 @@ class LibraryPlugin(Protocol):
         """A stage compiling the cold ``tasks`` into ``root`` (not started yet) with ``jobs``
         compile jobs on ``gpu_ids``, ``env`` its workers' environment; called only when
         ``stages_kernels``."""
-        raise NotImplementedError(f"{type(self).__name__} has no kernel stage")
+        raise TypeError(f"{type(self).__name__} has no kernel stage")
 
     def task_kernels(self, task: Task) -> tuple[tuple[str, Task], ...] | None:
         """The entries the task makes, known before it runs, each with a task that builds
