@@ -22,7 +22,6 @@ from warmd.libraries import (
     check_library_name,
     display_name,
     probe_names,
-    resolve,
 )
 from warmd.probes import probe_nvcc
 
@@ -161,11 +160,9 @@ def test_registry_names_every_library_once_with_its_parts():
         assert library.name == name and display_name(name) == library.display
         assert all(k.library in (name, None) for k in library.kernels)
         assert all(ALL_KERNELS[k.name] is k for k in library.kernels)
-        assert callable(resolve(library.adapter))
         # a library warmd plans for has kernels and an executor; a captured-only one neither
-        assert bool(library.kernels) == library.plans_tasks
-        assert library.executor is None or callable(resolve(library.executor))
-        assert library.worker_env is None or callable(resolve(library.worker_env))
+        # (its plugin: tests/libraries/test_library_plugins.py)
+        assert bool(library.kernels) == library.plugin().plans_tasks
         assert all(root.env in {k.env for k in knobs.KNOBS} for root in library.roots)
         assert probe_names()[:len(LIBRARIES)] == tuple(LIBRARIES)
     assert check_library_name("DeepGEMM") == "deep_gemm"

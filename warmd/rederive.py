@@ -4,7 +4,7 @@ installable learned entries.
 A claim (warmd.capture, ``SharedCache.submit_claim``) is what a serving node's cache held:
 bytes nothing vouches for. A node the operator trusts to produce code (warmd.yaml
 ``capture.rederive_nodes``) reads the claims under each fingerprint it can build for,
-hands each to its library's ``rederive`` (``Library.rederive``: Triton compiles this node's
+hands each to its library's plugin (``LibraryPlugin.rederive``: Triton compiles this node's
 own allow-listed kernel function for the specialisation whose key is the claim's, FlashInfer
 regenerates the module from its URI, DeepGEMM fills the extension's own template with the
 claim's template arguments, autotune results pass FlashInfer's own checks), and publishes
@@ -38,6 +38,7 @@ from warmd.capture.scope import CaptureScope, adapters_for
 from warmd.capture.sharing import publish_learned
 
 if TYPE_CHECKING:
+    from warmd.libraries.plugin import LibraryPlugin
     from warmd.store.api import SharedCache
     from warmd.targets import Target
 
@@ -87,28 +88,28 @@ class _Prebuilt(CacheAdapter):
 
 def rederive_library(library: str) -> Callable[..., Rederived]:
     """The library's re-derivation function; CannotRederiveHere when it has none."""
+    plugin = _plugin(library)
+    if plugin is None or plugin.rederivation is None:
+        raise CannotRederiveHere(f"{library} entries cannot be re-derived")
+    return plugin.rederive
+
+
+def _plugin(library: str) -> LibraryPlugin | None:
     from warmd.libraries import LIBRARIES
-    from warmd.libraries.base import resolve
 
     registered = LIBRARIES.get(library)
-    if registered is None or registered.rederive is None:
-        raise CannotRederiveHere(f"{library} entries cannot be re-derived")
-    return resolve(registered.rederive)
+    return registered.plugin() if registered is not None else None
 
 
 NOT_REDERIVED = "not re-derived: its captures stay on the node that built them"
 
 
 def how_rederived(library: str) -> str:
-    """How a trusted producer re-derives the library's claims (the library's ``HOW``), or
-    that it does not."""
-    import sys
-
-    try:
-        function = rederive_library(library)
-    except CannotRederiveHere:
-        return NOT_REDERIVED
-    return getattr(sys.modules[function.__module__], "HOW", "re-derived")
+    """How a trusted producer re-derives the library's claims (its plugin's
+    ``rederivation``), or that it does not."""
+    plugin = _plugin(library)
+    how = plugin.rederivation if plugin is not None else None
+    return how or NOT_REDERIVED
 
 
 def captured_libraries(task_libraries: set[str]) -> list[str]:
@@ -117,8 +118,9 @@ def captured_libraries(task_libraries: set[str]) -> list[str]:
     kernels engines compile at run time whatever the plan)."""
     from warmd.libraries import LIBRARIES
 
-    runtime = {name for name, lib in LIBRARIES.items()
-               if lib.executor is None and lib.rederive is not None}
+    plugins = {name: lib.plugin() for name, lib in LIBRARIES.items()}
+    runtime = {name for name, plugin in plugins.items()
+               if not plugin.plans_tasks and plugin.rederivation is not None}
     return sorted(set(task_libraries) | runtime)
 
 

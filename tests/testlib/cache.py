@@ -47,7 +47,7 @@ class DirAdapter(CacheAdapter):
 
 
 def make_adapter(root: Path, arch: str) -> DirAdapter:
-    """The registry's adapter factory (root, target arch)."""
+    """Its plugin's adapter factory (root, target arch)."""
     return DirAdapter(root)
 
 

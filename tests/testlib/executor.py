@@ -48,7 +48,7 @@ class TestlibExecutor(Executor):
 
 
 def task_kernels(task: Task) -> tuple[tuple[str, Task], ...]:
-    """Each entry of a task, with the task that builds only that entry (the registry's
+    """Each entry of a task, with the task that builds only that entry (its plugin's
     ``task_kernels``: each is then one unit of cluster work)."""
     return tuple((name, dataclasses.replace(task, key=f"{task.key}#{name}",
                                             spec={**task.spec, "entries": [name]}))

@@ -27,10 +27,8 @@ LIBRARY = Library(
     display="Test library",
     probe=probe,
     kernels=(),
-    executor="testlib.executor:TestlibExecutor",
-    adapter="testlib.cache:make_adapter",
+    plugin_module="testlib.plugin",
     roots=(_TestRoot("testlib_dir", ROOT_ENV),),
     entries=lambda root: root,
     builds_without_gpu=True,
-    task_kernels="testlib.executor:task_kernels",
 )

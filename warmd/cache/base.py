@@ -54,6 +54,16 @@ class CacheAdapter(ABC):
     def fingerprint_inputs(self) -> dict:
         """Everything this library's cache key depends on (version, arch, install path...)."""
 
+    def for_gpu(self, arch: str, sms: int) -> CacheAdapter:
+        """The same cache described as on that GPU (a builder's, building for its target):
+        itself, unless the library keys its cache on the GPU it runs on (DeepGEMM)."""
+        return self
+
+    def is_up_to_date(self, name: str) -> tuple[bool, str]:
+        """Whether the library would use this complete entry here as it is, and why not
+        (FlashInfer: ninja would rebuild a module whose inputs changed); others: always."""
+        return True, ""
+
     # Each fingerprint input: (why the library's key depends on it, what to change when two
     # nodes differ in it); and what is deliberately not an input, with why. Data, per
     # library: `warmd cache fingerprint --explain` and `warmd cache why` read them.

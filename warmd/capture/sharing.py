@@ -35,7 +35,7 @@ def missed_by(library: str) -> str:
     registered = LIBRARIES.get(library)
     if registered is None:
         return f"{library}: not a library this warmd knows"
-    if not registered.plans_tasks:
+    if not registered.plugin().plans_tasks:
         return (f"no planner rule: {registered.display} entries are compiled by the engine "
                 "at run time (captured only)")
     return (f"{registered.display} rules: no task of the plan produced it (the planner did "

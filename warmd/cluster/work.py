@@ -145,7 +145,7 @@ def model_libraries(model: ModelConfig, builder: bool, shared: bool = True
     if not builder:
         return model.libraries
     buildable = tuple(name for name, lib in LIBRARIES.items() if lib.builds_without_gpu
-                      and (shared or lib.kernel_stage is None))
+                      and (shared or not lib.plugin().stages_kernels))
     wanted = tuple(name for name in model.libraries or buildable if name in buildable)
     return wanted or None
 

@@ -36,20 +36,20 @@ def load_executor(library: str, target: str | None = None) -> Executor | str:
     from warmd.libraries.base import names_module, resolve
 
     registered = LIBRARIES.get(library)
-    if registered is None or registered.executor is None:
+    if registered is None:
         return f"no executor for library {library!r}"
-    target = target or registered.executor
     try:
-        cls = resolve(target)
+        plugin = registered.plugin()
+        if not plugin.plans_tasks:
+            return f"no executor for library {library!r}"
+        executor = resolve(target)() if target else plugin.make_executor()
+        ok, reason = executor.check()
     except ModuleNotFoundError as exc:
-        if names_module(exc, target):
+        if names_module(exc, target or registered.plugin_module):
             return f"this warmd has no {library} executor ({exc.name} is missing)"
         return f"{library} executor cannot be imported: {exc}"
-    except Exception as exc:
+    except ImportError as exc:
         return f"{library} executor cannot be imported: {type(exc).__name__}: {exc}"
-    try:
-        executor = cls()
-        ok, reason = executor.check()
     except Exception as exc:
         return f"{library} executor cannot start: {type(exc).__name__}: {exc}"
     return executor if ok else f"{library} cannot run here: {reason}"

@@ -2,7 +2,8 @@
 warmd/libraries/, ``LIBRARIES``) and the helpers the planner only probes for (``HELPERS``).
 
 A package's ``LIBRARY`` (a ``warmd.libraries.base.Library``) says everything warmd needs of
-it: name, probe, kernels, executor, cache adapter, worker environment, cache roots. Every
+it: name, probe, kernels, cache roots, and its plugin module (executor, cache adapter, worker
+environment...: a ``warmd.libraries.plugin.LibraryPlugin``). Every
 list of libraries in warmd (CLI choices, config validation, the worker pool, the node's
 work, the cache commands) reads ``LIBRARIES``. Adding a library is its package: every
 package here is registered, in name order. Helpers (cutlass_dsl, sgl_kernel, nvcc) have no
@@ -25,7 +26,7 @@ from functools import cache
 
 from warmd import settings
 from warmd.errors import WarmdInputError
-from warmd.libraries.base import CacheRoot, Helper, Library, resolve
+from warmd.libraries.base import CacheRoot, Helper, Library
 from warmd.probes import LibraryProbe, probe_cutlass_dsl, probe_nvcc, probe_sgl_kernel
 
 LIBRARIES: dict[str, Library] = {}
@@ -37,7 +38,7 @@ HELPERS: dict[str, Helper] = {h.name: h for h in (
 
 __all__ = ["HELPERS", "LIBRARIES", "CacheRoot", "Helper", "Library", "cache_roots",
            "check_library_name", "display_name", "names", "probe_libraries", "probe_library",
-           "probe_names", "register", "resolve", "unregister"]
+           "probe_names", "register", "unregister"]
 
 log = logging.getLogger(__name__)
 

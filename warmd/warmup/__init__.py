@@ -11,7 +11,7 @@ the library did (mode "library"); a task that succeeded where the cluster had no
 published. Kernels are counted per entry: compiled, local hit, remote hit (installed from
 the shared cache in this run), or failed.
 
-A library may split its cold tasks below the task (``Library.kernel_stage``): DeepGEMM
+A library may split its cold tasks below the task (its plugin's ``kernel_stage``): DeepGEMM
 finds the distinct kernels a plan needs and compiles each once, on every core.
 
 The parts, in the order a run meets them:

@@ -147,7 +147,6 @@ def _adapter(library: str, plan: Plan, options: WarmupOptions) -> CacheAdapter |
         return None
     target = plan.env.target
     adapter = registered.make_adapter(options.cache_roots[library], target.arch, plan.dirs())
-    describe = getattr(adapter, "for_gpu", None)  # a cache keyed on the GPU it runs on
-    if options.builder and describe is not None:
-        return describe(target.arch, target.sms)
+    if options.builder and adapter is not None:
+        return adapter.for_gpu(target.arch, target.sms)
     return adapter

@@ -149,7 +149,7 @@ def _needs_stage(library: str) -> bool:
     from warmd.libraries import LIBRARIES
 
     registered = LIBRARIES.get(library)
-    return registered is not None and registered.kernel_stage is not None
+    return registered is not None and registered.plugin().stages_kernels
 
 
 def finish(run: RunState, state: TaskState, report: TaskReport) -> TaskReport:

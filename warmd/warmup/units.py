@@ -1,7 +1,7 @@
 """A run's cold tasks as units of cluster work (warmd.warmup.claims), and each task's
 report made from what its units did.
 
-A library that knows a task's entries before it runs (``Library.task_kernels``) gives one
+A library that knows a task's entries before it runs (its plugin's ``task_kernels``) gives one
 unit per entry this node lacks, built by a task that makes only that entry and published
 the moment it is built; an entry several tasks share is one unit. Any other task (a
 FlashInfer module: one task, one entry) is one unit itself, published with its record.
@@ -34,6 +34,7 @@ from warmd.warmup.task import check, compile_task, fetch, finish, publish
 
 if TYPE_CHECKING:
     from warmd.store.api import SharedCache
+    from warmd.tasks import Task
 
 Done = Callable[[TaskReport], None]
 log = logging.getLogger(__name__)
@@ -53,13 +54,12 @@ def splits(state: TaskState) -> bool:
     return state.library.adapter is not None and state.library.stage is None
 
 
-def _task_kernels(library: str):
-    from warmd.libraries import LIBRARIES, resolve
+def _task_kernels(task: Task) -> tuple[tuple[str, Task], ...] | None:
+    """The task's entries, each with a task building only it; None: the task is one unit."""
+    from warmd.libraries import LIBRARIES
 
-    registered = LIBRARIES.get(library)
-    if registered is None or registered.task_kernels is None:
-        return None
-    return resolve(registered.task_kernels)
+    registered = LIBRARIES.get(task.library)
+    return registered.plugin().task_kernels(task) if registered is not None else None
 
 
 class TaskWork:
@@ -87,12 +87,11 @@ class TaskWork:
     def _add(self, state: TaskState) -> None:
         adapter = state.library.adapter
         assert adapter is not None
-        split = _task_kernels(state.task.library)
-        if split is None:
+        parts = _task_kernels(state.task)
+        if parts is None:
             unit = Unit(state.task.key, adapter, task=True, payload=state)
             self._depends(state, unit, [state.task.key])
             return
-        parts = tuple(split(state.task))
         have = {e.name for e in adapter.list_entries()}
         self.names[id(state)] = [name for name, _sub in parts]
         self.present[id(state)] = {name for name, _sub in parts if name in have}

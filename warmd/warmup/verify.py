@@ -128,13 +128,10 @@ def _miss(key: str, library: str, adapter: CacheAdapter, record: LocalTaskRecord
 
 
 def _stale_modules(adapter: CacheAdapter, names) -> list[tuple[str, str]]:
-    """FlashInfer modules its build() would rebuild at this path (ninja -n)."""
-    up_to_date = getattr(adapter, "is_up_to_date", None)
-    if up_to_date is None:
-        return []
+    """Entries the library would rebuild at this path (FlashInfer modules: ninja -n)."""
     stale = []
     for name in sorted(names):
-        ok, why = up_to_date(name)
+        ok, why = adapter.is_up_to_date(name)
         if not ok:
             stale.append((name, f"ninja would rebuild it here: {why}"))
     return stale

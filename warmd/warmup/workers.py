@@ -35,7 +35,7 @@ def worker_env(plan: Plan, options: WarmupOptions, libraries: set[str]) -> dict[
         root = options.cache_roots[name]
         env[registered.root.env] = str(root)
         if name in libraries:
-            env.update(registered.worker_environment(plan.env.target.arch, root))
+            env.update(registered.plugin().worker_env(plan.env.target.arch, root))
     return env
 
 
@@ -82,21 +82,23 @@ def _start_stages(run: RunState, cold: list[Task], jobs: int, ids: list[str]
                   ) -> dict[str, str]:
     """Start the kernel stage of each library that has one; the environment its library's
     workers need while it runs."""
-    from warmd.libraries import LIBRARIES, resolve
+    from warmd.libraries import LIBRARIES
 
     extra: dict[str, str] = {}
     for library in sorted({t.library for t in cold}):
         registered = LIBRARIES.get(library)
         adapter = run.libraries[library].adapter
-        if registered is None or registered.kernel_stage is None or adapter is None:
+        if registered is None or adapter is None:
+            continue
+        plugin = registered.plugin()
+        if not plugin.stages_kernels:
             continue
         tasks = [t for t in cold if t.library == library]
         base = worker_env(run.plan, run.options, {library})
         cluster = (StageWork(run, run.libraries[library], run.options.builder)
                    if run.shared is not None else None)
         try:
-            stage = resolve(registered.kernel_stage)(adapter.root, tasks, jobs, ids, base,
-                                                     cluster=cluster)
+            stage = plugin.kernel_stage(adapter.root, tasks, jobs, ids, base, cluster)
             extra.update(stage.start())
         except WarmdInputError:
             raise  # a setting of the user's is wrong: said in one line, not worked around

@@ -1,7 +1,7 @@
 """DeepGEMM: FP8 GEMM kernels JIT-compiled per shape, cached under DG_JIT_CACHE_DIR: an
 external ``deep_gemm`` (sgl-deep-gemm, or DeepGEMM built from source) or the copy vLLM
 vendors as ``vllm.third_party.deep_gemm`` (install.py says which one an engine imports).
-Its executor runs the GEMMs on the local GPU (cache.py, executor.py, compiler.py)."""
+Its executor runs the GEMMs on the local GPU (plugin.py: cache.py, executor.py, compiler.py)."""
 
 from __future__ import annotations
 
@@ -33,9 +33,7 @@ LIBRARY = Library(
     display="DeepGEMM",
     probe=probe,
     kernels=KERNELS,
-    executor="warmd.libraries.deep_gemm.executor:DeepGemmExecutor",
-    adapter="warmd.libraries.deep_gemm.cache:make_adapter",
-    kernel_stage="warmd.libraries.deep_gemm.compiler:DeepGemmKernelStage",
+    plugin_module="warmd.libraries.deep_gemm.plugin",
     roots=(CacheRoot("deep_gemm_dir", "DG_JIT_CACHE_DIR"),
            CacheRoot("vllm_cache_root", "VLLM_CACHE_ROOT"),),
     entries=lambda root: root / "cache",
@@ -43,5 +41,4 @@ LIBRARY = Library(
     # a builder builds the kernels GPU nodes' discoveries listed (it cannot discover)
     builds_without_gpu=True,
     probe_follows_engine=True,
-    rederive="warmd.libraries.deep_gemm.rederive:rederive",
 )

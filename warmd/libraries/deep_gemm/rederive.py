@@ -76,9 +76,6 @@ _LITERAL = rf"(?:{_NUMBER}|{_NAME})"
 _PARAM = rf"({_NUMBER}|{_NAME}(?:<\s*{_LITERAL}(?:\s*,\s*{_LITERAL})*\s*>)?)"
 _MAX_EXTENSION_BYTES = 1 << 30
 
-# How a claim of this library is re-derived (`warmd status`, `warmd plan`).
-HOW = "from its template arguments, through DeepGEMM's own source templates"
-
 
 def flags_file(generation: Generation, fingerprint: str) -> Path:
     return settings.state_dir() / "rederive" / f"deep_gemm-{generation.value}-{fingerprint}.json"

@@ -1,6 +1,6 @@
 """FlashInfer: attention, GEMM, activation and sampling modules JIT-built with ninja/nvcc,
 cached under $FLASHINFER_WORKSPACE_BASE/.cache/flashinfer. Builds need nvcc, not a GPU, so a
-GPU-less builder node can warm them (cache.py, executor.py)."""
+GPU-less builder node can warm them (plugin.py: cache.py, executor.py)."""
 
 from __future__ import annotations
 
@@ -24,11 +24,8 @@ LIBRARY = Library(
     display="FlashInfer",
     probe=probe,
     kernels=KERNELS,
-    executor="warmd.libraries.flashinfer.executor:FlashInferExecutor",
-    adapter="warmd.libraries.flashinfer.cache:make_adapter",
+    plugin_module="warmd.libraries.flashinfer.plugin",
     roots=(CacheRoot("flashinfer_workspace", "FLASHINFER_WORKSPACE_BASE"),),
     entries=lambda base: base / ".cache" / "flashinfer",
-    worker_env="warmd.libraries.flashinfer.executor:worker_env",
     builds_without_gpu=True,
-    rederive="warmd.libraries.flashinfer.rederive:rederive",
 )

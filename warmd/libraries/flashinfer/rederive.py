@@ -74,9 +74,6 @@ _FAMILIES: tuple[tuple[re.Pattern, str, object], ...] = (
     (re.compile("fused_moe_(90|100|103|120)"), "", lambda g: []),
 )  # not the TRT-LLM-gen MoE modules: they link cubins FlashInfer downloads, not sources
 
-# How a claim of this library is re-derived (`warmd status`, `warmd plan`).
-HOW = "from its URI, through FlashInfer's gen_* specs"
-
 
 def _attn(g) -> list:
     return [*(_DTYPE[d] for d in g[:4]), int(g[4]), int(g[5]), int(g[6]), g[7] == "True",

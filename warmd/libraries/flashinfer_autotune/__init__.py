@@ -13,11 +13,8 @@ LIBRARY = Library(
     display="FlashInfer autotune",
     probe=flashinfer_probe,
     kernels=(),
-    executor=None,
-    adapter="warmd.libraries.flashinfer_autotune.cache:make_adapter",
+    plugin_module="warmd.libraries.flashinfer_autotune.plugin",
     roots=(CacheRoot("vllm_cache_root", "VLLM_CACHE_ROOT"),
            CacheRoot("flashinfer_workspace", "FLASHINFER_WORKSPACE_BASE")),
     entries=lambda root: root / "flashinfer_autotune_cache",
-    rederive="warmd.libraries.flashinfer_autotune.rederive:rederive",
-    adapter_takes_dirs=True,
 )

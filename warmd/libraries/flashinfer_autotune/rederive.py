@@ -13,9 +13,6 @@ from warmd.cache.base import CacheEntry, UnsafeArtifact
 from warmd.cache.rederived import Rederived, RederiveRefused
 from warmd.libraries.flashinfer_autotune.cache import FlashInferAutotuneAdapter
 
-# How a claim of this library is re-derived (`warmd status`, `warmd plan`).
-HOW = "checked by FlashInfer's own rules (a measurement)"
-
 
 def rederive(adapter: FlashInferAutotuneAdapter, name: str, artifact: bytes,
              scratch: Path) -> Rederived:

@@ -24,9 +24,7 @@ LIBRARY = Library(
     display="Triton",
     probe=probe,
     kernels=(),
-    executor=None,
-    adapter="warmd.libraries.triton.cache:make_adapter",
+    plugin_module="warmd.libraries.triton.plugin",
     roots=(CacheRoot("triton_cache_dir", "TRITON_CACHE_DIR"),),
     entries=lambda root: root,
-    rederive="warmd.libraries.triton.rederive:rederive",
 )

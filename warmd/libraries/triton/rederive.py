@@ -109,10 +109,6 @@ _MODULE = re.compile(r"^[A-Za-z_]\w{0,63}(\.[A-Za-z_]\w{0,63}){0,7}$")
 _FLOAT = re.compile(r"arith\.constant (-?\d\.\d{1,20}[eE][-+]?\d{1,3}) : f32\b")
 _INT = re.compile(r"(?<![\w.%#])(-?\d{1,10})(?=\s*:\s*i(?:32|64)\b|x|>|\s*:\s*i32,)")
 
-# How a claim of this library is re-derived (`warmd status`, `warmd plan`).
-HOW = ("from the library's kernel function (allow-listed modules; kernels not found there "
-       "stay local)")
-
 
 def rederive(adapter: TritonCacheAdapter, name: str, artifact: bytes,
              scratch: Path) -> Rederived:
