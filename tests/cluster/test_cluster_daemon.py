@@ -316,15 +316,15 @@ def test_prejoin_node_joins_warm_and_labelled(daemon):
 
     def labelled_node() -> str | None:
         # `ray start` gives up when its node has not registered in Ray's fixed 30 s, which a
-        # loaded 2-core machine can miss: started again once, as KubeRay restarts the pod
-        if world.prejoin.poll() is not None and not restarts:
+        # loaded 2-core machine can miss: started again, as KubeRay restarts the pod
+        if world.prejoin.poll() is not None:
             restarts.append(world.prejoin.returncode)
             world.prejoin = ray_start()
         return next((n["NodeID"] for n in ray.nodes() if n["Alive"] and
                      n.get("Labels", {}).get("warmd.io/warm") == "true"), None)
 
     try:
-        node_id = until(labelled_node)
+        node_id = until(labelled_node, timeout=240)
     except AssertionError:
         raise AssertionError(f"no labelled node (ray start exits: {restarts}): "
                              f"{log.read_text()[-3000:]}") from None
