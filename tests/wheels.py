@@ -48,3 +48,15 @@ def release_source(engine: str, version: str, into: Path) -> Path:
     $WARMD_ENGINE_SOURCES when that names one, else the wheel, downloaded once into ``into``."""
     tree = Path(os.environ.get("WARMD_ENGINE_SOURCES", "/nonexistent")) / f"{engine}-{version}"
     return tree if tree.is_dir() else wheel_file(f"{engine}=={version}", into)
+
+
+def release_dir(engine: str, version: str, folder: str, into: Path) -> Path:
+    """One folder of an engine release (``vllm/third_party/deep_gemm/include``): in the
+    $WARMD_ENGINE_SOURCES tree when there is one, else unpacked from the wheel into ``into``."""
+    source = release_source(engine, version, into)
+    if source.is_dir():
+        return source / folder
+    with zipfile.ZipFile(source) as wheel:
+        wheel.extractall(into / "unpacked",
+                         [n for n in wheel.namelist() if n.startswith(folder + "/")])
+    return into / "unpacked" / folder

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from store_support import _any_plan, module_server
+from wheels import release_dir
 
 from warmd import settings
 from warmd.libraries.deep_gemm.cache import COMMITTED, DeepGemmCacheAdapter
@@ -30,22 +31,27 @@ pytestmark = pytest.mark.slow  # real nvcc builds of a DeepGEMM kernel (about 7 
 
 DATA = Path(__file__).parents[1] / "data" / "deep_gemm" / "deep_jit" / "cache"
 ENTRY = next(p.name for p in DATA.iterdir() if p.name.startswith("transpose_fp32."))
-VENDORED_INCLUDE = Path("/work/engines/vllm-0.34.0/vllm/third_party/deep_gemm/include")
 NVCC = str(settings.cuda_home() / "bin" / "nvcc")
-needs = pytest.mark.skipif(not (VENDORED_INCLUDE.is_dir() and Path(NVCC).is_file()),
-                           reason="needs nvcc and vLLM 0.34.0's DeepGEMM headers")
+needs = pytest.mark.skipif(not Path(NVCC).is_file(), reason="needs nvcc (the CUDA toolkit)")
 server = module_server()
 
 
+@pytest.fixture(scope="module")
+def vendored_include(tmp_path_factory) -> Path:
+    """DeepGEMM 2.8.1's headers as vLLM 0.34.0's wheel ships them."""
+    return release_dir("vllm", "0.34.0", "vllm/third_party/deep_gemm/include",
+                       tmp_path_factory.mktemp("vllm-0.34.0"))
+
+
 @pytest.fixture
-def site(tmp_path, monkeypatch):
+def site(tmp_path, monkeypatch, vendored_include):
     """vLLM 0.34.0's DeepGEMM 2.8.1 as the probe finds it, with its real headers."""
     package = tmp_path / "site" / "vllm" / "third_party" / "deep_gemm"
     package.mkdir(parents=True)
     (tmp_path / "site" / "vllm" / "__init__.py").write_text("")
     (tmp_path / "site" / "vllm" / "third_party" / "__init__.py").write_text("")
     (package / "__init__.py").write_text("__version__ = '2.8.1'\n")
-    (package / "include").symlink_to(VENDORED_INCLUDE)
+    (package / "include").symlink_to(vendored_include)
     dist = tmp_path / "site" / "vllm-0.34.0.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 0.34.0\n")

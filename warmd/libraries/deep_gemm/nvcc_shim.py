@@ -48,6 +48,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -208,13 +209,46 @@ def _compile(run: Path, job: Job, nvcc: str,
     return None if ok else (output or f"nvcc exited {proc.returncode}")
 
 
+# nvcc names a kernel's internal symbols (``_INTERNAL_<hash>_...``) from the source's
+# absolute path, whatever -frandom-seed says: a job compiled at the same path gives the same
+# cubin on every node (measured with DeepGEMM 2.8.1's transpose kernel, nvcc 13.0).
+BUILD_HOME = Path("/tmp") / f"warmd-nvcc-{os.geteuid()}"
+_SAFE_KEY = set("0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ_-")
+
+
+def owned_private_dir(path: Path) -> bool:
+    """Whether path is (or is now made) a directory of this user's that no one else can
+    enter: not a link, owned by this user, no group or other permissions."""
+    with contextlib.suppress(FileExistsError):
+        path.mkdir(mode=0o700)
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return (stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid()
+            and not st.st_mode & 0o077)
+
+
 @contextlib.contextmanager
 def _private_source(job: Job):
-    """The job's source as ``kernel.cu`` in a fresh directory only this user can enter
-    (removed afterwards), which nvcc then runs in: nvcc names internal symbols from the
-    source's path as given, so ``kernel.cu`` there gives the same cubin on every node, and
-    no other local user can create or swap the directory first (a fixed shared path,
-    such as /tmp/warmd-nvcc/<key>/, could be)."""
+    """The job's source as ``kernel.cu`` in a directory only this user can enter (removed
+    afterwards), which nvcc then runs in: /tmp/warmd-nvcc-<uid>/<job key>/, the same path on
+    every node, so the same cubin, one compile of a key there at a time. When that
+    directory is not this user's alone (another local user made it first), a fresh
+    ``mkdtemp`` instead: still private, but its cubin then differs from other nodes'."""
+    if set(job.key) <= _SAFE_KEY and owned_private_dir(BUILD_HOME):
+        with _locked(BUILD_HOME / f"{job.key}.lock"):
+            folder = BUILD_HOME / job.key
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir(mode=0o700)
+            try:
+                shutil.copyfile(job.source, folder / "kernel.cu")
+                yield folder
+            finally:
+                shutil.rmtree(folder, ignore_errors=True)
+        return
+    print(f"warmd nvcc shim: {BUILD_HOME} is not this user's alone; compiling in a fresh "
+          f"directory (its cubin will not match other nodes')", file=sys.stderr)
     folder = Path(tempfile.mkdtemp(prefix="warmd-nvcc-"))
     try:
         os.chmod(folder, 0o700)

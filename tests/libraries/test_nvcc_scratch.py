@@ -1,0 +1,74 @@
+"""Where the DeepGEMM nvcc shim compiles: one path per job key on every node (nvcc names
+internal symbols from the source's path, so that gives the same cubin everywhere, held by
+test_deep_gemm_cluster's real builds), in a directory only this user owns; a directory
+another user could have made or swapped is never compiled in."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+
+from warmd.libraries.deep_gemm import nvcc_shim
+from warmd.libraries.deep_gemm.nvcc_shim import Job, owned_private_dir
+
+
+def _job(tmp_path, key: str = "0123abcd") -> Job:
+    job = Job(tmp_path / "jobs" / key)
+    job.path.mkdir(parents=True)
+    job.source.write_text("// kernel\n")
+    return job
+
+
+def test_a_fresh_build_home_is_made_private(tmp_path):
+    home = tmp_path / "home"
+    assert owned_private_dir(home)
+    assert stat.S_IMODE(os.lstat(home).st_mode) == 0o700
+
+
+@pytest.mark.parametrize("planted", ["open to others", "a link"])
+def test_a_build_home_others_could_reach_is_refused(tmp_path, planted):
+    home = tmp_path / "home"
+    if planted == "a link":
+        (tmp_path / "elsewhere").mkdir(mode=0o700)
+        home.symlink_to(tmp_path / "elsewhere")
+    else:
+        home.mkdir()
+        home.chmod(0o777)
+    assert not owned_private_dir(home)
+
+
+def test_the_job_compiles_at_the_same_path_every_time(tmp_path, monkeypatch):
+    monkeypatch.setattr(nvcc_shim, "BUILD_HOME", tmp_path / "home")
+    job = _job(tmp_path)
+    seen = []
+    for _ in range(2):
+        with nvcc_shim._private_source(job) as folder:
+            seen.append(folder)
+            assert (folder / "kernel.cu").read_text() == "// kernel\n"
+            assert stat.S_IMODE(os.lstat(folder).st_mode) == 0o700
+        assert not folder.exists()
+    assert seen == [tmp_path / "home" / "0123abcd"] * 2
+
+
+def test_an_unsafe_build_home_falls_back_to_a_fresh_private_directory(tmp_path, monkeypatch,
+                                                                      capsys):
+    home = tmp_path / "home"
+    home.mkdir()
+    home.chmod(0o777)
+    monkeypatch.setattr(nvcc_shim, "BUILD_HOME", home)
+    with nvcc_shim._private_source(_job(tmp_path)) as folder:
+        assert home not in folder.parents
+        assert stat.S_IMODE(os.lstat(folder).st_mode) == 0o700
+    assert "not this user's alone" in capsys.readouterr().err
+    assert list(home.iterdir()) == []
+
+
+def test_a_key_with_a_path_in_it_never_names_a_directory(tmp_path, monkeypatch):
+    monkeypatch.setattr(nvcc_shim, "BUILD_HOME", tmp_path / "home")
+    job = Job(tmp_path / "jobs" / "..")
+    (tmp_path / "jobs").mkdir()
+    (tmp_path / "kernel.cu").write_text("// kernel\n")
+    with nvcc_shim._private_source(job) as folder:
+        assert tmp_path / "home" not in folder.parents and folder != tmp_path
