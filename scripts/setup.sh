@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs everything warmd and its tests need on a fresh Debian/Ubuntu machine without a GPU:
-# a Redis server, then, into a virtualenv, the CPU build of PyTorch (before anything can pull
+# a Redis server and bubblewrap, then, into a virtualenv, the CPU build of PyTorch (before anything can pull
 # a CUDA build), warmd (editable) with its extras, and nvidia-curand (headers some FlashInfer
 # modules need). Idempotent: a second run only checks.
 #
@@ -16,6 +16,10 @@ PY="${PYTHON:-python3}"
 VENV="${WARMD_VENV:-.venv}"
 APT_PACKAGES=()
 command -v redis-server >/dev/null 2>&1 || APT_PACKAGES+=(redis-server redis-tools)
+# Re-derivation compiles captured kernels in a bubblewrap sandbox that hides the secrets
+# where bwrap is present (docs/redis.md, "Threat model"); optional: without it they run
+# with a reduced environment only.
+command -v bwrap >/dev/null 2>&1 || APT_PACKAGES+=(bubblewrap)
 
 venv_ready() { [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -m pip --version >/dev/null 2>&1; }
 
