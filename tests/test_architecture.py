@@ -132,11 +132,20 @@ def test_the_daemon_sits_above_the_warmup_and_the_warmup_above_its_stages():
     assert {n for n in _importers("warmd.warmup")
             if not (_in(n, "warmd.cli") or _in(n, "warmd.cluster"))} == set()
     stages = ("warmd.config", "warmd.plan", "warmd.engines", "warmd.kernels", "warmd.models",
-              "warmd.tasks", "warmd.executors", "warmd.cache", "warmd.store", "warmd.libraries")
+              "warmd.tasks", "warmd.coordination", "warmd.executors", "warmd.cache",
+              "warmd.store", "warmd.libraries")
     for stage in stages:
         above = {m for m in imports_of(stage)
                  if any(_in(m, p) for p in ("warmd.warmup", "warmd.cluster", "warmd.cli"))}
         assert above == set(), stage
+
+
+def test_the_vocabulary_of_cluster_work_sits_below_whoever_claims_it():
+    """ClaimState and the kernel lists: the store answers in them, the executors' kernel
+    stages and the warmup's claim loops read them, and they import nothing of warmd."""
+    assert {m for m in IMPORTS["warmd.coordination"][1] if m.startswith("warmd")} == set()
+    assert {"warmd.store.api", "warmd.executors.base", "warmd.warmup.claims"} \
+        <= _importers("warmd.coordination")
 
 
 def test_the_tasks_sit_below_the_planner_and_the_executors():

@@ -15,8 +15,8 @@ from click.testing import CliRunner
 from store_support import DirAdapter, module_server, task_entries, warm
 
 from warmd.cli import main
+from warmd.coordination import ClaimState
 from warmd.store import claimid, layout
-from warmd.store.api import ClaimState
 
 server = module_server()
 CACHE_DEFAULTS = {"poll_interval": 0.05}

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from store_support import DirAdapter, compile_entry, module_server
 
-from warmd.store.api import ClaimState
+from warmd.coordination import ClaimState
 
 server = module_server()
 

@@ -6,9 +6,10 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from warmd.cache.base import CacheAdapter
+from warmd.coordination import ClaimState, KernelList
 from warmd.stats import Outcome
 from warmd.tasks import Task
 
@@ -74,11 +75,11 @@ class StageCluster(Protocol):
     builder: bool
     wait_limit: float  # seconds: the longest any claim or kernel list is waited on
 
-    def kernel_list(self, tasks: list[str]) -> Any:
-        """warmd.store.api.KernelList of these task digests."""
+    def kernel_list(self, tasks: list[str]) -> KernelList:
+        """What the store holds of these task digests' kernel lists."""
 
-    def claim_discovery(self, digest: str) -> str:
-        """"mine", "published" or "held"."""
+    def claim_discovery(self, digest: str) -> ClaimState:
+        """The claim on discovering this set of tasks (digest: of the set)."""
 
     def release_discovery(self, digest: str) -> None: ...
 

@@ -20,14 +20,14 @@ it for annotations only, so warming without any store imports no store client.
 from __future__ import annotations
 
 import contextlib
-import enum
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from warmd.cache.base import CacheAdapter, CacheEntry
+from warmd.coordination import Claim, ClaimState, KernelList
 
 if TYPE_CHECKING:
     from warmd.store.pending import PendingClaim
@@ -82,38 +82,6 @@ class BlobPeers(Protocol):
 
     def offer(self, blobs: dict[str, bytes]) -> None:
         """Verified blobs this node now serves to the others."""
-
-
-class ClaimState(str, enum.Enum):
-    """What a claim on one unit of cluster work (an entry, or a task) found."""
-
-    MINE = "mine"  # this process holds it now: compile it, publish it, release it
-    PUBLISHED = "published"  # another node published it: install it
-    HELD = "held"  # another node is compiling it: come back to it later
-
-    def __str__(self) -> str:
-        return self.value
-
-
-@dataclass(frozen=True)
-class Claim:
-    state: ClaimState
-    holder: str = ""  # who holds it (HELD)
-
-
-@dataclass(frozen=True)
-class KernelList:
-    """What the store holds of the kernel lists discoveries published: per task (by its
-    digest) the entries it needs, and each of those entries' job record (each verified)."""
-
-    tasks: dict[str, tuple[str, ...]] = field(default_factory=dict)  # task digest -> entries
-    jobs: dict[str, dict] = field(default_factory=dict)  # entry -> its job record
-    refused: str | None = None  # a record failed verification: none of it is used
-
-
-def discovery_unit(digest: str) -> str:
-    """The unit a discovery of a set of tasks is claimed as."""
-    return f"discovery.{digest}"
 
 
 class SharedCache(ABC):

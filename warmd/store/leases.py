@@ -13,8 +13,9 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from warmd.coordination import Claim, ClaimState
 from warmd.store import claimid, layout
-from warmd.store.api import Claim, ClaimState, StoreFailed
+from warmd.store.api import StoreFailed
 from warmd.store.connection import STORE_ERRORS
 from warmd.store.session import Session, StaleRecords
 

@@ -27,16 +27,9 @@ from typing import Any
 
 from warmd import settings
 from warmd.cache.base import CacheAdapter, CacheEntry
+from warmd.coordination import Claim, KernelList, discovery_unit
 from warmd.store import claimid, formats, history, layout
-from warmd.store.api import (
-    BlobPeers,
-    Claim,
-    KernelList,
-    Publication,
-    SharedCache,
-    StoreFailed,
-    discovery_unit,
-)
+from warmd.store.api import BlobPeers, Publication, SharedCache, StoreFailed
 from warmd.store.blobs import Blobs
 from warmd.store.breaker import CircuitBreaker, JoinBudget
 from warmd.store.connection import CONNECT_TIMEOUT, StoreURL, classify

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Generic, TypeVar
 
 from warmd.cache.base import CacheAdapter
+from warmd.coordination import ClaimState
 
 if TYPE_CHECKING:
     from warmd.store.api import SharedCache
@@ -198,11 +199,11 @@ class ClaimLoop(Generic[C]):
                     self._cond.notify_all()
 
     def _one(self, unit: Unit, context: C) -> None:
-        state = "mine"
+        state = ClaimState.MINE
         if not unit.claimed and not unit.local_only and self.shared is not None:
-            state = self.shared.claim_work(unit.adapter, unit.name, unit.task).state.value
-        if state != "mine":
-            if state == "held" and unit.waited_since is None:
+            state = self.shared.claim_work(unit.adapter, unit.name, unit.task).state
+        if state is not ClaimState.MINE:
+            if state is ClaimState.HELD and unit.waited_since is None:
                 unit.waited_since = time.monotonic()
             with self._cond:
                 self._waiting.append(unit)
@@ -283,10 +284,10 @@ class ClaimLoop(Generic[C]):
         assert self.shared is not None
         held, published = [], []
         for unit in waiting:
-            state = self.shared.claim_work(unit.adapter, unit.name, unit.task).state.value
-            if state == "published":
+            state = self.shared.claim_work(unit.adapter, unit.name, unit.task).state
+            if state is ClaimState.PUBLISHED:
                 published.append(unit)
-            elif state == "mine":  # its claimer gave up or died: ours now
+            elif state is ClaimState.MINE:  # its claimer gave up or died: ours now
                 self._take_back(unit)
             elif self._waited(unit, time.monotonic()) >= self.wait_limit:
                 self.shared.stop_waiting(unit.adapter, unit.name, self._waited(

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from warmd.cache.base import CacheAdapter
+from warmd.coordination import ClaimState, KernelList, discovery_unit
 from warmd.executors.base import KernelOutcome, TaskResult
 from warmd.executors.pool import Worker
 from warmd.stats import Outcome
@@ -268,14 +269,13 @@ class StageWork:
         self.builder = builder
         self.wait_limit = run.options.single_flight_timeout
 
-    def kernel_list(self, tasks: list[str]):
+    def kernel_list(self, tasks: list[str]) -> KernelList:
         return self.shared.kernel_list(self.adapter, tasks)
 
-    def claim_discovery(self, digest: str) -> str:
-        return self.shared.claim_discovery(self.adapter, digest).state.value
+    def claim_discovery(self, digest: str) -> ClaimState:
+        return self.shared.claim_discovery(self.adapter, digest).state
 
     def release_discovery(self, digest: str) -> None:
-        from warmd.store.api import discovery_unit
 
         self.shared.release_work(self.adapter, discovery_unit(digest))
 

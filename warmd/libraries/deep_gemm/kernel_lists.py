@@ -12,6 +12,7 @@ import os
 import time
 from pathlib import Path
 
+from warmd.coordination import ClaimState
 from warmd.libraries.deep_gemm.cache import DeepGemmCacheAdapter, entry_state
 from warmd.libraries.deep_gemm.discovery import POLL_SECONDS
 from warmd.libraries.deep_gemm.listed import (
@@ -109,7 +110,7 @@ class ClusterKernelLists:
                 self._discover_and_list(missing, digest, kernels)
                 return
             state = self.cluster.claim_discovery(digest)
-            if state == "mine":
+            if state is ClaimState.MINE:
                 self.cluster_moments["discovery_claimed"] = time.monotonic()
                 try:
                     self._discover_and_list(missing, digest, kernels)
@@ -121,7 +122,7 @@ class ClusterKernelLists:
                 return
             if not left:
                 return
-            if state == "published":  # listed, yet not every task: discover them here
+            if state is ClaimState.PUBLISHED:  # listed, yet not every task: discover them here
                 self._discover_and_list(left, None, kernels)
                 return
             missing = left

@@ -1,0 +1,41 @@
+"""The vocabulary of cluster work, below everything that claims it: what a claim on a unit
+of work found, and the kernel lists discoveries publish. The store answers in these types,
+and the executors' kernel stages and the warmup's claim loops read them; none of them
+knows the others."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class ClaimState(str, enum.Enum):
+    """What a claim on one unit of cluster work (an entry, or a task) found."""
+
+    MINE = "mine"  # this process holds it now: compile it, publish it, release it
+    PUBLISHED = "published"  # another node published it: install it
+    HELD = "held"  # another node is compiling it: come back to it later
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class Claim:
+    state: ClaimState
+    holder: str = ""  # who holds it (HELD)
+
+
+@dataclass(frozen=True)
+class KernelList:
+    """What the store holds of the kernel lists discoveries published: per task (by its
+    digest) the entries it needs, and each of those entries' job record (each verified)."""
+
+    tasks: dict[str, tuple[str, ...]] = field(default_factory=dict)  # task digest -> entries
+    jobs: dict[str, dict] = field(default_factory=dict)  # entry -> its job record
+    refused: str | None = None  # a record failed verification: none of it is used
+
+
+def discovery_unit(digest: str) -> str:
+    """The unit a discovery of a set of tasks is claimed as."""
+    return f"discovery.{digest}"
