@@ -15,6 +15,9 @@ class ClaimState(str, enum.Enum):
     MINE = "mine"  # this process holds it now: compile it, publish it, release it
     PUBLISHED = "published"  # another node published it: install it
     HELD = "held"  # another node is compiling it: come back to it later
+    # nobody holds it and this node may not claim it (a read-only store user): build it
+    # here, publish nothing (per-task leases only; work claims never answer it)
+    FREE = "free"
 
     def __str__(self) -> str:
         return self.value

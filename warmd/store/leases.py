@@ -20,6 +20,8 @@ from warmd.store.connection import STORE_ERRORS
 from warmd.store.session import Session, StaleRecords
 
 log = logging.getLogger("warmd.store")
+# What the lease claim script answers (else: held by its holder)
+_LEASE_STATES = {2: ClaimState.PUBLISHED, 1: ClaimState.MINE}
 
 
 class Claimant:
@@ -85,36 +87,36 @@ class Leases:
     def _claim(self, fp: str, task: str, timeout: float) -> tuple[bool, Lease | None]:
         token = self.claimant.record(layout.lease_key(fp, task))
         stale = self.stale.of(task)
-        state, holder = self._try_claim(fp, task, token, stale)
-        if state != "held":
-            return self._claimed(state, fp, task, token, waited=False)
+        claim = self._try_claim(fp, task, token, stale)
+        if claim.state is not ClaimState.HELD:
+            return self._claimed(claim.state, fp, task, token, waited=False)
         self.count("lease_waits", fp=fp)
-        log.info("shared cache: %s is being compiled by %s; waiting", task, holder)
+        log.info("shared cache: %s is being compiled by %s; waiting", task, claim.holder)
         deadline = time.monotonic() + timeout
         # Subscribed only now: a publication in between is found by the next poll.
         with self._subscription(layout.channel(fp, task)) as wait:
-            while state == "held":
+            while claim.state is ClaimState.HELD:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     self.count("lease_timeouts", fp=fp)
                     log.warning("shared cache: waited %.0f s for %s (held by %s); compiling it "
-                                "here", timeout, task, holder)
+                                "here", timeout, task, claim.holder)
                     return True, None
                 wait(min(self.session.poll_interval, remaining))
-                state, holder = self._try_claim(fp, task, token, stale)
-        return self._claimed(state, fp, task, token, waited=True)
+                claim = self._try_claim(fp, task, token, stale)
+        return self._claimed(claim.state, fp, task, token, waited=True)
 
-    def _claimed(self, state: str, fp: str, task: str, token: str, waited: bool
+    def _claimed(self, state: ClaimState, fp: str, task: str, token: str, waited: bool
                  ) -> tuple[bool, Lease | None]:
-        if state == "published":
+        if state is ClaimState.PUBLISHED:
             self.count("lease_waits_satisfied" if waited else "published_meanwhile", fp=fp)
             return False, None
-        if state == "acquired":
+        if state is ClaimState.MINE:
             self.count("lease_takeovers" if waited else "leases_acquired", fp=fp)
             return True, Lease(self.session, fp, task, token)
-        return True, None  # "free": a read-only user and nobody compiling: we do
+        return True, None  # FREE: a read-only user and nobody compiling: we do
 
-    def _try_claim(self, fp: str, task: str, token: str, stale: bytes) -> tuple[str, str]:
+    def _try_claim(self, fp: str, task: str, token: str, stale: bytes) -> Claim:
         rec_key, lease_key = layout.task_key(fp, task), layout.lease_key(fp, task)
         if not self.session.read_only:
             try:
@@ -125,7 +127,7 @@ class Leases:
                     raise
                 self.session.note_read_only(failed)
             else:
-                return {2: "published", 1: "acquired"}.get(int(state), "held"), _text(holder)
+                return Claim(_LEASE_STATES.get(int(state), ClaimState.HELD), _text(holder))
 
         def peek(client):
             pipe = client.pipeline(transaction=False)
@@ -135,8 +137,8 @@ class Leases:
 
         rec, holder = self.op(peek, "lease")
         if rec is not None and rec != stale:
-            return "published", ""
-        return ("held", _text(holder)) if holder else ("free", "")
+            return Claim(ClaimState.PUBLISHED)
+        return Claim(ClaimState.HELD, _text(holder)) if holder else Claim(ClaimState.FREE)
 
     @contextlib.contextmanager
     def _subscription(self, name: str):
