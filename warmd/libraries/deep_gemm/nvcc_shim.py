@@ -236,26 +236,26 @@ def _private_source(job: Job):
     every node, so the same cubin, one compile of a key there at a time. When that
     directory is not this user's alone (another local user made it first), a fresh
     ``mkdtemp`` instead: still private, but its cubin then differs from other nodes'."""
-    if set(job.key) <= _SAFE_KEY and owned_private_dir(BUILD_HOME):
-        with _locked(BUILD_HOME / f"{job.key}.lock"):
+    plain_key = set(job.key) <= _SAFE_KEY
+    same_path = plain_key and owned_private_dir(BUILD_HOME)
+    if not same_path:
+        why = f"{BUILD_HOME} is not this user's alone" if plain_key else \
+            f"the job key {job.key!r} is not a plain name"
+        print(f"warmd nvcc shim: {why}; compiling in a fresh directory (its cubin will not "
+              f"match other nodes')", file=sys.stderr)
+    with _locked(BUILD_HOME / f"{job.key}.lock") if same_path else contextlib.nullcontext():
+        if same_path:
             folder = BUILD_HOME / job.key
             shutil.rmtree(folder, ignore_errors=True)
             folder.mkdir(mode=0o700)
-            try:
-                shutil.copyfile(job.source, folder / "kernel.cu")
-                yield folder
-            finally:
-                shutil.rmtree(folder, ignore_errors=True)
-        return
-    print(f"warmd nvcc shim: {BUILD_HOME} is not this user's alone; compiling in a fresh "
-          f"directory (its cubin will not match other nodes')", file=sys.stderr)
-    folder = Path(tempfile.mkdtemp(prefix="warmd-nvcc-"))
-    try:
-        os.chmod(folder, 0o700)
-        shutil.copyfile(job.source, folder / "kernel.cu")
-        yield folder
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+        else:
+            folder = Path(tempfile.mkdtemp(prefix="warmd-nvcc-"))
+        try:
+            os.chmod(folder, 0o700)
+            shutil.copyfile(job.source, folder / "kernel.cu")
+            yield folder
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 @contextlib.contextmanager
