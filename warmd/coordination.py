@@ -39,6 +39,17 @@ class KernelList:
     refused: str | None = None  # a record failed verification: none of it is used
 
 
+class WorkKind(str, enum.Enum):
+    """What a unit of cluster work is; one claim protocol serves every kind."""
+
+    ENTRY = "entry"  # one cache entry (a kernel), published when built
+    TASK = "task"  # a task whose entries are not known before it runs, with its record
+    DISCOVERY = "discovery"  # finding the kernels of a slice of tasks, published as a list
+
+    def __str__(self) -> str:
+        return self.value
+
+
 def discovery_unit(digest: str) -> str:
-    """The unit a discovery of a set of tasks is claimed as."""
+    """The lease name a discovery slice (by its task digest) is claimed under."""
     return f"discovery.{digest}"

@@ -21,7 +21,7 @@ from wheels import release_dir
 
 from warmd import settings
 from warmd.libraries.deep_gemm.cache import COMMITTED, DeepGemmCacheAdapter
-from warmd.libraries.deep_gemm.listed import ListedJob, nvcc_version, set_digest, task_digest
+from warmd.libraries.deep_gemm.listed import ListedJob, nvcc_version, task_digest
 from warmd.libraries.deep_gemm.nvcc_shim import parse_compile
 from warmd.store import open_shared_cache
 from warmd.tasks import Task
@@ -91,7 +91,7 @@ def _publish_list(server, root: Path, job: ListedJob) -> None:
     plan = _any_plan()
     adapter = DeepGemmCacheAdapter(root).for_gpu(plan.env.target.arch, plan.env.target.sms)
     digest = task_digest(TASK)
-    assert shared.publish_kernel_list(adapter, set_digest([digest]), {digest: [job.entry]},
+    assert shared.publish_kernel_list(adapter, digest, {digest: [job.entry]},
                                       {job.entry: job.to_json()})
     shared.close()
 

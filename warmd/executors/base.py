@@ -6,10 +6,10 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from warmd.cache.base import CacheAdapter
-from warmd.coordination import ClaimState, KernelList
+from warmd.coordination import KernelList
 from warmd.stats import Outcome
 from warmd.tasks import Task
 
@@ -66,22 +66,29 @@ class KernelRun(Protocol):
         """Wait for every kernel; what this node did (compiled, installed, waited...)."""
 
 
+class DiscoveryRun(Protocol):
+    """Discovery slices claimed through the cluster (warmd.warmup.claims), running in the
+    background over the stage's discovery processes."""
+
+    def done(self) -> bool: ...
+
+    def stop(self) -> None: ...
+
+    def join(self) -> dict:
+        """Wait for every slice; what this node did (discovered, read, waited...)."""
+
+
 class StageCluster(Protocol):
     """What a kernel stage may ask of the cluster (given one with a shared cache): the
-    kernel lists of its tasks (by task digest), the claim on a discovery, and kernels
-    claimed one by one. ``builder``: this node has no GPU (it only follows lists).
-    ``wait_limit``: the single-flight timeout."""
+    kernel lists of task slices (by task digest), the slices' discovery claimed slice by
+    slice, and kernels claimed one by one. ``builder``: this node has no GPU (it only
+    follows lists). ``wait_limit``: the single-flight timeout."""
 
     builder: bool
     wait_limit: float  # seconds: the longest any claim or kernel list is waited on
 
     def kernel_list(self, tasks: list[str]) -> KernelList:
         """What the store holds of these task digests' kernel lists."""
-
-    def claim_discovery(self, digest: str) -> ClaimState:
-        """The claim on discovering this set of tasks (digest: of the set)."""
-
-    def release_discovery(self, digest: str) -> None: ...
 
     def publish_kernel_list(self, digest: str, tasks: dict[str, list[str]],
                             jobs: dict[str, dict]) -> bool: ...
@@ -93,6 +100,15 @@ class StageCluster(Protocol):
                     threads: int) -> KernelRun:
         """Start claiming kernels on threads threads; build(entry) -> (ok, seconds, error)
         builds one into the cache root (then it is published)."""
+
+    def run_discovery(self, slices: list[str],
+                      discover: Callable[[str, Any], tuple[bool, float, str]],
+                      take: Callable[[list[str]], set[str]],
+                      contexts: list[Any]) -> DiscoveryRun:
+        """Start claiming discovery slices (task digests), one thread per context (a
+        discovery process): discover(digest, context) -> (ok, seconds, error) discovers a
+        slice it holds and publishes its list; take(digests) takes the lists other nodes
+        published and returns the digests taken."""
 
 
 class KernelStage(Protocol):

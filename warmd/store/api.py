@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from warmd.cache.base import CacheAdapter, CacheEntry
-from warmd.coordination import Claim, ClaimState, KernelList
+from warmd.coordination import Claim, ClaimState, KernelList, WorkKind
 
 if TYPE_CHECKING:
     from warmd.store.pending import PendingClaim
@@ -137,12 +137,15 @@ class SharedCache(ABC):
     # runs) claimed cluster-wide before it is compiled, published when done (these claims
     # on work are not the capture's pending claims below) -----------------------------------
 
-    def claim_work(self, adapter: CacheAdapter, unit: str, task: bool = False) -> Claim:
-        """Claim an entry (task=False) or a task (task=True) without waiting; a held claim
-        is renewed until ``release_work``. Without a store to share with: always MINE."""
+    def claim_work(self, adapter: CacheAdapter, unit: str,
+                   kind: WorkKind = WorkKind.ENTRY) -> Claim:
+        """Claim a unit without waiting: an entry, a task (by its key), or a discovery
+        slice (by its task digest: PUBLISHED once its kernel list is); a held claim is
+        renewed until ``release_work``. Without a store to share with: always MINE."""
         return Claim(ClaimState.MINE)
 
-    def release_work(self, adapter: CacheAdapter, unit: str, task: bool = False) -> None:
+    def release_work(self, adapter: CacheAdapter, unit: str,
+                     kind: WorkKind = WorkKind.ENTRY) -> None:
         """Give a claim up (after publishing what it built, or after failing)."""
         return None
 
@@ -165,14 +168,9 @@ class SharedCache(ABC):
         """Install these entries from the cluster (verified); the names now present."""
         return []
 
-    def claim_discovery(self, adapter: CacheAdapter, digest: str) -> Claim:
-        """Claim the discovery of a set of tasks (digest: of the set), as ``claim_work``;
-        PUBLISHED once its kernel list is. Released with ``release_work(adapter,
-        discovery_unit(digest))``."""
-        return Claim(ClaimState.MINE)
-
     def kernel_list(self, adapter: CacheAdapter, tasks: list[str]) -> KernelList:
-        """The published kernel lists of these tasks (by task digest), with their jobs."""
+        """The published kernel lists of these tasks (by task digest), with their jobs:
+        what any node of this library build and GPU learnt, in any namespace."""
         return KernelList()
 
     def publish_kernel_list(self, adapter: CacheAdapter, digest: str,

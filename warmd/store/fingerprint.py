@@ -75,6 +75,15 @@ def fingerprint_of(library: str, adapter_inputs: dict, target: Target | None = N
     return Fingerprint(library, inputs, digest_of(inputs))
 
 
+def discovery_digest(fp: Fingerprint) -> str:
+    """Where what a discovery learnt (kernel lists) lives: the fingerprint without the
+    namespace salt, so a cold boot in another namespace reads it too. The kernels a
+    library picks depend on its build and the GPU, never on the operator's salt; a list
+    names kernels, and each still compiles (or installs) under its namespace's key."""
+    inputs = {k: v for k, v in fp.inputs.items() if k != "namespace"}
+    return digest_of({**inputs, "scope": "discovery"})
+
+
 def digest_of(inputs: dict) -> str:
     """The fingerprint digest of a set of inputs."""
     blob = json.dumps(inputs, sort_keys=True, separators=(",", ":")).encode()

@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from warmd.coordination import Claim, ClaimState
+from warmd.coordination import Claim, ClaimState, WorkKind, discovery_unit
 from warmd.store import claimid, layout
 from warmd.store.api import StoreFailed
 from warmd.store.connection import STORE_ERRORS
@@ -240,12 +240,12 @@ class WorkClaims:
         self._seen_held: set[str] = set()  # lease keys found held by another node
         self.claimant = Claimant(session)
 
-    def claim(self, fp: str, unit: str, task: bool, marker: str | None = None) -> Claim:
-        """marker: the key whose presence means published (default: the task's record, or
-        the entry's manifest)."""
-        lease = layout.lease_key(fp, unit) if task else layout.kernel_lease_key(fp, unit)
-        marker = marker or (layout.task_key(fp, unit) if task else layout.manifest_key(fp, unit))
-        stale = self.stale.of(unit) if task else b""
+    def claim(self, fp: str, unit: str, kind: WorkKind, key_fp: str | None = None) -> Claim:
+        """Claim a unit of fp's work; key_fp: the fingerprint its keys live under, when not
+        fp's (a discovery's: shared across namespaces). Counted, and released on fp's
+        channel, as fp's."""
+        lease, marker = claim_keys(kind, key_fp or fp, unit)
+        stale = self.stale.of(unit) if kind is WorkKind.TASK else b""
         if self.session.read_only:
             return Claim(ClaimState.MINE)
         token = self.claimant.record(lease)
@@ -274,8 +274,8 @@ class WorkClaims:
             self.count("lease_waits", fp=fp)
         return Claim(ClaimState.HELD, _text(holder))
 
-    def release(self, fp: str, unit: str, task: bool) -> None:
-        lease = layout.lease_key(fp, unit) if task else layout.kernel_lease_key(fp, unit)
+    def release(self, fp: str, unit: str, kind: WorkKind, key_fp: str | None = None) -> None:
+        lease = claim_keys(kind, key_fp or fp, unit)[0]
         with self._lock:
             held = self._held.pop(lease, None)
         if held is None:
@@ -285,7 +285,7 @@ class WorkClaims:
         def run(client):
             transport.script("release", client, keys=[lease], args=[held[0]])
             client.publish(layout.kernel_channel(fp), unit.encode())
-            if task:
+            if kind is WorkKind.TASK:
                 client.publish(layout.channel(fp, unit), b"released")
 
         with contextlib.suppress(StoreFailed):
@@ -358,6 +358,17 @@ class WorkClaims:
             with contextlib.suppress(*STORE_ERRORS):
                 pubsub.close()
         self._pubsubs.clear()
+
+
+def claim_keys(kind: WorkKind, fp: str, unit: str) -> tuple[str, str]:
+    """(lease, marker) of a unit: the claim's key, and the key whose presence means the
+    unit is published (a task's record, an entry's manifest, a discovery's kernel list)."""
+    if kind is WorkKind.TASK:
+        return layout.lease_key(fp, unit), layout.task_key(fp, unit)
+    if kind is WorkKind.DISCOVERY:
+        lease = layout.kernel_lease_key(fp, discovery_unit(unit))
+        return lease, layout.kernel_list_key(fp, unit)
+    return layout.kernel_lease_key(fp, unit), layout.manifest_key(fp, unit)
 
 
 def spread_start(arrival: int, count: int) -> int:

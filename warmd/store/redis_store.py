@@ -27,7 +27,7 @@ from typing import Any
 
 from warmd import settings
 from warmd.cache.base import CacheAdapter, CacheEntry
-from warmd.coordination import Claim, KernelList, discovery_unit
+from warmd.coordination import Claim, KernelList, WorkKind
 from warmd.store import claimid, formats, history, layout
 from warmd.store.api import BlobPeers, Publication, SharedCache, StoreFailed
 from warmd.store.blobs import Blobs
@@ -35,7 +35,7 @@ from warmd.store.breaker import CircuitBreaker, JoinBudget
 from warmd.store.connection import CONNECT_TIMEOUT, StoreURL, classify
 from warmd.store.counters import StoreStats
 from warmd.store.entries import Entries
-from warmd.store.fingerprint import Fingerprint
+from warmd.store.fingerprint import Fingerprint, discovery_digest
 from warmd.store.leases import KERNEL_LEASE_SECONDS, Leases, WorkClaims, spread_start
 from warmd.store.pending import PendingClaim, PendingClaims
 from warmd.store.publish import Publisher
@@ -224,18 +224,29 @@ class RedisSharedCache(SharedCache):
         except Exception:  # the adapter could not describe itself: nothing is shared
             return None
 
-    def claim_work(self, adapter: CacheAdapter, unit: str, task: bool = False) -> Claim:
+    def _discovery_fp(self, adapter: CacheAdapter) -> str | None:
+        try:
+            return discovery_digest(self.session.fingerprint(adapter))
+        except Exception:  # the adapter could not describe itself: nothing is shared
+            return None
+
+    def claim_work(self, adapter: CacheAdapter, unit: str,
+                   kind: WorkKind = WorkKind.ENTRY) -> Claim:
         fp = self._fp(adapter)
         if fp is None or self.transport.disabled_reason:
-            return super().claim_work(adapter, unit, task)
-        if task:
+            return super().claim_work(adapter, unit, kind)
+        if kind is WorkKind.TASK:
             self.session.task_fp[unit] = fp
-        return self.work_claims.claim(fp, unit, task)
+        return self.work_claims.claim(fp, unit, kind, self._key_fp(adapter, kind))
 
-    def release_work(self, adapter: CacheAdapter, unit: str, task: bool = False) -> None:
+    def release_work(self, adapter: CacheAdapter, unit: str,
+                     kind: WorkKind = WorkKind.ENTRY) -> None:
         fp = self._fp(adapter)
         if fp is not None:
-            self.work_claims.release(fp, unit, task)
+            self.work_claims.release(fp, unit, kind, self._key_fp(adapter, kind))
+
+    def _key_fp(self, adapter: CacheAdapter, kind: WorkKind) -> str | None:
+        return self._discovery_fp(adapter) if kind is WorkKind.DISCOVERY else None
 
     def stop_waiting(self, adapter: CacheAdapter, unit: str, waited: float) -> None:
         fp = self._fp(adapter)
@@ -269,15 +280,8 @@ class RedisSharedCache(SharedCache):
             return []
         return sorted((set(names) & present) | installed)
 
-    def claim_discovery(self, adapter: CacheAdapter, digest: str) -> Claim:
-        fp = self._fp(adapter)
-        if fp is None or self.transport.disabled_reason:
-            return super().claim_discovery(adapter, digest)
-        return self.work_claims.claim(fp, discovery_unit(digest), False,
-                                 marker=layout.kernel_list_key(fp, digest))
-
     def kernel_list(self, adapter: CacheAdapter, tasks: list[str]) -> KernelList:
-        fp = self._fp(adapter)
+        fp = self._discovery_fp(adapter)
         if fp is None or not tasks:
             return KernelList()
         try:
@@ -294,7 +298,7 @@ class RedisSharedCache(SharedCache):
         except StoreFailed:
             return KernelList()
         except BadRecord as exc:
-            self.stats.count_refusal(exc.counter, fp)
+            self.stats.count_refusal(exc.counter, self._fp(adapter) or "-")
             log.warning("shared cache: refused a kernel list (fingerprint %s): %s", fp, exc)
             return KernelList(refused=str(exc))
         # a task whose every job is there is listed; the others are not (yet)
@@ -323,21 +327,22 @@ class RedisSharedCache(SharedCache):
 
     def publish_kernel_list(self, adapter: CacheAdapter, digest: str,
                             tasks: dict[str, list[str]], jobs: dict[str, dict]) -> bool:
-        fp = self._fp(adapter)
-        if fp is None or self.session.read_only or self.transport.disabled_reason:
+        fp, list_fp = self._fp(adapter), self._discovery_fp(adapter)
+        if fp is None or list_fp is None or self.session.read_only \
+                or self.transport.disabled_reason:
             return False
         key, ttl = self.session.signing_key, self.session.ttl_ms
 
         def signed(record: dict) -> bytes:
-            return formats.json_bytes(sign({**record, "fingerprint": fp}, key))
+            return formats.json_bytes(sign({**record, "fingerprint": list_fp}, key))
 
         def write(pipe) -> None:
             for name, job in jobs.items():
-                pipe.set(layout.kernel_job_key(fp, name), signed(job), px=ttl, nx=True)
+                pipe.set(layout.kernel_job_key(list_fp, name), signed(job), px=ttl, nx=True)
             for task, entries in tasks.items():
-                pipe.set(layout.kernel_task_key(fp, task),
+                pipe.set(layout.kernel_task_key(list_fp, task),
                          signed({"task": task, "entries": sorted(entries)}), px=ttl)
-            pipe.set(layout.kernel_list_key(fp, digest),
+            pipe.set(layout.kernel_list_key(list_fp, digest),
                      signed({"digest": digest, "tasks": sorted(tasks),
                              "producer": self.session.node, "created": time.time()}), px=ttl)
             pipe.publish(layout.kernel_channel(fp), b"kernel list")

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Generic, TypeVar
 
 from warmd.cache.base import CacheAdapter
-from warmd.coordination import ClaimState
+from warmd.coordination import ClaimState, WorkKind
 
 if TYPE_CHECKING:
     from warmd.store.api import SharedCache
@@ -55,12 +55,12 @@ class Got(str, enum.Enum):
 
 @dataclass(eq=False)
 class Unit:
-    """One unit of cluster work: an entry (task=False), or a task whose entries are not
-    known before it runs (task=True; its name is the task key)."""
+    """One unit of cluster work: an entry, a task whose entries are not known before it
+    runs (its name is the task key), or a discovery slice (its name is its task digest)."""
 
     name: str
     adapter: CacheAdapter
-    task: bool = False
+    kind: WorkKind = WorkKind.ENTRY
     payload: object = None  # what the builder needs (a sub-task, a job)
     claimed: bool = False  # the collector took the claim over from a dead claimer
     waited_since: float | None = None  # first found held by another node
@@ -201,7 +201,7 @@ class ClaimLoop(Generic[C]):
     def _one(self, unit: Unit, context: C) -> None:
         state = ClaimState.MINE
         if not unit.claimed and not unit.local_only and self.shared is not None:
-            state = self.shared.claim_work(unit.adapter, unit.name, unit.task).state
+            state = self.shared.claim_work(unit.adapter, unit.name, unit.kind).state
         if state is not ClaimState.MINE:
             if state is ClaimState.HELD and unit.waited_since is None:
                 unit.waited_since = time.monotonic()
@@ -218,7 +218,7 @@ class ClaimLoop(Generic[C]):
             built = self.build(unit, context)
         finally:
             if self.shared is not None and not unit.local_only:
-                self.shared.release_work(unit.adapter, unit.name, unit.task)
+                self.shared.release_work(unit.adapter, unit.name, unit.kind)
         ended = time.monotonic()
         with self._cond:
             self.timeline.last_compile_end = ended
@@ -284,7 +284,7 @@ class ClaimLoop(Generic[C]):
         assert self.shared is not None
         held, published = [], []
         for unit in waiting:
-            state = self.shared.claim_work(unit.adapter, unit.name, unit.task).state
+            state = self.shared.claim_work(unit.adapter, unit.name, unit.kind).state
             if state is ClaimState.PUBLISHED:
                 published.append(unit)
             elif state is ClaimState.MINE:  # its claimer gave up or died: ours now

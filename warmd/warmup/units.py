@@ -24,13 +24,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from warmd.cache.base import CacheAdapter
-from warmd.coordination import ClaimState, KernelList, discovery_unit
+from warmd.coordination import WorkKind
 from warmd.executors.base import KernelOutcome, TaskResult
 from warmd.executors.pool import Worker
 from warmd.stats import Outcome
 from warmd.warmup.claims import Built, ClaimLoop, Got, Unit, UnitResult
-from warmd.warmup.report import BootReport, Build, Mode, TaskReport
-from warmd.warmup.state import LibraryState, RunState, TaskState
+from warmd.warmup.report import Build, Mode, TaskReport
+from warmd.warmup.state import RunState, TaskState
 from warmd.warmup.task import check, compile_task, fetch, finish, publish
 
 if TYPE_CHECKING:
@@ -90,7 +90,7 @@ class TaskWork:
         assert adapter is not None
         parts = _task_kernels(state.task)
         if parts is None:
-            unit = Unit(state.task.key, adapter, task=True, payload=state)
+            unit = Unit(state.task.key, adapter, WorkKind.TASK, payload=state)
             self._depends(state, unit, [state.task.key])
             return
         have = {e.name for e in adapter.list_entries()}
@@ -125,7 +125,7 @@ class TaskWork:
     # -- the loop's callbacks --
 
     def build(self, unit: Unit, worker: Worker) -> Built:
-        if unit.task:
+        if unit.kind is WorkKind.TASK:
             return self._build_task(unit.payload, worker)  # type: ignore[arg-type]
         result = worker.run(unit.payload)  # type: ignore[arg-type]
         entry = next((e for e in unit.adapter.list_entries() if e.name == unit.name), None)
@@ -148,12 +148,12 @@ class TaskWork:
         assert self.shared is not None
         shared = self.shared
         present = set()
-        entries = [u.name for u in units if not u.task]
+        entries = [u.name for u in units if u.kind is WorkKind.ENTRY]
         if entries:
             library = self._library_of(units)
             present |= set(library.installing(
                 shared, lambda a: shared.install_entries(a, entries)))
-        for unit in (u for u in units if u.task):
+        for unit in (u for u in units if u.kind is WorkKind.TASK):
             state: TaskState = unit.payload  # type: ignore[assignment]
             if fetch(self.run, state).found:
                 warm = check(self.run, state)
@@ -169,7 +169,7 @@ class TaskWork:
         tell_building(self.run, self._build_of(unit), True)
 
     def _build_of(self, unit: Unit) -> Build:
-        if unit.task:
+        if unit.kind is WorkKind.TASK:
             state: TaskState = unit.payload  # type: ignore[assignment]
             return Build(unit.name, state.task.library, state.task)
         return Build(unit.name, self._library_of([unit]).name)
@@ -253,89 +253,3 @@ def run_units(run: RunState, states: list[TaskState], workers: list[Worker],
     loop.close()
     loop.run()
     return work, loop
-
-
-class StageWork:
-    """What a library's kernel stage asks of the cluster (warmd.executors.base.StageCluster),
-    over the run's shared cache and the library's part of the run: its kernel lists,
-    discovery claims, and kernels claimed one by one, each published as soon as built and
-    installed (counted as the shared cache's) as soon as another node publishes it."""
-
-    def __init__(self, run: RunState, library: LibraryState, builder: bool) -> None:
-        assert run.shared is not None and library.adapter is not None
-        self.run = run
-        self.shared: SharedCache = run.shared
-        self.library, self.adapter = library, library.adapter
-        self.builder = builder
-        self.wait_limit = run.options.single_flight_timeout
-
-    def kernel_list(self, tasks: list[str]) -> KernelList:
-        return self.shared.kernel_list(self.adapter, tasks)
-
-    def claim_discovery(self, digest: str) -> ClaimState:
-        return self.shared.claim_discovery(self.adapter, digest).state
-
-    def release_discovery(self, digest: str) -> None:
-
-        self.shared.release_work(self.adapter, discovery_unit(digest))
-
-    def publish_kernel_list(self, digest: str, tasks: dict[str, list[str]],
-                            jobs: dict[str, dict]) -> bool:
-        return self.shared.publish_kernel_list(self.adapter, digest, tasks, jobs)
-
-    def wait(self, seconds: float) -> None:
-        self.shared.wait_for_claims(self.adapter, seconds)
-
-    def run_kernels(self, build: Callable[[str], tuple[bool, float, str]],
-                    threads: int) -> KernelRun:
-        return KernelRun(self, build, threads)
-
-
-class KernelRun:
-    """A stage's kernels through a ClaimLoop in the background (StageWork.run_kernels)."""
-
-    def __init__(self, work: StageWork, build: Callable[[str], tuple[bool, float, str]],
-                 threads: int) -> None:
-        self.work, self.build_one = work, build
-        self.loop: ClaimLoop[None] = ClaimLoop(work.shared, [None] * max(1, threads),
-                                               self._build, self._install,
-                                               done=self._done, begun=self._begun,
-                                               wait_limit=work.wait_limit)
-        self.thread = threading.Thread(target=self.loop.run, daemon=True,
-                                       name="warmd-stage-claims")
-        self.thread.start()
-
-    def add(self, names: list[str]) -> None:
-        self.loop.add([Unit(name, self.work.adapter) for name in names])
-
-    def close(self) -> None:
-        self.loop.close()
-
-    def join(self) -> dict:
-        self.thread.join()
-        boot = BootReport()
-        boot.add(self.loop.results)
-        return {**boot.to_json(), "timeline": self.loop.timeline.to_json()}
-
-    def _build(self, unit: Unit, _context: None) -> Built:
-        adapter = self.work.adapter
-        if any(e.name == unit.name for e in adapter.list_entries()):
-            return Built(True)  # here already (a seeded or earlier entry)
-        ok, seconds, error = self.build_one(unit.name)
-        if ok and not unit.local_only:
-            entries = [e for e in adapter.list_entries() if e.name == unit.name]
-            self.work.shared.publish_entries(adapter, entries, seconds)
-        return Built(ok, seconds, error)
-
-    def _begun(self, unit: Unit) -> None:
-        tell_building(self.work.run, Build(unit.name, self.work.library.name), True)
-
-    def _done(self, unit: Unit, result: UnitResult) -> None:
-        if result.got != Got.INSTALLED:
-            tell_building(self.work.run, Build(unit.name, self.work.library.name), False)
-
-    def _install(self, adapter: CacheAdapter, units: list[Unit]) -> set[str]:
-        names = [u.name for u in units]
-        shared = self.work.shared
-        return set(self.work.library.installing(
-            shared, lambda a: shared.install_entries(a, names)))

@@ -15,8 +15,8 @@ from warmd.executors.pool import Worker
 from warmd.tasks import Task
 from warmd.warmup.options import WarmupOptions
 from warmd.warmup.sizing import default_workers, gpu_ids, worker_count
+from warmd.warmup.stage_work import StageWork
 from warmd.warmup.state import RunState
-from warmd.warmup.units import StageWork
 
 if TYPE_CHECKING:  # the type only: the worker side of a run reads tasks, not the planner
     from warmd.plan import Plan

@@ -48,10 +48,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from warmd import settings
-from warmd.executors.base import StageCluster
+from warmd.executors.base import DiscoveryRun, StageCluster
 from warmd.executors.pool import Worker
 from warmd.libraries.deep_gemm.cache import DeepGemmCacheAdapter
-from warmd.libraries.deep_gemm.discovery import DiscoveryPass, seed_entries
+from warmd.libraries.deep_gemm.discovery import RECORDER, DiscoveryPass, seed_entries
 from warmd.libraries.deep_gemm.install import (
     KNOWN_VERSIONS,
     DeepGemmInstall,
@@ -103,14 +103,18 @@ class DeepGemmKernelStage(ClusterKernelLists, DiscoveryPass):
     DiscoveryPass (discovery.py), its share of the cluster's work ClusterKernelLists
     (kernel_lists.py)."""
 
+    recorder = RECORDER  # the discovery processes' executor ("module:Class")
+
     def __init__(self, root: Path, tasks: list[Task], jobs: int, gpu_ids: list[str],
                  env: dict[str, str], cluster: StageCluster | None = None) -> None:
         self.root = Path(root)
         self.cluster = cluster  # with a shared cache: kernels claimed and listed cluster-wide
         self.listed: dict[str, ListedJob] = {}  # entry -> how it is built (the kernel list)
-        self.task_lists: dict[str, tuple[str, ...]] = {}  # task key -> its entries, listed
-        self.found_by_task: dict[str, set[str]] = {}  # task key -> entries its discovery named
+        self.slice_lists: dict[str, tuple[str, ...]] = {}  # slice digest -> entries, listed
+        self.list_lock = threading.Lock()  # listed and slice_lists, from several threads
         self.cluster_report: dict | None = None
+        self.discovery_report: dict | None = None  # the cluster's slices: who did what
+        self.discovery_run: DiscoveryRun | None = None
         self.cluster_done = threading.Event()
         self.kernel_list_source = ""  # "read", "discovered here", or why none
         self.tasks = list(tasks)
@@ -255,6 +259,8 @@ class DeepGemmKernelStage(ClusterKernelLists, DiscoveryPass):
 
     def stop(self) -> None:
         self.stopped.set()
+        if self.discovery_run is not None:
+            self.discovery_run.stop()
         self.discovery_done.set()
         self.cluster_done.set()
         self.workers_may_start.set()

@@ -15,6 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from warmd.cache.durable import rename_noreplace
+from warmd.executors.base import TaskResult
 from warmd.executors.pool import Worker
 from warmd.libraries.deep_gemm.cache import DeepGemmCacheAdapter, entry_state
 from warmd.libraries.deep_gemm.nvcc_shim import Job, read_passthrough
@@ -86,18 +87,21 @@ class DiscoveryPass:
         """Start discovery processes until total run, or each has a piece of work."""
         with self.lock:
             count = min(total - len(self.recorders), self.pending.qsize())
-            started = []
-            for _ in range(max(0, count)):
-                env = dict(self.recorder_env)
-                if self.gpu_ids:
-                    env["CUDA_VISIBLE_DEVICES"] = self.gpu_ids[len(self.recorders)
-                                                               % len(self.gpu_ids)]
-                worker = Worker(env, executors={"deep_gemm": RECORDER})
-                self.recorders.append(worker)
-                self.discovering += 1
-                started.append(worker)
+        started = [self._new_recorder() for _ in range(max(0, count))]
         for worker in started:
             self._thread(self._discover, worker, self.pending)
+
+    def _new_recorder(self) -> Worker:
+        """One more discovery process (on the node's GPUs in turn)."""
+        with self.lock:
+            env = dict(self.recorder_env)
+            if self.gpu_ids:
+                env["CUDA_VISIBLE_DEVICES"] = self.gpu_ids[len(self.recorders)
+                                                           % len(self.gpu_ids)]
+            worker = Worker(env, executors={"deep_gemm": self.recorder})
+            self.recorders.append(worker)
+            self.discovering += 1
+        return worker
 
     def _discover(self, worker: Worker, pending: queue.Queue[Task]) -> None:
         while not self.stopped.is_set():
@@ -105,21 +109,24 @@ class DiscoveryPass:
                 task = pending.get_nowait()
             except queue.Empty:
                 break
-            result = worker.run(task)
-            with self.lock:
-                self.found_by_task.setdefault(self._task_of(task.key), set()).update(
-                    k.name for k in result.kernels if k.outcome != "failed")
-                for kernel in result.kernels:
-                    if kernel.outcome == "compiled":
-                        self.discovery_seconds.setdefault(kernel.name, kernel.seconds)
-                if not result.ok:  # what it missed, the workers compile when they get there
-                    self.record_errors.append(f"{task.key}: {result.error}")
+            self._record(worker, task)
         worker.stop()
         with self.lock:
             self.discovering -= 1
             if self.discovering == 0:
                 self.discovered_at = time.monotonic()
                 self.discovery_done.set()
+
+    def _record(self, worker: Worker, task: Task) -> TaskResult:
+        """Run a piece of discovery on a discovery process; what it named is noted."""
+        result = worker.run(task)
+        with self.lock:
+            for kernel in result.kernels:
+                if kernel.outcome == "compiled":
+                    self.discovery_seconds.setdefault(kernel.name, kernel.seconds)
+            if not result.ok:  # what it missed, the workers compile when they get there
+                self.record_errors.append(f"{task.key}: {result.error}")
+        return result
 
     def _task_of(self, unit_key: str) -> str:
         """The task a discovery unit (a task, or an M range of one) belongs to."""

@@ -86,11 +86,6 @@ def task_digest(task: Task) -> str:
     return hashlib.sha256(data.encode()).hexdigest()[:32]
 
 
-def set_digest(digests: list[str]) -> str:
-    """The digest of a set of tasks (what one discovery is claimed as)."""
-    return hashlib.sha256("\n".join(sorted(digests)).encode()).hexdigest()[:32]
-
-
 @functools.cache
 def nvcc_version(nvcc: str) -> str:
     """`nvcc --version`, the words DeepJIT hashes into every key ("" when it cannot run)."""
