@@ -4,7 +4,7 @@ one node alone in the same run. Run by scripts/bench/device_cluster_boot.sh on t
 in docs/benchmarks.md.
 
     python scripts/bench/device_cluster_boot.py run --out DIR [--budget S] [--models qwen,dsv3]
-        [--nodes 2,4] [--redis URL]
+        [--nodes 2,4] [--redis URL] [--pinned]
 
 For each model: one node alone, then K nodes at once for each K (the store flushed before
 each), every node `warmd warmup <plan> --redis URL --json`. Checks, per run: every node
@@ -14,6 +14,14 @@ alone (goal: at most 1.15x: the nodes share the device's cores, so equal total w
 equal time). The projection to K machines: discovery plus the largest node's nvcc seconds
 over the cores. Then a builder-style build of the published kernel list's jobs (nvcc on the
 CPU, no GPU used) into an empty root, compared with a GPU node's entries: names and bytes.
+
+--pinned (issue 30): K machines of C = cores // K cores each, emulated by pinning each node's
+process (its workers, discovery processes and nvcc inherit the affinity) to its own C cores;
+for each K, one node alone pinned to the first C cores, then the K nodes each pinned to their
+C. Checks, per K run, besides the counts above: wall / (alone / K) within PINNED_LIMITS[K];
+the spread of the nodes' READY (each one's exit, from the common start) within SPREAD_LIMIT
+of the wall; each node sized its compile jobs to its C cores (warmd's sizing reads the
+affinity); every node holds every entry the node alone holds. No builder build.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 from step_runner import BenchRun
@@ -33,9 +42,15 @@ ROOT = Path(__file__).resolve().parents[2]
 PLANS = {
     "qwen": ["--model", "qwen3-30b-a3b-fp8"],
     "dsv3": ["--model", "deepseek-v3", "--tp", "8"],
+    "qwen235": ["--model", "tests/data/models/qwen3-235b-a22b-fp8", "--tp", "4"],  # held out
 }
 PLAN_ARGS = ["--max-tokens", "8192", "--mode", "relax", "--library", "deep_gemm"]
 LIMIT = 1.15
+# --pinned: wall / (the node alone on C cores / K) at most this, per K (issue 30)
+PINNED_LIMITS = {2: 1.15, 4: 1.3}
+SPREAD_LIMIT = 0.15  # last READY - first READY, as a fraction of the run's wall
+# a qwen235 node alone, cold: 38 s on 8 cores, 71 s on 4 (issue 30's first measurement)
+ALONE_CORE_SECONDS = 300.0
 
 
 def parse_nodes(text: str) -> list[int]:
@@ -61,6 +76,58 @@ def parse_models(text: str) -> list[str]:
     return models
 
 
+def core_slices(cpus: list[int], k: int) -> list[list[int]]:
+    """K nodes' cores: C = len(cpus) // K each, node i the i-th run of C cpus in order (any
+    rest idle). ValueError when there are fewer cpus than nodes."""
+    per_node = len(cpus) // k
+    if per_node < 1:
+        raise ValueError(f"--pinned: {k} nodes need at least {k} cores, have {len(cpus)}")
+    return [cpus[i * per_node:(i + 1) * per_node] for i in range(k)]
+
+
+def pinned_need(k: int, per_node: int, alone_wall: float | None) -> float:
+    """Seconds a pinned run is given before it starts: the node alone, ALONE_CORE_SECONDS
+    over its cores and 30% more; K nodes, twice the node alone / K, plus start-up."""
+    alone = alone_wall if alone_wall is not None else ALONE_CORE_SECONDS / per_node
+    return round(alone * 1.3 + 10 if k == 1 else 2 * alone / k + 15, 1)
+
+
+def ready_spread(ready: list[float], wall: float) -> float:
+    """The last node's READY minus the first's, as a fraction of the run's wall."""
+    if len(ready) < 2 or wall <= 0:
+        return 0.0
+    return round((max(ready) - min(ready)) / wall, 3)
+
+
+def judge_pinned(run: dict, alone_wall: float | None, held: list[set[str]],
+                 plan: set[str]) -> dict:
+    """The checks of K pinned nodes against one node alone on one node's cores (what K
+    machines of C cores would do against one): wall / (alone / K) within PINNED_LIMITS[K]
+    (no check where none is set), READY spread within SPREAD_LIMIT, each node's compile jobs
+    == its cores, every node holds every entry of the plan (the node alone's entries)."""
+    k, wall, nodes = run["k"], run["wall"], run["nodes"]
+    spread = ready_spread([n["ready"] for n in nodes], wall)
+    checks = {"ready_spread_within_limit": spread <= SPREAD_LIMIT,
+              "jobs_equal_pinned_cores": pinned_sizing_holds(nodes, run["cores_per_node"]),
+              "every_node_holds_every_plan_entry": bool(plan) and all(plan <= h for h in held),
+              "alone_measured": bool(alone_wall)}
+    out = {"ready_spread": spread, "spread_limit": SPREAD_LIMIT, "limit": PINNED_LIMITS.get(k),
+           "checks": checks}
+    if alone_wall:
+        ideal = alone_wall / k
+        out["ideal"] = round(ideal, 3)
+        out["ratio_to_alone_over_k"] = round(wall / ideal, 3)
+        if k in PINNED_LIMITS:
+            checks["within_limit"] = wall / ideal <= PINNED_LIMITS[k]
+    return out
+
+
+def pinned_sizing_holds(nodes: list[dict], per_node: int) -> bool:
+    """Each node ran pinned to per_node cores (its affinity, read once it started) and
+    sized its compile jobs to them (warmd's sizing reads the affinity)."""
+    return all(n.get("cores") == per_node and n.get("jobs") == per_node for n in nodes)
+
+
 def entries(root: Path) -> dict[str, Path]:
     cache = root / "cache"
     if not cache.is_dir():
@@ -69,12 +136,15 @@ def entries(root: Path) -> dict[str, Path]:
     return {p.name: p for p in cache.iterdir() if p.is_dir() and not p.name.startswith(".")}
 
 
-def node_row(report: dict | None, rc, wall: float, held: set[str]) -> dict:
-    """One node's part of a run, from its --json report."""
+def node_row(report: dict | None, rc, ready: float, held: set[str],
+             cores: int | None = None) -> dict:
+    """One node's part of a run, from its --json report; ready: its exit, in seconds from
+    the run's common start; cores: the cores it was pinned to (None: not pinned)."""
     stages = (report or {}).get("kernel_stages") or [{}]
     stage = stages[0]
     cluster = (report or {}).get("cluster") or {}
-    return {"rc": rc, "wall": round(wall, 3),
+    return {"rc": rc, "ready": round(ready, 3), "cores": cores, "jobs": stage.get("jobs"),
+            "discovery_processes": stage.get("discovery_processes"),
             "compiled": ((report or {}).get("kernels") or {}).get("compiled", 0),
             "remote_hits": ((report or {}).get("kernels") or {}).get("remote_hits", 0),
             "nvcc_runs": stage.get("nvcc_runs", 0), "nvcc_seconds": stage.get("nvcc_seconds"),
@@ -134,6 +204,7 @@ class Bench(BenchRun):
         super().__init__(out, budget, {"budget_s": budget, "cores": self.cores, "runs": {},
                                        "builder": {}})
         self.url = url
+        self.held: dict[str, list[set[str]]] = {}  # run label -> each node's entry names
 
     def flush(self) -> None:
         import redis
@@ -142,58 +213,72 @@ class Bench(BenchRun):
         client.flushall()
         client.close()
 
-    def nodes(self, model: str, k: int, label: str) -> dict | None:
-        """K nodes of one model cold at once; None when the budget is short."""
-        need = 60.0 if k == 1 else 75.0
+    def nodes(self, model: str, placement: list[list[int] | None], label: str,
+              need: float) -> dict | None:
+        """One node per placement (the cores it is pinned to; None: not pinned) of one model,
+        cold at once; None when the budget has not the need seconds left (said and kept)."""
         if self.left() < need:
-            self.log(f"SKIP {label}: {self.left():.0f}s left, needs ~{need:.0f}s")
-            self.results["runs"][label] = {"skipped": f"needs ~{need:.0f}s"}
+            self.log(f"SKIP {label}: {self.left():.0f}s of the budget left, needs ~{need:.0f}s")
+            self.results["runs"][label] = {"skipped": f"needs ~{need:.0f}s, "
+                                                      f"{self.left():.0f}s left"}
             return None
         self.flush()
         work = self.out / "work" / label
         procs = []
         began = time.monotonic()
-        for i in range(k):
+        for i, cores in enumerate(placement):
             node = work / f"n{i}"
             node.mkdir(parents=True)
             env = {**os.environ, "DG_JIT_CACHE_DIR": str(node / "dg"),
                    "WARMD_STATE_DIR": str(node / "state"), "WARMD_NODE_NAME": f"{label}-{i}"}
             argv = [sys.executable, "-m", "warmd", "warmup", *PLANS[model], *PLAN_ARGS,
                     "--redis", self.url, "--json"]
-            procs.append((node, subprocess.Popen(argv, env=env, cwd=ROOT, text=True,
-                                                 stdout=subprocess.PIPE,
-                                                 stderr=subprocess.PIPE)))
-        reports = []
-        for node, proc in procs:
-            try:
-                out, err = proc.communicate(timeout=max(10.0, self.left() - 5))
-                rc = proc.returncode
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                out, err = proc.communicate()
-                rc = "timeout"
-            wall = time.monotonic() - began
-            try:
-                report = json.loads(out)
-            except ValueError:
-                report = None
-            reports.append((node, report, rc, wall, err))
+            # the node's process and all it starts (workers, discovery, nvcc) keep its cores
+            pin = partial(os.sched_setaffinity, 0, cores) if cores is not None else None
+            proc = subprocess.Popen(argv, env=env, cwd=ROOT, text=True, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, preexec_fn=pin)
+            procs.append((node, proc, len(os.sched_getaffinity(proc.pid))
+                          if cores is not None else None))
+        # one thread per node: each one's exit time is its own, and no pipe fills unread
+        with ThreadPoolExecutor(len(procs)) as pool:
+            waited = list(pool.map(lambda p: self._wait(p[1], began), procs))
         saved = self.out / "reports"
         saved.mkdir(exist_ok=True)
-        for i, (_node, report, *_rest) in enumerate(reports):
+        for i, (report, *_rest) in enumerate(waited):
             (saved / f"{label}-n{i}.json").write_text(json.dumps(report, indent=1))
-        wall = max(r[3] for r in reports)
-        held = [set(entries(node / "dg")) for node, *_rest in reports]
+        wall = max(w[2] for w in waited)
+        held = [set(entries(node / "dg")) for node, *_rest in procs]
         distinct = set().union(*held)
-        run = {"model": model, "k": k, "wall": round(wall, 3),
+        self.held[label] = held
+        run = {"model": model, "k": len(placement), "wall": round(wall, 3),
+               "cores_per_node": len(placement[0]) if placement[0] is not None else None,
+               "pinned": [[c[0], c[-1]] if c else None for c in placement],
                "distinct_entries": len(distinct),
-               "nodes": [node_row(report, rc, w, h) for (_n, report, rc, w, _e), h
-                         in zip(reports, held, strict=True)],
+               "nodes": [node_row(report, rc, ready, h, pinned) for (report, rc, ready, _e), h,
+                         (*_n, pinned) in zip(waited, held, procs, strict=True)],
                "stderr_tail": [[ln for ln in e.splitlines() if ln.strip()][-5:]
-                               for *_r, e in reports if e]}
+                               for *_r, e in waited if e]}
         self.results["runs"][label] = run
         self.save()
         return run
+
+    def _wait(self, proc: subprocess.Popen, began: float) -> tuple[dict | None, object, float,
+                                                                   str]:
+        """A node's --json report, exit status ("timeout" past the budget), READY (its exit,
+        seconds from the common start) and stderr."""
+        try:
+            out, err = proc.communicate(timeout=max(10.0, self.left() - 5))
+            rc = proc.returncode
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+            rc = "timeout"
+        ready = time.monotonic() - began
+        try:
+            report = json.loads(out)
+        except ValueError:
+            report = None
+        return report, rc, ready, err
 
     def builder(self, model: str, gpu_root: Path, limit: int) -> None:
         """A builder's build of the list's jobs (up to limit) beside a GPU node's entries."""
@@ -240,35 +325,107 @@ class Bench(BenchRun):
 
 
 def run(out: Path, budget: float, models: list[str], ks: list[int], url: str,
-        builder_jobs: int) -> int:
+        builder_jobs: int, pinned: bool = False) -> int:
     out.mkdir(parents=True, exist_ok=True)
     bench = Bench(out, budget, url)
     for model in models:
-        alone = bench.nodes(model, 1, f"{model}-alone")
-        if alone is not None:
-            alone.update(judge_run(alone, None, bench.cores))
-            bench.log(f"{model} alone: {alone['wall']} s, {alone['summed_compiles']} "
-                      f"compiled, {alone['distinct_entries']} entries")
-        for k in ks:
-            row = bench.nodes(model, k, f"{model}-k{k}")
-            if row is None:
-                continue
-            row.update(judge_run(row, alone["wall"] if alone else None, bench.cores))
-            bench.log(f"{model} K={k}: {row['wall']} s ({row.get('ratio_to_alone')}x alone), "
-                      f"{row['summed_compiles']} compiled for {row['distinct_entries']} "
-                      f"entries; checks {row['checks']}")
-            if k == ks[0]:
-                bench.builder(model, out / "work" / f"{model}-k{k}" / "n0" / "dg",
-                              builder_jobs)
+        if pinned:
+            run_pinned(bench, model, ks)
+        else:
+            run_shared(bench, model, ks, out, builder_jobs)
         bench.save()
     checks = [ok for r in bench.results["runs"].values() for ok in
               (r.get("checks") or {}).values()]
     checks += [b.get("identical", False) for b in bench.results["builder"].values()
                if "skipped" not in b]
+    skipped = sorted(label for label, r in bench.results["runs"].items() if "skipped" in r)
+    bench.results["skipped"] = skipped
     bench.results["all_checks_hold"] = all(checks) and bool(checks)
     bench.save()
+    if skipped:
+        bench.log(f"not run: {', '.join(skipped)}")
     bench.log(f"all checks hold: {bench.results['all_checks_hold']}")
     return 0 if bench.results["all_checks_hold"] else 1
+
+
+def run_shared(bench: Bench, model: str, ks: list[int], out: Path, builder_jobs: int) -> None:
+    """One node alone, then K nodes at once for each K, all on every core."""
+    alone = bench.nodes(model, [None], f"{model}-alone", need=60.0)
+    if alone is not None:
+        alone.update(judge_run(alone, None, bench.cores))
+        bench.log(f"{model} alone: {alone['wall']} s, {alone['summed_compiles']} "
+                  f"compiled, {alone['distinct_entries']} entries")
+    for k in ks:
+        row = bench.nodes(model, [None] * k, f"{model}-k{k}", need=75.0)
+        if row is None:
+            continue
+        row.update(judge_run(row, alone["wall"] if alone else None, bench.cores))
+        bench.log(f"{model} K={k}: {row['wall']} s ({row.get('ratio_to_alone')}x alone), "
+                  f"{row['summed_compiles']} compiled for {row['distinct_entries']} "
+                  f"entries; checks {row['checks']}")
+        if k == ks[0]:
+            bench.builder(model, out / "work" / f"{model}-k{k}" / "n0" / "dg", builder_jobs)
+
+
+def run_pinned(bench: Bench, model: str, ks: list[int]) -> None:
+    """For each K: one node alone pinned to the first C = cores // K cores (once per C), then
+    K nodes each pinned to its own C cores, at once."""
+    cpus = sorted(os.sched_getaffinity(0))
+    alone_by_cores: dict[int, dict | None] = {}
+    for k in ks:
+        slices = core_slices(cpus, k)
+        per_node = len(slices[0])
+        if per_node not in alone_by_cores:
+            alone = bench.nodes(model, [slices[0]], alone_label(model, per_node),
+                                need=pinned_need(1, per_node, None))
+            if alone is not None:
+                alone.update(judge_run(alone, None, per_node))
+                alone["checks"]["jobs_equal_pinned_cores"] = pinned_sizing_holds(
+                    alone["nodes"], per_node)
+                log_pinned(bench, f"{model} alone on {per_node} cores", alone)
+            alone_by_cores[per_node] = alone
+        alone = alone_by_cores[per_node]
+        label = f"{model}-k{k}-pinned"
+        if alone is None:
+            bench.log(f"SKIP {label}: no node alone on {per_node} cores to compare with")
+            bench.results["runs"][label] = {"skipped": f"no node alone on {per_node} cores"}
+            continue
+        row = bench.nodes(model, slices, label, need=pinned_need(k, per_node, alone["wall"]))
+        if row is None:
+            continue
+        row.update(judge_run(row, None, per_node))
+        plan = bench.held[alone_label(model, per_node)][0]  # the node alone's entries
+        pinned = judge_pinned(row, alone["wall"], bench.held[label], plan)
+        row["checks"].update(pinned.pop("checks"))
+        row.update(pinned)
+        log_pinned(bench, f"{model} K={k} x {per_node} cores", row)
+
+
+def alone_label(model: str, per_node: int) -> str:
+    """The run of one node of model alone, pinned to per_node cores."""
+    return f"{model}-alone-c{per_node}"
+
+
+def log_pinned(bench: Bench, title: str, run: dict) -> None:
+    """A pinned run's lines: wall, ratio against its limit, READY spread, each node, checks."""
+    line = f"{title}: wall {run['wall']} s"
+    if "ratio_to_alone_over_k" in run:
+        limit = run["limit"]
+        verdict = ("no limit set" if limit is None else
+                   "PASS" if run["checks"]["within_limit"] else "FAIL")
+        line += (f", {run['ratio_to_alone_over_k']}x of alone / K ({run['ideal']} s; limit "
+                 f"{limit}: {verdict}), READY spread {run['ready_spread']} of the wall "
+                 f"(limit {run['spread_limit']}: "
+                 f"{'PASS' if run['checks']['ready_spread_within_limit'] else 'FAIL'})")
+    bench.log(f"{line}; {run['summed_compiles']} compiled for {run['distinct_entries']} "
+              "entries")
+    for i, n in enumerate(run["nodes"]):
+        bench.log(f"  node {i}: READY {n['ready']} s, rc {n['rc']}, {n['cores']} cores, "
+                  f"{n['jobs']} jobs, {n['discovery_processes']} discovery processes, "
+                  f"compiled {n['compiled']}, installed {n['installed']}, discovery "
+                  f"{n['discovery_seconds']} s, kernel list {n['kernel_list']!r}")
+    failed = [name for name, ok in run["checks"].items() if not ok]
+    bench.log(f"  checks: {'all hold' if not failed else 'FAILED ' + ', '.join(failed)}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -282,9 +439,15 @@ def main(argv: list[str] | None = None) -> int:
                                                       "(default: a server this run starts)")
     parser.add_argument("--builder-jobs", type=int, default=32,
                         help="how many listed jobs the builder-style build compiles")
+    parser.add_argument("--pinned", action="store_true",
+                        help="K machines of cores // K cores: each node pinned to its own "
+                             "cores, against one node alone on as many")
     opts = parser.parse_args(argv)
     try:
         models, ks = parse_models(opts.models), parse_nodes(opts.nodes)
+        if opts.pinned:
+            for k in ks:
+                core_slices(sorted(os.sched_getaffinity(0)), k)
     except ValueError as exc:
         print(f"device_cluster_boot: {exc}", file=sys.stderr)
         return 2
@@ -300,7 +463,8 @@ def main(argv: list[str] | None = None) -> int:
         server = start_server(opts.out / "redis", appendonly=False)
         url = server.url
     try:
-        return run(opts.out, opts.budget, models, ks, url, opts.builder_jobs)
+        return run(opts.out, opts.budget, models, ks, url, opts.builder_jobs,
+                   opts.pinned)
     finally:
         if server is not None:
             server.stop()

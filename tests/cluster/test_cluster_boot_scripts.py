@@ -27,7 +27,8 @@ def test_device_arguments_are_checked():
         with pytest.raises(ValueError):
             device.parse_nodes(bad)
     assert device.parse_models("dsv3,qwen") == ["dsv3", "qwen"]
-    with pytest.raises(ValueError, match="qwen, dsv3"):
+    assert device.parse_models("qwen235") == ["qwen235"]
+    with pytest.raises(ValueError, match="qwen, dsv3, qwen235"):
         device.parse_models("llama")
     proc = subprocess.run([sys.executable, str(SCRIPTS / "device_cluster_boot.py"),
                            "run", "--out", "/tmp/unused", "--nodes", "1"],
@@ -35,6 +36,11 @@ def test_device_arguments_are_checked():
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip() == ("device_cluster_boot: --nodes takes counts of 2 or more, "
                                    "got '1'")
+    proc = subprocess.run([sys.executable, str(SCRIPTS / "device_cluster_boot.py"),
+                           "run", "--out", "/tmp/unused", "--nodes", "2,4096", "--pinned"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stderr.strip().startswith(
+        "device_cluster_boot: --pinned: 4096 nodes need at least 4096 cores, have ")
 
 
 def test_summed_compiles_against_distinct_entries_and_the_time_goal():
@@ -55,6 +61,62 @@ def test_summed_compiles_against_distinct_entries_and_the_time_goal():
     judged = device.judge_run(short, None, 16)
     assert not judged["checks"]["all_ok"] and not judged["checks"]["every_node_holds_every_entry"]
     assert "within_goal" not in judged["checks"]
+
+
+def _pinned_node(ready: float, cores=4, jobs=4):
+    return {**_node(10, 10, 20), "ready": ready, "cores": cores, "jobs": jobs}
+
+
+def test_pinned_nodes_take_consecutive_runs_of_cores_and_the_rest_stays_idle():
+    assert device.core_slices(list(range(16)), 4) == [[0, 1, 2, 3], [4, 5, 6, 7],
+                                                      [8, 9, 10, 11], [12, 13, 14, 15]]
+    assert device.core_slices([2, 3, 5, 7, 11], 2) == [[2, 3], [5, 7]]
+    assert device.core_slices(list(range(16)), 2)[0] == list(range(8))  # the node alone's
+    with pytest.raises(ValueError, match="3 nodes need at least 3 cores, have 2"):
+        device.core_slices([0, 1], 3)
+
+
+def test_pinned_runs_are_judged_against_the_node_alone_over_k():
+    plan = {"a", "b"}
+    run = {"k": 4, "wall": 22.0, "cores_per_node": 4,
+           "nodes": [_pinned_node(20.0), _pinned_node(21.0), _pinned_node(22.0),
+                     _pinned_node(19.5)]}
+    judged = device.judge_pinned(run, 71.0, [plan] * 4, plan)
+    assert judged["ideal"] == 17.75 and judged["ratio_to_alone_over_k"] == 1.239
+    assert judged["limit"] == 1.3 and judged["ready_spread"] == round(2.5 / 22, 3)
+    assert judged["checks"] == {"ready_spread_within_limit": True,
+                                "jobs_equal_pinned_cores": True,
+                                "every_node_holds_every_plan_entry": True,
+                                "alone_measured": True, "within_limit": True}
+    # issue 30's first measurement: 31 s at K = 4 against 71 s alone on 4 cores
+    slow = {**run, "wall": 31.0, "nodes": [_pinned_node(31.0), _pinned_node(24.0, jobs=16),
+                                           _pinned_node(30.0, cores=16), _pinned_node(29.0)]}
+    judged = device.judge_pinned(slow, 71.0, [plan, plan, {"a"}, plan], plan)
+    assert judged["ratio_to_alone_over_k"] == 1.746 and judged["ready_spread"] == 0.226
+    assert {name for name, ok in judged["checks"].items() if not ok} == {
+        "ready_spread_within_limit", "jobs_equal_pinned_cores",
+        "every_node_holds_every_plan_entry", "within_limit"}
+    pair = {"k": 2, "wall": 21.5, "cores_per_node": 8,
+            "nodes": [_pinned_node(21.5, 8, 8), _pinned_node(21.0, 8, 8)]}
+    assert device.judge_pinned(pair, 38.0, [plan] * 2, plan)["checks"]["within_limit"]
+    judged = device.judge_pinned(pair, 36.0, [plan] * 2, plan)
+    assert judged["ratio_to_alone_over_k"] == 1.194 and not judged["checks"]["within_limit"]
+    three = {**pair, "k": 3, "nodes": pair["nodes"] + [_pinned_node(21.5, 8, 8)]}
+    judged = device.judge_pinned(three, 60.0, [plan] * 3, plan)
+    assert judged["limit"] is None and "within_limit" not in judged["checks"]
+    judged = device.judge_pinned(pair, None, [plan] * 2, set())
+    assert not judged["checks"]["alone_measured"] and "ratio_to_alone_over_k" not in judged
+    assert not judged["checks"]["every_node_holds_every_plan_entry"]
+
+
+def test_a_pinned_run_starts_only_with_its_expected_time_left():
+    assert device.ready_spread([10.0], 10.0) == 0.0
+    assert device.ready_spread([8.0, 10.0], 10.0) == 0.2
+    # the node alone from its cores, K nodes from the node alone measured
+    assert device.pinned_need(1, 8, None) == round(300 / 8 * 1.3 + 10, 1)
+    assert device.pinned_need(1, 4, None) == 107.5
+    assert device.pinned_need(2, 8, 38.0) == 53.0
+    assert device.pinned_need(4, 4, 71.0) == 50.5
 
 
 def test_builder_entries_are_compared_by_name_and_bytes(tmp_path):
