@@ -29,7 +29,7 @@ from warmd.executors.base import KernelOutcome, TaskResult
 from warmd.executors.pool import Worker
 from warmd.stats import Outcome
 from warmd.warmup.claims import Built, ClaimLoop, Got, Unit, UnitResult
-from warmd.warmup.report import BootReport, Build, Mode, TaskReport
+from warmd.warmup.report import Build, Mode, TaskReport, claims_boot
 from warmd.warmup.state import LibraryState, RunState, TaskState
 from warmd.warmup.task import check, compile_task, fetch, finish, publish
 
@@ -313,9 +313,7 @@ class KernelRun:
 
     def join(self) -> dict:
         self.thread.join()
-        boot = BootReport()
-        boot.add(self.loop.results)
-        return {**boot.to_json(), "timeline": self.loop.timeline.to_json()}
+        return claims_boot(self.loop.results, self.loop.timeline.to_json()).to_json()
 
     def _build(self, unit: Unit, _context: None) -> Built:
         adapter = self.work.adapter
