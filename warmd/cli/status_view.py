@@ -9,6 +9,7 @@ import time
 from warmd.cli.render import Col, console_width, table_lines, wrapped
 from warmd.cluster.state import NodeState, NodeStatus
 from warmd.cluster.status import StatusSnapshot, StoreSize
+from warmd.coordination import BootReport
 from warmd.stats import BY_ID, CounterFlag, counter_line, format_bytes, ids
 
 # What status sums (the nodes' records) differs from what `warmd cache stats` sums (every
@@ -107,7 +108,8 @@ def start_seconds(started: dict, waited: float, total: float, snap: StatusSnapsh
     nodes = {n.node_id: {"warm": n.warm_seconds, "state": n.state,
                          "remote_hits": n.kernels.get("remote_hits"),
                          "compiled": n.kernels.get("compiled"),
-                         "bytes_fetched": n.counters.get("bytes_fetched"), "boot": n.boot,
+                         "bytes_fetched": n.counters.get("bytes_fetched"),
+                         "boot": n.boot.to_json() if n.boot is not None else {},
                          **{i: n.counters.get(i) for i in ids(CounterFlag.RUN |
                                                               CounterFlag.TIME)}}
              for n in snap.nodes}
@@ -172,15 +174,15 @@ def _node_table(nodes: tuple[NodeState, ...], width: int,
     return out
 
 
-def boot_note(boot: dict) -> str | None:
+def boot_note(boot: BootReport | None) -> str | None:
     """'cluster: 12 compiled here, 40 from peers, 5 waited for (3.1 s)' for a warmup that
     shared work with other nodes."""
-    if not boot or not any(boot.get(k) for k in ("compiled", "installed", "waited")):
+    if boot is None or not (boot.compiled or boot.installed or boot.waited):
         return None
-    waited = f" ({boot.get('wait_seconds', 0.0):.1f} s)" if boot.get("waited") else ""
-    took = f", {boot['took_over']} taken over" if boot.get("took_over") else ""
-    return (f"cluster: {boot.get('compiled', 0)} compiled here, {boot.get('installed', 0)} "
-            f"from peers, {boot.get('waited', 0)} waited for{waited}{took}")
+    waited = f" ({boot.wait_seconds:.1f} s)" if boot.waited else ""
+    took = f", {boot.took_over} taken over" if boot.took_over else ""
+    return (f"cluster: {boot.compiled} compiled here, {boot.installed} from peers, "
+            f"{boot.waited} waited for{waited}{took}")
 
 
 def _runtime_jit_note(node: NodeState) -> str | None:

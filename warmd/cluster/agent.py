@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import TYPE_CHECKING
 
 from warmd import knobs, settings
 from warmd.capture.watch import MAX_EVENTS
@@ -32,6 +33,9 @@ from warmd.cluster.work import (
 )
 from warmd.config import WarmdConfig
 from warmd.config.parse import config_from_json
+
+if TYPE_CHECKING:
+    from warmd.capture.scope import CaptureScope
 
 RETRY_FIRST, RETRY_MAX = 30.0, 600.0  # seconds before a FAILED node warms again, doubling
 
@@ -193,19 +197,20 @@ class NodeAgent:
         self._publish()
         started = time.monotonic()
         results = self._run_workers(config, url)
-        summary = summarize(results).to_json()
+        summary = summarize(results)
+        counters = summary.counters
         with self._lock:
             s = self.state
-            s.transition(summary["state"], summary["reason"])
-            s.plans, s.kernels = summary["plans"], summary["kernels"]
-            s.compile_seconds = summary["compile_seconds"]
-            s.saved_seconds = summary["saved_seconds"]
-            s.cache_bytes, s.counters = summary["cache_bytes"], summary["counters"]
+            s.transition(summary.state, summary.reason)
+            s.plans, s.kernels = summary.plans, counters.kernel_counts()
+            s.compile_seconds = round(counters.compile_seconds, 3)
+            s.saved_seconds = round(counters.compile_seconds_saved, 3)
+            s.cache_bytes, s.counters = summary.cache_bytes, counters.to_json()
             s.warm_seconds = round(time.monotonic() - started, 3)
             s.warmed_at = time.time()
             s.store = next((r.store.reason for r in results if not r.store.ok), "ok")
-            s.capture = {**s.capture, "learned": summary["learned"]}
-            s.boot = summary["boot"]
+            s.capture = {**s.capture, "learned": summary.learned}
+            s.boot = summary.boot
             s.building = {}
             if not s.progress_total:  # warm from the caches: no worker counted its tasks
                 s.progress_total = s.progress_done = sum(m.tasks for r in results
@@ -213,7 +218,7 @@ class NodeAgent:
             self._schedule_retry()
         self.metrics.observe_warmup(self.state)
         if self.state.state in WARM_STATES:
-            self._start_capture(summary["capture"], url)
+            self._start_capture(summary.capture, url)
         self.log.info("warmup finished", extra={
             "state": self.state.state, "reason": self.state.reason,
             "kernels": self.state.kernels, "seconds": self.state.warm_seconds})
@@ -265,11 +270,10 @@ class NodeAgent:
 
     # --- capture: entries compiled after READY (warmd.capture) ----------------------------
 
-    def _start_capture(self, scopes: list[dict], url: str | None) -> None:
+    def _start_capture(self, scopes: list[CaptureScope], url: str | None) -> None:
         """Start watching (and, on a trusted producer, re-deriving) in threads of their
         own: nothing here reads a cache, so nothing a cache holds can stop this thread's
         heartbeats."""
-        from warmd.capture.scope import CaptureScope
         from warmd.capture.watch import Capture, CaptureTrust
 
         env = node_env(self.config, self.node_name)
@@ -284,8 +288,7 @@ class NodeAgent:
                 return open_shared_cache(url, target=target, node=self.node_name)
 
         try:
-            parsed = [CaptureScope.from_json(s) for s in scopes]
-            capture = Capture(self.node_name, parsed, open_shared,
+            capture = Capture(self.node_name, scopes, open_shared,
                               on_runtime_jit=self._runtime_jit, on_count=self._capture_count,
                               env=env, trust=trust, on_started=self._note_capture)
             capture.start()
@@ -296,7 +299,7 @@ class NodeAgent:
         self._note_capture()
         if trust is CaptureTrust.REDERIVE and self.node_name in \
                 self.config.capture.rederive_nodes:
-            self._start_rederiver(parsed, open_shared, env)
+            self._start_rederiver(scopes, open_shared, env)
 
     def _start_rederiver(self, scopes, open_shared, env: dict[str, str]) -> None:
         from warmd.rederive import Rederiver

@@ -17,6 +17,7 @@ import time
 from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING
 
+from warmd.coordination import BootReport
 from warmd.stats import CounterFlag, hit_rate, ids
 
 if TYPE_CHECKING:
@@ -92,9 +93,9 @@ class NodeState:
     runtime_jit: dict = field(default_factory=dict)
     runtime_jit_events: list = field(default_factory=list)  # RuntimeJit.to_json(), newest last
     capture: dict = field(default_factory=dict)  # mode, captured, capture_refused, learned
-    # the cluster's work in the last warmup (warmd.warmup.report.BootReport, summed over
-    # models): kernels compiled here, installed from peers, waited for, and when
-    boot: dict = field(default_factory=dict)
+    # the cluster's work in the last warmup, summed over models: kernels compiled here,
+    # installed from peers, waited for, and when (None: no warmup with a shared cache yet)
+    boot: BootReport | None = None
     building: dict = field(default_factory=dict)  # what builds here now -> when it began
 
     @property
@@ -121,13 +122,16 @@ class NodeState:
 
     def to_json(self) -> dict:
         data = asdict(self)
+        data["boot"] = self.boot.to_json() if self.boot is not None else {}
         data["hit_rate"] = round(self.hit_rate, 4)
         return data
 
     @classmethod
     def from_json(cls, data: dict) -> NodeState:
         known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
+        node = cls(**{k: v for k, v in data.items() if k in known and k != "boot"})
+        node.boot = BootReport.from_json(data["boot"]) if data.get("boot") else None
+        return node
 
 
 def node_records(url: str | None, namespace: str, ttl: float = 120.0) -> NodeRecords:

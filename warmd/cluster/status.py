@@ -8,9 +8,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from warmd.cluster.state import WARM_STATES, NodeState, NodeStatus
+from warmd.coordination import BootReport
 from warmd.stats import Counters
 
-BOOT_KEYS = ("compiled", "installed", "waited", "took_over")
+# what the boot view counts of each node's share of the cluster's work (its failures show
+# in the node's state)
+BOOT_KEYS = tuple(name for name in BootReport.counts() if name != "failed")
 
 
 @dataclass(frozen=True)
@@ -162,10 +165,11 @@ class StatusSnapshot:
     def boot(self) -> dict:
         """The cluster boot as the nodes did it: per node kernels compiled here, installed
         from peers, waited for, and its warmup's length and timeline; and the sums."""
+        boots = [n.boot or BootReport() for n in self.nodes]
         nodes = [{"node": n.name or n.node_id[:8], "node_id": n.node_id, "state": n.state,
                   "warm_seconds": n.warm_seconds, "warmed_at": n.warmed_at,
-                  **{k: n.boot.get(k, 0) for k in BOOT_KEYS},
-                  "timeline": n.boot.get("timeline") or {}} for n in self.nodes]
+                  **{k: getattr(boot, k) for k in BOOT_KEYS}, "timeline": boot.timeline}
+                 for n, boot in zip(self.nodes, boots, strict=True)]
         total = {k: sum(int(n[k]) for n in nodes) for k in BOOT_KEYS}
         ends = [n.warmed_at for n in self.nodes if n.warmed_at]
         starts = [n.warmed_at - n.warm_seconds for n in self.nodes if n.warmed_at]

@@ -14,13 +14,14 @@ import contextlib
 import os
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from warmd import knobs, settings
 from warmd.cluster.state import DEGRADED, FAILED, READY
 from warmd.config import ModelConfig, WarmdConfig, expand_path
+from warmd.coordination import BootReport
 from warmd.errors import WarmdInputError
 from warmd.stats import Counters
 from warmd.warmup import StoreHealth
@@ -41,17 +42,23 @@ class ModelResult:
     tasks_failed: int = 0
     ok: bool = True
     reason: str = ""
-    counters: dict = field(default_factory=dict)
+    counters: Counters | None = None  # the warmup's (None: it did not run)
     failures: list = field(default_factory=list)  # first few failed tasks: key and error
     learned: int = 0  # captured entries of the plan (warmd.capture) present after the warmup
-    boot: dict = field(default_factory=dict)  # the cluster's work done here (BootReport)
+    boot: BootReport | None = None  # the cluster's work done here (None: no shared cache)
 
     def to_json(self) -> dict:
-        return asdict(self)
+        """Its fields; a warmup that did not run, or ran without a shared cache, as {}."""
+        return {**{f.name: getattr(self, f.name) for f in fields(self)},
+                "counters": self.counters.to_json() if self.counters is not None else {},
+                "boot": self.boot.to_json() if self.boot is not None else {}}
 
     @classmethod
     def from_json(cls, data: dict) -> ModelResult:
-        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        counters, boot = known.pop("counters", None), known.pop("boot", None)
+        return cls(**known, counters=Counters.from_json(counters) if counters else None,
+                   boot=BootReport.from_json(boot) if boot else None)
 
 
 @dataclass
@@ -94,7 +101,7 @@ class NodeSummary:
     cache_bytes: dict[str, int]
     learned: int  # captured entries installed
     capture: list[CaptureScope]
-    boot: dict = field(default_factory=dict)  # the cluster's work done here, summed
+    boot: BootReport | None = None  # the cluster's work done here, summed over models
 
     def to_json(self) -> dict:
         c = self.counters
@@ -105,7 +112,8 @@ class NodeSummary:
                 "saved_seconds": round(c.compile_seconds_saved, 3),
                 "hit_rate": round(c.hit_rate, 4), "cache_bytes": self.cache_bytes,
                 "counters": c.to_json(), "learned": self.learned,
-                "capture": [scope.to_json() for scope in self.capture], "boot": self.boot}
+                "capture": [scope.to_json() for scope in self.capture],
+                "boot": self.boot.to_json() if self.boot is not None else {}}
 
 
 def build_label(build) -> str:
@@ -260,8 +268,7 @@ def _warm_model(model: ModelConfig, plan, options, result: ModelResult, redis_ur
                 shared.close()
     if report.not_warm:
         return False
-    result.counters = report.counters.to_json()
-    result.boot = report.boot.to_json() if report.boot is not None else {}
+    result.counters, result.boot = report.counters, report.boot
     result.tasks_failed = len(report.failed)
     result.failures = [{"task": r.task.key, "error": (r.result.error or "")[:300]}
                        for r in report.failed[:3]]
@@ -327,13 +334,17 @@ def summarize(shards: list[NodeWarm]) -> NodeSummary:
     failures: list[str] = []
     store_reasons: list[str] = []
     sizes: dict[str, int] = {}
-    learned, scopes, boot = 0, [], {}
+    learned, scopes = 0, []
+    boot: BootReport | None = None
     for part in shards:
         scopes += part.capture
         for model in part.models:
             learned += model.learned
-            boot = sum_boot(boot, model.boot)
-            counters.add(model.counters)
+            if model.boot is not None:
+                boot = boot or BootReport()
+                boot.add(model.boot)
+            if model.counters is not None:
+                counters.add(model.counters)
             if model.plan_key:
                 plans[model.name] = model.plan_key
             if not model.ok and model.reason not in failures:
@@ -349,22 +360,3 @@ def summarize(shards: list[NodeWarm]) -> NodeSummary:
     else:
         state, reason = READY, ""
     return NodeSummary(state, reason[:1000], plans, counters, sizes, learned, scopes, boot)
-
-
-BOOT_COUNTS = ("compiled", "installed", "waited", "took_over", "failed")
-
-
-def sum_boot(total: dict, part: dict) -> dict:
-    """Two BootReport JSONs summed: counts and wait seconds added, each timeline moment
-    the later of the two (a node is done when its last model is)."""
-    if not part:
-        return total
-    out = {k: int(total.get(k, 0)) + int(part.get(k, 0)) for k in BOOT_COUNTS}
-    out["wait_seconds"] = round(float(total.get("wait_seconds", 0.0))
-                                + float(part.get("wait_seconds", 0.0)), 3)
-    timeline = dict(total.get("timeline") or {})
-    for key, value in (part.get("timeline") or {}).items():
-        if value is not None:
-            timeline[key] = max(value, timeline.get(key) or value)
-    out["timeline"] = timeline
-    return out

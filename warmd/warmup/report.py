@@ -1,5 +1,6 @@
-"""What a warmup reports: per task (TaskReport), per run (WarmupReport, its counters), and
-the shared cache's health as every report gives it (store_health)."""
+"""What a warmup reports: per task (TaskReport), per run (WarmupReport, its counters, its
+share of the cluster's work: claims_boot), and the shared cache's health as every report
+gives it (store_health)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import enum
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
+from warmd.coordination import BootReport
 from warmd.executors.base import TaskResult
 from warmd.stats import BY_OUTCOME, CounterFlag, Counters, Outcome, compile_seconds_saved, ids
 from warmd.tasks import Task
@@ -70,43 +72,18 @@ class TaskReport:
                              "seconds": round(k.seconds, 3)} for k in self.result.kernels]}
 
 
-@dataclass
-class BootReport:
-    """What one node did of the cluster's work in a run: kernels compiled here, installed
-    from peers, found held by another node (waited for), taken over from a dead claimer;
-    and when (seconds from the run's start)."""
-
-    compiled: int = 0
-    installed: int = 0
-    waited: int = 0
-    took_over: int = 0
-    failed: int = 0
-    wait_seconds: float = 0.0  # summed over the units waited for
-    timeline: dict = field(default_factory=dict)
-
-    def add(self, results: dict[str, UnitResult]) -> None:
-        for result in results.values():
-            self.compiled += result.got == Got.COMPILED
-            self.installed += result.got == Got.INSTALLED
-            self.failed += result.got == Got.FAILED
-            self.waited += result.waited > 0 or result.took_over
-            self.took_over += result.took_over
-            self.wait_seconds += result.waited
-
-    def add_stage(self, stage: dict | None) -> None:
-        """What a kernel stage did of the cluster's work (its report's ``cluster``)."""
-        if not stage:
-            return
-        for name in ("compiled", "installed", "waited", "took_over", "failed"):
-            setattr(self, name, getattr(self, name) + int(stage.get(name, 0)))
-        self.wait_seconds += float(stage.get("wait_seconds", 0.0))
-        self.timeline = {**self.timeline, **{f"{stage.get('library', 'stage')}.{k}": v
-                                             for k, v in (stage.get("timeline") or {}).items()}}
-
-    def to_json(self) -> dict:
-        return {"compiled": self.compiled, "installed": self.installed, "waited": self.waited,
-                "took_over": self.took_over, "failed": self.failed,
-                "wait_seconds": round(self.wait_seconds, 3), "timeline": self.timeline}
+def claims_boot(results: dict[str, UnitResult], timeline: dict[str, float | None]
+                ) -> BootReport:
+    """What a claim loop's units say of this node's share of the cluster's work."""
+    boot = BootReport(timeline=timeline)
+    for result in results.values():
+        boot.compiled += result.got == Got.COMPILED
+        boot.installed += result.got == Got.INSTALLED
+        boot.failed += result.got == Got.FAILED
+        boot.waited += result.waited > 0 or result.took_over
+        boot.took_over += result.took_over
+        boot.wait_seconds += result.waited
+    return boot
 
 
 @dataclass

@@ -13,15 +13,16 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from warmd.coordination import BootReport
 from warmd.executors.pool import Worker
 from warmd.plan import Plan
 from warmd.stats import Counters, Outcome
 from warmd.tasks import Task
 from warmd.warmup.options import WarmupOptions
 from warmd.warmup.report import (
-    BootReport,
     TaskReport,
     WarmupReport,
+    claims_boot,
     count,
     store_counters,
     store_health,
@@ -75,11 +76,10 @@ def run_warmup(plan: Plan, options: WarmupOptions, shared: SharedCache | None = 
         split = [s for s in order if not s.settled and splits(s)] if shared is not None else []
         if split:
             work, loop = run_units(run, split, workers, handout.add_report)
-            boot.add(loop.results)
-            boot.timeline = {"claims_began": round(loop.timeline.began - began, 3),
-                             **{k: None if v is None else round(v + loop.timeline.began
-                                                                - began, 3)
-                                for k, v in loop.timeline.to_json().items()}}
+            boot = claims_boot(loop.results, {
+                "claims_began": round(loop.timeline.began - began, 3),
+                **{k: None if v is None else round(v + loop.timeline.began - began, 3)
+                   for k, v in loop.timeline.to_json().items()}})
             order = [s for s in order if s not in split] + work.left_over
         handout.run(workers, order)
     except KeyboardInterrupt:
@@ -104,7 +104,9 @@ def run_warmup(plan: Plan, options: WarmupOptions, shared: SharedCache | None = 
         counters.add(store_counters(shared))
     reports = sorted(handout.reports, key=lambda r: r.task.key)
     for stage in stages:
-        boot.add_stage(stage.get("cluster"))
+        if stage.get("cluster"):  # the stage's report is JSON (its library's): read once here
+            boot.add_stage(BootReport.from_json(stage["cluster"]),
+                           stage["cluster"].get("library", "stage"))
     return WarmupReport(plan.key, len(tasks), reports, counters, time.monotonic() - began,
                         interrupted, shared is not None,
                         store_health(shared) if shared is not None else None,

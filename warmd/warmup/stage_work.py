@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from warmd.cache.base import CacheAdapter
 from warmd.coordination import KernelList, WorkKind
 from warmd.warmup.claims import Built, ClaimLoop, Got, Unit, UnitResult
-from warmd.warmup.report import BootReport, Build
+from warmd.warmup.report import Build, claims_boot
 from warmd.warmup.state import LibraryState, RunState
 from warmd.warmup.units import tell_building
 
@@ -84,9 +84,7 @@ class KernelRun:
 
     def join(self) -> dict:
         self.thread.join()
-        boot = BootReport()
-        boot.add(self.loop.results)
-        return {**boot.to_json(), "timeline": self.loop.timeline.to_json()}
+        return claims_boot(self.loop.results, self.loop.timeline.to_json()).to_json()
 
     def _build(self, unit: Unit, _context: None) -> Built:
         adapter = self.work.adapter

@@ -21,6 +21,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from warmd.cache.base import CacheAdapter
@@ -63,6 +64,19 @@ def _task_kernels(task: Task) -> tuple[tuple[str, Task], ...] | None:
     return registered.plugin().task_kernels(task) if registered is not None else None
 
 
+@dataclass(eq=False)
+class TaskUnits:
+    """One cold task's part of the work: the units it still waits on; of a task split into
+    its entries, those entries in order and the ones here before the run's units; of a task
+    that is one unit itself, the report its build (or install) made."""
+
+    state: TaskState
+    needs: set[str] = field(default_factory=set)
+    entries: list[str] | None = None  # None: the task is one unit
+    present: set[str] = field(default_factory=set)
+    report: TaskReport | None = None
+
+
 class TaskWork:
     """The units of some cold tasks, how each is built and installed, and each task's
     report once its units are done (handed to ``done``)."""
@@ -71,43 +85,35 @@ class TaskWork:
         self.run, self.done = run, done
         self.shared: SharedCache | None = run.shared
         self.units: dict[str, Unit] = {}
-        self.needs: dict[int, set[str]] = {}  # id(state) -> units it still waits on
-        self.names: dict[int, list[str]] = {}  # id(state) -> its entries, in order
-        self.present: dict[int, set[str]] = {}  # entries it had before the run's units
-        self.by_unit: dict[str, list[TaskState]] = {}
+        self.tasks = [TaskUnits(state) for state in states]
+        self.by_unit: dict[str, list[TaskUnits]] = {}
         self.results: dict[str, UnitResult] = {}
-        self.reports: dict[int, TaskReport] = {}  # task units: the report their build made
         self.left_over: list[TaskState] = []  # to run through the library as before
         self.lock = threading.Lock()
-        self.states = states
         # In the plan's order (not this node's task order): the store spreads nodes over
         # one order, the same on every node.
-        for state in sorted(states, key=lambda s: s.task.key):
-            self._add(state)
+        for task in sorted(self.tasks, key=lambda t: t.state.task.key):
+            self._add(task)
 
-    def _add(self, state: TaskState) -> None:
+    def _add(self, task: TaskUnits) -> None:
+        state = task.state
         adapter = state.library.adapter
         assert adapter is not None
         parts = _task_kernels(state.task)
         if parts is None:
-            unit = Unit(state.task.key, adapter, WorkKind.TASK, payload=state)
-            self._depends(state, unit, [state.task.key])
+            self._depends(task, [Unit(state.task.key, adapter, WorkKind.TASK, payload=task)])
             return
         have = {e.name for e in adapter.list_entries()}
-        self.names[id(state)] = [name for name, _sub in parts]
-        self.present[id(state)] = {name for name, _sub in parts if name in have}
-        wanted = [(name, sub) for name, sub in parts if name not in have]
-        units = [self.units.get(name) or Unit(name, adapter, payload=sub)
-                 for name, sub in wanted]
-        self._depends(state, None, [u.name for u in units], units)
+        task.entries = [name for name, _sub in parts]
+        task.present = {name for name, _sub in parts if name in have}
+        self._depends(task, [self.units.get(name) or Unit(name, adapter, payload=sub)
+                             for name, sub in parts if name not in have])
 
-    def _depends(self, state: TaskState, unit: Unit | None, names: list[str],
-                 units: list[Unit] | None = None) -> None:
-        for u in units if units is not None else [unit]:
-            assert u is not None
-            self.units.setdefault(u.name, u)
-            self.by_unit.setdefault(u.name, []).append(state)
-        self.needs[id(state)] = set(names)
+    def _depends(self, task: TaskUnits, units: list[Unit]) -> None:
+        for unit in units:
+            self.units.setdefault(unit.name, unit)
+            self.by_unit.setdefault(unit.name, []).append(task)
+        task.needs = {unit.name for unit in units}
 
     def ordered(self) -> list[Unit]:
         """The units in the order this node should claim them: the store's, so that nodes
@@ -118,9 +124,9 @@ class TaskWork:
                 names = self.shared.shard_order(names)
         return [self.units[n] for n in names]
 
-    def ready_now(self) -> list[TaskState]:
+    def ready_now(self) -> list[TaskUnits]:
         """Tasks with no unit to wait for (every entry here already)."""
-        return [s for s in self.states if not self.needs[id(s)]]
+        return [task for task in self.tasks if not task.needs]
 
     # -- the loop's callbacks --
 
@@ -136,12 +142,13 @@ class TaskWork:
             self.shared.publish_entries(unit.adapter, [entry], seconds)
         return Built(True, seconds or result.seconds)
 
-    def _build_task(self, state: TaskState, worker: Worker) -> Built:
+    def _build_task(self, task: TaskUnits, worker: Worker) -> Built:
+        state = task.state
         report = TaskReport(state.task, compile_task(worker, state), list(state.found or []))
         report = finish(self.run, state, report)
         if report.result.ok and self.shared is not None:
             publish(self.run, state, report)
-        self.reports[id(state)] = report
+        task.report = report
         return Built(report.result.ok, report.result.seconds, report.result.error or "")
 
     def install(self, adapter: CacheAdapter, units: list[Unit]) -> set[str]:
@@ -154,23 +161,23 @@ class TaskWork:
             present |= set(library.installing(
                 shared, lambda a: shared.install_entries(a, entries)))
         for unit in (u for u in units if u.kind is WorkKind.TASK):
-            state: TaskState = unit.payload  # type: ignore[assignment]
-            if fetch(self.run, state).found:
-                warm = check(self.run, state)
+            task: TaskUnits = unit.payload  # type: ignore[assignment]
+            if fetch(self.run, task.state).found:
+                warm = check(self.run, task.state)
                 if warm is not None:
-                    self.reports[id(state)] = finish(self.run, state, warm)
+                    task.report = finish(self.run, task.state, warm)
                     present.add(unit.name)
         return present
 
     def _library_of(self, units: list[Unit]):
-        return next(s.library for u in units for s in self.by_unit[u.name])
+        return next(t.state.library for u in units for t in self.by_unit[u.name])
 
     def unit_begun(self, unit: Unit) -> None:
         tell_building(self.run, self._build_of(unit), True)
 
     def _build_of(self, unit: Unit) -> Build:
         if unit.kind is WorkKind.TASK:
-            state: TaskState = unit.payload  # type: ignore[assignment]
+            state = unit.payload.state  # type: ignore[attr-defined]  # a TaskUnits
             return Build(unit.name, state.task.library, state.task)
         return Build(unit.name, self._library_of([unit]).name)
 
@@ -180,21 +187,21 @@ class TaskWork:
         finished = []
         with self.lock:
             self.results[unit.name] = result
-            for state in self.by_unit[unit.name]:
-                needs = self.needs[id(state)]
-                needs.discard(unit.name)
-                if not needs:
-                    finished.append(state)
-        for state in finished:
-            self.finish_task(state)
+            for task in self.by_unit[unit.name]:
+                task.needs.discard(unit.name)
+                if not task.needs:
+                    finished.append(task)
+        for task in finished:
+            self.finish_task(task)
 
     # -- a task's report --
 
-    def finish_task(self, state: TaskState) -> None:
+    def finish_task(self, task: TaskUnits) -> None:
         """The task's report from its units (or the left-over list when a task unit was
         published, yet its entries did not verify here)."""
-        if id(state) not in self.names:  # a task unit
-            report = self.reports.get(id(state))
+        state = task.state
+        if task.entries is None:  # a task unit
+            report = task.report
             result = self.results.get(state.task.key)
             if report is None and result is not None and result.got == Got.FAILED:
                 report = TaskReport(state.task, TaskResult(
@@ -206,15 +213,16 @@ class TaskWork:
                 return
             self.done(report)
             return
-        self.done(self._split_report(state))
+        self.done(self._split_report(task.state, task.entries, task.present))
 
-    def _split_report(self, state: TaskState) -> TaskReport:
+    def _split_report(self, state: TaskState, entries: list[str],
+                      present: set[str]) -> TaskReport:
         began = time.monotonic()
         library, task = state.library, state.task
         kernels, errors, compiled_any = [], [], False
-        for name in self.names[id(state)]:
+        for name in entries:
             result = self.results.get(name)
-            if result is None or name in self.present[id(state)]:
+            if result is None or name in present:
                 kernels.append(KernelOutcome(name, Outcome.LOCAL_HIT))
             elif result.got == Got.COMPILED:
                 first = library.claim_compile(name)
@@ -247,8 +255,8 @@ def run_units(run: RunState, states: list[TaskState], workers: list[Worker],
     loop: ClaimLoop[Worker] = ClaimLoop(run.shared, workers, work.build, work.install,
                                         done=work.unit_done, begun=work.unit_begun,
                                         wait_limit=run.options.single_flight_timeout)
-    for state in work.ready_now():
-        work.finish_task(state)
+    for task in work.ready_now():
+        work.finish_task(task)
     loop.add(work.ordered())
     loop.close()
     loop.run()
