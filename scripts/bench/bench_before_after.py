@@ -36,7 +36,8 @@ STEPS = ("cold", "remote", "local")
 
 def entries(root: Path) -> set[str]:
     try:
-        return {p.name for p in (root / "cache").iterdir() if p.is_dir()}
+        return {p.name for p in (root / "cache").iterdir()
+                if p.is_dir() and not p.name.startswith(".")}  # not the installs' staging
     except OSError:
         return set()
 
