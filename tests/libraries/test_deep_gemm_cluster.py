@@ -163,7 +163,7 @@ def test_a_builder_waits_for_kernel_lists_no_longer_than_the_single_flight_timeo
         server, site, tmp_path):
     """No GPU node publishes a list: the builder gives up at the single-flight timeout (not
     BUILDER_WAIT_SECONDS), says why, and builds nothing."""
-    from warmd.libraries.deep_gemm.kernel_lists import BUILDER_WAIT_SECONDS
+    from warmd.executors.stage_cluster import BUILDER_WAIT_SECONDS
 
     server.client().flushall()
     report, _shared = _warm(server, tmp_path / "b", "builder", builder=True,

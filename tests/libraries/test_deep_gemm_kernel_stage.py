@@ -239,7 +239,7 @@ def test_discovery_cuts_few_tasks_into_consecutive_m_ranges():
     """Four tasks for eight discovery processes: each cut in two pieces of consecutive M
     values covering its M values once; a task of three M values stays whole; as many tasks
     as processes are not cut."""
-    from warmd.libraries.deep_gemm.discovery import discovery_units
+    from warmd.executors.stage import discovery_units
 
     tasks = [Task(key=f"deep_gemm/fp8_gemm_nt/t{i}", library="deep_gemm",
                   kernel="fp8_gemm_nt", n=256, k=128, m=tuple(range(1, 100 + 10 * i)))

@@ -23,7 +23,7 @@ from fake_gpu_deep_gemm import fake_tasks, kernels_of
 from store_support import start_test_server
 
 from warmd import settings
-from warmd.libraries.deep_gemm.kernel_lists import SLICE_M, discovery_slices
+from warmd.executors.stage_cluster import SLICE_M, discovery_slices
 from warmd.tasks import Task
 
 pytestmark = pytest.mark.slow  # real nvcc builds of small kernels (about 1 s each)

@@ -37,21 +37,17 @@ import contextlib
 import hashlib
 import json
 import logging
-import queue
 import shutil
-import signal
 import subprocess
-import threading
 import time
-import uuid
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from warmd import settings
-from warmd.executors.base import DiscoveryRun, StageCluster
-from warmd.executors.pool import Worker
+from warmd.executors.base import StageCluster
+from warmd.executors.stage import stage_timeline
+from warmd.executors.stage_cluster import ClusterStage
 from warmd.libraries.deep_gemm.cache import DeepGemmCacheAdapter
-from warmd.libraries.deep_gemm.discovery import RECORDER, DiscoveryPass, seed_entries
+from warmd.libraries.deep_gemm.discovery import RECORDER, DeepGemmDiscovery, seed_entries
 from warmd.libraries.deep_gemm.install import (
     KNOWN_VERSIONS,
     DeepGemmInstall,
@@ -59,8 +55,7 @@ from warmd.libraries.deep_gemm.install import (
     nvrtc_on,
     resolve,
 )
-from warmd.libraries.deep_gemm.kernel_lists import ClusterKernelLists
-from warmd.libraries.deep_gemm.listed import ListedJob
+from warmd.libraries.deep_gemm.kernel_lists import DeepGemmLists
 from warmd.libraries.deep_gemm.nvcc_shim import (
     BUILD,
     RECORD,
@@ -73,9 +68,6 @@ from warmd.libraries.deep_gemm.nvcc_shim import (
     write_shim,
 )
 from warmd.tasks import Task
-
-# At most: a plan of many kernels, or a discovery that never ends, holds no one longer.
-WORKERS_HELD_SECONDS = 60.0
 
 log = logging.getLogger(__name__)
 
@@ -98,59 +90,26 @@ def fast_path_problem(found: DeepGemmInstall | None, key_env: dict[str, str]) ->
     return None
 
 
-class DeepGemmKernelStage(ClusterKernelLists, DiscoveryPass):
-    """See the module docstring; a warmd.executors.base.KernelStage. Its discovery pass is
-    DiscoveryPass (discovery.py), its share of the cluster's work ClusterKernelLists
-    (kernel_lists.py)."""
+class DeepGemmKernelStage(DeepGemmLists, DeepGemmDiscovery, ClusterStage):
+    """See the module docstring; a warmd.executors.base.KernelStage. The machinery (its
+    discovery processes, compile slots, worker gating, the cluster's slices and kernels)
+    is warmd.executors.stage's; what is DeepGEMM's is here: the shim and its job format
+    (nvcc_shim.py, listed.py), following the discovery (discovery.py), the kernel lists'
+    hooks (kernel_lists.py) and the report."""
 
+    library = "deep_gemm"
     recorder = RECORDER  # the discovery processes' executor ("module:Class")
 
     def __init__(self, root: Path, tasks: list[Task], jobs: int, gpu_ids: list[str],
                  env: dict[str, str], cluster: StageCluster | None = None) -> None:
-        self.root = Path(root)
-        self.cluster = cluster  # with a shared cache: kernels claimed and listed cluster-wide
-        self.listed: dict[str, ListedJob] = {}  # entry -> how it is built (the kernel list)
-        self.slice_lists: dict[str, tuple[str, ...]] = {}  # slice digest -> entries, listed
-        self.list_lock = threading.Lock()  # listed and slice_lists, from several threads
-        self.cluster_report: dict | None = None
-        self.discovery_report: dict | None = None  # the cluster's slices: who did what
-        self.discovery_run: DiscoveryRun | None = None
-        self.cluster_done = threading.Event()
-        self.kernel_list_source = ""  # "read", "discovered here", or why none
-        self.tasks = list(tasks)
-        self.jobs = max(1, jobs)
-        self.gpu_ids = list(gpu_ids)
-        self.env = dict(env)
+        super().__init__(root, tasks, jobs, gpu_ids, env, cluster)
+        self._init_cluster()
         self.nvcc = real_nvcc()
         self.nice = settings.compile_nice()
-        # DeepGEMM's own scratch directory: same filesystem, never read as entries.
-        self.run = self.root / "tmp" / f"warmd-{uuid.uuid4().hex[:12]}"
-        self.pool = ThreadPoolExecutor(self.jobs, thread_name_prefix="dg-nvcc")
-        self.futures: dict[str, Future] = {}
-        self.procs: set[subprocess.Popen] = set()
-        self.recorders: list[Worker] = []
-        self.record_errors: list[str] = []
-        self.began = self.discovered_at = 0.0
-        self.began_wall = 0.0
-        self.stopped = threading.Event()
-        self.discovery_done = threading.Event()
-        self.lock = threading.Lock()
-        self.threads: list[threading.Thread] = []
-        self.discovering = 0  # discovery threads still running
-        # Set once discovery has ended and every kernel it named is compiling: the
-        # library's workers start then, in the last wave's idle cores, instead of taking
-        # CPU from the discovery's start-up and the compiles (their own start-up, torch
-        # and CUDA, is the same seconds either way, and they only hand over cubins).
-        self.workers_may_start = threading.Event()
-        self.all_submitted = False  # the discovery ended and its last jobs are in the pool
         self.install = resolve()  # the DeepGEMM the workers import
-        self.fast_path_off: str | None = None  # why the fast path is not running
-        self.pending: queue.Queue[Task] = queue.Queue()
-        self.recorder_env: dict[str, str] = {}
         self.seeded: set[str] = set()
         self.placeholder_entries: set[str] = set()  # recorded, never published
         self.linked: set[str] = set()  # real entries of the discovery, linked into root
-        self.discovery_seconds: dict[str, float] = {}  # entry -> its discovery call time
         self.built_here: set[str] = set()  # listed kernels this node built (claimed)
 
     # -- starting --
@@ -203,11 +162,6 @@ class DeepGemmKernelStage(ClusterKernelLists, DiscoveryPass):
         log.warning("warmd: DeepGEMM kernel stage: fast path off: %s; compiling with up "
                     "to %d discovery processes instead", reason, self.jobs)
 
-    def _thread(self, target, *args) -> None:
-        thread = threading.Thread(target=target, args=args, daemon=True)
-        thread.start()
-        self.threads.append(thread)
-
     def _build_placeholder(self, arch: str) -> None:
         with contextlib.suppress(OSError, subprocess.SubprocessError):
             build_placeholder(self.run, self.nvcc, arch)
@@ -218,28 +172,6 @@ class DeepGemmKernelStage(ClusterKernelLists, DiscoveryPass):
             return "stopped"
         # A job a worker is compiling right now is theirs: this slot takes the next one.
         return compile_job(self.run, job, self.nvcc, self._started, wait=False)
-
-    def _started(self, proc: subprocess.Popen) -> None:
-        with self.lock:
-            self.procs.add(proc)
-            stopping = self.stopped.is_set()
-        if stopping:
-            _terminate(proc)
-
-    # -- during and after the run --
-
-    def _release_workers_if_due(self) -> None:
-        """Let the workers start once no job waits in the pool for its nvcc."""
-        with self.lock:
-            if not self.all_submitted:  # futures is final only from then on
-                return
-        if all(f.running() or f.done() for f in list(self.futures.values())):
-            self.workers_may_start.set()
-
-    def hold_workers(self, timeout: float = WORKERS_HELD_SECONDS) -> None:
-        """Return once the library's workers should start: when discovery has ended and
-        every kernel it named is compiling (or after timeout)."""
-        self.workers_may_start.wait(timeout)
 
     def compile_seconds(self, entry: str) -> float | None:
         """nvcc's time for an entry of the real cache this run compiled (by its source), or
@@ -257,29 +189,10 @@ class DeepGemmKernelStage(ClusterKernelLists, DiscoveryPass):
         compiles = [c for c in read_compiles(self.run) if c.get("ok")]
         return {c["source_sha256"]: float(c["seconds"]) for c in compiles}
 
-    def stop(self) -> None:
-        self.stopped.set()
-        if self.discovery_run is not None:
-            self.discovery_run.stop()
-        self.discovery_done.set()
-        self.cluster_done.set()
-        self.workers_may_start.set()
-        for worker in self.recorders:
-            worker.stop(kill=True)
-        with self.lock:
-            procs = list(self.procs)
-        for proc in procs:
-            _terminate(proc)
-        self.pool.shutdown(wait=False, cancel_futures=True)
-
     def finish(self) -> dict:
         """Wait for the discovery and the compiles, remove the run's scratch, and say what
         happened."""
-        for thread in self.threads:
-            thread.join()
-        self.pool.shutdown(wait=True, cancel_futures=self.stopped.is_set())
-        for worker in self.recorders:
-            worker.stop()
+        self._join()
         compiles = read_compiles(self.run)
         try:
             jobs = [job for p in (self.run / "jobs").iterdir() if (job := Job(p)).ready]
@@ -310,7 +223,8 @@ class DeepGemmKernelStage(ClusterKernelLists, DiscoveryPass):
             "nvcc": self.nvcc,
             "nvcc_args": args,  # DeepGEMM's arguments ({source}/{output}: the paths)
             "workers_started": sum(w.started for w in self.recorders),
-            "timeline": stage_timeline(self.run, self.began_wall, jobs, compiles, self.jobs),
+            "timeline": stage_timeline(self.began_wall, _known(jobs), _recorders(self.run),
+                                       compiles, self.jobs),
             "cluster": self.cluster_report,
         }
         shutil.rmtree(self.run, ignore_errors=True)
@@ -329,47 +243,25 @@ def local_arch_flag() -> str | None:
     return None
 
 
-def stage_timeline(run: Path, began: float, jobs: list[Job], compiles: list[dict],
-                   slots: int) -> dict:
-    """Where the stage's time went, in seconds from its start: each discovery process's
-    start-up (its module imported, torch ready, deep_gemm imported, first inputs made, its
-    tasks done), when kernels became known, when nvcc ran, and how busy the slots were."""
-    def at(moment: float | None) -> float | None:
-        return None if moment is None else round(moment - began, 2)
-
+def _known(jobs: list[Job]) -> list[float]:
+    """When each job was recorded (its arguments written)."""
     known = []
     for job in jobs:
         with contextlib.suppress(OSError):
             known.append(job.args_file.stat().st_mtime)
-    recorders = []
+    return known
+
+
+def _recorders(run: Path) -> list[dict]:
+    """Each discovery process's start-up moments (module imported, torch ready, deep_gemm
+    imported, first inputs made) and when its pieces were done, as DeepGemmRecorder wrote
+    them."""
+    found = []
     for path in sorted((run / "recorders").glob("*.json")):
         with contextlib.suppress(OSError, ValueError):
             data = json.loads(path.read_text())
             phases = data.get("phases") or {}
-            recorders.append({**{name: at(phases.get(name)) for name in
-                                 ("imported", "torch", "deep_gemm", "inputs")},
-                              "done": at(max((t["ended"] for t in data["tasks"]),
-                                             default=None))})
-    starts = [c["began"] for c in compiles if "began" in c]
-    ends = [c["began"] + c["seconds"] for c in compiles if "began" in c]
-    span = (max(ends) - min(starts)) if starts else 0.0
-    return {
-        "discovery": sorted(recorders, key=lambda r: r["imported"] or 0.0),
-        "kernels_known": [at(q) for q in _quartiles(known)],  # min, 25%, median, 75%, max
-        "nvcc_began": [at(q) for q in _quartiles(starts)],
-        "last_nvcc_end": at(max(ends, default=None)),
-        "slots_busy": round(sum(c["seconds"] for c in compiles) / (slots * span), 3)
-        if span else None,
-    }
-
-
-def _quartiles(values: list[float]) -> list[float]:
-    ordered = sorted(values)
-    if not ordered:
-        return []
-    return [ordered[round(q * (len(ordered) - 1))] for q in (0, 0.25, 0.5, 0.75, 1)]
-
-
-def _terminate(proc: subprocess.Popen) -> None:
-    with contextlib.suppress(ProcessLookupError, OSError):
-        proc.send_signal(signal.SIGTERM)
+            found.append({**{name: phases.get(name) for name in
+                             ("imported", "torch", "deep_gemm", "inputs")},
+                          "done": max((t["ended"] for t in data["tasks"]), default=None)})
+    return found

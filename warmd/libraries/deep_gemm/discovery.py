@@ -1,32 +1,22 @@
-"""The discovery pass of DeepGEMM's kernel stage (compiler.py's step 1, and its fallback):
-processes running the cold tasks' GEMMs with a throw-away cache root seeded with this node's
-entries, each recorded job handed to the compile pool as it appears, each real entry the
-discovery compiled itself linked into the cache root.
+"""DeepGEMM's part of its kernel stage's discovery (the processes and their pieces of work:
+warmd.executors.stage): a throw-away cache root seeded with this node's entries, each
+recorded job handed to the compile pool as it appears, each real entry the discovery
+compiled itself linked into the cache root (and then the fast path known to be off).
 """
 
 from __future__ import annotations
 
 import os
-import queue
 import shutil
 import time
 import uuid
-from dataclasses import replace
 from pathlib import Path
 
 from warmd.cache.durable import rename_noreplace
-from warmd.executors.base import TaskResult
-from warmd.executors.pool import Worker
 from warmd.libraries.deep_gemm.cache import DeepGemmCacheAdapter, entry_state
 from warmd.libraries.deep_gemm.nvcc_shim import Job, read_passthrough
-from warmd.tasks import Task
 
 RECORDER = "warmd.libraries.deep_gemm.executor:DeepGemmRecorder"
-# Discovery processes on the node (at most one per two compile jobs). Few: processes that
-# import torch at once slow each other down (on the H200 node one took 3.6 s alone, eight
-# with four workers 6.3-7.3 s each), and one process names about 17 kernels a second once
-# started, faster than any node compiles them.
-RECORDERS = 2
 POLL_SECONDS = 0.05
 
 
@@ -65,73 +55,9 @@ def link_entry(source: Path, root: Path, scratch: Path) -> bool:
         shutil.rmtree(staged.parent, ignore_errors=True)
 
 
-class DiscoveryPass:
-    """The discovery's part of DeepGemmKernelStage (compiler.py), whose state it shares."""
-
-    def _discover_tasks(self, tasks: list[Task]) -> None:
-        """Start the discovery of these tasks, and the thread that follows it."""
-        # Cut for the fallback's processes: the fast path's few take the pieces in turn.
-        for unit in discovery_units(tasks, self.jobs):
-            self.pending.put(unit)
-        self._add_discovery(self._discovery_processes())
-        self._thread(self._watch)
-
-    def _discovery_processes(self) -> int:
-        """RECORDERS record (at most one per two compile jobs); without the fast path,
-        one per compile job compiles."""
-        if self.fast_path_off is None:
-            return max(1, min(RECORDERS, self.jobs // 2))
-        return self.jobs
-
-    def _add_discovery(self, total: int) -> None:
-        """Start discovery processes until total run, or each has a piece of work."""
-        with self.lock:
-            count = min(total - len(self.recorders), self.pending.qsize())
-        started = [self._new_recorder() for _ in range(max(0, count))]
-        for worker in started:
-            self._thread(self._discover, worker, self.pending)
-
-    def _new_recorder(self) -> Worker:
-        """One more discovery process (on the node's GPUs in turn)."""
-        with self.lock:
-            env = dict(self.recorder_env)
-            if self.gpu_ids:
-                env["CUDA_VISIBLE_DEVICES"] = self.gpu_ids[len(self.recorders)
-                                                           % len(self.gpu_ids)]
-            worker = Worker(env, executors={"deep_gemm": self.recorder})
-            self.recorders.append(worker)
-            self.discovering += 1
-        return worker
-
-    def _discover(self, worker: Worker, pending: queue.Queue[Task]) -> None:
-        while not self.stopped.is_set():
-            try:
-                task = pending.get_nowait()
-            except queue.Empty:
-                break
-            self._record(worker, task)
-        worker.stop()
-        with self.lock:
-            self.discovering -= 1
-            if self.discovering == 0:
-                self.discovered_at = time.monotonic()
-                self.discovery_done.set()
-
-    def _record(self, worker: Worker, task: Task) -> TaskResult:
-        """Run a piece of discovery on a discovery process; what it named is noted."""
-        result = worker.run(task)
-        with self.lock:
-            for kernel in result.kernels:
-                if kernel.outcome == "compiled":
-                    self.discovery_seconds.setdefault(kernel.name, kernel.seconds)
-            if not result.ok:  # what it missed, the workers compile when they get there
-                self.record_errors.append(f"{task.key}: {result.error}")
-        return result
-
-    def _task_of(self, unit_key: str) -> str:
-        """The task a discovery unit (a task, or an M range of one) belongs to."""
-        return next((t.key for t in self.tasks if unit_key == t.key
-                     or unit_key.startswith(f"{t.key}@m")), unit_key)
+class DeepGemmDiscovery:
+    """DeepGemmKernelStage's following of its discovery (compiler.py), whose state it
+    shares."""
 
     def _watch(self) -> None:
         """Hand each recorded job to the compile pool as soon as it is written; link each
@@ -197,22 +123,3 @@ class DiscoveryPass:
         else:
             return
         self._add_discovery(self._discovery_processes())
-
-
-def discovery_units(tasks: list[Task], count: int) -> list[Task]:
-    """Fewer tasks than ``count`` discovery processes: each task cut into pieces of
-    consecutive M values (at least two each), so that every process finds kernels at once.
-    DeepGEMM picks a kernel config from M (with the shape), so pieces of distinct M ranges
-    mostly find distinct kernels."""
-    per_task = -(-count // max(1, len(tasks)))
-    units = []
-    for task in tasks:
-        values = sorted(task.m)
-        pieces = max(1, min(per_task, len(values) // 2))
-        if pieces == 1:
-            units.append(task)
-            continue
-        size = -(-len(values) // pieces)
-        units += [replace(task, key=f"{task.key}@m{chunk[0]}-{chunk[-1]}", m=tuple(chunk))
-                  for i in range(0, len(values), size) if (chunk := values[i:i + size])]
-    return units
