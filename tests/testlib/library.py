@@ -14,7 +14,7 @@ from warmd.probes import LibraryProbe
 class _TestRoot(CacheRoot):
     """Not a warmd knob: tests always give warmup this library's root."""
 
-    def default(self) -> Path:
+    def default(self, environ=None) -> Path:
         return Path("/nonexistent/testlib-root")
 
 
