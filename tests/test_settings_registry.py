@@ -216,7 +216,7 @@ def test_a_node_context_reads_its_overrides_over_the_environment_over_the_defaul
     assert plain.get("DG_JIT_CACHE_DIR") == tmp_path / "xdg" / "vllm" / "deep_gemm"
     node = NodeContext.of({"WARMD_NAMESPACE": "from-config", "WARMD_NODE_NAME": "n1",
                            "VLLM_CACHE_ROOT": str(tmp_path / "v")})
-    assert node.store.namespace == "from-config" and node.store.node_name == "n1"
+    assert node.store.namespace == "from-config" and node.node_name() == "n1"
     assert node.get("DG_JIT_CACHE_DIR") == tmp_path / "v" / "deep_gemm"  # defaults follow
     assert node.child_env()["VLLM_CACHE_ROOT"] == str(tmp_path / "v")
     assert settings.namespace() == "from-env"  # the process's environment is untouched

@@ -29,7 +29,6 @@ class StoreSettings:
 
     namespace: str  # salt of every fingerprint and of the node records
     signing_key_file: str | None
-    node_name: str  # in stats, manifests and `warmd status`
     timeout: float  # bound on one operation, in seconds
     join_budget: float  # how long a warmup retries a slow store, in seconds
     ttl_seconds: int  # entries expire this long after their last use
@@ -39,7 +38,7 @@ class StoreSettings:
     @classmethod
     def read(cls, environ: Mapping[str, str]) -> StoreSettings:
         return cls(settings.namespace(environ), settings.signing_key_file(environ),
-                   settings.node_name(environ), settings.redis_timeout(environ),
+                   settings.redis_timeout(environ),
                    settings.redis_join_budget(environ), settings.cache_ttl_seconds(environ),
                    settings.max_artifact_bytes(environ), settings.single_flight_timeout(environ))
 
@@ -76,6 +75,12 @@ class NodeContext:
 
     def is_set(self, env: str) -> bool:
         return knobs.is_set(env, self.environ)
+
+    def node_name(self) -> str:
+        """This node's name in stats, manifests and `warmd status`: WARMD_NODE_NAME (the
+        agent's), else the one kept in the state dir's node-id (written there once, when
+        first asked: a command that opens no store writes none)."""
+        return settings.node_name(self.environ)
 
     def signing_key(self) -> bytes | None:
         """HMAC key for manifests: the key file's, else WARMD_SIGNING_KEY's (OSError when

@@ -121,7 +121,7 @@ def test_the_join_path_writes_no_variable_and_leaves_the_environment_as_it_was(
         context = node_context(config, "node-j")
         result = warm_node(config, context, redis_url=server.url, warm_only=True)
     assert writes == [] and dict(os.environ) == before
-    assert context.store.namespace == "joined" and context.store.node_name == "node-j"
+    assert context.store.namespace == "joined" and context.node_name() == "node-j"
     assert context.get("TRITON_CACHE_DIR") == tmp_path / "t"
     [model] = result.models
     assert model.plan_key, model.reason  # planned and checked on this node

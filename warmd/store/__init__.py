@@ -14,6 +14,7 @@ everything else in the package is the Redis backend's own business.
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 from warmd import settings
 from warmd.context import NodeContext
@@ -45,17 +46,19 @@ __all__ = ["EmbeddedServerError", "Fingerprint", "NodeRecords", "ServerProcess",
            "stop_embedded"]
 
 
-def resolve_store_url(url: str | None = None) -> tuple[StoreURL | None, object]:
+def resolve_store_url(url: str | None = None, state_dir: Path | None = None
+                      ) -> tuple[StoreURL | None, object]:
     """(store URL, embedded server or None): an explicit URL, else WARMD_REDIS_URL, else the
-    embedded server (started if needed). 'off' gives (None, None). Raises WarmdInputError for
-    a malformed URL and EmbeddedServerError when no embedded server can run."""
+    embedded server of state_dir (default: this process's; started if needed). 'off' gives
+    (None, None). Raises WarmdInputError for a malformed URL and EmbeddedServerError when no
+    embedded server can run."""
     protect_environment()
     url = url or settings.redis_url()
     if settings.store_is_off(url):
         return None, None
     if url:
         return parse_store_url(url), None
-    server = ensure_embedded()
+    server = ensure_embedded(state_dir)
     return parse_store_url(server.url), server
 
 
@@ -82,7 +85,7 @@ def open_shared_cache(url: str | None = None, context: NodeContext | None = None
     kw["context"] = context
     key = kw.pop("signing_key", None) or signing_key(context)
     try:
-        store_url, server = resolve_store_url(url)
+        store_url, server = resolve_store_url(url, context.state_dir)
     except EmbeddedServerError as exc:
         log.warning("shared cache disabled: %s", exc)
         return RedisSharedCache(None, signing_key=key, disabled_reason=str(exc), **kw)

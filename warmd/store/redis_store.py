@@ -72,7 +72,7 @@ class RedisSharedCache(SharedCache):
         # the node's settings (default: this process's environment); an argument wins
         context = context or NodeContext.of()
         store = context.store
-        node = node or store.node_name
+        node = node or context.node_name()
         self.stats = StoreStats(node, context.state_dir)
         self.transport = RedisTransport(
             store_url, connect_timeout=connect_timeout,
