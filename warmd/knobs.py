@@ -178,8 +178,8 @@ KNOBS: tuple[Knob, ...] = (
          "more Python packages, each registering a JIT library kept outside warmd (a "
          "`LIBRARY` like `warmd/libraries/<name>/`)"),
     # the engines' and libraries' own
-    Knob("XDG_CACHE_HOME", PATH, lambda _read: home() / ".cache", "user cache root (default "
-                                                              "`~/.cache`)"),
+    Knob("XDG_CACHE_HOME", PATH, lambda _read: home() / ".cache",
+         "user cache root (default `~/.cache`)"),
     Knob("VLLM_CACHE_ROOT", PATH, lambda read: read("XDG_CACHE_HOME") / "vllm",
          "vLLM's cache root (default `$XDG_CACHE_HOME/vllm`)"),
     Knob("HF_HOME", PATH, lambda read: read("XDG_CACHE_HOME") / "huggingface",
