@@ -57,9 +57,10 @@ class NodeContext:
     @classmethod
     def of(cls, overrides: Mapping[str, str] | None = None,
            base: Mapping[str, str] | None = None) -> NodeContext:
-        """The context of base's knob variables (default: this process's environment)
-        with overrides over them (the config's cache roots, namespace, key file...)."""
-        environ = _knob_variables(os.environ if base is None else base)
+        """The context of this process's knob variables (or of base: another context's
+        variables) with overrides over them (the config's cache roots, namespace, key
+        file...)."""
+        environ = _knob_variables(os.environ) if base is None else dict(base)
         environ.update(overrides or {})
         return cls(environ, settings.state_dir(environ), StoreSettings.read(environ),
                    settings.visible_gpu_ids(environ), settings.triton_modules(environ))
