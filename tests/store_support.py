@@ -23,7 +23,7 @@ import pytest
 from testlib import LIBRARY_MODULE, NAME
 from testlib.cache import DEFAULT_SIZE, DirAdapter, compile_entry, entry_bytes
 
-from warmd import knobs, libraries
+from warmd import libraries
 from warmd.plan import Plan, PlanRequest, make_plan
 from warmd.store import ServerProcess, start_server
 from warmd.store.api import SharedCache
@@ -47,12 +47,17 @@ def compiles(log: Path, what: str = "done") -> list[str]:
 def registered_testlib() -> Iterator[None]:
     """The test library registered here and in the worker processes warmup starts; only
     for the block, so no other test sees a third library."""
-    with knobs.scoped_env({"WARMD_LIBRARY_PACKAGES": LIBRARY_MODULE}):
-        libraries.register(LIBRARY_MODULE)
-        try:
-            yield
-        finally:
-            libraries.unregister(NAME)
+    before = os.environ.get("WARMD_LIBRARY_PACKAGES")
+    os.environ["WARMD_LIBRARY_PACKAGES"] = LIBRARY_MODULE  # the workers inherit it
+    libraries.register(LIBRARY_MODULE)
+    try:
+        yield
+    finally:
+        libraries.unregister(NAME)
+        if before is None:
+            os.environ.pop("WARMD_LIBRARY_PACKAGES", None)
+        else:
+            os.environ["WARMD_LIBRARY_PACKAGES"] = before
 
 
 @functools.lru_cache(maxsize=1)

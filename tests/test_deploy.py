@@ -27,7 +27,7 @@ import yaml
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from warmd import knobs, settings
+from warmd import settings
 from warmd.cli import main
 from warmd.cluster.state import NodeState, node_records
 from warmd.config.parse import parse_config
@@ -213,7 +213,7 @@ def test_the_engines_environment_resolves_to_the_directories_the_agent_fills(kub
     model (the agent reads the same environment, with warmd.yaml's `cache:` and `env:` on
     top), all on the kernel-cache volume, resolvable without knowing the user's home; the
     gate verifies the configured serve line."""
-    from warmd.cluster.work import node_env
+    from warmd.cluster.work import node_context
     from warmd.engines.cache_dirs import CACHE_VARIABLES, process_cache_dirs, resolve
     from warmd.engines.versions import resolve_version
 
@@ -236,8 +236,9 @@ def test_the_engines_environment_resolves_to_the_directories_the_agent_fills(kub
             version, _ = resolve_version(request.engine, request.engine_version)
             engine = resolve(request.engine, {**env, **dict(request.engine_env or ())}, None,
                              version)
-            with knobs.scoped_env(node_env(config)):  # the agent's environment
-                agent = process_cache_dirs(request.engine, version, request.engine_env or ())
+            context = node_context(config)  # the agent's
+            agent = process_cache_dirs(request.engine, version, request.engine_env or (),
+                                       context.environ)
             assert agent.directories() == engine.directories(), model.name
             for directory in engine.directories().values():
                 assert any(directory.is_relative_to(m) for m in shared), directory

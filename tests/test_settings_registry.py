@@ -199,45 +199,37 @@ def test_config_imports_no_cli_and_no_cluster():
                                 ("click", "warmd.cluster.work", "warmd.cli")) == []
 
 
-def test_overlapping_scopes_of_two_threads_keep_the_variable_until_the_last_closes(
-        monkeypatch):
-    """An agent's capture thread opens and closes the node's env around every scan while its
-    re-derivation thread holds it open: the first closing must not take the variable away
-    from the second (it did: the re-deriver then looked under the default namespace's
-    fingerprints and never found a claim)."""
-    import threading
+def test_a_node_context_reads_its_overrides_over_the_environment_over_the_defaults(
+        monkeypatch, tmp_path):
+    from warmd.context import NodeContext
 
-    monkeypatch.delenv("WARMD_NAMESPACE", raising=False)
-    monkeypatch.setenv("WARMD_NODE_NAME", "before")
-    env = {"WARMD_NAMESPACE": "capture-test", "WARMD_NODE_NAME": "node-a"}
-    first_in, second_in, first_out = threading.Event(), threading.Event(), threading.Event()
-    seen = {}
-
-    def first():
-        with knobs.scoped_env(env):
-            first_in.set()
-            second_in.wait(5)
-        first_out.set()
-
-    def second():
-        first_in.wait(5)
-        with knobs.scoped_env(dict(env)):
-            second_in.set()
-            first_out.wait(5)
-            seen["namespace"] = settings.namespace()
-            seen["node"] = os.environ.get("WARMD_NODE_NAME")
-
-    threads = [threading.Thread(target=first), threading.Thread(target=second)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(10)
-    assert seen == {"namespace": "capture-test", "node": "node-a"}
-    assert "WARMD_NAMESPACE" not in os.environ and os.environ["WARMD_NODE_NAME"] == "before"
+    monkeypatch.setenv("WARMD_NAMESPACE", "from-env")
+    monkeypatch.setenv("WARMD_REDIS_TIMEOUT", "7")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.delenv("VLLM_CACHE_ROOT", raising=False)
+    monkeypatch.delenv("DG_JIT_CACHE_DIR", raising=False)
+    monkeypatch.delenv("WARMD_NODE_NAME", raising=False)
+    plain = NodeContext.of()
+    assert plain.store.namespace == "from-env" and plain.store.timeout == 7.0
+    assert plain.store.join_budget == 60.0  # unset: the knob's default
+    assert plain.state_dir == tmp_path / "xdg" / "warmd"
+    assert plain.get("DG_JIT_CACHE_DIR") == tmp_path / "xdg" / "vllm" / "deep_gemm"
+    node = NodeContext.of({"WARMD_NAMESPACE": "from-config", "WARMD_NODE_NAME": "n1",
+                           "VLLM_CACHE_ROOT": str(tmp_path / "v")})
+    assert node.store.namespace == "from-config" and node.node_name() == "n1"
+    assert node.get("DG_JIT_CACHE_DIR") == tmp_path / "v" / "deep_gemm"  # defaults follow
+    assert node.child_env()["VLLM_CACHE_ROOT"] == str(tmp_path / "v")
+    assert settings.namespace() == "from-env"  # the process's environment is untouched
+    assert "VLLM_CACHE_ROOT" not in os.environ
 
 
-def test_a_nested_scope_gives_back_the_outer_value():
-    with knobs.scoped_env({"WARMD_NAMESPACE": "outer"}):
-        with knobs.scoped_env({"WARMD_NAMESPACE": "inner"}):
-            assert settings.namespace() == "inner"
-        assert settings.namespace() == "outer"
+def test_a_node_context_gives_children_no_secret_of_the_store(monkeypatch):
+    from warmd.context import NodeContext
+
+    monkeypatch.setenv("WARMD_SIGNING_KEY", "k3y")
+    monkeypatch.setenv("WARMD_REDIS_URL", "redis://:pw@h:6379")
+    context = NodeContext.of({"WARMD_NAMESPACE": "n"})
+    assert context.signing_key() == b"k3y"
+    assert "WARMD_SIGNING_KEY" not in context.child_env()
+    assert "WARMD_REDIS_URL" not in context.child_env()
+    assert "k3y" not in repr(context)

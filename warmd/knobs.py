@@ -7,17 +7,16 @@ documentation, and ``Knob.get`` is the only place in warmd that reads the enviro
 Code that names a variable reads it through its accessor in warmd.settings
 (``settings.state_dir()``); ``get(env)`` here is for code that holds a variable's name as
 data (a library's cache root, an engine's variables). A test holds warmd to that.
-``scoped_env`` sets variables for a block; writing variables for child processes (worker
-environments) happens elsewhere.
+Every read takes the variables it reads from: this process's environment by default, or a
+node's own (``warmd.context.NodeContext.environ``), so that two nodes' work in one process
+never sees each other's; warmd writes variables only into child processes' environments.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,19 +34,23 @@ class Knob:
     env: str
     kind: str  # STRING, PATH, NUMBER (positive), WHOLE (0, 1...), FLAG (0/false: off) or
     # NAMES (a,b,c)
-    default: Any  # the value when unset, or a function of nothing computing it
+    default: Any  # the value when unset, or a function computing it from a reader of other
+    # knobs (``lambda read: read("XDG_CACHE_HOME") / "warmd"``), in the same variables
     doc: str
     empty_is_unset: bool = True  # False: an empty value means something (no GPU visible)
 
-    def raw(self) -> str | None:
-        """The variable's text when set (and non-empty, unless empty means something)."""
-        value = os.environ.get(self.env)
+    def raw(self, environ: Mapping[str, str] | None = None) -> str | None:
+        """The variable's text in environ (default: this process's environment) when set
+        (and non-empty, unless empty means something)."""
+        value = (os.environ if environ is None else environ).get(self.env)
         return value if value or (value is not None and not self.empty_is_unset) else None
 
-    def get(self) -> Any:
-        raw = self.raw()
+    def get(self, environ: Mapping[str, str] | None = None) -> Any:
+        raw = self.raw(environ)
         if raw is None:
-            return self.default() if callable(self.default) else self.default
+            if callable(self.default):
+                return self.default(lambda env: get(env, environ))
+            return self.default
         return _PARSERS[self.kind](self.env, raw)
 
 
@@ -128,7 +131,7 @@ _TOOLCHAIN_DEFAULTS = {"CXX": "c++"}
 
 KNOBS: tuple[Knob, ...] = (
     # warmd's own
-    Knob("WARMD_STATE_DIR", PATH, lambda: get("XDG_CACHE_HOME") / "warmd",
+    Knob("WARMD_STATE_DIR", PATH, lambda read: read("XDG_CACHE_HOME") / "warmd",
          "warmd's own state: embedded Redis data, logs (default `$XDG_CACHE_HOME/warmd`)"),
     Knob("WARMD_REDIS_URL", STRING, None,
          "shared cache (`redis://`, `rediss://`, `unix://`, a Redis Cluster URL; `off`, "
@@ -175,21 +178,22 @@ KNOBS: tuple[Knob, ...] = (
          "more Python packages, each registering a JIT library kept outside warmd (a "
          "`LIBRARY` like `warmd/libraries/<name>/`)"),
     # the engines' and libraries' own
-    Knob("XDG_CACHE_HOME", PATH, lambda: home() / ".cache", "user cache root (default "
-                                                              "`~/.cache`)"),
-    Knob("VLLM_CACHE_ROOT", PATH, lambda: get("XDG_CACHE_HOME") / "vllm",
+    Knob("XDG_CACHE_HOME", PATH, lambda _read: home() / ".cache",
+         "user cache root (default `~/.cache`)"),
+    Knob("VLLM_CACHE_ROOT", PATH, lambda read: read("XDG_CACHE_HOME") / "vllm",
          "vLLM's cache root (default `$XDG_CACHE_HOME/vllm`)"),
-    Knob("HF_HOME", PATH, lambda: get("XDG_CACHE_HOME") / "huggingface",
+    Knob("HF_HOME", PATH, lambda read: read("XDG_CACHE_HOME") / "huggingface",
          "Hugging Face home (default `$XDG_CACHE_HOME/huggingface`): models given as hub ids "
          "resolve in its `hub/` cache"),
-    Knob("HF_HUB_CACHE", PATH, lambda: get("HUGGINGFACE_HUB_CACHE") or get("HF_HOME") / "hub",
+    Knob("HF_HUB_CACHE", PATH,
+         lambda read: read("HUGGINGFACE_HUB_CACHE") or read("HF_HOME") / "hub",
          "Hugging Face hub cache (default `$HUGGINGFACE_HUB_CACHE`, else `$HF_HOME/hub`; "
          "warmd never downloads)"),
     Knob("HUGGINGFACE_HUB_CACHE", PATH, None, "older name of `HF_HUB_CACHE`"),
-    Knob("DG_JIT_CACHE_DIR", PATH, lambda: get("VLLM_CACHE_ROOT") / "deep_gemm",
+    Knob("DG_JIT_CACHE_DIR", PATH, lambda read: read("VLLM_CACHE_ROOT") / "deep_gemm",
          "DeepGEMM's cache root (vLLM: default `$VLLM_CACHE_ROOT/deep_gemm`; SGLang "
          "overwrites it with `$SGLANG_DG_CACHE_DIR`)"),
-    Knob("SGLANG_CACHE_DIR", PATH, lambda: home() / ".cache" / "sglang",
+    Knob("SGLANG_CACHE_DIR", PATH, lambda _read: home() / ".cache" / "sglang",
          "SGLang's cache root (default `~/.cache/sglang`): `import sglang` defaults "
          "`TRITON_CACHE_DIR` and `FLASHINFER_WORKSPACE_BASE` under it"),
     Knob("SGLANG_DG_CACHE_DIR", PATH, None,
@@ -197,7 +201,7 @@ KNOBS: tuple[Knob, ...] = (
          "`DG_JIT_CACHE_DIR`"),
     *(_engine(env, "DeepGEMM compiler knob (in the DeepGEMM fingerprint)")
       for env in DEEP_GEMM_KEY_ENV),
-    Knob("FLASHINFER_WORKSPACE_BASE", PATH, home,
+    Knob("FLASHINFER_WORKSPACE_BASE", PATH, lambda _read: home(),
          "FlashInfer's workspace (default `~`; modules under `.cache/flashinfer/`)"),
     Knob("FLASHINFER_CUDA_ARCH_LIST", STRING, None,
          "arch FlashInfer builds for (default: the plan's target)"),
@@ -205,14 +209,14 @@ KNOBS: tuple[Knob, ...] = (
                                        "fingerprint)"), _TOOLCHAIN_DEFAULTS.get(env))
       for env in FLASHINFER_COMMAND_ENV),
     Knob("FLASHINFER_AUTOTUNE_CACHE_DIR", PATH,
-         lambda: get("FLASHINFER_WORKSPACE_BASE") / ".cache" / "flashinfer" / "autotune",
+         lambda read: read("FLASHINFER_WORKSPACE_BASE") / ".cache" / "flashinfer" / "autotune",
          "FlashInfer's managed autotune store (default "
          "`$FLASHINFER_WORKSPACE_BASE/.cache/flashinfer/autotune`): captured and shared"),
     Knob("VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR", PATH, None,
          "vLLM's FlashInfer autotune results (default "
          "`$VLLM_CACHE_ROOT/flashinfer_autotune_cache/<version>/<arch>`): captured and shared"),
-    Knob("TRITON_HOME", PATH, home, "Triton's home (default `~`)"),
-    Knob("TRITON_CACHE_DIR", PATH, lambda: get("TRITON_HOME") / ".triton" / "cache",
+    Knob("TRITON_HOME", PATH, lambda _read: home(), "Triton's home (default `~`)"),
+    Knob("TRITON_CACHE_DIR", PATH, lambda read: read("TRITON_HOME") / ".triton" / "cache",
          "Triton's kernel cache (default `$TRITON_HOME/.triton/cache`): captured and shared"),
     Knob("CUDA_VISIBLE_DEVICES", STRING, None, "GPUs warmd may use, one per worker (set "
          "and empty: none)", empty_is_unset=False),
@@ -233,52 +237,18 @@ KNOBS: tuple[Knob, ...] = (
 _BY_ENV = {knob.env: knob for knob in KNOBS}
 
 
-def get(env: str) -> Any:
-    """The value of the knob for this variable (its default when unset); for a variable
-    named in code, call its accessor instead."""
-    return _BY_ENV[env].get()
+def get(env: str, environ: Mapping[str, str] | None = None) -> Any:
+    """The value of the knob for this variable in environ (default: this process's
+    environment), its default when unset; for a variable named in code, call its accessor
+    (or the node context's) instead."""
+    return _BY_ENV[env].get(environ)
 
 
-def is_set(env: str) -> bool:
-    return _BY_ENV[env].raw() is not None
+def is_set(env: str, environ: Mapping[str, str] | None = None) -> bool:
+    return _BY_ENV[env].raw(environ) is not None
 
 
-def present(names: tuple[str, ...]) -> dict[str, str]:
+def present(names: tuple[str, ...], environ: Mapping[str, str] | None = None
+            ) -> dict[str, str]:
     """The variables among names that are set, with their text (for fingerprints)."""
-    return {name: raw for name in names if (raw := _BY_ENV[name].raw()) is not None}
-
-
-# The environment is the process's, and an agent's threads (capture, re-derivation) each
-# hold a scope of the node's env at once: a variable stays set while any scope that set it
-# is open, and only the last one to close puts back what was there before the first.
-_SCOPES_LOCK = threading.Lock()
-_OPEN_SCOPES: list[dict[str, str]] = []
-_BEFORE_SCOPES: dict[str, str | None] = {}
-
-
-@contextlib.contextmanager
-def scoped_env(env: dict[str, str]) -> Iterator[None]:
-    """Set variables for the duration of a block, then restore what was there; safe when
-    scopes of several threads overlap (a variable keeps the newest open scope's value)."""
-    scope = dict(env)
-    with _SCOPES_LOCK:
-        for key in scope:
-            if not any(key in other for other in _OPEN_SCOPES):
-                _BEFORE_SCOPES[key] = os.environ.get(key)
-        _OPEN_SCOPES.append(scope)
-        os.environ.update(scope)
-    try:
-        yield
-    finally:
-        with _SCOPES_LOCK:
-            del _OPEN_SCOPES[next(i for i, o in enumerate(_OPEN_SCOPES) if o is scope)]
-            for key in scope:
-                holder = next((o for o in reversed(_OPEN_SCOPES) if key in o), None)
-                if holder is not None:
-                    os.environ[key] = holder[key]
-                    continue
-                before = _BEFORE_SCOPES.pop(key, None)
-                if before is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = before
+    return {name: raw for name in names if (raw := _BY_ENV[name].raw(environ)) is not None}

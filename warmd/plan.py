@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from warmd.engines.cache_dirs import CacheDirs
@@ -185,7 +186,9 @@ def _choices(plan: Plan) -> tuple:
             tuple(t.key for t in plan.tasks))
 
 
-def make_plan(request: PlanRequest) -> Plan:
+def make_plan(request: PlanRequest, environ: Mapping[str, str] | None = None) -> Plan:
+    """The plan for a request, on a node whose variables are environ (its context's cache
+    roots, engine variables, visible GPUs; default: this process's environment)."""
     from warmd.engines.cache_dirs import process_cache_dirs
     from warmd.engines.decide import (
         check_expert_parallel,
@@ -204,7 +207,8 @@ def make_plan(request: PlanRequest) -> Plan:
     from warmd.kernels.selection import check_kernel_names, disabled_kernels_from_env
     from warmd.libraries import probe_libraries
     from warmd.models import model_shapes
-    from warmd.targets import resolve_target
+    from warmd.settings import visible_gpu_ids
+    from warmd.targets import PROCESS_VISIBLE, resolve_target
 
     if request.engine not in ENGINES:
         raise WarmdInputError(f"unknown engine {request.engine!r}; known: {', '.join(ENGINES)}")
@@ -213,16 +217,17 @@ def make_plan(request: PlanRequest) -> Plan:
     check_expert_parallel(request.engine, request.tp, request.dp, request.ep)
     version, version_note = resolve_version(request.engine, request.engine_version)
     values = dict(request.engine_env) if request.engine_env is not None \
-        else process_engine_env()
+        else process_engine_env(environ)
     engine_env = EngineEnv.of(request.engine, values, version)
     check_kernel_names(frozenset(request.disabled_kernels))
     model = model_shapes(resolve_model(request.model), request.tp, request.ep,
                          request.quantization, request.dp,
                          moe_ranks(request.engine, request.tp, request.dp),
                          moe_block_refinement(request.engine, version))
-    target = resolve_target(request.target, request.capability, request.sms)
+    target = resolve_target(request.target, request.capability, request.sms,
+                            PROCESS_VISIBLE if environ is None else visible_gpu_ids(environ))
     decisions = decide(request, engine_env, target)
-    disabled = (frozenset(request.disabled_kernels) | disabled_kernels_from_env()
+    disabled = (frozenset(request.disabled_kernels) | disabled_kernels_from_env(environ)
                 | frozenset(decisions.disabled))
     libraries = probe_libraries(request.with_libs, request.without_libs, request.engine)
     shipped = shipped_release(request.engine, version) \
@@ -241,4 +246,4 @@ def make_plan(request: PlanRequest) -> Plan:
                       (version_note, *decisions.notes, *(moe.notes if moe else ())))
     refuse_unfit_forced(plan.selections, moe)
     return replace(plan, cache_dirs=process_cache_dirs(request.engine, version,
-                                                       request.engine_env or ()))
+                                                       request.engine_env or (), environ))

@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from warmd import knobs, settings
 from warmd.cache.artifacts import check_artifact
 from warmd.cache.base import CacheAdapter, CacheEntry, UnsafeArtifact
 from warmd.cache.rederived import (
@@ -36,6 +35,7 @@ from warmd.cache.rederived import (
 )
 from warmd.capture.scope import CaptureScope, adapters_for
 from warmd.capture.sharing import publish_learned
+from warmd.context import NodeContext
 
 if TYPE_CHECKING:
     from warmd.libraries.plugin import LibraryPlugin
@@ -129,9 +129,10 @@ def rederivation_lines(libraries: list[str]) -> list[str]:
     return [f"{library}: {how_rederived(library)}" for library in libraries]
 
 
-def rederive_claim(shared: SharedCache, adapter: CacheAdapter, name: str,
+def rederive_claim(shared: SharedCache, adapter: CacheAdapter, name: str, context: NodeContext,
                    scratch_root: Path | None = None) -> ClaimResult:
-    """Re-derive one pending claim and publish the result; never raises."""
+    """Re-derive one pending claim and publish the result, on the producer of context;
+    never raises."""
     from warmd.store.validation import BadRecord
 
     library = adapter.library
@@ -147,9 +148,9 @@ def rederive_claim(shared: SharedCache, adapter: CacheAdapter, name: str,
     claim, artifact = found
     scratch = private_dir("warmd-rederive-", scratch_root)
     try:
-        check_artifact(artifact, settings.max_artifact_bytes())
-        rebuilt = rederive_library(library)(adapter, name, artifact, scratch)
-        check_artifact(rebuilt.artifact, settings.max_artifact_bytes())
+        check_artifact(artifact, context.store.max_artifact_bytes)
+        rebuilt = rederive_library(library)(adapter, name, artifact, scratch, context)
+        check_artifact(rebuilt.artifact, context.store.max_artifact_bytes)
     except CannotRederiveHere as exc:
         return ClaimResult(library, name, "kept", why=str(exc))
     except RederiveMismatch as exc:
@@ -173,10 +174,10 @@ def rederive_claim(shared: SharedCache, adapter: CacheAdapter, name: str,
                        ", ".join(rebuilt.differs))
 
 
-def rederive_pending(shared: SharedCache, adapter: CacheAdapter,
+def rederive_pending(shared: SharedCache, adapter: CacheAdapter, context: NodeContext,
                      skip: set[str] | None = None) -> list[ClaimResult]:
     """Every pending claim under the adapter's fingerprint (but those in skip)."""
-    return [rederive_claim(shared, adapter, name) for name in shared.pending(adapter)
+    return [rederive_claim(shared, adapter, name, context) for name in shared.pending(adapter)
             if name not in (skip or set())]
 
 
@@ -185,15 +186,15 @@ CountCallback = Callable[[str, str, int], None]  # (counter, library, amount)
 
 class Rederiver:
     """A trusted producer's loop: every POLL_SECONDS, each pending claim under the
-    fingerprints of the scopes this node warmed, in a thread of its own."""
+    fingerprints of the scopes this node warmed, in a thread of its own, with the node's
+    context (``open_shared`` opens each target's shared cache with it too)."""
 
     def __init__(self, scopes: list[CaptureScope],
-                 open_shared: Callable[[Target], SharedCache | None],
-                 on_count: CountCallback | None = None, env: dict[str, str] | None = None,
-                 poll_seconds: float = POLL_SECONDS,
+                 open_shared: Callable[[Target], SharedCache | None], context: NodeContext,
+                 on_count: CountCallback | None = None, poll_seconds: float = POLL_SECONDS,
                  on_result: Callable[[ClaimResult], None] | None = None) -> None:
-        self.scopes, self.open_shared = scopes, open_shared
-        self.on_count, self.env, self.on_result = on_count, env or {}, on_result
+        self.scopes, self.open_shared, self.context = scopes, open_shared, context
+        self.on_count, self.on_result = on_count, on_result
         self.poll_seconds = poll_seconds
         self.results: list[ClaimResult] = []
         self._given_up: set[tuple[str, str]] = set()  # failed here once: not retried
@@ -210,17 +211,16 @@ class Rederiver:
             self._thread.join(timeout=30)
 
     def _loop(self) -> None:
-        with knobs.scoped_env(self.env):
-            caches = self._caches()
-            while not self._stop.is_set():
-                try:
-                    self.run_once(caches)
-                except Exception:  # never takes the agent down
-                    log.exception("re-derivation pass failed")
-                self._stop.wait(self.poll_seconds)
-            for shared, _adapter in caches:
-                if shared is not None:
-                    shared.close()
+        caches = self._caches()
+        while not self._stop.is_set():
+            try:
+                self.run_once(caches)
+            except Exception:  # never takes the agent down
+                log.exception("re-derivation pass failed")
+            self._stop.wait(self.poll_seconds)
+        for shared, _adapter in caches:
+            if shared is not None:
+                shared.close()
 
     def _caches(self) -> list[tuple[SharedCache, CacheAdapter]]:
         out, seen = [], set()
@@ -240,7 +240,7 @@ class Rederiver:
         done = []
         for shared, adapter in caches if caches is not None else self._caches():
             skip = {n for lib, n in self._given_up if lib == adapter.library}
-            for result in rederive_pending(shared, adapter, skip):
+            for result in rederive_pending(shared, adapter, self.context, skip):
                 if self._stop.is_set():
                     return done
                 self._note(result)

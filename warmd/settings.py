@@ -2,25 +2,30 @@
 
 One way to read a knob: code that names a variable calls its accessor here
 (``settings.state_dir()``), which is ``get(ENV)`` and nothing more, or a value derived from
-several knobs (``cuda_home()``). A test holds warmd to that.
+several knobs (``cuda_home()``). A test holds warmd to that. The accessors a node's work
+reads take the variables to read (``environ``; default: this process's environment):
+warmd.context.NodeContext reads a node's own through them.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 
 from warmd.knobs import DEEP_GEMM_KEY_ENV, ENGINE_KERNEL_ENV, get, is_set, present
+
+Environ = Mapping[str, str] | None  # the variables read; None: this process's environment
 
 
 def xdg_cache_home() -> Path:
     return get("XDG_CACHE_HOME")
 
 
-def state_dir() -> Path:
+def state_dir(environ: Environ = None) -> Path:
     """warmd's own state: embedded Redis data, logs, local task records."""
-    return get("WARMD_STATE_DIR")
+    return get("WARMD_STATE_DIR", environ)
 
 
 def vllm_cache_root() -> Path:
@@ -35,9 +40,9 @@ def deep_gemm_cache_dir() -> Path:
     return get("DG_JIT_CACHE_DIR")
 
 
-def engine_kernel_env() -> dict[str, str]:
+def engine_kernel_env(environ: Environ = None) -> dict[str, str]:
     """The engines' own kernel-changing variables that are set, with their text."""
-    return present(ENGINE_KERNEL_ENV)
+    return present(ENGINE_KERNEL_ENV, environ)
 
 
 def deep_gemm_key_env() -> dict[str, str]:
@@ -82,24 +87,24 @@ def cuda_home() -> Path:
     return Path(nvcc).resolve().parent.parent
 
 
-def visible_devices() -> str | None:
+def visible_devices(environ: Environ = None) -> str | None:
     """CUDA_VISIBLE_DEVICES as set (None: every GPU is visible; empty: none is)."""
-    return get("CUDA_VISIBLE_DEVICES")
+    return get("CUDA_VISIBLE_DEVICES", environ)
 
 
-def visible_gpu_ids() -> tuple[str, ...] | None:
+def visible_gpu_ids(environ: Environ = None) -> tuple[str, ...] | None:
     """CUDA_VISIBLE_DEVICES parsed (the one place that does): its ids (indices or UUIDs)
     in order; None when unset (every GPU is visible), () when set and empty (none is)."""
-    visible = visible_devices()
+    visible = visible_devices(environ)
     if visible is None:
         return None
     return tuple(part.strip() for part in visible.split(",") if part.strip())
 
 
-def disabled_kernels() -> frozenset[str]:
+def disabled_kernels(environ: Environ = None) -> frozenset[str]:
     """WARMD_DISABLED_KERNELS (the engine's own VLLM_DISABLED_KERNELS is an engine variable:
     warmd.engines.environment)."""
-    return frozenset(get("WARMD_DISABLED_KERNELS"))
+    return frozenset(get("WARMD_DISABLED_KERNELS", environ))
 
 
 def hub_cache_dir() -> Path:
@@ -132,9 +137,9 @@ def store_is_off(url: str | None) -> bool:
     return bool(url) and url.strip().lower() in STORE_OFF
 
 
-def namespace() -> str:
+def namespace(environ: Environ = None) -> str:
     """Salt of every shared-cache fingerprint: change it to disown a whole set of entries."""
-    return get("WARMD_NAMESPACE")
+    return get("WARMD_NAMESPACE", environ)
 
 
 def namespace_override() -> str | None:
@@ -146,52 +151,52 @@ def namespace_override() -> str | None:
 SECRET_FILE_PREFIX = "warmd-secret-file:"
 
 
-def signing_key_file() -> str | None:
-    path = get("WARMD_SIGNING_KEY_FILE")
+def signing_key_file(environ: Environ = None) -> str | None:
+    path = get("WARMD_SIGNING_KEY_FILE", environ)
     return str(path) if path else None
 
 
-def signing_key_text() -> str | None:
+def signing_key_text(environ: Environ = None) -> str | None:
     """WARMD_SIGNING_KEY as set: the key, or where it was moved (SECRET_FILE_PREFIX)."""
-    return get("WARMD_SIGNING_KEY")
+    return get("WARMD_SIGNING_KEY", environ)
 
 
-def signing_key() -> bytes | None:
+def signing_key(environ: Environ = None) -> bytes | None:
     """HMAC key for manifests, from WARMD_SIGNING_KEY_FILE or WARMD_SIGNING_KEY."""
-    path = signing_key_file()
+    path = signing_key_file(environ)
     if path:
         return Path(path).read_bytes().strip()
-    value = signing_key_text()
+    value = signing_key_text(environ)
     if value and value.startswith(SECRET_FILE_PREFIX):  # moved out of the environment
         return Path(value[len(SECRET_FILE_PREFIX):]).read_bytes().strip()
     return value.encode() if value else None
 
 
-def max_artifact_bytes() -> int:
-    return int(get("WARMD_MAX_ARTIFACT_BYTES"))
+def max_artifact_bytes(environ: Environ = None) -> int:
+    return int(get("WARMD_MAX_ARTIFACT_BYTES", environ))
 
 
-def cache_ttl_seconds() -> int:
+def cache_ttl_seconds(environ: Environ = None) -> int:
     """Shared-cache entries expire this long after their last use (WARMD_CACHE_TTL_DAYS)."""
-    return int(get("WARMD_CACHE_TTL_DAYS") * 86400)
+    return int(get("WARMD_CACHE_TTL_DAYS", environ) * 86400)
 
 
-def redis_timeout() -> float:
+def redis_timeout(environ: Environ = None) -> float:
     """Bound on one shared-cache operation, in seconds (WARMD_REDIS_TIMEOUT)."""
-    return get("WARMD_REDIS_TIMEOUT")
+    return get("WARMD_REDIS_TIMEOUT", environ)
 
 
-def redis_join_budget() -> float:
+def redis_join_budget(environ: Environ = None) -> float:
     """How long in all a warmup retries a slow shared cache (WARMD_REDIS_JOIN_BUDGET)."""
-    return get("WARMD_REDIS_JOIN_BUDGET")
+    return get("WARMD_REDIS_JOIN_BUDGET", environ)
 
 
-def single_flight_timeout() -> float:
+def single_flight_timeout(environ: Environ = None) -> float:
     """The longest a warmup waits on another node's claim (WARMD_SINGLE_FLIGHT_TIMEOUT)."""
-    return get("WARMD_SINGLE_FLIGHT_TIMEOUT")
+    return get("WARMD_SINGLE_FLIGHT_TIMEOUT", environ)
 
 
-def node_name() -> str:
+def node_name(environ: Environ = None) -> str:
     """This machine's stable name in node records, `warmd status` and shared-cache stats:
     WARMD_NODE_NAME, else <state dir>/node-id, written once as <host>-<8 hex> from the machine
     id and the state dir (so restarts keep it, and two state dirs on one host differ)."""
@@ -199,9 +204,9 @@ def node_name() -> str:
     import socket
     import uuid
 
-    if get("WARMD_NODE_NAME"):  # an accessor's own variable (node_name is its accessor)
-        return get("WARMD_NODE_NAME")
-    path = state_dir() / "node-id"
+    if get("WARMD_NODE_NAME", environ):  # an accessor's own variable (node_name is its accessor)
+        return get("WARMD_NODE_NAME", environ)
+    path = state_dir(environ) / "node-id"
     try:
         kept = path.read_text().strip()
     except OSError:
@@ -212,7 +217,7 @@ def node_name() -> str:
         machine = Path("/etc/machine-id").read_text().strip()
     except OSError:
         machine = ""
-    seed = f"{machine or uuid.uuid4().hex}:{state_dir().resolve()}"
+    seed = f"{machine or uuid.uuid4().hex}:{state_dir(environ).resolve()}"
     name = f"{socket.gethostname()}-{hashlib.sha256(seed.encode()).hexdigest()[:8]}"
     tmp = path.with_name(f".node-id.{os.getpid()}")
     try:
@@ -253,9 +258,9 @@ def library_packages() -> tuple[str, ...]:
     return get("WARMD_LIBRARY_PACKAGES")
 
 
-def triton_modules() -> tuple[str, ...]:
+def triton_modules(environ: Environ = None) -> tuple[str, ...]:
     """WARMD_TRITON_MODULES: where a trusted producer looks up captured Triton kernels."""
-    return get("WARMD_TRITON_MODULES")
+    return get("WARMD_TRITON_MODULES", environ)
 
 
 def deep_gemm_nvcc() -> str | None:

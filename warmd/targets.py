@@ -6,6 +6,7 @@ import glob
 import sys
 from dataclasses import asdict, dataclass, replace
 from functools import cache
+from types import EllipsisType
 
 from warmd import settings
 from warmd.errors import WarmdInputError
@@ -101,10 +102,17 @@ def preset(name: str) -> Target:
         raise WarmdInputError(f"unknown target preset {name!r}; known presets: {known}") from None
 
 
+# visible GPUs: a node's CUDA_VISIBLE_DEVICES ids (None: every GPU), or this process's
+Visible = tuple[str, ...] | None | EllipsisType
+PROCESS_VISIBLE = ...  # the GPUs this process's environment makes visible
+
+
 def resolve_target(
-    name: str | None = None, capability: str | None = None, sms: int | None = None
+    name: str | None = None, capability: str | None = None, sms: int | None = None,
+    visible: Visible = PROCESS_VISIBLE,
 ) -> Target:
-    """The target a command plans for: a preset, an explicit capability, or the local GPU.
+    """The target a command plans for: a preset, an explicit capability, or the local GPU
+    (of those ``visible``).
 
     --capability/--sms with a preset may only repeat the preset's own values: a preset
     names one GPU, so 'h200 with sm_8.0' or 'h200 with 10 SMs' is a contradiction, refused
@@ -116,7 +124,7 @@ def resolve_target(
         if cap is not None or sms is not None:
             raise WarmdInputError("--target local takes the local GPU's capability and SMs; "
                                   "drop --capability/--sms")
-        return local_target()
+        return local_target(visible)
     if name:
         return _check_preset_flags(name, preset(name), cap, sms)
     if cap is not None:
@@ -125,7 +133,7 @@ def resolve_target(
         return Target(f"custom sm_{cap[0]}{cap[1]}", cap, sms, source="flags")
     if sms is not None:
         raise WarmdInputError("--sms needs --capability (or a --target preset)")
-    return local_target()
+    return local_target(visible)
 
 
 def _check_preset_flags(name: str, found: Target, cap: tuple[int, int] | None,
@@ -142,9 +150,9 @@ def _check_preset_flags(name: str, found: Target, cap: tuple[int, int] | None,
     return found
 
 
-def local_target() -> Target:
+def local_target(visible: Visible = PROCESS_VISIBLE) -> Target:
     """The first kind of GPU of this machine; bad input (one line) when it has none."""
-    local = detect_local_gpus()
+    local = detect_local_gpus() if visible is PROCESS_VISIBLE else detect_local_gpus(visible)
     if not local:
         known = ", ".join(sorted(PRESETS))
         raise WarmdInputError(
@@ -153,17 +161,22 @@ def local_target() -> Target:
     return local[0]
 
 
+def detect_local_gpus(visible: Visible = PROCESS_VISIBLE) -> tuple[Target, ...]:
+    """GPUs of this machine (those visible: a node's ids, else this process's
+    CUDA_VISIBLE_DEVICES), one Target per distinct kind with its count; empty without a
+    GPU."""
+    return _detect(settings.visible_gpu_ids() if visible is PROCESS_VISIBLE else visible)
+
+
 @cache
-def detect_local_gpus() -> tuple[Target, ...]:
-    """GPUs of this machine, one Target per distinct kind with its count; empty without a GPU."""
-    gpus = _detect_with_nvml()
+def _detect(visible: tuple[str, ...] | None) -> tuple[Target, ...]:
+    gpus = _detect_with_nvml(visible)
     if gpus is None:
         gpus = _detect_with_torch()
     return tuple(gpus or ())
 
 
-def _visible_indices(total: int) -> list[int]:
-    visible = settings.visible_gpu_ids()
+def _visible_indices(total: int, visible: tuple[str, ...] | None) -> list[int]:
     if visible is None:
         return list(range(total))
     return [int(part) for part in visible if part.isdigit() and int(part) < total]
@@ -178,7 +191,7 @@ def _group(found: list[Target]) -> list[Target]:
     return list(grouped.values())
 
 
-def _detect_with_nvml() -> list[Target] | None:
+def _detect_with_nvml(visible: tuple[str, ...] | None) -> list[Target] | None:
     try:
         import pynvml
     except ImportError:
@@ -192,7 +205,7 @@ def _detect_with_nvml() -> list[Target] | None:
         cuda_int = pynvml.nvmlSystemGetCudaDriverVersion_v2()
         cuda = f"{cuda_int // 1000}.{(cuda_int % 1000) // 10}"
         found = []
-        for index in _visible_indices(pynvml.nvmlDeviceGetCount()):
+        for index in _visible_indices(pynvml.nvmlDeviceGetCount(), visible):
             handle = pynvml.nvmlDeviceGetHandleByIndex(index)
             cap = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
             sms = _nvml_sm_count(pynvml, handle)

@@ -21,6 +21,7 @@ from store_support import isolate_capture, module_server
 from warmd.capture.scope import CaptureScope
 from warmd.capture.sharing import install_learned
 from warmd.capture.watch import Capture, CaptureTrust
+from warmd.context import NodeContext
 from warmd.libraries.flashinfer_autotune.cache import FlashInferAutotuneAdapter
 from warmd.libraries.triton.cache import TritonCacheAdapter
 from warmd.rederive import Rederiver
@@ -66,7 +67,7 @@ def capture(server, base: Path, node: str = "node-a", **kw) -> Capture:
 
 def trusted(server, base: Path) -> Rederiver:
     """The trusted producer (node B), one pass at a time."""
-    return Rederiver([scope(base)], opener(server, "node-b"))
+    return Rederiver([scope(base)], opener(server, "node-b"), NodeContext.of())
 
 
 def learned_on(server, base: Path, adapter) -> list[str]:
@@ -184,7 +185,7 @@ def produce(server, tmp_path: Path) -> tuple[list, list]:
     a = capture(server, tmp_path / "a")
     a.stop()
     counts: list[tuple[str, str, int]] = []
-    producer = Rederiver([scope(tmp_path / "b")], opener(server, "node-b"),
+    producer = Rederiver([scope(tmp_path / "b")], opener(server, "node-b"), NodeContext.of(),
                          on_count=lambda *c: counts.append(c))
     return producer.run_once(), counts
 
@@ -562,7 +563,7 @@ def test_a_flashinfer_claim_cannot_make_the_producer_embed_its_signing_key(
             "extern \"C\" int warmd_planted() { return 1; }\n")
     submit(server, tmp_path / "a", name, planted_module(tmp_path, name, code))
     counts: list[tuple[str, str, int]] = []
-    producer = Rederiver([scope(tmp_path / "b")], opener(server, "node-b"),
+    producer = Rederiver([scope(tmp_path / "b")], opener(server, "node-b"), NodeContext.of(),
                          on_count=lambda *c: counts.append(c))
     (result,) = producer.run_once()
     expected = "quarantined" if name == "gelu_tanh_and_mul" else "refused"

@@ -17,7 +17,7 @@ from warmd.cluster.address import reachable, resolve_address
 from warmd.cluster.logs import node_logger
 from warmd.cluster.nodes import RayNode, wanted_nodes
 from warmd.cluster.state import NodeState, node_records
-from warmd.cluster.work import NodeWarm, summarize, warm_node
+from warmd.cluster.work import NodeWarm, node_context, summarize, warm_node
 from warmd.config.parse import parse_config
 from warmd.errors import WarmdInputError
 from warmd.store import free_port, layout, start_server
@@ -140,7 +140,7 @@ def test_warm_node_fails_a_missing_model_and_skips_gpu_only_work_on_builders(tmp
         {"name": "gone", "path": str(tmp_path / "nowhere"), "target": "h200"},
         {"name": "dg", "path": "deepseek-v3", "target": "h200", "libraries": ["deep_gemm"]}]})
     seen = []
-    result = warm_node(config, builder=True, redis_url="off",
+    result = warm_node(config, node_context(config), builder=True, redis_url="off",
                        progress=lambda *a: seen.append(a))
     [gone] = result.to_json()["models"]  # a builder has nothing to do for a DeepGEMM-only model
     assert gone["name"] == "gone" and not gone["ok"]

@@ -132,7 +132,7 @@ def test_the_text_plan_prints_the_directories(tmp_path):
 
 def test_two_models_of_two_engines_on_one_node_each_get_their_engines_directories(
         tmp_path, monkeypatch):
-    from warmd.cluster.work import warm_node
+    from warmd.cluster.work import node_context, warm_node
 
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.delenv("XDG_CACHE_HOME")  # vLLM's root follows it
@@ -142,7 +142,7 @@ def test_two_models_of_two_engines_on_one_node_each_get_their_engines_directorie
     config = parse_config({"models": [
         {**common, "name": "v", "engine": "vllm"},
         {**common, "name": "s", "engine": "sglang"}]})
-    result = warm_node(config, redis_url="off", workers=1)
+    result = warm_node(config, node_context(config), redis_url="off", workers=1)
     assert all(m.ok for m in result.models), result.to_json()
     vllm_roots, sglang_roots = (scope.roots for scope in result.capture)
     assert vllm_roots["deep_gemm"] == str(tmp_path / ".cache" / "vllm" / "deep_gemm")

@@ -169,6 +169,7 @@ def test_names_planted_in_the_pending_index_cannot_hold_real_claims_out(server, 
                                                                         tmp_path):
     """The producer reads the oldest pending claims first, a bounded number of them: names
     without a record, planted oldest, are dropped at the first pass, not kept for ever."""
+    from warmd.context import NodeContext
     from warmd.rederive import rederive_pending
     from warmd.store.pending import MAX_PENDING_LISTED
 
@@ -180,6 +181,6 @@ def test_names_planted_in_the_pending_index_cannot_hold_real_claims_out(server, 
     key = layout.claims_key(cache.fingerprint(adapter).digest)
     client.zadd(key, {f"kernel.fake{i}.0001": 0 for i in range(MAX_PENDING_LISTED)})
     assert "kernel.real.0001" not in cache.pending(adapter)  # held out by the planted names
-    results = rederive_pending(cache, adapter)
+    results = rederive_pending(cache, adapter, NodeContext.of())
     assert sum(r.outcome == "refused" for r in results) == MAX_PENDING_LISTED
     assert cache.pending(adapter) == ["kernel.real.0001"]

@@ -12,10 +12,12 @@ from warmd.probes import LibraryProbe
 
 @dataclass(frozen=True)
 class _TestRoot(CacheRoot):
-    """Not a warmd knob: tests always give warmup this library's root."""
+    """Not a warmd knob: tests give warmup this library's root, or a node context that
+    holds it (NodeContext.of({ROOT_ENV: ...}))."""
 
-    def default(self) -> Path:
-        return Path("/nonexistent/testlib-root")
+    def default(self, environ=None) -> Path:
+        given = (environ or {}).get(ROOT_ENV)
+        return Path(given) if given else Path("/nonexistent/testlib-root")
 
 
 def probe() -> LibraryProbe:

@@ -57,7 +57,7 @@ def test_one_worker_per_gpu_with_distinct_visible_devices(monkeypatch):
     from warmd.warmup.workers import gpu_env
 
     fake = Target("NVIDIA H200", (9, 0), 132, count=4, source="fake")
-    monkeypatch.setattr(sizing, "_local_gpus", lambda: (fake,))
+    monkeypatch.setattr(sizing, "_local_gpus", lambda _visible: (fake,))
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     ids = sizing.gpu_ids(WarmupOptions())
     assert ids == ["0", "1", "2", "3"]

@@ -15,7 +15,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from warmd import knobs
 from warmd.cache.base import CacheAdapter, CacheEntry, UnsafeArtifact
 from warmd.cache.records import recorded_entries
 from warmd.capture.scope import CaptureScope, adapters_for
@@ -91,11 +90,10 @@ class Capture:
                  open_shared: Callable[[Target], SharedCache | None],
                  on_runtime_jit: JitCallback | None = None,
                  on_count: CountCallback | None = None, inotify: bool = True,
-                 poll_seconds: float = POLL_SECONDS, env: dict[str, str] | None = None,
+                 poll_seconds: float = POLL_SECONDS,
                  trust: CaptureTrust = CaptureTrust.REDERIVE,
                  on_started: Callable[[], None] | None = None) -> None:
         self.node = node
-        self.env = env or {}  # the node's warm environment (namespace, key file)
         self.trust = CaptureTrust(trust)
         self.on_runtime_jit = on_runtime_jit
         self.on_count = on_count
@@ -151,9 +149,9 @@ class Capture:
 
     def start(self) -> None:
         """Start the capture's thread and return at once: it scans (sharing what no task
-        and no learned or pending record names), then watches. The scan runs in the node's
-        warm environment, where each cache's fingerprint is taken (namespace salt, signing
-        key), so the capture shares where the warmup reads."""
+        and no learned or pending record names), then watches. ``open_shared`` opens each
+        target's shared cache with the node's context (namespace salt, signing key), so the
+        capture shares where the warmup reads."""
         self._thread = threading.Thread(target=self._run, name="warmd-capture", daemon=True)
         self._thread.start()
 
@@ -163,11 +161,10 @@ class Capture:
 
     def _run(self) -> None:
         try:
-            with knobs.scoped_env(self.env):
-                for watched in self._watched:
-                    if self._stop.is_set():
-                        return
-                    self._catch_up(watched)
+            for watched in self._watched:
+                if self._stop.is_set():
+                    return
+                self._catch_up(watched)
             if self.inotify and not self._stop.is_set():
                 self._observer = _start_watcher(
                     [d for w in self._watched for d in w.adapter.watch_dirs()], self._dirty.set)
@@ -211,8 +208,7 @@ class Capture:
             if self._stop.is_set():
                 return
             try:
-                with knobs.scoped_env(self.env):
-                    self.scan()
+                self.scan()
             except Exception:  # a capture problem must never take the agent down
                 log.exception("capture scan failed")
 
@@ -224,7 +220,7 @@ class Capture:
         if watched.shared is None or self.trust is CaptureTrust.OFF:
             return
         shared_already: set[str] = set()
-        for plan in watched.plans:  # also fixes the cache's fingerprint, in self.env
+        for plan in watched.plans:  # also fixes the cache's fingerprint
             shared_already.update(watched.shared.learned(watched.adapter, plan))
         if self.trust is CaptureTrust.REDERIVE:
             shared_already.update(watched.shared.pending(watched.adapter))

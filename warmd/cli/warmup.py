@@ -30,9 +30,10 @@ from warmd.cli.warmup_view import (
     without_interrupted,
 )
 from warmd.cluster.state import DEGRADED, FAILED
-from warmd.cluster.work import NodeSummary, NodeWarm, summarize, warm_node
+from warmd.cluster.work import NodeSummary, NodeWarm, node_context, summarize, warm_node
 from warmd.config import WarmdConfig
 from warmd.config.load import load_config
+from warmd.context import NodeContext
 from warmd.errors import WarmdInputError
 from warmd.libraries import LIBRARIES
 from warmd.plan import PlanRequest, make_plan
@@ -82,6 +83,7 @@ def warmup_from_config(path: str, *, redis_url: str | None = None, no_shared: bo
     config = load_config(path, redis_url=redis_url)
     check_models(config)  # a model no node can plan is bad input, said first
     url = STORE_OFF[0] if no_shared else config.redis.url
+    context = node_context(config)
 
     def progress(model: str, done: int, total: int) -> None:
         if total and not as_json:
@@ -91,8 +93,8 @@ def warmup_from_config(path: str, *, redis_url: str | None = None, no_shared: bo
         if begun and not as_json:
             print(f"warmup: building {label}", file=sys.stderr, flush=True)
 
-    result = warm_node(config, builder=not detect_local_gpus(), redis_url=url,
-                       progress=progress, workers=workers, building=building)
+    result = warm_node(config, context, builder=not detect_local_gpus(context.visible_gpu_ids),
+                       redis_url=url, progress=progress, workers=workers, building=building)
     summary = summarize([result])
     if as_json:
         print(json.dumps({**summary.to_json(), "models": [m.to_json() for m in result.models],
@@ -157,16 +159,18 @@ def warmup(request: PlanRequest, libraries: tuple[str, ...], task_filter: str | 
                                     no_shared=no_shared, workers=workers, as_json=as_json))
     require_model(request)
     began = time.monotonic()
-    plan = make_plan(request)
+    context = NodeContext.of()
+    plan = make_plan(request, context.environ)
     planned = time.monotonic()
     options = WarmupOptions(libraries=libraries, task_filter=task_filter, workers=workers,
-                            verify_load=verify_load, kernel_split=not per_task)
+                            verify_load=verify_load, kernel_split=not per_task,
+                            context=context)
     if single_flight_timeout is not None:
         options.single_flight_timeout = single_flight_timeout
     selected = options.select(plan.tasks)  # a bad regex is bad input: exit 2 before any work
     if not selected:
         _refuse_empty_selection(plan.tasks, options)
-    shared = None if no_shared else open_shared(redis_url, plan)
+    shared = None if no_shared else open_shared(redis_url, plan, context)
     opened = time.monotonic()
     for line in wrapped(plan_line(plan.key, selected, *estimate(shared, selected))):
         click.echo(line, err=True)
@@ -251,7 +255,7 @@ def _refuse_empty_selection(tasks, options: WarmupOptions) -> None:
                           f"{', '.join(have)}; keys: `warmd plan`)")
 
 
-def open_shared(url: str | None, plan) -> SharedCache | None:
+def open_shared(url: str | None, plan, context: NodeContext) -> SharedCache | None:
     """The store's shared cache, or None when this warmd has no store module."""
     try:
         from warmd.store import open_shared_cache
@@ -261,7 +265,7 @@ def open_shared(url: str | None, plan) -> SharedCache | None:
         click.echo("warmd: shared cache unavailable in this install; warming locally only",
                    err=True)
         return None
-    return open_shared_cache(url, target=plan.env.target)
+    return open_shared_cache(url, context, target=plan.env.target)
 
 
 

@@ -15,7 +15,7 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from warmd import knobs, settings
+from warmd import settings
 from warmd.capture.watch import MAX_EVENTS
 from warmd.cluster import ray_api
 from warmd.cluster.decisions import RetryBackoff
@@ -26,13 +26,14 @@ from warmd.cluster.state import WARM_STATES, NodeState, NodeStatus, node_records
 from warmd.cluster.work import (
     ModelResult,
     NodeWarm,
-    node_env,
+    node_context,
     node_serves,
     summarize,
     warm_node,
 )
 from warmd.config import WarmdConfig
 from warmd.config.parse import config_from_json
+from warmd.context import NodeContext
 
 if TYPE_CHECKING:
     from warmd.capture.scope import CaptureScope
@@ -43,8 +44,10 @@ RETRY_FIRST, RETRY_MAX = 30.0, 600.0  # seconds before a FAILED node warms again
 def warm_shard(config_json: dict, builder: bool, shard: int, shards: int,
                redis_url: str | None, node_name: str, agent=None,
                serves: bool | None = None) -> dict:
-    """One worker's share of the node's warmup (runs as a Ray task on the agent's node)."""
+    """One worker's share of the node's warmup (runs as a Ray task on the agent's node, in
+    a process of its own: the top of its work, which builds its context)."""
     config = config_from_json(config_json)
+    context = node_context(config, node_name)
     log = node_logger("worker", ray_api.current_node_id())
 
     def progress(model: str, done: int, total: int) -> None:
@@ -56,9 +59,9 @@ def warm_shard(config_json: dict, builder: bool, shard: int, shards: int,
         if agent is not None:
             ray_api.call_later(agent.report_building, label, begun)
 
-    result = warm_node(config, builder=builder, shard=shard, shards=shards,
-                       redis_url=redis_url, node_name=node_name, progress=progress,
-                       serves=serves, building=building)
+    result = warm_node(config, context, builder=builder, shard=shard, shards=shards,
+                       redis_url=redis_url, progress=progress, serves=serves,
+                       building=building)
     log.info("shard %d/%d done in %.1fs", shard + 1, shards, result.seconds,
              extra={"models": [(m.name, m.ok) for m in result.models]})
     return result.to_json()  # what crosses Ray
@@ -231,10 +234,9 @@ class NodeAgent:
         visible = {} if builder else {
             "CUDA_VISIBLE_DEVICES": ",".join(map(str, range(self.state.gpus)))}
         try:
-            with knobs.scoped_env(visible):
-                warm = warm_node(config, builder=builder, redis_url=url,
-                                 node_name=self.node_name, warm_only=True, peers=self.peers,
-                                 serves=serves)
+            context = node_context(config, self.node_name).with_variables(visible)
+            warm = warm_node(config, context, builder=builder, redis_url=url, warm_only=True,
+                             peers=self.peers, serves=serves)
         except Exception:  # only a shortcut: the workers below decide
             self.log.exception("warm check failed")
             warm = NodeWarm([], warm=False)
@@ -276,7 +278,7 @@ class NodeAgent:
         heartbeats."""
         from warmd.capture.watch import Capture, CaptureTrust
 
-        env = node_env(self.config, self.node_name)
+        context = node_context(self.config, self.node_name)
         trust = CaptureTrust(self.config.capture.trust)
 
         def open_shared(target):
@@ -284,13 +286,12 @@ class NodeAgent:
 
             if settings.store_is_off(url):
                 return None
-            with knobs.scoped_env(env):  # the signing key the warmup used
-                return open_shared_cache(url, target=target, node=self.node_name)
+            return open_shared_cache(url, context, target=target, node=self.node_name)
 
         try:
             capture = Capture(self.node_name, scopes, open_shared,
                               on_runtime_jit=self._runtime_jit, on_count=self._capture_count,
-                              env=env, trust=trust, on_started=self._note_capture)
+                              trust=trust, on_started=self._note_capture)
             capture.start()
         except Exception:  # the node is warm either way; say why nothing is watched
             self.log.exception("capture did not start")
@@ -299,13 +300,13 @@ class NodeAgent:
         self._note_capture()
         if trust is CaptureTrust.REDERIVE and self.node_name in \
                 self.config.capture.rederive_nodes:
-            self._start_rederiver(scopes, open_shared, env)
+            self._start_rederiver(scopes, open_shared, context)
 
-    def _start_rederiver(self, scopes, open_shared, env: dict[str, str]) -> None:
+    def _start_rederiver(self, scopes, open_shared, context: NodeContext) -> None:
         from warmd.rederive import Rederiver
 
         try:
-            rederiver = Rederiver(scopes, open_shared, on_count=self._capture_count, env=env,
+            rederiver = Rederiver(scopes, open_shared, context, on_count=self._capture_count,
                                   on_result=self._rederived)
             rederiver.start()
         except Exception:

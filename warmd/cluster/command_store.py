@@ -12,6 +12,7 @@ from warmd.cluster.state import node_records
 from warmd.cluster.status import StoreSize
 from warmd.config import WarmdConfig, expand_path
 from warmd.config.load import load_config
+from warmd.context import NodeContext
 
 
 @dataclass(frozen=True)
@@ -26,13 +27,13 @@ class CommandStore:
     problem: str | None = None
     embedded_dir: str | None = None  # the stopped embedded server's data, when kept
 
-    def env(self) -> dict[str, str]:
-        """The variables that make this process see the store as the daemon does: the
-        namespace (part of every fingerprint) and the signing key file."""
+    def context(self) -> NodeContext:
+        """This process's context, seeing the store as the daemon does: its namespace (part
+        of every fingerprint) and its signing key file over the environment."""
         env = {"WARMD_NAMESPACE": self.namespace}
         if self.signing_key_file:
             env["WARMD_SIGNING_KEY_FILE"] = expand_path(self.signing_key_file)
-        return env
+        return NodeContext.of(env)
 
 
 def command_store(config_path: str | None = None, redis_url: str | None = None,

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 from warmd import knobs, settings
 from warmd.cluster.state import DEGRADED, FAILED, READY
 from warmd.config import ModelConfig, WarmdConfig, expand_path
+from warmd.context import NodeContext
 from warmd.coordination import BootReport
 from warmd.errors import WarmdInputError
 from warmd.stats import Counters
@@ -129,17 +130,21 @@ def node_serves(gpus: int, cluster_gpus: int) -> bool:
     return gpus > 0 or cluster_gpus == 0
 
 
-def node_env(config: WarmdConfig, node_name: str | None = None) -> dict[str, str]:
-    """Environment of this node's warm work: cache roots, namespace, key file, node name."""
+def node_context(config: WarmdConfig, node_name: str | None = None,
+                 base: NodeContext | None = None) -> NodeContext:
+    """This node's context for the config's work: the config's cache roots, namespace, key
+    file and Triton modules over this process's environment (or over base's variables),
+    and node_name unless WARMD_NODE_NAME names the node."""
     env = dict(config.cache.env())
     env["WARMD_NAMESPACE"] = config.redis.namespace
     if config.signing_key_file:
         env["WARMD_SIGNING_KEY_FILE"] = expand_path(config.signing_key_file)
     if config.capture.triton_modules:
         env["WARMD_TRITON_MODULES"] = ",".join(config.capture.triton_modules)
-    if node_name and not knobs.is_set("WARMD_NODE_NAME"):
+    given = base.environ if base is not None else None
+    if node_name and not knobs.is_set("WARMD_NODE_NAME", given):
         env["WARMD_NODE_NAME"] = node_name
-    return env
+    return NodeContext.of(env, given)
 
 
 def model_libraries(model: ModelConfig, builder: bool, shared: bool = True
@@ -158,18 +163,19 @@ def model_libraries(model: ModelConfig, builder: bool, shared: bool = True
     return wanted or None
 
 
-def _plan(model: ModelConfig, builder_target: str | None):
+def _plan(model: ModelConfig, builder_target: str | None, context: NodeContext):
     from warmd.plan import make_plan
 
-    return make_plan(model.plan_request(target=builder_target))
+    return make_plan(model.plan_request(target=builder_target), context.environ)
 
 
-def warm_node(config: WarmdConfig, *, builder: bool = False, shard: int = 0, shards: int = 1,
-              redis_url: str | None = None, node_name: str | None = None,
+def warm_node(config: WarmdConfig, context: NodeContext, *, builder: bool = False,
+              shard: int = 0, shards: int = 1, redis_url: str | None = None,
               progress: ProgressFn | None = None, workers: int | None = 1,
               warm_only: bool = False, peers: BlobPeers | None = None,
               serves: bool | None = None, building: BuildingFn | None = None) -> NodeWarm:
-    """Warm this worker's share (tasks shard, shard+shards, ...) of every configured model.
+    """Warm this worker's share (tasks shard, shard+shards, ...) of every configured model,
+    with the node's context (node_context: its cache roots, store settings, GPUs).
 
     Never raises for a model, a task or the store: each model's result says what happened.
     The first worker of a node that serves (``serves``; by default a GPU node, not a builder)
@@ -185,23 +191,22 @@ def warm_node(config: WarmdConfig, *, builder: bool = False, shard: int = 0, sha
     started = time.monotonic()
     learn = shard == 0 and (not builder if serves is None else serves)
     store = StoreHealth()
-    with knobs.scoped_env(node_env(config, node_name)):
-        results, planned = _plan_all(config, builder, shard, shards, progress, workers,
-                                     warm_only, not settings.store_is_off(redis_url))
-        warm = True
-        for model, plan, options, result in planned:
-            warm &= _warm_model(model, plan, options, result, redis_url, store, progress,
-                                learn, peers, building)
-        roots = [options.for_plan(plan).cache_roots for _m, plan, options, _r in planned]
-        sizes = cache_bytes(roots)
-        scopes = [scope_of(plan, options.for_plan(plan).cache_roots)
-                  for _m, plan, options, result in planned if learn and result.ok]
+    results, planned = _plan_all(config, context, builder, shard, shards, progress, workers,
+                                 warm_only, not settings.store_is_off(redis_url))
+    warm = True
+    for model, plan, options, result in planned:
+        warm &= _warm_model(model, plan, options, result, redis_url, store, progress,
+                            learn, peers, building)
+    roots = [options.for_plan(plan).cache_roots for _m, plan, options, _r in planned]
+    sizes = cache_bytes(roots)
+    scopes = [scope_of(plan, options.for_plan(plan).cache_roots)
+              for _m, plan, options, result in planned if learn and result.ok]
     return NodeWarm(results, store, sizes, scopes, round(time.monotonic() - started, 3), warm)
 
 
-def _plan_all(config: WarmdConfig, builder: bool, shard: int, shards: int,
-              progress: ProgressFn | None, workers: int | None, warm_only: bool = False,
-              shared: bool = True):
+def _plan_all(config: WarmdConfig, context: NodeContext, builder: bool, shard: int,
+              shards: int, progress: ProgressFn | None, workers: int | None,
+              warm_only: bool = False, shared: bool = True):
     """Plan every model first, so that progress knows the whole amount of work."""
     from warmd.warmup import WarmupOptions
 
@@ -214,9 +219,10 @@ def _plan_all(config: WarmdConfig, builder: bool, shard: int, shards: int,
         result = ModelResult(model.name)
         results.append(result)
         options = WarmupOptions(libraries=libraries, task_filter=model.task_filter,
-                                workers=workers, warm_only=warm_only, builder=builder)
+                                workers=workers, warm_only=warm_only, builder=builder,
+                                context=context)
         try:
-            plan = _plan(model, target)
+            plan = _plan(model, target, context)
             mine = tuple(options.select(plan.tasks)[shard::shards])
         except WarmdInputError as exc:
             result.ok, result.reason = False, f"model {model.name}: {exc}"
@@ -228,14 +234,14 @@ def _plan_all(config: WarmdConfig, builder: bool, shard: int, shards: int,
     return results, planned
 
 
-def _open_shared(redis_url: str | None, plan, store: StoreHealth,
+def _open_shared(redis_url: str | None, plan, store: StoreHealth, context: NodeContext,
                  peers: BlobPeers | None = None):
     from warmd.store import open_shared_cache
 
     if settings.store_is_off(redis_url):
         return None
     try:
-        shared = open_shared_cache(redis_url, target=plan.env.target, peers=peers)
+        shared = open_shared_cache(redis_url, context, target=plan.env.target, peers=peers)
     except WarmdInputError as exc:  # unreadable key file, malformed URL
         store.ok, store.reason = False, f"shared cache not used: {exc}"
         return None
@@ -249,7 +255,7 @@ def _warm_model(model: ModelConfig, plan, options, result: ModelResult, redis_ur
     """Run the model's warmup into result; False when warm_only left tasks unrun."""
     from warmd.warmup import run_warmup
 
-    shared = _open_shared(redis_url, plan, store, peers)
+    shared = _open_shared(redis_url, plan, store, options.context, peers)
 
     def on_task(_report, done: int, total: int) -> None:
         if progress is not None:

@@ -230,10 +230,12 @@ def _absolute(variable: str, value: str) -> str:
 
 
 def process_cache_dirs(engine: str, version: Version | None,
-                       overlay: tuple[tuple[str, str], ...] = ()) -> CacheDirs:
-    """The directories the engine reads when started from this process's environment,
-    overlaid with ``overlay`` (a warmd.yaml model's `env:`, a serve line's variables)."""
+                       overlay: tuple[tuple[str, str], ...] = (),
+                       environ: Mapping[str, str] | None = None) -> CacheDirs:
+    """The directories the engine reads when started from a node's variables (default:
+    this process's environment), overlaid with ``overlay`` (a warmd.yaml model's `env:`, a
+    serve line's variables)."""
     from warmd import knobs
 
-    env = {**knobs.present(CACHE_VARIABLES), **dict(overlay)}
+    env = {**knobs.present(CACHE_VARIABLES, environ), **dict(overlay)}
     return resolve(engine, env, knobs.home(), version)

@@ -76,12 +76,12 @@ _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 
 
-def process_engine_env() -> dict[str, str]:
-    """The engine variables of this process's environment, read through warmd's one knob
-    table (knobs.ENGINE_KERNEL_ENV)."""
+def process_engine_env(node_environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The engine variables of a node's variables (default: this process's environment),
+    read through warmd's one knob table (knobs.ENGINE_KERNEL_ENV)."""
     from warmd import settings
 
-    environ = settings.engine_kernel_env()
+    environ = settings.engine_kernel_env(node_environ)
     found = {name: environ[name] for name in BY_NAME if name in environ}
     for old, new in ALIASES.items():
         if old in environ and new not in found:

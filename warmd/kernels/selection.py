@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from warmd import settings
@@ -38,9 +39,10 @@ class Selection:
     rejected: tuple[Rejection, ...]
 
 
-def disabled_kernels_from_env() -> frozenset[str]:
-    """Kernels WARMD_DISABLED_KERNELS names (VLLM_DISABLED_KERNELS: warmd.engines.decide_vllm)."""
-    return settings.disabled_kernels()
+def disabled_kernels_from_env(environ: Mapping[str, str] | None = None) -> frozenset[str]:
+    """Kernels WARMD_DISABLED_KERNELS names (VLLM_DISABLED_KERNELS: warmd.engines.decide_vllm)
+    in a node's variables (default: this process's environment)."""
+    return settings.disabled_kernels(environ)
 
 
 def check_kernel_names(names: frozenset[str] | set[str]) -> None:

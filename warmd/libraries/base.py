@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,9 +34,10 @@ class CacheRoot:
     config_key: str
     env: str
 
-    def default(self) -> Path:
-        """The root as this process's environment sets it (or its default)."""
-        return knobs.get(self.env)
+    def default(self, environ: Mapping[str, str] | None = None) -> Path:
+        """The root as a node's variables set it (default: this process's environment), or
+        its default."""
+        return knobs.get(self.env, environ)
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 if TYPE_CHECKING:
     from warmd.cache.base import CacheAdapter
     from warmd.cache.rederived import Rederived
+    from warmd.context import NodeContext
     from warmd.engines.cache_dirs import CacheDirs
     from warmd.executors.base import Executor, KernelStage, StageCluster
     from warmd.tasks import Task
@@ -78,10 +79,11 @@ class LibraryPlugin(Protocol):
         task is the unit."""
         return None
 
-    def rederive(self, adapter: CacheAdapter, name: str, artifact: bytes, scratch: Path
-                 ) -> Rederived:
+    def rederive(self, adapter: CacheAdapter, name: str, artifact: bytes, scratch: Path,
+                 context: NodeContext) -> Rederived:
         """Rebuild a captured entry ``name`` (its claimed ``artifact``) from what it was
-        built from, in ``scratch``, as a trusted producer does (warmd.rederive); called only
+        built from, in ``scratch``, as a trusted producer does (warmd.rederive), with the
+        producer's context (its rebuild processes get ``context.child_env()``); called only
         when ``rederivation`` is set."""
         from warmd.cache.rederived import CannotRederiveHere
 

@@ -14,8 +14,10 @@ everything else in the package is the Redis backend's own business.
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 from warmd import settings
+from warmd.context import NodeContext
 from warmd.errors import WarmdInputError
 from warmd.store.api import NodeRecords, SharedCache, StoreFailed
 from warmd.store.connection import StoreURL, parse_store_url, redact
@@ -44,39 +46,46 @@ __all__ = ["EmbeddedServerError", "Fingerprint", "NodeRecords", "ServerProcess",
            "stop_embedded"]
 
 
-def resolve_store_url(url: str | None = None) -> tuple[StoreURL | None, object]:
+def resolve_store_url(url: str | None = None, state_dir: Path | None = None
+                      ) -> tuple[StoreURL | None, object]:
     """(store URL, embedded server or None): an explicit URL, else WARMD_REDIS_URL, else the
-    embedded server (started if needed). 'off' gives (None, None). Raises WarmdInputError for
-    a malformed URL and EmbeddedServerError when no embedded server can run."""
+    embedded server of state_dir (default: this process's; started if needed). 'off' gives
+    (None, None). Raises WarmdInputError for a malformed URL and EmbeddedServerError when no
+    embedded server can run."""
     protect_environment()
     url = url or settings.redis_url()
     if settings.store_is_off(url):
         return None, None
     if url:
         return parse_store_url(url), None
-    server = ensure_embedded()
+    server = ensure_embedded(state_dir)
     return parse_store_url(server.url), server
 
 
-def signing_key() -> bytes | None:
+def signing_key(context: NodeContext) -> bytes | None:
     try:
-        return settings.signing_key()
+        return context.signing_key()
     except OSError as exc:
         raise WarmdInputError(f"cannot read WARMD_SIGNING_KEY_FILE: {exc.strerror}: "
                               f"{exc.filename}") from None
 
 
-def open_shared_cache(url: str | None = None, **kw) -> SharedCache:
-    """The shared cache for this process (the one factory); never raises for an unreachable
+def open_shared_cache(url: str | None = None, context: NodeContext | None = None,
+                      **kw) -> SharedCache:
+    """The shared cache of a node (the one factory); never raises for an unreachable
     store (it then degrades to misses), only for bad input (a malformed URL, an unreadable
     key file). A second backend is chosen here, by the URL's scheme.
 
-    Keyword arguments go to the backend: target (the plan's Target, part of every
-    fingerprint), node, lease_seconds, poll_interval, socket_timeout, ttl_seconds...
+    ``context``: the node's settings (namespace, signing key, node name, bounds; default:
+    this process's environment). Keyword arguments go to the backend: target (the plan's
+    Target, part of every fingerprint), node, lease_seconds, poll_interval, socket_timeout,
+    ttl_seconds...
     """
-    key = kw.pop("signing_key", None) or signing_key()
+    context = context or NodeContext.of()
+    kw["context"] = context
+    key = kw.pop("signing_key", None) or signing_key(context)
     try:
-        store_url, server = resolve_store_url(url)
+        store_url, server = resolve_store_url(url, context.state_dir)
     except EmbeddedServerError as exc:
         log.warning("shared cache disabled: %s", exc)
         return RedisSharedCache(None, signing_key=key, disabled_reason=str(exc), **kw)

@@ -45,8 +45,9 @@ log = logging.getLogger("warmd.store")
 
 
 class StoreStats:
-    def __init__(self, node: str) -> None:
+    def __init__(self, node: str, state_dir: Path | None = None) -> None:
         self.node = node
+        self.state_dir = state_dir  # where unflushed counters are kept (None: this process's)
         self.transport: RedisTransport | None = None  # set once the transport exists
         self._lock = threading.Lock()
         self._counts: dict[str, float] = {}
@@ -187,7 +188,7 @@ class StoreStats:
     def _spool_dir(self) -> Path | None:
         if self.store_id is None:
             return None
-        return settings.state_dir() / "store-stats" / self.store_id
+        return (self.state_dir or settings.state_dir()) / "store-stats" / self.store_id
 
     def _claim_spool(self) -> list[tuple[Path, dict]]:
         """Spooled counter files of this store, each renamed to be this process's alone."""

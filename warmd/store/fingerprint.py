@@ -90,9 +90,11 @@ def digest_of(inputs: dict) -> str:
     return hashlib.sha256(blob).hexdigest()[:DIGEST_HEX]
 
 
-def compute_fingerprint(adapter: CacheAdapter, target: Target | None = None) -> Fingerprint:
-    """This node's fingerprint for one library's cache."""
+def compute_fingerprint(adapter: CacheAdapter, target: Target | None = None,
+                        namespace: str | None = None) -> Fingerprint:
+    """This node's fingerprint for one library's cache (namespace: the node's salt;
+    default: WARMD_NAMESPACE of this process's environment)."""
     from warmd.libraries import probe_library  # the registry loads every library's kernels
 
     toolkit = probe_library("nvcc").version
-    return fingerprint_of(adapter.library, adapter_inputs(adapter), target, toolkit=toolkit)
+    return fingerprint_of(adapter.library, adapter_inputs(adapter), target, namespace, toolkit)

@@ -25,8 +25,8 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from warmd import settings
 from warmd.cache.base import CacheAdapter, CacheEntry
+from warmd.context import NodeContext
 from warmd.coordination import Claim, KernelList, WorkKind
 from warmd.store import claimid, formats, history, layout
 from warmd.store.api import BlobPeers, Publication, SharedCache, StoreFailed
@@ -67,20 +67,25 @@ class RedisSharedCache(SharedCache):
                  breaker: CircuitBreaker | None = None, disabled_reason: str | None = None,
                  embedded: Any = None, join_budget: float | None = None,
                  peers: BlobPeers | None = None,
-                 kernel_lease_seconds: float = KERNEL_LEASE_SECONDS) -> None:
-        node = node or settings.node_name()
-        self.stats = StoreStats(node)
+                 kernel_lease_seconds: float = KERNEL_LEASE_SECONDS,
+                 context: NodeContext | None = None) -> None:
+        # the node's settings (default: this process's environment); an argument wins
+        context = context or NodeContext.of()
+        store = context.store
+        node = node or context.node_name()
+        self.stats = StoreStats(node, context.state_dir)
         self.transport = RedisTransport(
             store_url, connect_timeout=connect_timeout,
-            socket_timeout=socket_timeout or settings.redis_timeout(), breaker=breaker,
+            socket_timeout=socket_timeout or store.timeout, breaker=breaker,
             disabled_reason=disabled_reason, count=self.stats.count,
-            budget=JoinBudget(join_budget or settings.redis_join_budget()))
+            budget=JoinBudget(join_budget or store.join_budget))
         self.stats.transport = self.transport
         self.session = Session(
             self.transport, self.stats, node, target, signing_key,
-            ttl_ms=int((ttl_seconds or settings.cache_ttl_seconds()) * 1000),
+            ttl_ms=int((ttl_seconds or store.ttl_seconds) * 1000),
             lease_ms=_lease_ms(lease_seconds), poll_interval=poll_interval,
-            max_artifact_bytes=max_artifact_bytes or settings.max_artifact_bytes())
+            max_artifact_bytes=max_artifact_bytes or store.max_artifact_bytes,
+            namespace=store.namespace)
         stale = StaleRecords()  # Entries notes them, Leases reads them, Publisher clears them
         self.refusals = Refusals(self.session)
         self.blobs = Blobs(self.session, peers)

@@ -58,6 +58,7 @@ class Session:
     lease_ms: int
     poll_interval: float
     max_artifact_bytes: int
+    namespace: str  # the salt of every fingerprint
     read_only: bool = False  # learnt from the first write the store's ACL refuses
     task_fp: dict[str, str] = field(default_factory=dict)  # task -> fingerprint digest
     # What this process counted already, so a fetch repeated per task counts nothing twice:
@@ -80,7 +81,7 @@ class Session:
         unique)."""
         found = self._fingerprints.get(id(adapter))
         if found is None:
-            fp = compute_fingerprint(adapter, self.target)
+            fp = compute_fingerprint(adapter, self.target, self.namespace)
             self._fingerprints[id(adapter)] = (adapter, fp)
             self.stats.library_fingerprint(adapter.library, fp.digest)
             return fp

@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from warmd import settings
+from warmd.context import NodeContext
 from warmd.errors import WarmdInputError
 from warmd.plan import Plan
 from warmd.tasks import Task
@@ -21,25 +21,30 @@ class WarmupOptions:
     # library -> the cache root its workers compile into; missing: the one the plan's engine
     # reads (Plan.dirs(); for_plan fills them in)
     cache_roots: dict[str, Path] = field(default_factory=dict)
-    # the longest another node's claim is waited on (default: WARMD_SINGLE_FLIGHT_TIMEOUT)
-    single_flight_timeout: float = field(default_factory=settings.single_flight_timeout)
+    # the longest another node's claim is waited on (None: the context's)
+    single_flight_timeout: float | None = None
     verify_load: bool = False  # replay warm tasks through the library (loads every kernel)
     kernel_split: bool = True  # let libraries split cold tasks below the task
     warm_only: bool = False  # finish only if no task needs a library; else run nothing
     # a node without a GPU building for the plan's target: its caches describe that GPU,
     # and a library that needs a GPU to run its tasks builds only what a kernel list names
     builder: bool = False
+    # the node's settings (cache roots, GPUs, store): its top builds it once; default: this
+    # process's environment
+    context: NodeContext = field(default_factory=NodeContext.of)
 
     def __post_init__(self) -> None:
         self.cache_roots = {name: Path(root) for name, root in self.cache_roots.items()}
+        if self.single_flight_timeout is None:
+            self.single_flight_timeout = self.context.store.single_flight_timeout
 
     def for_plan(self, plan: Plan) -> WarmupOptions:
         """These options with every library's cache root: the one given, else the one the
-        plan's engine reads (a library no engine rule covers: this process's setting)."""
+        plan's engine reads (a library no engine rule covers: the context's setting)."""
         from warmd.libraries import LIBRARIES  # the registry loads every library's kernels
 
         dirs = plan.dirs()
-        roots = {name: dirs.root(lib.root.env) or lib.root.default()
+        roots = {name: dirs.root(lib.root.env) or lib.root.default(self.context.environ)
                  for name, lib in LIBRARIES.items()}
         return replace(self, cache_roots={**roots, **self.cache_roots})
 

@@ -4,25 +4,25 @@ from __future__ import annotations
 
 import os
 
-from warmd import settings
 from warmd.warmup.options import WarmupOptions
 
 GPU_WORKERS_PER_GPU = 4  # processes sharing one GPU (each holds a CUDA context and inputs)
 GIB_PER_COMPILE = 2  # memory one nvcc or ninja job may take
 
 
-def _local_gpus():
+def _local_gpus(visible: tuple[str, ...] | None):
     from warmd.targets import detect_local_gpus
 
-    return detect_local_gpus()
+    return detect_local_gpus(visible)
 
 
 def gpu_ids(options: WarmupOptions) -> list[str]:
-    """The GPUs the workers share out: the options', else the visible ones."""
+    """The GPUs the workers share out: the options', else the ones visible to the node's
+    context."""
     if options.gpu_ids is not None:
         return list(options.gpu_ids)
-    visible = settings.visible_gpu_ids()
-    total = sum(g.count for g in _local_gpus())
+    visible = options.context.visible_gpu_ids
+    total = sum(g.count for g in _local_gpus(visible))
     if visible is not None:
         return list(visible[:total])
     return [str(i) for i in range(total)]

@@ -9,7 +9,6 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from warmd import knobs
 from warmd.errors import WarmdInputError
 from warmd.executors.pool import Worker
 from warmd.tasks import Task
@@ -25,12 +24,12 @@ log = logging.getLogger(__name__)
 
 
 def worker_env(plan: Plan, options: WarmupOptions, libraries: set[str]) -> dict[str, str]:
-    """Every cache variable as the plan's engine holds it, every library's cache root, and
-    what the libraries of these tasks need set before they are imported (FlashInfer: its
-    arch, a stub libcuda...)."""
+    """The node's variables (its context's), every cache variable as the plan's engine
+    holds it, every library's cache root, and what the libraries of these tasks need set
+    before they are imported (FlashInfer: its arch, a stub libcuda...)."""
     from warmd.libraries import LIBRARIES
 
-    env = plan.dirs().child_env()
+    env = {**options.context.child_env(), **plan.dirs().child_env()}
     for name, registered in LIBRARIES.items():
         root = options.cache_roots[name]
         env[registered.root.env] = str(root)
@@ -69,7 +68,7 @@ def start_workers(run: RunState, cold: list[Task]) -> list[Worker]:
             with lock:
                 if not shared_env:
                     env = {**worker_env(run.plan, options, libraries), **extra}
-                    if not knobs.is_set("MAX_JOBS"):
+                    if not options.context.is_set("MAX_JOBS"):
                         env["MAX_JOBS"] = per_build  # ninja's own -j, sharing the cores
                     shared_env.append(env)
             return gpu_env(shared_env[0], ids, index)

@@ -7,8 +7,7 @@ import json
 
 import click
 
-from warmd import knobs
-from warmd.cli.cache.options import echo_json, fail, json_option, opened_store, store_options
+from warmd.cli.cache.options import echo_json, fail, json_option, opened, store_options
 from warmd.cli.render import console_width, fold, wrapped
 from warmd.errors import WarmdInputError
 
@@ -53,18 +52,18 @@ def fingerprint(libraries, target, capability, sms, config_path, explain, as_jso
 
     resolved = resolve_target(target, capability, sms)
     results = []
-    with knobs.scoped_env(command_store(config_path).env()):
-        for library, adapter in _adapters(tuple(libraries), resolved):
-            if adapter is None:
-                results.append({"library": library, "digest": None, "inputs": {},
-                                "error": f"{library} is not installed here"})
-                continue
-            item = compute_fingerprint(adapter, resolved).to_json()
-            if explain:
-                reasons = {**COMMON_INPUTS, **adapter.input_reasons}
-                item["why"] = {k: reasons.get(k, ("-", "-"))[0] for k in item["inputs"]}
-                item["not_inputs"] = dict(adapter.not_inputs)
-            results.append(item)
+    namespace = command_store(config_path).namespace
+    for library, adapter in _adapters(tuple(libraries), resolved):
+        if adapter is None:
+            results.append({"library": library, "digest": None, "inputs": {},
+                            "error": f"{library} is not installed here"})
+            continue
+        item = compute_fingerprint(adapter, resolved, namespace).to_json()
+        if explain:
+            reasons = {**COMMON_INPUTS, **adapter.input_reasons}
+            item["why"] = {k: reasons.get(k, ("-", "-"))[0] for k in item["inputs"]}
+            item["not_inputs"] = dict(adapter.not_inputs)
+        results.append(item)
     if as_json:
         echo_json(results)
         return
@@ -102,6 +101,7 @@ def why_cmd(name, library, target, capability, sms, config_path, redis_url, as_j
     this node's: the inputs that differ, why the library's key depends on each, and what
     to change.
     """
+    from warmd.cluster.command_store import command_store
     from warmd.libraries import LIBRARIES
     from warmd.store import compute_fingerprint
     from warmd.store.admin.why import why
@@ -111,10 +111,11 @@ def why_cmd(name, library, target, capability, sms, config_path, redis_url, as_j
     head = name.split("/", 1)[0]
     names = (library,) if library else (head,) if head in LIBRARIES else tuple(LIBRARIES)
     answers = []
-    with opened_store(config_path, redis_url) as store:
+    chosen = command_store(config_path, redis_url)
+    with opened(chosen) as store:
         for _library, adapter in _adapters(names, resolved):
             if adapter is not None:
-                mine = compute_fingerprint(adapter, resolved)
+                mine = compute_fingerprint(adapter, resolved, chosen.namespace)
                 answers.append(why(store, mine, name, adapter.input_reasons))
     found = [a for a in answers if a.hit or a.elsewhere] or answers[:1]
     if as_json:

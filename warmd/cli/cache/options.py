@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING, NoReturn
 
 import click
 
-from warmd import knobs
 from warmd.stats import format_seconds
 
 if TYPE_CHECKING:
     from warmd.cluster.command_store import CommandStore
+    from warmd.context import NodeContext
     from warmd.store import SharedCache
 
 STORE_HELP = ("Shared cache URL: redis://[user:password@]host:port/db, rediss:// for TLS, "
@@ -63,17 +63,16 @@ def opened(store: CommandStore) -> Iterator[SharedCache]:
 
     if store.url is None:
         fail(store.problem or "no shared cache")
-    with knobs.scoped_env(store.env()):
-        cache = _open(store.url)
-        try:
-            yield cache
-        except StoreFailed as failed:
-            fail(f"shared cache {cache.display_url}: {failed}")
-        finally:
-            cache.close()
+    cache = _open(store.url, store.context())
+    try:
+        yield cache
+    except StoreFailed as failed:
+        fail(f"shared cache {cache.display_url}: {failed}")
+    finally:
+        cache.close()
 
 
-def _open(url: str) -> SharedCache:
+def _open(url: str, context: NodeContext) -> SharedCache:
     from warmd.store import open_shared_cache
 
     # An admin command reports an unreachable store itself, as its one error line; the
@@ -82,7 +81,7 @@ def _open(url: str) -> SharedCache:
     level = store_log.level
     store_log.setLevel(logging.ERROR)
     try:
-        cache = open_shared_cache(url)
+        cache = open_shared_cache(url, context)
     finally:
         store_log.setLevel(level)
     if cache.disabled_reason:

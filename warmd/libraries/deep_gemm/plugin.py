@@ -12,6 +12,7 @@ from warmd.libraries.plugin import LibraryPlugin
 if TYPE_CHECKING:
     from warmd.cache.base import CacheAdapter
     from warmd.cache.rederived import Rederived
+    from warmd.context import NodeContext
     from warmd.engines.cache_dirs import CacheDirs
     from warmd.executors.base import StageCluster
     from warmd.libraries.deep_gemm.cache import DeepGemmCacheAdapter
@@ -43,11 +44,12 @@ class DeepGemmPlugin(LibraryPlugin):
 
         return DeepGemmKernelStage(root, tasks, jobs, gpu_ids, env, cluster=cluster)
 
-    def rederive(self, adapter: CacheAdapter, name: str, artifact: bytes, scratch: Path
-                 ) -> Rederived:
+    def rederive(self, adapter: CacheAdapter, name: str, artifact: bytes, scratch: Path,
+                 context: NodeContext) -> Rederived:
         from warmd.libraries.deep_gemm.rederive import rederive
 
-        return rederive(cast("DeepGemmCacheAdapter", adapter), name, artifact, scratch)
+        return rederive(cast("DeepGemmCacheAdapter", adapter), name, artifact, scratch,
+                        context=context)
 
 
 PLUGIN = DeepGemmPlugin()

@@ -54,6 +54,7 @@ from warmd.cache.rederived import (
     confine_sources,
     run_rebuild,
 )
+from warmd.context import NodeContext
 from warmd.libraries.deep_gemm import install
 from warmd.libraries.deep_gemm.cache import (
     COMMITTED,
@@ -155,7 +156,10 @@ def regenerate(location: Path, name: str, claimed: str) -> str:
 
 
 def rederive(adapter: DeepGemmCacheAdapter, name: str, artifact: bytes, scratch: Path,
-             template: list[str] | None = None, library: Path | None = None) -> Rederived:
+             template: list[str] | None = None, library: Path | None = None,
+             context: NodeContext | None = None) -> Rederived:
+    """``context``: the producer's (default: this process's environment)."""
+    context = context or NodeContext.of()
     layout = layout_of(name)
     if layout is None:
         raise RederiveRefused(f"not a DeepGEMM cache entry name: {name!r}")
@@ -178,7 +182,7 @@ def rederive(adapter: DeepGemmCacheAdapter, name: str, artifact: bytes, scratch:
     run_rebuild([nvcc, *("kernel.cu" if a == SOURCE else "kernel.cubin" if a == OUTPUT
                          else a for a in template),
                  f"-frandom-seed={job_key(template, source)}"],
-                env=dict(os.environ), cwd=str(run))
+                env={**os.environ, **context.child_env()}, cwd=str(run))
     cubin = (run / "kernel.cubin").read_bytes()
     entry = scratch / "entry" / name
     entry.mkdir(parents=True)

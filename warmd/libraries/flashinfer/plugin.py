@@ -12,6 +12,7 @@ from warmd.libraries.plugin import LibraryPlugin
 if TYPE_CHECKING:
     from warmd.cache.base import CacheAdapter
     from warmd.cache.rederived import Rederived
+    from warmd.context import NodeContext
     from warmd.engines.cache_dirs import CacheDirs
     from warmd.libraries.flashinfer.cache import FlashInferCacheAdapter
     from warmd.libraries.flashinfer.executor import FlashInferExecutor
@@ -37,11 +38,12 @@ class FlashInferPlugin(LibraryPlugin):
 
         return worker_env(arch, root)
 
-    def rederive(self, adapter: CacheAdapter, name: str, artifact: bytes, scratch: Path
-                 ) -> Rederived:
+    def rederive(self, adapter: CacheAdapter, name: str, artifact: bytes, scratch: Path,
+                 context: NodeContext) -> Rederived:
         from warmd.libraries.flashinfer.rederive import rederive
 
-        return rederive(cast("FlashInferCacheAdapter", adapter), name, artifact, scratch)
+        return rederive(cast("FlashInferCacheAdapter", adapter), name, artifact, scratch,
+                        context=context)
 
 
 PLUGIN = FlashInferPlugin()

@@ -37,6 +37,7 @@ from warmd.cache.rederived import (
     confine_sources,
     run_rebuild,
 )
+from warmd.context import NodeContext
 from warmd.libraries.flashinfer.cache import (
     FlashInferCacheAdapter,
     _check_layout,
@@ -97,7 +98,8 @@ def generator(name: str) -> tuple[str, list] | None:
 
 
 def rederive(adapter: FlashInferCacheAdapter, name: str, artifact: bytes,
-             scratch: Path) -> Rederived:
+             scratch: Path, context: NodeContext | None = None) -> Rederived:
+    """``context``: the producer's (default: this process's environment)."""
     _check_module_name(name)
     made = generator(name)
     if made is None:
@@ -114,7 +116,7 @@ def rederive(adapter: FlashInferCacheAdapter, name: str, artifact: bytes,
     ours.workspace_dir.mkdir(parents=True)
     job = work / "job.json"
     job.write_text(json.dumps({"name": name, "generator": made[0], "args": made[1]}))
-    env = _build_env(arch_list, work / "ws")
+    env = _build_env(arch_list, work / "ws", context or NodeContext.of())
     step = [sys.executable, "-m", "warmd.libraries.flashinfer.rederive", str(job)]
     run_rebuild([*step, "generate"], env=env, cwd=str(work))
     generated = sorted(p for p in ours.generated_dir.rglob("*") if p.is_file())
@@ -134,12 +136,13 @@ def rederive(adapter: FlashInferCacheAdapter, name: str, artifact: bytes,
     return Rederived(packed, not differs, differs)
 
 
-def _build_env(arch_list: str, workspace_base: Path) -> dict[str, str]:
-    """The environment of the generate and build steps: FlashInfer's worker environment
-    for the scratch workspace, without the variables that reshape a build."""
+def _build_env(arch_list: str, workspace_base: Path, context: NodeContext) -> dict[str, str]:
+    """The environment of the generate and build steps: the node's, with FlashInfer's
+    worker environment for the scratch workspace, without the variables that reshape a
+    build."""
     from warmd.libraries.flashinfer.executor import worker_env
 
-    env = {**os.environ, **worker_env(arch_list, workspace_base),
+    env = {**os.environ, **context.child_env(), **worker_env(arch_list, workspace_base),
            "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     for knob in ("FLASHINFER_EXTRA_CFLAGS", "FLASHINFER_EXTRA_CUDAFLAGS",
                  "FLASHINFER_EXTRA_LDFLAGS", "FLASHINFER_NVCC_LAUNCHER",

@@ -12,6 +12,7 @@ from warmd.libraries.plugin import LibraryPlugin
 if TYPE_CHECKING:
     from warmd.cache.base import CacheAdapter
     from warmd.cache.rederived import Rederived
+    from warmd.context import NodeContext
     from warmd.engines.cache_dirs import CacheDirs
     from warmd.libraries.flashinfer_autotune.cache import FlashInferAutotuneAdapter
 
@@ -25,11 +26,12 @@ class FlashInferAutotunePlugin(LibraryPlugin):
 
         return make_adapter(root, arch, dirs)
 
-    def rederive(self, adapter: CacheAdapter, name: str, artifact: bytes, scratch: Path
-                 ) -> Rederived:
+    def rederive(self, adapter: CacheAdapter, name: str, artifact: bytes, scratch: Path,
+                 context: NodeContext) -> Rederived:
         from warmd.libraries.flashinfer_autotune.rederive import rederive
 
-        return rederive(cast("FlashInferAutotuneAdapter", adapter), name, artifact, scratch)
+        return rederive(cast("FlashInferAutotuneAdapter", adapter), name, artifact, scratch,
+                        context=context)
 
 
 PLUGIN = FlashInferAutotunePlugin()

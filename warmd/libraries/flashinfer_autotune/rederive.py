@@ -11,11 +11,13 @@ from pathlib import Path
 
 from warmd.cache.base import CacheEntry, UnsafeArtifact
 from warmd.cache.rederived import Rederived, RederiveRefused
+from warmd.context import NodeContext
 from warmd.libraries.flashinfer_autotune.cache import FlashInferAutotuneAdapter
 
 
 def rederive(adapter: FlashInferAutotuneAdapter, name: str, artifact: bytes,
-             scratch: Path) -> Rederived:
+             scratch: Path, context: NodeContext | None = None) -> Rederived:
+    del context  # nothing runs: FlashInfer's own checks read the results
     ours = FlashInferAutotuneAdapter(scratch / "vllm", adapter.arch, adapter.version,
                                      v2_root=scratch / "fi")
     ours.vllm_dir = scratch / "vllm-autotune"  # never an operator's override directory

@@ -12,6 +12,7 @@ from warmd.libraries.plugin import LibraryPlugin
 if TYPE_CHECKING:
     from warmd.cache.base import CacheAdapter
     from warmd.cache.rederived import Rederived
+    from warmd.context import NodeContext
     from warmd.engines.cache_dirs import CacheDirs
     from warmd.libraries.triton.cache import TritonCacheAdapter
 
@@ -26,11 +27,12 @@ class TritonPlugin(LibraryPlugin):
 
         return make_adapter(root, arch)
 
-    def rederive(self, adapter: CacheAdapter, name: str, artifact: bytes, scratch: Path
-                 ) -> Rederived:
+    def rederive(self, adapter: CacheAdapter, name: str, artifact: bytes, scratch: Path,
+                 context: NodeContext) -> Rederived:
         from warmd.libraries.triton.rederive import rederive
 
-        return rederive(cast("TritonCacheAdapter", adapter), name, artifact, scratch)
+        return rederive(cast("TritonCacheAdapter", adapter), name, artifact, scratch,
+                        context=context)
 
 
 PLUGIN = TritonPlugin()

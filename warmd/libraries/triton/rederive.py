@@ -54,7 +54,6 @@ import struct
 import sys
 from pathlib import Path
 
-from warmd import settings
 from warmd.cache.artifacts import unpack_safely
 from warmd.cache.base import CacheEntry
 from warmd.cache.rederived import (
@@ -65,6 +64,7 @@ from warmd.cache.rederived import (
     run_rebuild,
 )
 from warmd.cache.safe_fs import CacheTree, load_json
+from warmd.context import NodeContext
 from warmd.libraries.triton.cache import (
     ENTRY_RE,
     GROUP_RE,
@@ -111,7 +111,10 @@ _INT = re.compile(r"(?<![\w.%#])(-?\d{1,10})(?=\s*:\s*i(?:32|64)\b|x|>|\s*:\s*i3
 
 
 def rederive(adapter: TritonCacheAdapter, name: str, artifact: bytes,
-             scratch: Path) -> Rederived:
+             scratch: Path, context: NodeContext | None = None) -> Rederived:
+    """``context``: the producer's (its Triton modules, its variables; default: this
+    process's environment)."""
+    context = context or NodeContext.of()
     if not ENTRY_RE.match(name):
         raise RederiveRefused(f"not a Triton cache entry name: {name!r}")
     claim = scratch / "claim" / name
@@ -131,9 +134,10 @@ def rederive(adapter: TritonCacheAdapter, name: str, artifact: bytes,
     job.write_text(json.dumps({
         "kernel": kernel, "hash": meta["hash"], "arch": _arch(meta),
         "options": _options(meta), "args": args, "ints": ints,
-        "modules": [m for m in settings.triton_modules() if _MODULE.match(m)]}))
+        "modules": [m for m in context.triton_modules if _MODULE.match(m)]}))
     run_rebuild([sys.executable, "-m", "warmd.libraries.triton.rebuild", str(job), str(out)],
-                env=_rebuild_env(meta, scratch / "triton-cache"), cwd=str(scratch))
+                env=_rebuild_env(meta, scratch / "triton-cache", context),
+                cwd=str(scratch))
     _outcome(out, kernel)
     return _entry(adapter, name, kernel, out, claim, files, artifact, scratch / "entry")
 
@@ -266,14 +270,15 @@ def _options(meta: dict) -> dict:
     return options
 
 
-def _rebuild_env(meta: dict, cache: Path) -> dict[str, str]:
-    """This process's environment (this node's own Triton knobs too: line info, for one,
+def _rebuild_env(meta: dict, cache: Path, context: NodeContext) -> dict[str, str]:
+    """This node's environment (this node's own Triton knobs too: line info, for one,
     is not in a kernel's metadata and changes its cubin), the claim's cache-invalidating
     knobs (as Triton records them: short strings) over it, and a scratch cache (the
     libraries' too: importing FlashInfer creates its workspace, and the sandbox lets the
     process write only its scratch); never the knobs that dump, override or relocate what
     Triton reads and writes."""
-    env = {k: v for k, v in os.environ.items() if not _UNSAFE_ENV.match(k)}
+    env = {k: v for k, v in {**os.environ, **context.child_env()}.items()
+           if not _UNSAFE_ENV.match(k)}
     for key, value in meta.items():
         if _ENV.match(key) and isinstance(value, str) and len(value) <= 64 \
                 and re.fullmatch(r"[A-Za-z0-9_.,:-]*", value):
