@@ -1,7 +1,12 @@
 """What the planner's tests read of a plan: one layer's kernel selection and the reasons it
-gives for the kernels it rejected."""
+gives for the kernels it rejected; and how they check that the CLI refuses a serve command."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 from warmd.kernels.selection import Selection
 from warmd.plan import Plan
@@ -22,3 +27,18 @@ def picked(plan: Plan, layer: str, kernel: str) -> dict[str, str]:
     assert sel.kernel is not None and sel.kernel.name == kernel, \
         f"{layer} runs {sel.kernel and sel.kernel.name}, not {kernel}"
     return rejections(sel)
+
+
+def assert_refused_in_one_line(tmp_path: Path, command: str, serve: list[str],
+                               message: str) -> None:
+    """`warmd <command> --target h200 -- <serve>` exits 2 with one line of error naming
+    `message`, prints nothing and writes no state (HOME and the state directory under
+    tmp_path)."""
+    result = subprocess.run([sys.executable, "-m", "warmd", command, "--target", "h200", "--",
+                             *serve], capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "WARMD_STATE_DIR": str(tmp_path / "state"),
+                                 "HOME": str(tmp_path)})
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], result.stderr
+    assert result.stdout == "" and not (tmp_path / "state").exists()

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from test_engine_launch import BASE, MODELS, from_command, from_flags, model
 
-from tests.plan_support import rejections, selection
+from tests.plan_support import assert_refused_in_one_line, rejections, selection
 from warmd.engines.moe_backends import ORACLE_ROWS, oracle_row
 from warmd.errors import WarmdInputError
 from warmd.plan import PlanRequest, engine_jit, make_plan
@@ -325,14 +325,7 @@ def test_forced_backend_that_cannot_run_is_refused():
 ])
 def test_bad_backend_is_one_line_exit_2(argv, message, tmp_path):
     argv = [a.format(m=model("qwen3-30b-a3b-fp8")) for a in argv]
-    result = subprocess.run([sys.executable, "-m", "warmd", "plan", "--target", "h200", "--",
-                             *argv], capture_output=True, text=True, timeout=120,
-                            env={**os.environ, "WARMD_STATE_DIR": str(tmp_path / "state"),
-                                 "HOME": str(tmp_path)})
-    assert result.returncode == 2, result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and message in lines[0], result.stderr
-    assert result.stdout == "" and not (tmp_path / "state").exists()
+    assert_refused_in_one_line(tmp_path, "plan", argv, message)
 
 
 _SPEC_NAMES = """

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.plan_support import picked, selection
+from tests.plan_support import assert_refused_in_one_line, picked, selection
 from warmd.engines.decide_sglang import sglang_fast_max, sglang_m_max
 from warmd.engines.launch import launch_request, parse_launch
 from warmd.engines.versions import parse_version, resolve_version
@@ -325,16 +325,7 @@ def test_flag_tables_come_from_the_followed_releases():
 def test_bad_serve_commands_are_one_line_exit_2(command, message, tmp_path):
     argv = command.format(m=model("qwen3-30b-a3b-fp8")).split()
     for sub in ("plan", "warmup"):
-        result = subprocess.run(
-            [sys.executable, "-m", "warmd", sub, "--target", "h200", "--", *argv],
-            capture_output=True, text=True, timeout=120,
-            env={**os.environ, "WARMD_STATE_DIR": str(tmp_path / "state"),
-                 "HOME": str(tmp_path)})
-        assert result.returncode == 2, result.stderr
-        lines = result.stderr.strip().splitlines()
-        assert len(lines) == 1 and message in lines[0], result.stderr
-        assert result.stdout == ""
-    assert not (tmp_path / "state").exists()  # nothing written
+        assert_refused_in_one_line(tmp_path, sub, argv, message)
 
 
 @pytest.mark.parametrize("args, message", [
