@@ -46,6 +46,7 @@ import click
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from warmd.cli.options import plan_options  # noqa: E402
+from warmd.libraries.deep_gemm.gemms import psum_layout_ends  # noqa: E402
 from warmd.plan import Plan, PlanRequest, leaf_kernels, make_plan  # noqa: E402
 
 ALIGNMENT = 128  # get_mk_alignment_for_contiguous_layout() for 128x128 FP8 blocks
@@ -110,17 +111,6 @@ def vllm_alignment(deep_gemm, tokens: int, topk: int, experts: int) -> int:
     except Exception:  # noqa: BLE001 - vLLM's own except Exception: pass
         pass
     return alignment
-
-
-def psum_ends(rows: int, experts: int, alignment: int) -> list[int]:
-    """A psum grouped layout (deepgemm_moe_permute with use_psum_layout): each expert's end
-    row, every expert holding whole aligned blocks."""
-    blocks, ends, end = rows // alignment, [], 0
-    base, extra = divmod(blocks, experts)
-    for expert in range(experts):
-        end += (base + (expert < extra)) * alignment
-        ends.append(end)
-    return ends
 
 
 def serves_psum(capability: tuple[int, int], e8m0: bool) -> bool:
@@ -258,8 +248,8 @@ class Runner:
             return
         torch, dg = self.torch, self.dg
         if layout == "psum":
-            grouped = torch.tensor(psum_ends(m, shape.groups, alignment), dtype=torch.int32,
-                                   device=self.device)
+            ends = psum_layout_ends(m, shape.groups, alignment)
+            grouped = torch.tensor(ends, dtype=torch.int32, device=self.device)
             flags["use_psum_layout"] = True
         else:
             ids = torch.randint(0, shape.groups, (m // alignment,), dtype=torch.int32,

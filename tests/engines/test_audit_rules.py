@@ -7,8 +7,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_engine_launch import MODELS, from_command, selection
+from test_engine_launch import MODELS, from_command
 
+from tests.plan_support import rejections, selection
 from warmd.engines.triton_moe import moe_configs
 from warmd.errors import WarmdInputError
 from warmd.plan import engine_jit
@@ -26,7 +27,7 @@ def test_vllm_refines_fp8_moe_blocks_a_tp_shard_does_not_fit(name, tp):
     plan = from_command(f"vllm serve {{{name}}} -tp {tp}", with_libs=LIBS)
     w13 = selection(plan, "mlp.experts.w13")
     assert w13.kernel.name == "TritonExperts" and w13.layer.block == (64, 64)
-    rejected = {r.kernel: r.reason for r in w13.rejected}
+    rejected = rejections(w13)
     assert "128x128" in rejected.get("DeepGemmExperts", rejected.get(
         "TritonOrDeepGemmExperts", "128x128"))
     [line] = jit(plan, "mlp.experts.w13")
@@ -54,8 +55,7 @@ def test_cutlass_block_fp8_has_no_n_condition_in_vllm_but_has_in_sglang():
     assert qkv_a.layer.n == 2112 and qkv_a.kernel.name == "CutlassFp8BlockScaledMMKernel"
     sglang = from_command("python -m sglang.launch_server --model-path {kimi_k2_instruct} "
                           "--tp 8 --fp8-gemm-backend cutlass", with_libs=LIBS)
-    reasons = {r.kernel: r.reason for r in selection(sglang, "self_attn.fused_qkv_a_proj")
-               .rejected}
+    reasons = rejections(selection(sglang, "self_attn.fused_qkv_a_proj"))
     assert "needs N and K % 128; layer has N=2112" in reasons["CutlassFp8BlockScaledMMKernel"]
 
 

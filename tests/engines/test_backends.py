@@ -12,8 +12,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_engine_launch import BASE, MODELS, from_command, from_flags, model, selection
+from test_engine_launch import BASE, MODELS, from_command, from_flags, model
 
+from tests.plan_support import assert_refused_in_one_line, rejections, selection
 from warmd.engines.moe_backends import ORACLE_ROWS, oracle_row
 from warmd.errors import WarmdInputError
 from warmd.plan import PlanRequest, engine_jit, make_plan
@@ -21,10 +22,6 @@ from warmd.plan import PlanRequest, engine_jit, make_plan
 
 def experts(plan):
     return selection(plan, "mlp.experts.w13")
-
-
-def rejected(sel) -> dict[str, str]:
-    return {r.kernel: r.reason for r in sel.rejected}
 
 
 def modules(plan) -> set[str]:
@@ -105,7 +102,7 @@ def test_without_flashinfer_the_ep_oracle_falls_to_deepgemm_with_reasons():
                         with_libs=("deep_gemm", "nvcc"))
     sel = experts(plan)
     assert sel.kernel.name == "DeepGemmExperts"
-    reasons = rejected(sel)
+    reasons = rejections(sel)
     assert "FlashInfer unavailable" in reasons["FlashInferExperts"]
     assert "needs sm10x" in reasons["TrtLlmFp8Experts"]
     assert "VLLM_USE_DEEP_GEMM_E8M0" in reasons["TritonOrDeepGemmExperts"]
@@ -128,7 +125,7 @@ def test_older_oracles(version, command, kernel, note):
     if note:
         assert any(note in n for n in plan.engine_notes), plan.engine_notes
     if kernel == "FlashInferExperts":
-        assert "needs sm10x" in rejected(experts(plan))["TrtLlmFp8Experts"]
+        assert "needs sm10x" in rejections(experts(plan))["TrtLlmFp8Experts"]
 
 
 def test_blackwell_before_0_14_falls_to_cutlass_block_grouped_gemm():
@@ -139,11 +136,11 @@ def test_blackwell_before_0_14_falls_to_cutlass_block_grouped_gemm():
     plan = from_command(QWEN + "-tp 2", target="b200", engine_version="0.13.0",
                         with_libs=("flashinfer", "nvcc"), without_libs=("deep_gemm",))
     assert experts(plan).kernel.name == "CutlassBlockScaledGroupedGemmExperts"
-    assert "DeepGEMM unavailable" in rejected(experts(plan))["DeepGemmExperts"]
+    assert "DeepGEMM unavailable" in rejections(experts(plan))["DeepGemmExperts"]
     hopper = from_command(QWEN + "-tp 2", engine_version="0.13.0", without_libs=("deep_gemm",),
                           with_libs=("flashinfer", "nvcc"))
     assert experts(hopper).kernel.name == "TritonExperts"
-    assert "needs sm10x" in rejected(experts(hopper))["CutlassBlockScaledGroupedGemmExperts"]
+    assert "needs sm10x" in rejections(experts(hopper))["CutlassBlockScaledGroupedGemmExperts"]
 
 
 def test_blackwell_block_fp8_runs_flashinfer_trtllm():
@@ -328,14 +325,7 @@ def test_forced_backend_that_cannot_run_is_refused():
 ])
 def test_bad_backend_is_one_line_exit_2(argv, message, tmp_path):
     argv = [a.format(m=model("qwen3-30b-a3b-fp8")) for a in argv]
-    result = subprocess.run([sys.executable, "-m", "warmd", "plan", "--target", "h200", "--",
-                             *argv], capture_output=True, text=True, timeout=120,
-                            env={**os.environ, "WARMD_STATE_DIR": str(tmp_path / "state"),
-                                 "HOME": str(tmp_path)})
-    assert result.returncode == 2, result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and message in lines[0], result.stderr
-    assert result.stdout == "" and not (tmp_path / "state").exists()
+    assert_refused_in_one_line(tmp_path, "plan", argv, message)
 
 
 _SPEC_NAMES = """
@@ -416,7 +406,7 @@ def test_dynamic_per_tensor_fp8_moe_stays_on_triton(write_config):
                                                                             "dynamic"),
                                     "tp": 2}))
     assert experts(plan).kernel.name == "TritonExperts"
-    assert "static activation scales" in rejected(experts(plan))["FlashInferExperts"]
+    assert "static activation scales" in rejections(experts(plan))["FlashInferExperts"]
 
 
 def test_static_activations_with_block_fp8_are_refused_as_vllm_refuses(write_config):

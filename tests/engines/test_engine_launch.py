@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.plan_support import assert_refused_in_one_line, picked, selection
 from warmd.engines.decide_sglang import sglang_fast_max, sglang_m_max
 from warmd.engines.launch import launch_request, parse_launch
 from warmd.engines.versions import parse_version, resolve_version
@@ -38,10 +39,6 @@ def from_command(command: str, **base) -> object:
 
 def from_flags(name: str, **flags) -> object:
     return make_plan(PlanRequest(**{**BASE.__dict__, "model": model(name), **flags}))
-
-
-def selection(plan, name):
-    return next(s for s in plan.selections if s.layer.name == name)
 
 
 def grouped(plan):
@@ -328,16 +325,7 @@ def test_flag_tables_come_from_the_followed_releases():
 def test_bad_serve_commands_are_one_line_exit_2(command, message, tmp_path):
     argv = command.format(m=model("qwen3-30b-a3b-fp8")).split()
     for sub in ("plan", "warmup"):
-        result = subprocess.run(
-            [sys.executable, "-m", "warmd", sub, "--target", "h200", "--", *argv],
-            capture_output=True, text=True, timeout=120,
-            env={**os.environ, "WARMD_STATE_DIR": str(tmp_path / "state"),
-                 "HOME": str(tmp_path)})
-        assert result.returncode == 2, result.stderr
-        lines = result.stderr.strip().splitlines()
-        assert len(lines) == 1 and message in lines[0], result.stderr
-        assert result.stdout == ""
-    assert not (tmp_path / "state").exists()  # nothing written
+        assert_refused_in_one_line(tmp_path, sub, argv, message)
 
 
 @pytest.mark.parametrize("args, message", [
@@ -504,10 +492,9 @@ def test_linear_backend_keeps_its_kernels_where_it_has_some():
     # kernels/linear/__init__.py _resolve_backend_kernels + _LINEAR_BACKEND_KERNEL_MAP.
     command = "vllm serve {qwen3_30b_a3b_fp8} -tp 2 --linear-backend deep_gemm"
     plan = from_command(command)
-    sel = selection(plan, "self_attn.qkv_proj")
-    assert sel.kernel.name == "DeepGemmFp8BlockScaledMMKernel"
+    reasons = picked(plan, "self_attn.qkv_proj", "DeepGemmFp8BlockScaledMMKernel")
     assert "--linear-backend deep_gemm selects" in \
-        {r.kernel: r.reason for r in sel.rejected}["FlashInferFp8DeepGEMMDynamicBlockScaledKernel"]
+        reasons["FlashInferFp8DeepGEMMDynamicBlockScaledKernel"]
     assert not any("not modelled" in n for n in plan.engine_notes)
     wrapper = from_command(command.replace("deep_gemm", "flashinfer_cutlass"))
     assert selection(wrapper, "self_attn.qkv_proj").kernel.name == \

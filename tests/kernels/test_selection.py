@@ -6,6 +6,7 @@ from dataclasses import replace
 
 import pytest
 
+from tests.plan_support import picked, rejections, selection
 from warmd.examples import resolve_model_path
 from warmd.kernels import preferences
 from warmd.kernels.base import Branch, Environment, WrapperKernel
@@ -38,19 +39,13 @@ def plan_for(model: str, environment: Environment, tp: int = 1, ep: int = 1,
     return build_plan(shapes, environment, mspec or MSpec("relax", 4096))
 
 
-def selection(plan, name):
-    return next(s for s in plan.selections if s.layer.name == name)
-
-
 # Regression 1: a kernel chosen on capability alone crashes at the first forward.
 def test_blackwell_mxfp8_without_flashinfer_falls_back_with_reason():
     plan = plan_for("llama-3.1-8b", env("b200", "deep_gemm", "nvcc"), quantization="mxfp8")
     for s in plan.selections:
         assert s.kernel is None or "FlashInfer" not in s.kernel.name
-    qkv = selection(plan, "self_attn.qkv_proj")
     # vLLM 0.34.0 _POSSIBLE_MXFP8_KERNELS: without FlashInfer, Marlin (compiled into vLLM).
-    assert qkv.kernel.name == "MarlinMxfp8LinearKernel"
-    rejected = {r.kernel: r.reason for r in qkv.rejected}
+    rejected = picked(plan, "self_attn.qkv_proj", "MarlinMxfp8LinearKernel")
     assert "FlashInfer unavailable" in rejected["FlashInferCutlassMxfp8LinearKernel"]
     assert "FlashInfer unavailable" in rejected["FlashInferCutedslMxfp8LinearKernel"]
     assert not [t for t in plan.tasks if t.library == "flashinfer"]
@@ -62,10 +57,8 @@ def test_blackwell_mxfp8_without_flashinfer_falls_back_with_reason():
 def test_blackwell_mxfp8_with_flashinfer_selected_and_planned():
     # Without the CuTe DSL: FlashInfer CUTLASS, a module warmd builds.
     plan = plan_for("llama-3.1-8b", env("b200", "flashinfer", "nvcc"), quantization="mxfp8")
-    qkv = selection(plan, "self_attn.qkv_proj")
-    assert qkv.kernel.name == "FlashInferCutlassMxfp8LinearKernel"
-    assert "cutlass_dsl" in dict((r.kernel, r.reason) for r in qkv.rejected)[
-        "FlashInferCutedslMxfp8LinearKernel"]
+    reasons = picked(plan, "self_attn.qkv_proj", "FlashInferCutlassMxfp8LinearKernel")
+    assert "cutlass_dsl" in reasons["FlashInferCutedslMxfp8LinearKernel"]
     modules = {t.module for t in plan.tasks if t.library == "flashinfer"}
     assert "mxfp8_gemm_cutlass" in modules
     # With it: the CuTe-DSL kernel first (rule vllm-mxfp8-order), compiled by the engine.
@@ -80,9 +73,8 @@ def test_blackwell_mxfp8_with_flashinfer_selected_and_planned():
 def test_capability_checked_even_with_library():
     # FlashInfer present but an Ampere target: the MXFP8 kernel needs sm100/sm120.
     plan = plan_for("llama-3.1-8b", env("a100", "flashinfer", "nvcc"), quantization="mxfp8")
-    qkv = selection(plan, "self_attn.qkv_proj")
-    assert qkv.kernel.name == "MarlinMxfp8LinearKernel"  # sm75+
-    reason = dict((r.kernel, r.reason) for r in qkv.rejected)["FlashInferCutlassMxfp8LinearKernel"]
+    reasons = picked(plan, "self_attn.qkv_proj", "MarlinMxfp8LinearKernel")  # sm75+
+    reason = reasons["FlashInferCutlassMxfp8LinearKernel"]
     assert "sm10x/sm12x" in reason and "sm_80" in reason
 
 
@@ -170,7 +162,7 @@ def test_deepgemm_rejects_unaligned_shapes(write_config):
     qkv = selection(plan, "self_attn.qkv_proj")
     assert qkv.kernel.name == "CutlassFp8BlockScaledMMKernel" or qkv.kernel.name.startswith(
         "Triton")
-    reasons = {r.kernel: r.reason for r in qkv.rejected}
+    reasons = rejections(qkv)
     assert "K=2880" in reasons["DeepGemmFp8BlockScaledMMKernel"]
     w2 = selection(plan, "mlp.experts.w2")
     assert w2.kernel.name == "TritonExperts"
@@ -183,9 +175,7 @@ def test_deepgemm_rejects_unaligned_shapes(write_config):
 def test_deepgemm_rejects_per_tensor_fp8():
     plan = plan_for("llama-3.1-8b", env("h200", "deep_gemm", "flashinfer", "nvcc"),
                     quantization="fp8_tensor")
-    qkv = selection(plan, "self_attn.qkv_proj")
-    assert qkv.kernel.name == "CutlassFP8ScaledMMLinearKernel"
-    reasons = {r.kernel: r.reason for r in qkv.rejected}
+    reasons = picked(plan, "self_attn.qkv_proj", "CutlassFP8ScaledMMLinearKernel")
     assert "per-tensor" in reasons["DeepGemmFp8BlockScaledMMKernel"] or \
         "fp8_tensor" in reasons["DeepGemmFp8BlockScaledMMKernel"]
     assert not [t for t in plan.tasks if t.library == "deep_gemm"]
@@ -202,9 +192,7 @@ def test_disabled_kernels_env_and_reason(monkeypatch):
     disabled = disabled_kernels_from_env()
     plan = plan_for("deepseek-v3", env("h200", "deep_gemm", "flashinfer", "nvcc",
                                        disabled=disabled), tp=8)
-    o_proj = selection(plan, "self_attn.o_proj")
-    assert o_proj.kernel.name == "CutlassFp8BlockScaledMMKernel"
-    reasons = {r.kernel: r.reason for r in o_proj.rejected}
+    reasons = picked(plan, "self_attn.o_proj", "CutlassFp8BlockScaledMMKernel")
     assert "disabled" in reasons["FlashInferFp8DeepGEMMDynamicBlockScaledKernel"]
     assert "disabled" in reasons["DeepGemmFp8BlockScaledMMKernel"]
     assert not [t for t in plan.tasks if t.kernel == "fp8_gemm_nt"]
@@ -251,7 +239,7 @@ def test_selection_without_any_candidate_is_explicit():
     layer = Layer("y", "linear", "fp8_tensor", 4096, 4096)
     result = select_kernel(layer, env("a100"))  # sm80 has no FP8 tensor cores
     assert result.kernel is None
-    reasons = {r.kernel: r.reason for r in result.rejected}
+    reasons = rejections(result)
     assert ">= 8.9; target is 8.0" in reasons["CutlassFP8ScaledMMLinearKernel"]
     assert "fp8_tensor" in reasons["TritonFp8BlockScaledMMKernel"]
 
@@ -286,9 +274,7 @@ def test_vllm_disabled_kernels_of_the_engine_environment(monkeypatch):
     monkeypatch.setenv("VLLM_DISABLED_KERNELS", "FlashInferFp8DeepGEMMDynamicBlockScaledKernel,"
                                                 "DeepGemmFp8BlockScaledMMKernel")
     plan = make_plan(request)
-    o_proj = selection(plan, "self_attn.o_proj")
-    assert o_proj.kernel.name == "CutlassFp8BlockScaledMMKernel"
-    reasons = {r.kernel: r.reason for r in o_proj.rejected}
+    reasons = picked(plan, "self_attn.o_proj", "CutlassFp8BlockScaledMMKernel")
     assert "VLLM_DISABLED_KERNELS" in reasons["DeepGemmFp8BlockScaledMMKernel"]
     assert not [t for t in plan.tasks if t.kernel == "fp8_gemm_nt"]
     # warmd's own --disable-kernel naming a branch rejects the wrapper.
