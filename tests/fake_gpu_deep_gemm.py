@@ -136,7 +136,8 @@ def main() -> None:
     shared.close()
     [stage] = report.stages
     print(json.dumps({"failed": [r.result.error for r in report.failed], "stage": stage,
-                      "workers": report.workers}, default=str))
+                      "workers": report.workers, "kernels": report.counters.kernel_counts()},
+                     default=str))
 
 
 if __name__ == "__main__":

@@ -35,6 +35,9 @@ class KernelList:
     digest) the entries it needs, and each of those entries' job record (each verified)."""
 
     tasks: dict[str, tuple[str, ...]] = field(default_factory=dict)  # task digest -> entries
+    # task digest -> the other entries its discovery process had named before it: a kernel
+    # is named once per process, so a task reusing one of them needs it too (maybe)
+    also: dict[str, tuple[str, ...]] = field(default_factory=dict)
     jobs: dict[str, dict] = field(default_factory=dict)  # entry -> its job record
     refused: str | None = None  # a record failed verification: none of it is used
 

@@ -91,7 +91,8 @@ class StageCluster(Protocol):
         """What the store holds of these task digests' kernel lists."""
 
     def publish_kernel_list(self, digest: str, tasks: dict[str, list[str]],
-                            jobs: dict[str, dict]) -> bool: ...
+                            jobs: dict[str, dict],
+                            also: dict[str, list[str]] | None = None) -> bool: ...
 
     def wait(self, seconds: float) -> None:
         """Up to seconds, or until a claim of the library is released."""

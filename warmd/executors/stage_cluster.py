@@ -149,7 +149,8 @@ class ClusterStage(CompileStage):
         fresh = []
         for digest, entries in (listing.tasks.items() if listing else ()):
             try:
-                jobs = [self._parse_listed(listing.jobs[n]) for n in entries]
+                jobs = [self._parse_listed(listing.jobs[n])
+                        for n in (*entries, *listing.also.get(digest, ()))]
             except ValueError as exc:
                 self.kernel_list_source = f"refused: {exc}"
                 return None
@@ -200,24 +201,29 @@ class ClusterStage(CompileStage):
             return False, seconds, result.error or "discovery failed"
         with self.list_lock:
             named = self.named_in.setdefault(recorder, set())
-            named.update(k.name for k in result.kernels if k.outcome != "failed")
-            entries = sorted(named)
-        self._publish_slice(digest, entries)
+            entries = sorted({k.name for k in result.kernels if k.outcome != "failed"})
+            before = sorted(named - set(entries))
+            named.update(entries)
+        self._publish_slice(digest, entries, before)
         return True, seconds, ""
 
-    def _publish_slice(self, digest: str, entries: list[str]) -> None:
-        """List a slice: every kernel its discovery process named up to its end. A library
-        names a kernel once per process (the first call that loads it: DeepGEMM does), so
-        a later slice using it too would not name it: a list may hold more than its slice
-        needs, never less. A process that named an entry this node had before the run (no
-        job recorded) lists nothing more: another node lists those slices."""
+    def _publish_slice(self, digest: str, entries: list[str], also: list[str]) -> None:
+        """List a slice: the kernels its calls named (its own: what its task is counted
+        as needing, as without slices), and ``also`` the ones its discovery process had
+        named before it. A library names a kernel once per process (the first call that
+        loads it: DeepGEMM does), so a slice reusing an earlier one's kernel does not name
+        it; a node of another plan that reads this slice builds both, so it never lacks
+        one. A process that named an entry this node had before the run (no job recorded)
+        lists nothing more: another node lists those slices."""
         with self.list_lock:
-            if not all(n in self.listed for n in entries):
+            if not all(n in self.listed for n in (*entries, *also)):
                 return
-            jobs = {n: self.listed[n].to_json() for n in entries if n not in self.jobs_sent}
+            jobs = {n: self.listed[n].to_json() for n in (*entries, *also)
+                    if n not in self.jobs_sent}
             self.slice_lists[digest] = tuple(entries)
         assert self.cluster is not None
-        if self.cluster.publish_kernel_list(digest, {digest: entries}, jobs):
+        if self.cluster.publish_kernel_list(digest, {digest: entries}, jobs,
+                                            {digest: also}):
             with self.list_lock:
                 self.jobs_sent.update(jobs)
 

@@ -174,7 +174,8 @@ class SharedCache(ABC):
         return KernelList()
 
     def publish_kernel_list(self, adapter: CacheAdapter, digest: str,
-                            tasks: dict[str, list[str]], jobs: dict[str, dict]) -> bool:
+                            tasks: dict[str, list[str]], jobs: dict[str, dict],
+                            also: dict[str, list[str]] | None = None) -> bool:
         """Publish a discovery's kernel list: each task's entries, each entry's job
         (signed when signing is on), then the mark that the discovery of digest is done."""
         return False

@@ -294,7 +294,8 @@ class RedisSharedCache(SharedCache):
             found = {t: self._accept_signed(raw, fp) for t, raw in zip(tasks, raws, strict=True)
                      if raw is not None}
             listed = {t: tuple(rec.get("entries") or ()) for t, rec in found.items()}
-            names = sorted({n for entries in listed.values() for n in entries})
+            also = {t: tuple(rec.get("also") or ()) for t, rec in found.items()}
+            names = sorted({n for t in listed for n in (*listed[t], *also[t])})
             if not all(is_entry_name(n) for n in names):
                 raise BadRecord("kernel list names an entry badly")
             raws = self._get_all([layout.kernel_job_key(fp, n) for n in names])
@@ -307,7 +308,8 @@ class RedisSharedCache(SharedCache):
             log.warning("shared cache: refused a kernel list (fingerprint %s): %s", fp, exc)
             return KernelList(refused=str(exc))
         # a task whose every job is there is listed; the others are not (yet)
-        return KernelList({t: e for t, e in listed.items() if all(n in jobs for n in e)}, jobs)
+        complete = [t for t in listed if all(n in jobs for n in (*listed[t], *also[t]))]
+        return KernelList({t: listed[t] for t in complete}, {t: also[t] for t in complete}, jobs)
 
     def _get_all(self, keys: list[str]) -> list[bytes | None]:
         def run(client):
@@ -331,7 +333,8 @@ class RedisSharedCache(SharedCache):
         return data
 
     def publish_kernel_list(self, adapter: CacheAdapter, digest: str,
-                            tasks: dict[str, list[str]], jobs: dict[str, dict]) -> bool:
+                            tasks: dict[str, list[str]], jobs: dict[str, dict],
+                            also: dict[str, list[str]] | None = None) -> bool:
         fp, list_fp = self._fp(adapter), self._discovery_fp(adapter)
         if fp is None or list_fp is None or self.session.read_only \
                 or self.transport.disabled_reason:
@@ -346,7 +349,8 @@ class RedisSharedCache(SharedCache):
                 pipe.set(layout.kernel_job_key(list_fp, name), signed(job), px=ttl, nx=True)
             for task, entries in tasks.items():
                 pipe.set(layout.kernel_task_key(list_fp, task),
-                         signed({"task": task, "entries": sorted(entries)}), px=ttl)
+                         signed({"task": task, "entries": sorted(entries),
+                                 "also": sorted((also or {}).get(task, ()))}), px=ttl)
             pipe.set(layout.kernel_list_key(list_fp, digest),
                      signed({"digest": digest, "tasks": sorted(tasks),
                              "producer": self.session.node, "created": time.time()}), px=ttl)

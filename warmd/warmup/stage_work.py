@@ -38,8 +38,9 @@ class StageWork:
         return self.shared.kernel_list(self.adapter, tasks)
 
     def publish_kernel_list(self, digest: str, tasks: dict[str, list[str]],
-                            jobs: dict[str, dict]) -> bool:
-        return self.shared.publish_kernel_list(self.adapter, digest, tasks, jobs)
+                            jobs: dict[str, dict],
+                            also: dict[str, list[str]] | None = None) -> bool:
+        return self.shared.publish_kernel_list(self.adapter, digest, tasks, jobs, also)
 
     def wait(self, seconds: float) -> None:
         self.shared.wait_for_claims(self.adapter, seconds)
