@@ -36,15 +36,15 @@ from warmd.store.connection import CONNECT_TIMEOUT, StoreURL, classify
 from warmd.store.counters import StoreStats
 from warmd.store.entries import Entries
 from warmd.store.fingerprint import Fingerprint, discovery_digest
+from warmd.store.kernel_lists import KernelLists
 from warmd.store.leases import KERNEL_LEASE_SECONDS, Leases, WorkClaims, spread_start
 from warmd.store.pending import PendingClaim, PendingClaims
 from warmd.store.publish import Publisher
 from warmd.store.refusals import Refusals
 from warmd.store.session import Session, StaleRecords
-from warmd.store.signing import KeyProof, sign
-from warmd.store.signing import check as check_signature
+from warmd.store.signing import KeyProof
 from warmd.store.transport import RedisTransport
-from warmd.store.validation import BadRecord, SignatureRefused, is_entry_name, load_record
+from warmd.store.validation import is_entry_name
 from warmd.targets import Target
 
 log = logging.getLogger("warmd.store")
@@ -94,6 +94,7 @@ class RedisSharedCache(SharedCache):
         self.publisher = Publisher(self.session, stale)
         self.claims = PendingClaims(self.session)
         self.work_claims = WorkClaims(self.session, stale, _lease_ms(kernel_lease_seconds))
+        self.kernel_lists = KernelLists(self.session, self.transport, self.stats)
         self.embedded = embedded  # the embedded server this cache uses, if any
 
     # -- SharedCache -------------------------------------------------------------------------
@@ -286,51 +287,7 @@ class RedisSharedCache(SharedCache):
         return sorted((set(names) & present) | installed)
 
     def kernel_list(self, adapter: CacheAdapter, tasks: list[str]) -> KernelList:
-        fp = self._discovery_fp(adapter)
-        if fp is None or not tasks:
-            return KernelList()
-        try:
-            raws = self._get_all([layout.kernel_task_key(fp, t) for t in tasks])
-            found = {t: self._accept_signed(raw, fp) for t, raw in zip(tasks, raws, strict=True)
-                     if raw is not None}
-            listed = {t: tuple(rec.get("entries") or ()) for t, rec in found.items()}
-            also = {t: tuple(rec.get("also") or ()) for t, rec in found.items()}
-            names = sorted({n for t in listed for n in (*listed[t], *also[t])})
-            if not all(is_entry_name(n) for n in names):
-                raise BadRecord("kernel list names an entry badly")
-            raws = self._get_all([layout.kernel_job_key(fp, n) for n in names])
-            jobs = {n: self._accept_signed(raw, fp) for n, raw in zip(names, raws, strict=True)
-                    if raw is not None}
-        except StoreFailed:
-            return KernelList()
-        except BadRecord as exc:
-            self.stats.count_refusal(exc.counter, self._fp(adapter) or "-")
-            log.warning("shared cache: refused a kernel list (fingerprint %s): %s", fp, exc)
-            return KernelList(refused=str(exc))
-        # a task whose every job is there is listed; the others are not (yet)
-        complete = [t for t in listed if all(n in jobs for n in (*listed[t], *also[t]))]
-        return KernelList({t: listed[t] for t in complete}, {t: also[t] for t in complete}, jobs)
-
-    def _get_all(self, keys: list[str]) -> list[bytes | None]:
-        def run(client):
-            pipe = client.pipeline(transaction=False)
-            for key in keys:
-                pipe.get(key)
-            return pipe.execute()
-
-        return self.transport.op(run, "fetch") if keys else []
-
-    def _accept_signed(self, raw: bytes, fp: str) -> dict:
-        """A kernel-list record if it decodes, is signed as this node requires, and
-        belongs to this fingerprint; raises BadRecord."""
-        data = load_record(raw)
-        refused = check_signature(data, self.session.signing_key)
-        if refused:
-            raise SignatureRefused(refused)
-        if data.get("fingerprint") != fp:
-            raise BadRecord("kernel list record of another fingerprint")
-        data.pop("sig", None)
-        return data
+        return self.kernel_lists.read(self._discovery_fp(adapter), self._fp(adapter), tasks)
 
     def publish_kernel_list(self, adapter: CacheAdapter, digest: str,
                             tasks: dict[str, list[str]], jobs: dict[str, dict],
@@ -339,24 +296,8 @@ class RedisSharedCache(SharedCache):
         if fp is None or list_fp is None or self.session.read_only \
                 or self.transport.disabled_reason:
             return False
-        key, ttl = self.session.signing_key, self.session.ttl_ms
-
-        def signed(record: dict) -> bytes:
-            return formats.json_bytes(sign({**record, "fingerprint": list_fp}, key))
-
-        def write(pipe) -> None:
-            for name, job in jobs.items():
-                pipe.set(layout.kernel_job_key(list_fp, name), signed(job), px=ttl, nx=True)
-            for task, entries in tasks.items():
-                pipe.set(layout.kernel_task_key(list_fp, task),
-                         signed({"task": task, "entries": sorted(entries),
-                                 "also": sorted((also or {}).get(task, ()))}), px=ttl)
-            pipe.set(layout.kernel_list_key(list_fp, digest),
-                     signed({"digest": digest, "tasks": sorted(tasks),
-                             "producer": self.session.node, "created": time.time()}), px=ttl)
-            pipe.publish(layout.kernel_channel(fp), b"kernel list")
-
-        return self._publish_pipeline(write)
+        return self._publish_pipeline(self.kernel_lists.writes(fp, list_fp, digest, tasks,
+                                                               jobs, also or {}))
 
     def record_outcomes(self, counts: dict[str, float]) -> None:
         self.stats.record_outcomes(counts)
