@@ -93,6 +93,8 @@ class ClusterStage(CompileStage):
         self.kernel_list_source = ""  # "read", "discovered here", or why none
         self.named_in: dict[Worker, set[str]] = {}  # what each discovery process named
         self.jobs_sent: set[str] = set()  # each job goes to the store once
+        self.slice_tasks: dict[str, Task] = {}  # slice digest -> the slice
+        self.slices_of: dict[str, list[str]] = {}  # task key -> its slices' digests
 
     def _cluster_work(self) -> None:
         """Take the lists the store holds of the plan's slices; discover the others slice
@@ -132,8 +134,7 @@ class ClusterStage(CompileStage):
 
     def _cut_slices(self) -> None:
         slices = discovery_slices(self.tasks)
-        self.slice_tasks: dict[str, Task] = {self._task_digest(s): s for s in slices}
-        self.slices_of: dict[str, list[str]] = {}
+        self.slice_tasks = {self._task_digest(s): s for s in slices}
         for digest, piece in self.slice_tasks.items():
             self.slices_of.setdefault(self._task_of(piece.key), []).append(digest)
 
@@ -261,7 +262,7 @@ class ClusterStage(CompileStage):
         if self.cluster is None and not self.cluster_report:
             return None
         self.cluster_done.wait()
-        digests = getattr(self, "slices_of", {}).get(task_key)
+        digests = self.slices_of.get(task_key)
         if not digests or not all(d in self.slice_lists for d in digests):
             return None
         entries = sorted({n for d in digests for n in self.slice_lists[d]})
