@@ -206,3 +206,37 @@ def test_no_module_is_longer_than_the_bound():
     long = {name: n for name, path in MODULES.items()
             if (n := len(path.read_text().splitlines())) > MAX_MODULE_LINES}
     assert not long, long
+
+
+# The join path as docs/architecture.md draws it: (module, what it calls, where that is).
+JOIN_PATH = [
+    ("warmd/cluster/agent.py", "node_context", "warmd/cluster/work.py"),
+    ("warmd/cluster/work.py", "of", "warmd/context.py"),
+    ("warmd/cluster/agent.py", "warm_node", "warmd/cluster/work.py"),
+    ("warmd/cluster/work.py", "make_plan", "warmd/plan.py"),
+    ("warmd/cluster/work.py", "open_shared_cache", "warmd/store/__init__.py"),
+    ("warmd/store/__init__.py", "RedisSharedCache", "warmd/store/redis_store.py"),
+    ("warmd/cluster/work.py", "run_warmup", "warmd/warmup/scheduler.py"),
+    ("warmd/warmup/scheduler.py", "prefetch", "warmd/store/redis_store.py"),
+    ("warmd/store/redis_store.py", "prefetch", "warmd/store/entries.py"),
+    ("warmd/store/entries.py", "fetch", "warmd/store/blobs.py"),
+    ("warmd/store/entries.py", "install", "warmd/libraries/deep_gemm/cache.py"),
+    ("warmd/libraries/deep_gemm/cache.py", "install_atomically", "warmd/cache/install.py"),
+    ("warmd/cache/install.py", "unpack_written", "warmd/cache/artifacts.py"),
+]
+
+
+def test_the_join_path_is_the_drawn_one():
+    """Each hop of the drawing in docs/architecture.md: the caller calls the name, the
+    callee defines it, and the drawing names every module of the path."""
+    root = Path(__file__).parents[1]
+    drawing = (root / "docs" / "architecture.md").read_text()
+    for caller, name, callee in JOIN_PATH:
+        calls = {n.func.attr if isinstance(n.func, ast.Attribute) else getattr(n.func, "id", "")
+                 for n in ast.walk(ast.parse((root / caller).read_text()))
+                 if isinstance(n, ast.Call)}
+        assert name in calls, f"{caller} does not call {name}"
+        defined = {n.name for n in ast.walk(ast.parse((root / callee).read_text()))
+                   if isinstance(n, ast.FunctionDef | ast.ClassDef)}
+        assert name in defined, f"{callee} does not define {name}"
+        assert callee.removeprefix("warmd/").replace("deep_gemm", "<lib>") in drawing, callee
