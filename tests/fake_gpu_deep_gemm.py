@@ -135,7 +135,8 @@ def main() -> None:
     report = run_warmup(plan, options, shared=shared)
     shared.close()
     [stage] = report.stages
-    print(json.dumps({"failed": [r.result.error for r in report.failed], "stage": stage,
+    print(json.dumps({"failed": [r.result.error for r in report.failed],
+                      "stage": stage.to_json(),
                       "workers": report.workers, "kernels": report.counters.kernel_counts()},
                      default=str))
 

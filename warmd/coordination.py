@@ -114,3 +114,21 @@ class BootReport:
             setattr(boot, name, int(data.get(name) or 0))
         boot.wait_seconds = float(data.get("wait_seconds") or 0.0)
         return boot
+
+
+@dataclass
+class DiscoveryReport:
+    """What one node did of a kernel stage's discovery slices: how many the plan has,
+    discovered here, read from other nodes' lists, failed here, taken over from a node
+    that died; the longest wait on a slice another node held; its claim loop's timeline."""
+
+    slices: int = 0
+    discovered_here: int = 0
+    read: int = 0
+    failed: int = 0
+    taken_over: int = 0
+    waited_seconds: float = 0.0
+    timeline: dict[str, float | None] = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}

@@ -103,7 +103,7 @@ def test_a_builder_builds_a_listed_kernel_as_the_gpu_node_writes_it(server, site
     report, _shared = _warm(server, tmp_path / "b1", "builder-1", builder=True)
     assert not report.failed, [r.result.error for r in report.failed]
     assert report.counters.compiled == 1 and report.workers == 0
-    assert report.boot.compiled == 1 and report.stages[0]["cluster"]["kernel_list"] == "read"
+    assert report.boot.compiled == 1 and report.stages[0].cluster.kernel_list == "read"
     built = tmp_path / "b1" / "cache" / ENTRY
     assert sorted(p.name for p in built.iterdir()) == [COMMITTED, "kernel.cu", "kernel.cubin",
                                                        "meta.json"]
@@ -169,6 +169,6 @@ def test_a_builder_waits_for_kernel_lists_no_longer_than_the_single_flight_timeo
     report, _shared = _warm(server, tmp_path / "b", "builder", builder=True,
                             single_flight_timeout=2.0)
     [stage] = report.stages
-    assert stage["cluster"]["kernel_list"] == "no kernel list for 1 task(s)", stage
+    assert stage.cluster.kernel_list == "no kernel list for 1 task(s)", stage
     assert report.counters.compiled == 0
     assert report.seconds < BUILDER_WAIT_SECONDS

@@ -182,7 +182,7 @@ def test_stage_without_a_gpu_degrades_to_the_workers_and_cleans_up(tmp_path):
     entry.mkdir(parents=True)
     (entry / "kernel.cu").write_text(KERNEL.replace("{n}", "7"))
     seconds = stage.compile_seconds(entry.name)
-    summary = stage.finish()
+    summary = stage.finish().to_json()
     assert seconds is not None and seconds > 0
     assert summary["kernel_jobs"] == 1  # the worker's request, claimed there
     assert summary["nvcc_runs"] == summary["distinct_sources"] == 1
@@ -389,7 +389,7 @@ def test_unknown_version_compiles_with_one_discovery_process_per_job(tmp_path, m
     assert len(lines) == 1 and "deep_gemm 3.0.0" in lines[0] and "fast path off" in lines[0]
     assert "\n" not in lines[0]
     stage.hold_workers()
-    summary = stage.finish()
+    summary = stage.finish().to_json()
     assert summary["fast_path"] is False and "3.0.0" in summary["fast_path_off"]
     assert summary["discovery_processes"] == 3 and summary["discovered_kernels"] == 0
     assert summary["deep_gemm"] == "deep_gemm 3.0.0, installed"

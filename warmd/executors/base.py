@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from warmd.cache.base import CacheAdapter
-from warmd.coordination import KernelList
+from warmd.coordination import BootReport, DiscoveryReport, KernelList
 from warmd.stats import Outcome
 from warmd.tasks import Task
 
@@ -62,7 +62,7 @@ class KernelRun(Protocol):
 
     def close(self) -> None: ...
 
-    def join(self) -> dict:
+    def join(self) -> BootReport:
         """Wait for every kernel; what this node did (compiled, installed, waited...)."""
 
 
@@ -74,7 +74,7 @@ class DiscoveryRun(Protocol):
 
     def stop(self) -> None: ...
 
-    def join(self) -> dict:
+    def join(self) -> DiscoveryReport:
         """Wait for every slice; what this node did (discovered, read, waited...)."""
 
 
@@ -112,6 +112,39 @@ class StageCluster(Protocol):
         published and returns the digests taken."""
 
 
+@dataclass
+class StageClusterReport:
+    """What one node did of a kernel stage's cluster work: its kernels (``boot``, whose
+    timeline holds the stage's own moments too), where its kernel list came from, and its
+    discovery slices (None: it discovered nothing, or had no slices to)."""
+
+    library: str
+    boot: BootReport
+    kernel_list: str
+    discovery: DiscoveryReport | None = None
+
+    def to_json(self) -> dict:
+        return {**self.boot.to_json(), "library": self.library,
+                "kernel_list": self.kernel_list,
+                "discovery": self.discovery.to_json() if self.discovery else None}
+
+
+@dataclass
+class StageReport:
+    """What a kernel stage did: what every stage says, typed, and ``detail``, the
+    library's own fields (its JSON, in its order)."""
+
+    library: str
+    workers_started: int = 0  # discovery processes started
+    cluster: StageClusterReport | None = None  # None: no shared cache
+    detail: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {"library": self.library, **self.detail,
+                "workers_started": self.workers_started,
+                "cluster": self.cluster.to_json() if self.cluster else None}
+
+
 class KernelStage(Protocol):
     """Compiles a library's cold tasks below the task, before and while its workers run
     them: each distinct kernel once on the node, as many at once as ``jobs`` allows. Made
@@ -138,5 +171,5 @@ class KernelStage(Protocol):
     def stop(self) -> None:
         """Stop now (Ctrl-C): its compilers end, nothing half written is left."""
 
-    def finish(self) -> dict:
+    def finish(self) -> StageReport:
         """Wait for it, clean up, and say what it did (for the report)."""

@@ -20,6 +20,8 @@ import time
 from dataclasses import replace
 from typing import Any, Protocol
 
+from warmd.coordination import DiscoveryReport
+from warmd.executors.base import StageClusterReport
 from warmd.executors.pool import Worker
 from warmd.executors.stage import CompileStage
 from warmd.tasks import Task
@@ -88,8 +90,8 @@ class ClusterStage(CompileStage):
         self.listed: dict[str, Any] = {}  # entry -> how it is built (the kernel list)
         self.slice_lists: dict[str, tuple[str, ...]] = {}  # slice digest -> entries, listed
         self.list_lock = threading.Lock()  # listed and slice_lists, from several threads
-        self.cluster_report: dict | None = None
-        self.discovery_report: dict | None = None  # the cluster's slices: who did what
+        self.cluster_report: StageClusterReport | None = None
+        self.discovery_report: DiscoveryReport | None = None  # the slices: who did what
         self.kernel_list_source = ""  # "read", "discovered here", or why none
         self.named_in: dict[Worker, set[str]] = {}  # what each discovery process named
         self.jobs_sent: set[str] = set()  # each job goes to the store once
@@ -121,13 +123,12 @@ class ClusterStage(CompileStage):
                 self.kernel_list_source = "read"
         finally:
             kernels.close()
-            report = kernels.join()
-            self.cluster_report = {**report, "library": self.library,
-                                   "kernel_list": self.kernel_list_source,
-                                   "discovery": self.discovery_report,
-                                   "timeline": {**report.get("timeline", {}), **{
-                                       k: round(v - began, 3)
-                                       for k, v in self.cluster_moments.items()}}}
+            boot = kernels.join()
+            boot.timeline = {**boot.timeline, **{k: round(v - began, 3)
+                                                 for k, v in self.cluster_moments.items()}}
+            self.cluster_report = StageClusterReport(self.library, boot,
+                                                     self.kernel_list_source,
+                                                     self.discovery_report)
             self.cluster_done.set()
             self.discovery_done.set()
             self.workers_may_start.set()
@@ -187,10 +188,10 @@ class ClusterStage(CompileStage):
             worker.stop()
         self.cluster_moments["discovery_ended"] = self.discovered_at = time.monotonic()
         self.discovery_done.set()
-        here = self.discovery_report["discovered_here"]
+        here = self.discovery_report.discovered_here
         if here:
             self.kernel_list_source = (f"discovered here: {here} of "
-                                       f"{self.discovery_report['slices']} slice(s)")
+                                       f"{self.discovery_report.slices} slice(s)")
 
     def _discover_slice(self, digest: str, recorder: Worker) -> tuple[bool, float, str]:
         """Discover one slice this node holds, and publish its list."""

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
 from warmd.coordination import BootReport
-from warmd.executors.base import TaskResult
+from warmd.executors.base import StageReport, TaskResult
 from warmd.stats import BY_OUTCOME, CounterFlag, Counters, Outcome, compile_seconds_saved, ids
 from warmd.tasks import Task
 from warmd.warmup.claims import Got, UnitResult
@@ -98,7 +98,7 @@ class WarmupReport:
     store: StoreHealth | None = None  # None: no shared cache
     store_counts: dict = field(default_factory=dict)  # the shared cache's own counters
     workers: int = 0  # worker processes started
-    stages: list[dict] = field(default_factory=list)  # what kernel stages did
+    stages: list[StageReport] = field(default_factory=list)  # what kernel stages did
     not_warm: list[str] = field(default_factory=list)  # warm_only: tasks left to a library
     boot: BootReport | None = None  # the cluster's work done here (None: no shared cache)
     # wall seconds of each phase of the run, in order (where a cold run's time goes)
@@ -130,7 +130,7 @@ class WarmupReport:
             "hits_by_mode": self.hits_by_mode(),
             "not_warm": self.not_warm,
             "workers_started": self.workers,
-            "kernel_stages": self.stages,
+            "kernel_stages": [s.to_json() for s in self.stages],
             "interrupted": self.interrupted,
             "shared": self.shared,
             "store": {**self.store.to_json(), "counters": self.store_counts}

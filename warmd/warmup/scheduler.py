@@ -104,15 +104,14 @@ def run_warmup(plan: Plan, options: WarmupOptions, shared: SharedCache | None = 
         counters.add(store_counters(shared))
     reports = sorted(handout.reports, key=lambda r: r.task.key)
     for stage in stages:
-        if stage.get("cluster"):  # the stage's report is JSON (its library's): read once here
-            boot.add_stage(BootReport.from_json(stage["cluster"]),
-                           stage["cluster"].get("library", "stage"))
+        if stage.cluster is not None:
+            boot.add_stage(stage.cluster.boot, stage.library)
     return WarmupReport(plan.key, len(tasks), reports, counters, time.monotonic() - began,
                         interrupted, shared is not None,
                         store_health(shared) if shared is not None else None,
                         dict(shared.counters) if shared is not None else {},
                         sum(w.started for w in workers) + sum(
-                            s.get("workers_started", 0) for s in stages), stages,
+                            s.workers_started for s in stages), stages,
                         boot=boot if shared is not None else None, phases=phases.seconds)
 
 

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from warmd.cache.base import CacheAdapter
-from warmd.coordination import KernelList, WorkKind
+from warmd.coordination import BootReport, DiscoveryReport, KernelList, WorkKind
 from warmd.warmup.claims import Built, ClaimLoop, Got, Unit, UnitResult
 from warmd.warmup.report import Build, claims_boot
 from warmd.warmup.state import LibraryState, RunState
@@ -83,9 +83,9 @@ class KernelRun:
     def close(self) -> None:
         self.loop.close()
 
-    def join(self) -> dict:
+    def join(self) -> BootReport:
         self.thread.join()
-        return claims_boot(self.loop.results, self.loop.timeline.to_json()).to_json()
+        return claims_boot(self.loop.results, self.loop.timeline.to_json())
 
     def _build(self, unit: Unit, _context: None) -> Built:
         adapter = self.work.adapter
@@ -137,18 +137,17 @@ class SliceRun:
     def stop(self) -> None:
         self.loop.stop()
 
-    def join(self) -> dict:
+    def join(self) -> DiscoveryReport:
         self.thread.join()
         results = list(self.loop.results.values())
-        return {
-            "slices": len(results),
-            "discovered_here": sum(r.got is Got.COMPILED for r in results),
-            "read": sum(r.got is Got.INSTALLED for r in results),
-            "failed": sum(r.got is Got.FAILED for r in results),
-            "taken_over": sum(r.took_over for r in results),
-            "waited_seconds": round(max((r.waited for r in results), default=0.0), 3),
-            "timeline": self.loop.timeline.to_json(),
-        }
+        return DiscoveryReport(
+            slices=len(results),
+            discovered_here=sum(r.got is Got.COMPILED for r in results),
+            read=sum(r.got is Got.INSTALLED for r in results),
+            failed=sum(r.got is Got.FAILED for r in results),
+            taken_over=sum(r.took_over for r in results),
+            waited_seconds=round(max((r.waited for r in results), default=0.0), 3),
+            timeline=self.loop.timeline.to_json())
 
     def _build(self, unit: Unit, context: Any) -> Built:
         ok, seconds, error = self.discover(unit.name, context)

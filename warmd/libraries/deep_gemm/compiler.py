@@ -43,7 +43,7 @@ import time
 from pathlib import Path
 
 from warmd import settings
-from warmd.executors.base import StageCluster
+from warmd.executors.base import StageCluster, StageReport
 from warmd.executors.stage import stage_timeline
 from warmd.executors.stage_cluster import ClusterStage
 from warmd.libraries.deep_gemm.cache import DeepGemmCacheAdapter
@@ -189,7 +189,7 @@ class DeepGemmKernelStage(DeepGemmLists, DeepGemmDiscovery, ClusterStage):
         compiles = [c for c in read_compiles(self.run) if c.get("ok")]
         return {c["source_sha256"]: float(c["seconds"]) for c in compiles}
 
-    def finish(self) -> dict:
+    def finish(self) -> StageReport:
         """Wait for the discovery and the compiles, remove the run's scratch, and say what
         happened."""
         self._join()
@@ -201,8 +201,7 @@ class DeepGemmKernelStage(DeepGemmLists, DeepGemmDiscovery, ClusterStage):
         args = None
         with contextlib.suppress(OSError, ValueError):
             args = jobs[0].args() if jobs else None
-        summary = {
-            "library": "deep_gemm",
+        detail = {
             "jobs": self.jobs,
             "deep_gemm": self.install.describe() if self.install else None,
             "fast_path": self.fast_path_off is None,
@@ -222,13 +221,12 @@ class DeepGemmKernelStage(DeepGemmLists, DeepGemmDiscovery, ClusterStage):
             "discovery_errors": self.record_errors[:5],
             "nvcc": self.nvcc,
             "nvcc_args": args,  # DeepGEMM's arguments ({source}/{output}: the paths)
-            "workers_started": sum(w.started for w in self.recorders),
             "timeline": stage_timeline(self.began_wall, _known(jobs), _recorders(self.run),
                                        compiles, self.jobs),
-            "cluster": self.cluster_report,
         }
         shutil.rmtree(self.run, ignore_errors=True)
-        return summary
+        return StageReport(self.library, sum(w.started for w in self.recorders),
+                           self.cluster_report, detail)
 
 
 def local_arch_flag() -> str | None:
