@@ -34,7 +34,8 @@ class KernelLists:
         if list_fp is None or not tasks:
             return KernelList()
         try:
-            raws = self._get_all([layout.kernel_task_key(list_fp, t) for t in tasks])
+            raws = self.transport.get_many([layout.kernel_task_key(list_fp, t) for t in tasks],
+                                          "fetch")
             found = {t: self._accept_signed(raw, list_fp)
                      for t, raw in zip(tasks, raws, strict=True) if raw is not None}
             listed = {t: tuple(rec.get("entries") or ()) for t, rec in found.items()}
@@ -42,7 +43,8 @@ class KernelLists:
             names = sorted({n for t in listed for n in (*listed[t], *also[t])})
             if not all(is_entry_name(n) for n in names):
                 raise BadRecord("kernel list names an entry badly")
-            raws = self._get_all([layout.kernel_job_key(list_fp, n) for n in names])
+            raws = self.transport.get_many([layout.kernel_job_key(list_fp, n) for n in names],
+                                          "fetch")
             jobs = {n: self._accept_signed(raw, list_fp)
                     for n, raw in zip(names, raws, strict=True) if raw is not None}
         except StoreFailed:
@@ -80,15 +82,6 @@ class KernelLists:
             pipe.publish(layout.kernel_channel(fp), b"kernel list")
 
         return write
-
-    def _get_all(self, keys: list[str]) -> list[bytes | None]:
-        def run(client):
-            pipe = client.pipeline(transaction=False)
-            for key in keys:
-                pipe.get(key)
-            return pipe.execute()
-
-        return self.transport.op(run, "fetch") if keys else []
 
     def _accept_signed(self, raw: bytes, fp: str) -> dict:
         """A kernel-list record if it decodes, is signed as this node requires, and

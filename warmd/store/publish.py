@@ -216,13 +216,7 @@ class Publisher:
 
     def _existing(self, keys: list[str]) -> list[bytes | None]:
         """The values at keys (None: absent; WRONG_TYPE: another Redis type)."""
-        def run(client):
-            pipe = client.pipeline(transaction=False)
-            for key in keys:
-                pipe.get(key)
-            return pipe.execute(raise_on_error=False)
-
-        replies = self.op(run, "publish") if keys else []
+        replies = self.session.transport.get_many(keys, "publish", raise_on_error=False)
         out = []
         for reply in replies:
             if isinstance(reply, Exception) and classify(reply) == "error":

@@ -185,6 +185,17 @@ class RedisTransport:
             with self._lock:
                 self._clients.clear()
 
+    def get_many(self, keys: list[str], what: str, raise_on_error: bool = True) -> list:
+        """The values at keys in one pipelined round trip (None: absent); without
+        raise_on_error a key's own error (another Redis type) is its value."""
+        def run(client):
+            pipe = client.pipeline(transaction=False)
+            for key in keys:
+                pipe.get(key)
+            return pipe.execute(raise_on_error=raise_on_error)
+
+        return self.op(run, what) if keys else []
+
     def script(self, name: str, client, keys: list, args: list) -> Any:
         """Run one of SCRIPTS (inside an op's fn, with its client)."""
         if name not in self._scripts:
