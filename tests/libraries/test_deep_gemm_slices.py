@@ -163,3 +163,21 @@ def test_a_slice_held_by_a_killed_node_is_discovered_elsewhere(server, site, tmp
     # What the victim built before it died was published: installed, not built again.
     cluster = stage["cluster"]
     assert cluster["compiled"] + cluster["installed"] == len(needed(m=m)), cluster
+
+
+@needs_nvcc
+def test_a_node_whose_store_is_down_discovers_and_builds_everything_itself(site, tmp_path):
+    """Nothing answers at the store's address: every slice is this node's to discover,
+    every kernel its own to build; it ends with everything its plan needs."""
+    import socket
+
+    with socket.socket() as probe:  # a loopback port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+
+    class Down:
+        url = f"redis://127.0.0.1:{port}/0"
+
+    data = result(spawn(Down, site, tmp_path, "alone"))
+    assert entries(tmp_path, "alone") == needed()
+    assert data["stage"]["nvcc_runs"] == len(needed())
