@@ -2,7 +2,7 @@
 on every core, before and while the workers run the tasks.
 
 A task is one GEMM shape and its M values; DeepGEMM's heuristics pick a kernel config per
-call, and many calls (and shapes: dense kernels are shape-agnostic) share one kernel.
+call, and many calls (M values of one block configuration) share one kernel.
 Running tasks in parallel therefore compiles at most one kernel per task at a time, and
 the same kernel in several tasks at once. The stage instead:
 
