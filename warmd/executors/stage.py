@@ -236,15 +236,19 @@ def discovery_units(tasks: list[Task], count: int) -> list[Task]:
     per_task = -(-count // max(1, len(tasks)))
     units = []
     for task in tasks:
-        values = sorted(task.m)
-        pieces = max(1, min(per_task, len(values) // 2))
-        if pieces == 1:
-            units.append(task)
-            continue
-        size = -(-len(values) // pieces)
-        units += [replace(task, key=f"{task.key}@m{chunk[0]}-{chunk[-1]}", m=tuple(chunk))
-                  for i in range(0, len(values), size) if (chunk := values[i:i + size])]
+        pieces = max(1, min(per_task, len(task.m) // 2))
+        units += m_pieces(task, -(-len(task.m) // pieces))
     return units
+
+
+def m_pieces(task: Task, size: int) -> list[Task]:
+    """The task cut into pieces of at most size consecutive M values, each keyed
+    ``<task key>@m<first>-<last>`` (the task itself when it has no more)."""
+    values = sorted(task.m)
+    if len(values) <= size:
+        return [task]
+    return [replace(task, key=f"{task.key}@m{chunk[0]}-{chunk[-1]}", m=tuple(chunk))
+            for i in range(0, len(values), size) if (chunk := values[i:i + size])]
 
 
 def stage_timeline(began: float, known: list[float], recorders: list[dict],

@@ -17,13 +17,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import replace
 from typing import Any, Protocol
 
 from warmd.coordination import DiscoveryReport
 from warmd.executors.base import StageClusterReport
 from warmd.executors.pool import Worker
-from warmd.executors.stage import CompileStage
+from warmd.executors.stage import CompileStage, m_pieces
 from warmd.tasks import Task
 
 # A builder waits this long at most for GPU nodes to publish the kernel lists of its tasks.
@@ -51,15 +50,7 @@ def discovery_slices(tasks: list[Task]) -> list[Task]:
     is its own slice), taken round robin across the tasks, so that the first slices any
     node discovers name kernels of every GEMM. A function of the tasks alone: every node
     of the cluster cuts the same slices, whatever its cores."""
-    pieces = []
-    for task in sorted(tasks, key=lambda t: t.key):
-        values = sorted(task.m)
-        if len(values) <= SLICE_M:
-            pieces.append([task])
-            continue
-        pieces.append([replace(task, key=f"{task.key}@m{chunk[0]}-{chunk[-1]}", m=tuple(chunk))
-                       for i in range(0, len(values), SLICE_M)
-                       if (chunk := values[i:i + SLICE_M])])
+    pieces = [m_pieces(task, SLICE_M) for task in sorted(tasks, key=lambda t: t.key)]
     longest = max((len(p) for p in pieces), default=0)
     return [p[i] for i in range(longest) for p in pieces if i < len(p)]
 
