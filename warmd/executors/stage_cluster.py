@@ -17,10 +17,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from pathlib import Path
 from typing import Any, Protocol
 
 from warmd.coordination import DiscoveryReport
-from warmd.executors.base import StageClusterReport
+from warmd.executors.base import StageCluster, StageClusterReport
 from warmd.executors.pool import Worker
 from warmd.executors.stage import CompileStage, m_pieces
 from warmd.tasks import Task
@@ -77,7 +78,9 @@ class ClusterStage(CompileStage):
         """What a slice's kernel list is published under."""
         raise NotImplementedError
 
-    def _init_cluster(self) -> None:
+    def __init__(self, root: Path, tasks: list[Task], jobs: int, gpu_ids: list[str],
+                 env: dict[str, str], cluster: StageCluster | None = None) -> None:
+        super().__init__(root, tasks, jobs, gpu_ids, env, cluster)
         self.listed: dict[str, Any] = {}  # entry -> how it is built (the kernel list)
         self.slice_lists: dict[str, tuple[str, ...]] = {}  # slice digest -> entries, listed
         self.list_lock = threading.Lock()  # listed and slice_lists, from several threads

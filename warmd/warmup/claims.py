@@ -104,6 +104,17 @@ class LoopTimeline:
                 "last_install": at(self.last_install), "ended": at(self.ended)}
 
 
+def store_order(shared: SharedCache | None, names: list[str]) -> list[str]:
+    """The order this node should claim units in: the store's, so that nodes starting
+    together start on different units (this order when there is none, or it fails)."""
+    if shared is None:
+        return names
+    try:
+        return shared.shard_order(names)
+    except Exception:  # an optimisation only
+        return names
+
+
 class ClaimLoop(Generic[C]):
     """See the module docstring. ``build(unit, context)`` builds and publishes a unit it
     holds the claim of; ``install(adapter, units)`` installs published ones and returns the

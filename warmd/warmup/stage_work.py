@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from warmd.cache.base import CacheAdapter
 from warmd.coordination import BootReport, DiscoveryReport, KernelList, WorkKind
-from warmd.warmup.claims import Built, ClaimLoop, Got, Unit, UnitResult
+from warmd.warmup.claims import Built, ClaimLoop, Got, Unit, UnitResult, store_order
 from warmd.warmup.report import Build, claims_boot
 from warmd.warmup.state import LibraryState, RunState
 from warmd.warmup.units import tell_building
@@ -54,13 +54,6 @@ class StageWork:
                       take: Callable[[list[str]], set[str]],
                       contexts: list[Any]) -> SliceRun:
         return SliceRun(self, slices, discover, take, contexts)
-
-    def ordered(self, names: list[str]) -> list[str]:
-        """The store's order for this node: nodes starting together start apart."""
-        try:
-            return self.shared.shard_order(names)
-        except Exception:  # an optimisation only
-            return names
 
 
 class KernelRun:
@@ -125,7 +118,7 @@ class SliceRun:
         self.loop: ClaimLoop[Any] = ClaimLoop(work.shared, list(contexts), self._build,
                                               self._install, wait_limit=work.wait_limit)
         self.loop.add([Unit(d, work.adapter, WorkKind.DISCOVERY)
-                       for d in work.ordered(list(slices))])
+                       for d in store_order(work.shared, list(slices))])
         self.loop.close()
         self.thread = threading.Thread(target=self.loop.run, daemon=True,
                                        name="warmd-discovery-claims")

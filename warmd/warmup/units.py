@@ -16,7 +16,6 @@ as always.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
@@ -29,7 +28,7 @@ from warmd.coordination import WorkKind
 from warmd.executors.base import KernelOutcome, TaskResult
 from warmd.executors.pool import Worker
 from warmd.stats import Outcome
-from warmd.warmup.claims import Built, ClaimLoop, Got, Unit, UnitResult
+from warmd.warmup.claims import Built, ClaimLoop, Got, Unit, UnitResult, store_order
 from warmd.warmup.report import Build, Mode, TaskReport
 from warmd.warmup.state import RunState, TaskState
 from warmd.warmup.task import check, compile_task, fetch, finish, publish
@@ -118,11 +117,7 @@ class TaskWork:
     def ordered(self) -> list[Unit]:
         """The units in the order this node should claim them: the store's, so that nodes
         starting together start on different units."""
-        names = list(self.units)
-        if self.shared is not None:
-            with contextlib.suppress(Exception):  # an optimisation only
-                names = self.shared.shard_order(names)
-        return [self.units[n] for n in names]
+        return [self.units[n] for n in store_order(self.shared, list(self.units))]
 
     def ready_now(self) -> list[TaskUnits]:
         """Tasks with no unit to wait for (every entry here already)."""

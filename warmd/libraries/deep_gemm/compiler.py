@@ -103,7 +103,6 @@ class DeepGemmKernelStage(DeepGemmLists, DeepGemmDiscovery, ClusterStage):
     def __init__(self, root: Path, tasks: list[Task], jobs: int, gpu_ids: list[str],
                  env: dict[str, str], cluster: StageCluster | None = None) -> None:
         super().__init__(root, tasks, jobs, gpu_ids, env, cluster)
-        self._init_cluster()
         self.nvcc = real_nvcc()
         self.nice = settings.compile_nice()
         self.install = resolve()  # the DeepGEMM the workers import

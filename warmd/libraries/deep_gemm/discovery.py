@@ -13,11 +13,11 @@ import uuid
 from pathlib import Path
 
 from warmd.cache.durable import rename_noreplace
+from warmd.executors.stage_cluster import POLL_SECONDS
 from warmd.libraries.deep_gemm.cache import DeepGemmCacheAdapter, entry_state
 from warmd.libraries.deep_gemm.nvcc_shim import Job, read_passthrough
 
 RECORDER = "warmd.libraries.deep_gemm.executor:DeepGemmRecorder"
-POLL_SECONDS = 0.05
 
 
 def seed_entries(source: DeepGemmCacheAdapter, target: Path) -> set[str]:
