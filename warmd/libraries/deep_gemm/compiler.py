@@ -110,6 +110,8 @@ class DeepGemmKernelStage(DeepGemmLists, DeepGemmDiscovery, ClusterStage):
         self.placeholder_entries: set[str] = set()  # recorded, never published
         self.linked: set[str] = set()  # real entries of the discovery, linked into root
         self.built_here: set[str] = set()  # listed kernels this node built (claimed)
+        self.jobs_by_source: dict[str, Job] = {}  # recorded jobs by their source's digest
+        self.hashed_jobs: set[str] = set()  # the job directories read into it
 
     # -- starting --
 

@@ -42,15 +42,13 @@ class DeepGemmLists:
 
     def _map_new_jobs(self) -> list[str]:
         record = DeepGemmCacheAdapter(self.run / "record")
-        include = str(self.install.location / "include") if self.install else ""
-        try:
-            with os.scandir(self.run / "jobs") as it:
-                jobs = {hashlib.sha256(Job(Path(e.path)).source.read_bytes()).hexdigest():
-                        Job(Path(e.path)) for e in it if e.is_dir() and Job(Path(e.path)).ready}
-        except OSError:
+        names = sorted(record.entry_names() - self.seeded - set(self.listed))
+        if not names:
             return []
+        include = str(self.install.location / "include") if self.install else ""
+        jobs = self._jobs_by_source()
         fresh = []
-        for name in sorted(record.entry_names() - self.seeded - set(self.listed)):
+        for name in names:
             path = record.entries_dir / name
             if entry_state(path) != "complete":
                 continue
@@ -63,6 +61,26 @@ class DeepGemmLists:
             self.listed[name] = listed_from_entry(job, path, self.nvcc, include)
             fresh.append(name)
         return fresh
+
+    def _jobs_by_source(self) -> dict[str, Job]:
+        """Each recorded job by its source's digest; each job read and hashed once (this
+        runs every poll of the discovery)."""
+        try:
+            with os.scandir(self.run / "jobs") as it:
+                found = [Job(Path(e.path)) for e in it
+                         if e.is_dir() and e.name not in self.hashed_jobs]
+        except OSError:
+            return self.jobs_by_source
+        for job in found:
+            if not job.ready:
+                continue  # being written: read at a later poll
+            try:
+                digest = hashlib.sha256(job.source.read_bytes()).hexdigest()
+            except OSError:
+                continue
+            self.jobs_by_source[digest] = job
+            self.hashed_jobs.add(job.path.name)
+        return self.jobs_by_source
 
     def _build_listed(self, entry: str) -> tuple[bool, float, str]:
         """Build one listed kernel into the cache root (the cluster publishes it)."""
