@@ -99,7 +99,9 @@ def test_slices_are_the_same_on_every_node_and_cover_every_m():
 def test_cold_nodes_discover_slices_together_and_compile_each_kernel_once(server, site,
                                                                         tmp_path):
     m = list(range(1, 1025, 4))  # 256 M values per task: 2 slices each, 4 in all
-    nodes = [spawn(server, site, tmp_path, f"n{i}", m=m, seconds_per_call=0.01)
+    # A slice is about 4 s of (fake) GPU calls: longer than the two processes' start-ups
+    # differ on a loaded machine, so neither can discover every slice before the other starts
+    nodes = [spawn(server, site, tmp_path, f"n{i}", m=m, seconds_per_call=0.03)
              for i in range(2)]
     reports = [result(p)["stage"] for p in nodes]
     want = needed(m=m)
