@@ -2,7 +2,7 @@
 kernels a *discovery* can name before they are compiled: discovery processes (worker
 processes running the library's recorder executor over pieces of the cold tasks), a pool
 of compile slots, the child processes it starts, when the library's own workers may start
-(worker gating), how the stage is stopped, its state, and its timeline. A library's stage
+(worker gating), how the stage is stopped, and its timeline. A library's stage
 (DeepGEMM's: warmd.libraries.deep_gemm.compiler) adds what is its own: how a kernel is
 recorded, named and built (its shim and job format), and its report's own fields.
 """
@@ -10,7 +10,6 @@ recorded, named and built (its shim and job format), and its report's own fields
 from __future__ import annotations
 
 import contextlib
-import enum
 import queue
 import signal
 import subprocess
@@ -32,19 +31,6 @@ WORKERS_HELD_SECONDS = 60.0
 # 3.6 s alone, eight with four workers 6.3-7.3 s each), and one process names about 17
 # DeepGEMM kernels a second once started, faster than any node compiles them.
 RECORDERS = 2
-
-
-class StageState(str, enum.Enum):
-    """Where a kernel stage is."""
-
-    STARTING = "starting"
-    DISCOVERING = "discovering"  # discovery processes name kernels; compiles run meanwhile
-    COMPILING = "compiling"  # every kernel is known; the last compiles run
-    DONE = "done"
-    STOPPED = "stopped"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 class CompileStage:
@@ -88,18 +74,6 @@ class CompileStage:
         # and CUDA, is the same seconds either way, and they only hand over cubins).
         self.workers_may_start = threading.Event()
         self.all_submitted = False  # the discovery ended and its last jobs are in the pool
-
-    @property
-    def state(self) -> StageState:
-        if self.stopped.is_set():
-            return StageState.STOPPED
-        if not self.began:
-            return StageState.STARTING
-        if not self.discovery_done.is_set():
-            return StageState.DISCOVERING
-        if self.threads and any(t.is_alive() for t in self.threads):
-            return StageState.COMPILING
-        return StageState.DONE
 
     # -- threads, processes --
 
