@@ -165,6 +165,9 @@ KNOBS: tuple[Knob, ...] = (
     Knob("WARMD_COMPILE_NICE", WHOLE, 10,
          "nice increment of the nvcc runs of DeepGEMM's kernel stage (default 10), so its "
          "discovery, the engine and serving keep the CPU first; `0`: none"),
+    Knob("WARMD_DISCOVERY_PROCESSES", WHOLE, 2,
+         "discovery processes of a kernel stage while it records (default 2; at most one "
+         "per two compile jobs; `0`: one), each holding a CUDA context"),
     Knob("WARMD_CONFIG", PATH, None,
          "the daemon's warmd.yaml (default: the embedded example config)"),
     Knob("WARMD_METRICS_PORT", STRING, None,

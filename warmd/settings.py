@@ -253,6 +253,11 @@ def compile_nice() -> int:
     return get("WARMD_COMPILE_NICE")
 
 
+def discovery_processes(environ: Environ = None) -> int:
+    """WARMD_DISCOVERY_PROCESSES: a kernel stage's discovery processes while it records."""
+    return max(1, get("WARMD_DISCOVERY_PROCESSES", environ))
+
+
 def library_packages() -> tuple[str, ...]:
     """WARMD_LIBRARY_PACKAGES: more packages that each register a JIT library."""
     return get("WARMD_LIBRARY_PACKAGES")

@@ -68,6 +68,14 @@ def parse_nodes(text: str) -> list[int]:
     return sorted(set(values))
 
 
+def parse_counts(text: str) -> list[int]:
+    """'2,1,4' -> [2, 1, 4] (in the order given: the first run's kernels are saved)."""
+    values = [p.strip() for p in text.split(",") if p.strip()]
+    if not values or not all(v.isdigit() and int(v) >= 1 for v in values):
+        raise ValueError(f"--discovery takes counts of 1 or more, got {text!r}")
+    return [int(v) for v in values]
+
+
 def parse_models(text: str) -> list[str]:
     models = [m.strip() for m in text.split(",") if m.strip()]
     unknown = [m for m in models if m not in PLANS]
@@ -214,7 +222,7 @@ class Bench(BenchRun):
         client.close()
 
     def nodes(self, model: str, placement: list[list[int] | None], label: str,
-              need: float) -> dict | None:
+              need: float, extra_env: dict[str, str] | None = None) -> dict | None:
         """One node per placement (the cores it is pinned to; None: not pinned) of one model,
         cold at once; None when the budget has not the need seconds left (said and kept)."""
         if self.left() < need:
@@ -230,7 +238,8 @@ class Bench(BenchRun):
             node = work / f"n{i}"
             node.mkdir(parents=True)
             env = {**os.environ, "DG_JIT_CACHE_DIR": str(node / "dg"),
-                   "WARMD_STATE_DIR": str(node / "state"), "WARMD_NODE_NAME": f"{label}-{i}"}
+                   "WARMD_STATE_DIR": str(node / "state"), "WARMD_NODE_NAME": f"{label}-{i}",
+                   **(extra_env or {})}
             argv = [sys.executable, "-m", "warmd", "warmup", *PLANS[model], *PLAN_ARGS,
                     "--redis", self.url, "--json"]
             # the node's process and all it starts (workers, discovery, nvcc) keep its cores
@@ -325,11 +334,13 @@ class Bench(BenchRun):
 
 
 def run(out: Path, budget: float, models: list[str], ks: list[int], url: str,
-        builder_jobs: int, pinned: bool = False) -> int:
+        builder_jobs: int, pinned: bool = False, discovery: list[int] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     bench = Bench(out, budget, url)
     for model in models:
-        if pinned:
+        if discovery:
+            run_discovery_sweep(bench, model, discovery)
+        elif pinned:
             run_pinned(bench, model, ks)
         else:
             run_shared(bench, model, ks, out, builder_jobs)
@@ -401,6 +412,46 @@ def run_pinned(bench: Bench, model: str, ks: list[int]) -> None:
         log_pinned(bench, f"{model} K={k} x {per_node} cores", row)
 
 
+def run_discovery_sweep(bench: Bench, model: str, counts: list[int]) -> None:
+    """One node alone on every core per count of discovery processes
+    (WARMD_DISCOVERY_PROCESSES): how long the discovery takes, when the first kernel is
+    compiled, the wall. The first run's kernels (each one's nvcc seconds and source) go to
+    compile_times.json: the data an order by expected compile time is fitted on."""
+    for count in counts:
+        label = f"{model}-alone-d{count}"
+        row = bench.nodes(model, [None], label, need=60.0,
+                          extra_env={"WARMD_DISCOVERY_PROCESSES": str(count)})
+        if row is None:
+            continue
+        row.update(judge_run(row, None, bench.cores))
+        node = row["nodes"][0]
+        timeline = node.get("timeline") or {}
+        bench.log(f"{model} alone, {count} discovery processes asked, "
+                  f"{node['discovery_processes']} ran: wall {row['wall']} s, discovery "
+                  f"{node['discovery_seconds']} s, first compile "
+                  f"{timeline.get('deep_gemm.first_compile')} s, {node['compiled']} compiled")
+        if count == counts[0]:
+            save_compile_times(bench.out, label)
+
+
+def save_compile_times(out: Path, label: str) -> None:
+    """compile_times.json: {entry: {"seconds": nvcc seconds, "source": kernel.cu}} of a
+    run's node 0, from its report and its DeepGEMM cache root."""
+    report = json.loads((out / "reports" / f"{label}-n0.json").read_text()) or {}
+    seconds = {k["name"]: k["seconds"] for t in report.get("task_details", [])
+               for k in t.get("kernels", []) if k.get("outcome") == "compiled"}
+    held = entries(out / "work" / label / "n0" / "dg")
+    rows = {}
+    for name, secs in seconds.items():
+        source = held.get(name, Path("/nonexistent")) / "kernel.cu"
+        rows[name] = {"seconds": secs,
+                      "source": source.read_text() if source.is_file() else None}
+    path = out / "compile_times.json"
+    data = json.loads(path.read_text()) if path.is_file() else {}
+    data[label] = rows
+    path.write_text(json.dumps(data, indent=1))
+
+
 def alone_label(model: str, per_node: int) -> str:
     """The run of one node of model alone, pinned to per_node cores."""
     return f"{model}-alone-c{per_node}"
@@ -442,9 +493,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pinned", action="store_true",
                         help="K machines of cores // K cores: each node pinned to its own "
                              "cores, against one node alone on as many")
+    parser.add_argument("--discovery", default="",
+                        help="counts of discovery processes (1,2,4,8): one node alone on "
+                             "every core per count, instead of the K runs")
     opts = parser.parse_args(argv)
     try:
         models, ks = parse_models(opts.models), parse_nodes(opts.nodes)
+        discovery = parse_counts(opts.discovery) if opts.discovery else []
         if opts.pinned:
             for k in ks:
                 core_slices(sorted(os.sched_getaffinity(0)), k)
@@ -464,7 +519,7 @@ def main(argv: list[str] | None = None) -> int:
         url = server.url
     try:
         return run(opts.out, opts.budget, models, ks, url, opts.builder_jobs,
-                   opts.pinned)
+                   opts.pinned, discovery)
     finally:
         if server is not None:
             server.stop()

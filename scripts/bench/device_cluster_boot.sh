@@ -10,7 +10,9 @@
 #         bash scripts/bench/device_cluster_boot.sh      # K machines of 16 / K cores each
 # GENERATION=014 (the default): sgl-deep-gemm 0.1.4.post1 from the wheels; GENERATION=281:
 # DeepGEMM 2.8.1 as vLLM 0.34.0 vendors it (no sgl-deep-gemm on the path). WHEELS and VDG
-# name other carries. PINNED=1: `--pinned` (each node pinned to its own cores; see
+# name other carries. DISCOVERY=2,1,4,8: `--discovery` (one node alone on every core per
+# count of discovery processes; the first run's kernel sources and nvcc seconds go to
+# $OUT/compile_times.json). PINNED=1: `--pinned` (each node pinned to its own cores; see
 # scripts/bench/device_cluster_boot.py). The whole call must end within one device call
 # (600 s): the runs' budget is what is left of DEADLINE (default 540) seconds after the
 # setup, unless BUDGET is given; a run that would not fit is not started, and the log says
@@ -54,8 +56,10 @@ BUDGET=${BUDGET:-$((${DEADLINE:-540} - SECONDS))}
 PIN=
 if [ "${PINNED:-0}" = 1 ]; then PIN=--pinned; fi
 echo "setup took ${SECONDS}s; budget for the runs: ${BUDGET}s" | tee -a "$LOG"
+SWEEP=
+if [ -n "${DISCOVERY:-}" ]; then SWEEP="--discovery $DISCOVERY"; fi
 python3 scripts/bench/device_cluster_boot.py run --out "$OUT" --budget "$BUDGET" \
-    --models "${MODELS:-qwen,dsv3}" --nodes "${NODES:-2,4}" $PIN 2>&1 | tee -a "$LOG"
+    --models "${MODELS:-qwen,dsv3}" --nodes "${NODES:-2,4}" $PIN $SWEEP 2>&1 | tee -a "$LOG"
 rc=${PIPESTATUS[0]}
 rm -rf "$OUT/work" "$TMP"
 exit "$rc"

@@ -394,3 +394,16 @@ def test_unknown_version_compiles_with_one_discovery_process_per_job(tmp_path, m
     assert summary["discovery_processes"] == 3 and summary["discovered_kernels"] == 0
     assert summary["deep_gemm"] == "deep_gemm 3.0.0, installed"
     assert not stage.run.exists()
+
+
+@pytest.mark.parametrize(("knob", "jobs", "processes"), [
+    (None, 16, 2), ("4", 16, 4), ("8", 6, 3), ("0", 16, 1), ("3", 1, 1)])
+def test_discovery_processes_follow_the_knob_at_most_one_per_two_jobs(tmp_path, knob, jobs,
+                                                                       processes):
+    task = Task(key="deep_gemm/fp8_gemm_nt/2304x4096/t", library="deep_gemm",
+                kernel="fp8_gemm_nt", n=2304, k=4096, m=tuple(range(1, 65)))
+    env = {"WARMD_STATE_DIR": str(tmp_path / "state")}
+    if knob is not None:
+        env["WARMD_DISCOVERY_PROCESSES"] = knob
+    stage = DeepGemmKernelStage(tmp_path / "dg", [task], jobs=jobs, gpu_ids=[], env=env)
+    assert stage._discovery_processes() == processes

@@ -20,17 +20,13 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
+from warmd import settings
 from warmd.executors.base import DiscoveryRun, StageCluster, TaskResult
 from warmd.executors.pool import Worker
 from warmd.tasks import Task
 
 # At most: a plan of many kernels, or a discovery that never ends, holds no one longer.
 WORKERS_HELD_SECONDS = 60.0
-# Discovery processes on the node while recording (at most one per two compile jobs).
-# Few: processes that import torch at once slow each other down (on the H200 node one took
-# 3.6 s alone, eight with four workers 6.3-7.3 s each), and one process names about 17
-# DeepGEMM kernels a second once started, faster than any node compiles them.
-RECORDERS = 2
 
 
 class CompileStage:
@@ -105,10 +101,10 @@ class CompileStage:
         raise NotImplementedError
 
     def _discovery_processes(self) -> int:
-        """RECORDERS record (at most one per two compile jobs); without the fast path,
-        one per compile job compiles."""
+        """WARMD_DISCOVERY_PROCESSES record (at most one per two compile jobs); without the
+        fast path, one per compile job compiles."""
         if self.fast_path_off is None:
-            return max(1, min(RECORDERS, self.jobs // 2))
+            return max(1, min(settings.discovery_processes(self.env), self.jobs // 2))
         return self.jobs
 
     def _add_discovery(self, total: int) -> None:
