@@ -97,10 +97,12 @@ class StageCluster(Protocol):
     def wait(self, seconds: float) -> None:
         """Up to seconds, or until a claim of the library is released."""
 
-    def run_kernels(self, build: Callable[[str], tuple[bool, float, str]],
-                    threads: int) -> KernelRun:
+    def run_kernels(self, build: Callable[[str], tuple[bool, float, str]], threads: int,
+                    expected: Callable[[str], float] | None = None) -> KernelRun:
         """Start claiming kernels on threads threads; build(entry) -> (ok, seconds, error)
-        builds one into the cache root (then it is published)."""
+        builds one into the cache root (then it is published). expected(entry): its
+        expected build seconds; the kernels known and unclaimed are claimed longest first
+        (in the order added, without)."""
 
     def run_discovery(self, slices: list[str],
                       discover: Callable[[str, Any], tuple[bool, float, str]],

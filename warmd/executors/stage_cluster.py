@@ -8,7 +8,8 @@ and built (or installed when another node built it) as soon as it is known, so n
 compile while others still discover. A builder has no GPU: it only follows lists.
 
 The library says how a listed kernel is read (``_parse_listed``), which kernels its
-discovery named so far (``_map_jobs``), how one is built (``_build_listed``) and whether an
+discovery named so far (``_map_jobs``), how one is built (``_build_listed``), how long that
+is expected to take (``_expected_seconds``: the longest are claimed first) and whether an
 entry is complete (``_entry_complete``).
 """
 
@@ -74,6 +75,11 @@ class ClusterStage(CompileStage):
     def _entry_complete(self, name: str) -> bool:
         raise NotImplementedError
 
+    def _expected_seconds(self, entry: str) -> float:
+        """How long building a listed kernel is expected to take (only the order counts:
+        the longest are claimed first; all equal: in the order they became known)."""
+        return 0.0
+
     def _task_digest(self, task: Task) -> str:
         """What a slice's kernel list is published under."""
         raise NotImplementedError
@@ -102,7 +108,8 @@ class ClusterStage(CompileStage):
         began = time.monotonic()
         self.cluster_moments: dict[str, float] = {}
         self._cut_slices()
-        self.kernels = kernels = cluster.run_kernels(self._build_listed, self.jobs)
+        self.kernels = kernels = cluster.run_kernels(self._build_listed, self.jobs,
+                                                     self._expected_seconds)
         try:
             missing = self._take_lists(list(self.slice_tasks))
             if missing is None:

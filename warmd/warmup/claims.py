@@ -3,8 +3,9 @@ compiled, published the moment it is built, and installed by every other node as
 it lands.
 
 A ``ClaimLoop`` runs one node's share. Its compile threads (one per worker process, or
-per nvcc slot for a kernel stage) take units in the order given (spread across nodes by
-the store's arrival order) and claim each without waiting:
+per nvcc slot for a kernel stage) take units longest expected build first, else in the
+order given (spread across nodes by the store's arrival order), and claim each without
+waiting:
 
     mine       build it here, publish it, release the claim
     published  another node built it: the collector installs it
@@ -65,6 +66,7 @@ class Unit:
     claimed: bool = False  # the collector took the claim over from a dead claimer
     waited_since: float | None = None  # first found held by another node
     local_only: bool = False  # published, yet not installable here: built without a claim
+    expected: float = 0.0  # its expected build seconds: the longest known is taken first
 
 
 @dataclass
@@ -102,6 +104,13 @@ class LoopTimeline:
         return {"first_compile": at(self.first_compile),
                 "last_compile_end": at(self.last_compile_end),
                 "last_install": at(self.last_install), "ended": at(self.ended)}
+
+
+def _first_to_take(unit: Unit) -> tuple[bool, float]:
+    """A unit handed back (its claimer died, or it is not installable here) before any
+    other; then the longest expected build (the cluster's last builds are then short ones,
+    and its nodes finish together)."""
+    return unit.claimed or unit.local_only, unit.expected
 
 
 def store_order(shared: SharedCache | None, names: list[str]) -> list[str]:
@@ -195,7 +204,9 @@ class ClaimLoop(Generic[C]):
             if self._stop.is_set():
                 return None
             self._busy += 1
-            return self._pending.popleft()
+            unit = max(self._pending, key=_first_to_take)  # the first of equals: as given
+            self._pending.remove(unit)
+            return unit
 
     def _compile_loop(self, context: C) -> None:
         while (unit := self._next()) is not None:

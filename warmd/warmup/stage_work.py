@@ -45,9 +45,9 @@ class StageWork:
     def wait(self, seconds: float) -> None:
         self.shared.wait_for_claims(self.adapter, seconds)
 
-    def run_kernels(self, build: Callable[[str], tuple[bool, float, str]],
-                    threads: int) -> KernelRun:
-        return KernelRun(self, build, threads)
+    def run_kernels(self, build: Callable[[str], tuple[bool, float, str]], threads: int,
+                    expected: Callable[[str], float] | None = None) -> KernelRun:
+        return KernelRun(self, build, threads, expected)
 
     def run_discovery(self, slices: list[str],
                       discover: Callable[[str, Any], tuple[bool, float, str]],
@@ -60,8 +60,8 @@ class KernelRun:
     """A stage's kernels through a ClaimLoop in the background (StageWork.run_kernels)."""
 
     def __init__(self, work: StageWork, build: Callable[[str], tuple[bool, float, str]],
-                 threads: int) -> None:
-        self.work, self.build_one = work, build
+                 threads: int, expected: Callable[[str], float] | None = None) -> None:
+        self.work, self.build_one, self.expected = work, build, expected
         self.loop: ClaimLoop[None] = ClaimLoop(work.shared, [None] * max(1, threads),
                                                self._build, self._install,
                                                done=self._done, begun=self._begun,
@@ -71,7 +71,9 @@ class KernelRun:
         self.thread.start()
 
     def add(self, names: list[str]) -> None:
-        self.loop.add([Unit(name, self.work.adapter) for name in names])
+        self.loop.add([Unit(name, self.work.adapter,
+                            expected=self.expected(name) if self.expected else 0.0)
+                       for name in names])
 
     def close(self) -> None:
         self.loop.close()

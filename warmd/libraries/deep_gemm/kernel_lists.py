@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from warmd.libraries.deep_gemm.cache import DeepGemmCacheAdapter, entry_state
+from warmd.libraries.deep_gemm.costs import TYPICAL_SECONDS, expected_seconds
 from warmd.libraries.deep_gemm.listed import (
     ListedJob,
     build_entry,
@@ -33,6 +34,11 @@ class DeepGemmLists:
 
     def _entry_complete(self, name: str) -> bool:
         return entry_state(self.root / "cache" / name) == "complete"
+
+    def _expected_seconds(self, entry: str) -> float:
+        with self.list_lock:
+            job = self.listed.get(entry)
+        return expected_seconds(job.source) if job is not None else TYPICAL_SECONDS
 
     def _map_jobs(self) -> list[str]:
         """The entries DeepGEMM named for the jobs recorded so far (a placeholder entry in
