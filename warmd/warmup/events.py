@@ -34,7 +34,7 @@ import enum
 import threading
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from warmd.coordination import BootReport, WorkKind
 from warmd.executors.base import KernelOutcome
@@ -58,7 +58,7 @@ class KernelEvent(str, enum.Enum):
 
 
 # what ends a unit of cluster work here
-UNIT_ENDS = frozenset({KernelEvent.BUILT, KernelEvent.INSTALLED, KernelEvent.FAILED})
+_UNIT_ENDS = frozenset({KernelEvent.BUILT, KernelEvent.INSTALLED, KernelEvent.FAILED})
 
 
 @dataclass(frozen=True)
@@ -154,7 +154,7 @@ def _read_unit(derived: Derived, event: Event) -> None:
         derived.waiting.setdefault(key, event.at)
     elif event.kind is KernelEvent.TOOK_OVER:
         derived.taken.add(key)
-    elif event.kind in UNIT_ENDS:
+    elif event.kind in _UNIT_ENDS:
         since = derived.waiting.get(key)
         waited = 0.0 if since is None else round(event.at - since, 3)
         derived.units[key] = UnitDone(event.library, event.unit, event.name, event.kind,
@@ -236,8 +236,8 @@ class RunEvents:
     def installed(self, library: str) -> frozenset[str]:
         """The library's entries the store's fetches installed in this run."""
         with self._lock:
-            return frozenset(e.name for e in self._events if e.kind is KernelEvent.INSTALLED
-                             and e.unit is None and e.library == library)
+            derived = derive(self._events, self._derived)
+            return frozenset(name for lib, name in derived.installed if lib == library)
 
     def compiled(self, library: str, name: str, seconds: float) -> None:
         """A kernel stage says it compiled this kernel in this run (once is enough)."""
@@ -257,4 +257,4 @@ class RunEvents:
                                       outcome=n.outcome, seconds=n.seconds, staged=staged,
                                       naming=naming) for n in names)
             derived = derive(self._events, self._derived)
-            return list(derived.namings.get(naming, []))
+            return [replace(k) for k in derived.namings.get(naming, [])]  # the caller's own
