@@ -20,6 +20,8 @@ The parts, in the order a run meets them:
     scheduler.py  run_warmup: prefetch, check each task once, start workers, hand out tasks
     state.py      what the run knows: one TaskState per task, one LibraryState per library
     task.py       one task's steps: check, fetch, flight, compile, finish, record, publish
+    events.py     the run's events (claimed, built, installed, waited, failed, named...)
+                  and the one reading of them: each kernel's outcome, the boot report
     workers.py    worker processes, their environments, the kernel stages
     sizing.py     GPUs, compile jobs and worker processes of this node
     report.py     TaskReport, WarmupReport, their counters, the store's health

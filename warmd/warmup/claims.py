@@ -24,7 +24,6 @@ every claim is ``mine``.
 from __future__ import annotations
 
 import collections
-import enum
 import logging
 import threading
 import time
@@ -34,6 +33,7 @@ from typing import TYPE_CHECKING, Generic, TypeVar
 
 from warmd.cache.base import CacheAdapter
 from warmd.coordination import ClaimState, WorkKind
+from warmd.warmup.events import Event, KernelEvent, RunEvents
 
 if TYPE_CHECKING:
     from warmd.store.api import SharedCache
@@ -41,17 +41,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 C = TypeVar("C")  # what a compile thread holds (its worker process, or nothing)
 POLL_SECONDS = 0.25
-
-
-class Got(str, enum.Enum):
-    """How this node got a unit."""
-
-    COMPILED = "compiled"  # claimed and built here
-    INSTALLED = "installed"  # built by another node, installed from the store
-    FAILED = "failed"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 @dataclass(eq=False)
@@ -67,17 +56,6 @@ class Unit:
     waited_since: float | None = None  # first found held by another node
     local_only: bool = False  # published, yet not installable here: built without a claim
     expected: float = 0.0  # its expected build seconds: the longest known is taken first
-
-
-@dataclass
-class UnitResult:
-    name: str
-    got: Got
-    seconds: float = 0.0  # what building it took here
-    waited: float = 0.0  # seconds between first finding it held and having it
-    took_over: bool = False  # its claimer died; built here
-    at: float = 0.0  # seconds from the loop's start to when it was done
-    error: str = ""
 
 
 @dataclass
@@ -128,21 +106,22 @@ class ClaimLoop(Generic[C]):
     """See the module docstring. ``build(unit, context)`` builds and publishes a unit it
     holds the claim of; ``install(adapter, units)`` installs published ones and returns the
     names now present. Units may be added while it runs (a discovery names them as it
-    goes) until ``close``."""
+    goes) until ``close``. What becomes of each unit goes to the run's ``events``."""
 
     def __init__(self, shared: SharedCache | None, contexts: list[C],
                  build: Callable[[Unit, C], Built],
                  install: Callable[[CacheAdapter, list[Unit]], set[str]],
+                 events: RunEvents,
                  poll: float = POLL_SECONDS,
-                 done: Callable[[Unit, UnitResult], None] | None = None,
+                 done: Callable[[Unit, Event], None] | None = None,
                  wait_limit: float = 3600.0,
                  begun: Callable[[Unit], None] | None = None) -> None:
         self.shared, self.contexts, self.build, self.install = shared, contexts, build, install
-        self.done = done  # hears of each unit as it is done (from the loop's threads)
+        self.events = events
+        self.done = done  # hears of each unit's last event (built, installed, failed)
         self.begun = begun  # hears of each unit as its build here begins
         self.poll = poll
         self.wait_limit = wait_limit  # the longest a unit held by another node is waited on
-        self.results: dict[str, UnitResult] = {}
         self.timeline = LoopTimeline()
         self._pending: collections.deque[Unit] = collections.deque()
         self._waiting: list[Unit] = []  # held by others, or published: the collector's
@@ -175,7 +154,7 @@ class ClaimLoop(Generic[C]):
 
     # -- running it --
 
-    def run(self) -> dict[str, UnitResult]:
+    def run(self) -> None:
         threads = [threading.Thread(target=self._compile_loop, args=(ctx,), daemon=True,
                                     name=f"warmd-claims-{i}")
                    for i, ctx in enumerate(self.contexts or [None])]  # type: ignore[list-item]
@@ -187,7 +166,6 @@ class ClaimLoop(Generic[C]):
             while thread.is_alive():
                 thread.join(timeout=0.2)
         self.timeline.ended = time.monotonic()
-        return self.results
 
     def _done(self) -> bool:
         """Under the lock: nothing left to do and nothing can come back."""
@@ -214,7 +192,7 @@ class ClaimLoop(Generic[C]):
                 self._one(unit, context)
             except Exception as exc:  # a broken store or builder fails the unit, not the loop
                 log.exception("cluster work on %s failed", unit.name)
-                self._finish(unit, UnitResult(unit.name, Got.FAILED, error=f"{exc}"))
+                self._finish(unit, KernelEvent.FAILED, error=f"{exc}")
             finally:
                 with self._cond:
                     self._busy -= 1
@@ -227,10 +205,12 @@ class ClaimLoop(Generic[C]):
         if state is not ClaimState.MINE:
             if state is ClaimState.HELD and unit.waited_since is None:
                 unit.waited_since = time.monotonic()
+                self._note(unit, KernelEvent.WAITED)
             with self._cond:
                 self._waiting.append(unit)
                 self._cond.notify_all()
             return
+        self._note(unit, KernelEvent.CLAIMED)
         began = time.monotonic()
         with self._cond:
             if self.timeline.first_compile is None:
@@ -244,14 +224,14 @@ class ClaimLoop(Generic[C]):
         ended = time.monotonic()
         with self._cond:
             self.timeline.last_compile_end = ended
-        got = Got.COMPILED if built.ok else Got.FAILED
-        self._finish(unit, UnitResult(unit.name, got, built.seconds or ended - began,
-                                      self._waited(unit, ended), unit.claimed, error=built.error))
+        self._finish(unit, KernelEvent.BUILT if built.ok else KernelEvent.FAILED,
+                     built.seconds or ended - began, built.error)
 
     def _take_back(self, unit: Unit) -> None:
         """Hand a unit held elsewhere back to the compile threads, first in line, to be
         built without claiming it again."""
         unit.claimed = True
+        self._note(unit, KernelEvent.TOOK_OVER)
         with self._cond:
             self._pending.appendleft(unit)
             self._cond.notify_all()
@@ -259,11 +239,15 @@ class ClaimLoop(Generic[C]):
     def _waited(self, unit: Unit, now: float) -> float:
         return 0.0 if unit.waited_since is None else round(now - unit.waited_since, 3)
 
-    def _finish(self, unit: Unit, result: UnitResult) -> None:
-        result.at = round(time.monotonic() - self.timeline.began, 3)
-        with self._cond:
-            self.results[unit.name] = result
-        self._tell(self.done, unit, result)
+    def _note(self, unit: Unit, kind: KernelEvent, seconds: float = 0.0,
+              error: str = "") -> Event:
+        event = Event(kind, unit.adapter.library, unit.name, unit.kind, seconds, error)
+        self.events.add(event)
+        return event
+
+    def _finish(self, unit: Unit, kind: KernelEvent, seconds: float = 0.0,
+                error: str = "") -> None:
+        self._tell(self.done, unit, self._note(unit, kind, seconds, error))
         with self._cond:
             self._cond.notify_all()
 
@@ -327,8 +311,7 @@ class ClaimLoop(Generic[C]):
                 if unit.name in present:
                     with self._cond:
                         self.timeline.last_install = now
-                    self._finish(unit, UnitResult(unit.name, Got.INSTALLED,
-                                                  waited=self._waited(unit, now)))
+                    self._finish(unit, KernelEvent.INSTALLED)
                 else:  # published, but not usable here (refused, incompatible): build it
                     unit.local_only = True
                     with self._cond:

@@ -1,6 +1,6 @@
-"""What a warmup reports: per task (TaskReport), per run (WarmupReport, its counters, its
-share of the cluster's work: claims_boot), and the shared cache's health as every report
-gives it (store_health)."""
+"""What a warmup reports: per task (TaskReport), per run (WarmupReport, its counters; its
+share of the cluster's work is what the run's events say: warmd.warmup.events.boot), and the
+shared cache's health as every report gives it (store_health)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from warmd.coordination import BootReport
 from warmd.executors.base import StageReport, TaskResult
 from warmd.stats import BY_OUTCOME, CounterFlag, Counters, Outcome, compile_seconds_saved, ids
 from warmd.tasks import Task
-from warmd.warmup.claims import Got, UnitResult
 
 if TYPE_CHECKING:  # the interface only: warming without a store imports no store client
     from warmd.store.api import SharedCache
@@ -70,20 +69,6 @@ class TaskReport:
                 "fetched": self.fetched, "published": self.published, "mode": self.mode,
                 "kernels": [{"name": k.name, "outcome": k.outcome,
                              "seconds": round(k.seconds, 3)} for k in self.result.kernels]}
-
-
-def claims_boot(results: dict[str, UnitResult], timeline: dict[str, float | None]
-                ) -> BootReport:
-    """What a claim loop's units say of this node's share of the cluster's work."""
-    boot = BootReport(timeline=timeline)
-    for result in results.values():
-        boot.compiled += result.got == Got.COMPILED
-        boot.installed += result.got == Got.INSTALLED
-        boot.failed += result.got == Got.FAILED
-        boot.waited += result.waited > 0 or result.took_over
-        boot.took_over += result.took_over
-        boot.wait_seconds += result.waited
-    return boot
 
 
 @dataclass

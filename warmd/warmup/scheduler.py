@@ -19,14 +19,7 @@ from warmd.plan import Plan
 from warmd.stats import Counters, Outcome
 from warmd.tasks import Task
 from warmd.warmup.options import WarmupOptions
-from warmd.warmup.report import (
-    TaskReport,
-    WarmupReport,
-    claims_boot,
-    count,
-    store_counters,
-    store_health,
-)
+from warmd.warmup.report import TaskReport, WarmupReport, count, store_counters, store_health
 from warmd.warmup.state import Building, RunState, StoreAnswer, TaskState
 from warmd.warmup.task import check, run_task
 from warmd.warmup.units import run_units, splits
@@ -76,10 +69,7 @@ def run_warmup(plan: Plan, options: WarmupOptions, shared: SharedCache | None = 
         split = [s for s in order if not s.settled and splits(s)] if shared is not None else []
         if split:
             work, loop = run_units(run, split, workers, handout.add_report)
-            boot = claims_boot(loop.results, {
-                "claims_began": round(loop.timeline.began - began, 3),
-                **{k: None if v is None else round(v + loop.timeline.began - began, 3)
-                   for k, v in loop.timeline.to_json().items()}})
+            boot = work.boot(loop.timeline, began)
             order = [s for s in order if s not in split] + work.left_over
         handout.run(workers, order)
     except KeyboardInterrupt:

@@ -11,8 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 from warmd.cache.base import CacheAdapter
 from warmd.coordination import BootReport, DiscoveryReport, KernelList, WorkKind
-from warmd.warmup.claims import Built, ClaimLoop, Got, Unit, UnitResult, store_order
-from warmd.warmup.report import Build, claims_boot
+from warmd.warmup.claims import Built, ClaimLoop, Unit, store_order
+from warmd.warmup.events import Event, KernelEvent, UnitDone, boot
+from warmd.warmup.report import Build
 from warmd.warmup.state import LibraryState, RunState
 from warmd.warmup.units import tell_building
 
@@ -32,6 +33,7 @@ class StageWork:
         self.shared: SharedCache = run.shared
         self.library, self.adapter = library, library.adapter
         self.builder = builder
+        self.events = run.events
         self.wait_limit = run.options.single_flight_timeout
 
     def kernel_list(self, tasks: list[str]) -> KernelList:
@@ -64,7 +66,7 @@ class KernelRun:
         self.work, self.build_one, self.expected = work, build, expected
         self.loop: ClaimLoop[None] = ClaimLoop(work.shared, [None] * max(1, threads),
                                                self._build, self._install,
-                                               done=self._done, begun=self._begun,
+                                               work.events, done=self._done, begun=self._begun,
                                                wait_limit=work.wait_limit)
         self.thread = threading.Thread(target=self.loop.run, daemon=True,
                                        name="warmd-stage-claims")
@@ -80,7 +82,7 @@ class KernelRun:
 
     def join(self) -> BootReport:
         self.thread.join()
-        return claims_boot(self.loop.results, self.loop.timeline.to_json())
+        return boot(_units(self.work, WorkKind.ENTRY), self.loop.timeline.to_json())
 
     def _build(self, unit: Unit, _context: None) -> Built:
         adapter = self.work.adapter
@@ -95,8 +97,8 @@ class KernelRun:
     def _begun(self, unit: Unit) -> None:
         tell_building(self.work.run, Build(unit.name, self.work.library.name), True)
 
-    def _done(self, unit: Unit, result: UnitResult) -> None:
-        if result.got != Got.INSTALLED:
+    def _done(self, unit: Unit, event: Event) -> None:
+        if event.kind is not KernelEvent.INSTALLED:
             tell_building(self.work.run, Build(unit.name, self.work.library.name), False)
 
     def _install(self, adapter: CacheAdapter, units: list[Unit]) -> set[str]:
@@ -116,9 +118,10 @@ class SliceRun:
     def __init__(self, work: StageWork, slices: list[str],
                  discover: Callable[[str, Any], tuple[bool, float, str]],
                  take: Callable[[list[str]], set[str]], contexts: list[Any]) -> None:
-        self.discover, self.take = discover, take
+        self.work, self.discover, self.take = work, discover, take
         self.loop: ClaimLoop[Any] = ClaimLoop(work.shared, list(contexts), self._build,
-                                              self._install, wait_limit=work.wait_limit)
+                                              self._install, work.events,
+                                              wait_limit=work.wait_limit)
         self.loop.add([Unit(d, work.adapter, WorkKind.DISCOVERY)
                        for d in store_order(work.shared, list(slices))])
         self.loop.close()
@@ -134,14 +137,14 @@ class SliceRun:
 
     def join(self) -> DiscoveryReport:
         self.thread.join()
-        results = list(self.loop.results.values())
+        slices = _units(self.work, WorkKind.DISCOVERY)
         return DiscoveryReport(
-            slices=len(results),
-            discovered_here=sum(r.got is Got.COMPILED for r in results),
-            read=sum(r.got is Got.INSTALLED for r in results),
-            failed=sum(r.got is Got.FAILED for r in results),
-            taken_over=sum(r.took_over for r in results),
-            waited_seconds=round(max((r.waited for r in results), default=0.0), 3),
+            slices=len(slices),
+            discovered_here=sum(s.got is KernelEvent.BUILT for s in slices),
+            read=sum(s.got is KernelEvent.INSTALLED for s in slices),
+            failed=sum(s.got is KernelEvent.FAILED for s in slices),
+            taken_over=sum(s.took_over for s in slices),
+            waited_seconds=round(max((s.waited for s in slices), default=0.0), 3),
             timeline=self.loop.timeline.to_json())
 
     def _build(self, unit: Unit, context: Any) -> Built:
@@ -150,3 +153,8 @@ class SliceRun:
 
     def _install(self, _adapter: CacheAdapter, units: list[Unit]) -> set[str]:
         return self.take([u.name for u in units])
+
+
+def _units(work: StageWork, kind: WorkKind) -> list[UnitDone]:
+    """The stage's units of this kind done here, as the run's events say."""
+    return work.events.derived().of([work.adapter.library], [kind])

@@ -2,9 +2,10 @@
 
 A task's record (``TaskState``) is written by one thread at a time: the scheduler before the
 workers start (its local record, the prefetch's answer, whether it is verified warm), then
-the worker that runs it. What the tasks of a library share (``LibraryState``: the entries the
-shared cache installed in this run, the kernels compiled in it, its fingerprint) changes
-under that library's lock, through methods that keep it whole.
+the worker that runs it. What the tasks of a library share (``LibraryState``: its fingerprint,
+and through the run's events the entries the shared cache installed in this run) changes
+under that library's lock, through methods that keep it whole. What happened to each kernel
+is on the run's one record of events (warmd.warmup.events), which every library shares.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from warmd.cache.records import LocalTaskRecord, fingerprint_digest, read_record
 from warmd.executors.base import KernelStage
 from warmd.plan import Plan
 from warmd.tasks import Task
+from warmd.warmup.events import Event, KernelEvent, RunEvents
 from warmd.warmup.options import WarmupOptions
 from warmd.warmup.report import Build, TaskReport
 
@@ -43,13 +45,13 @@ class StoreAnswer:
 class LibraryState:
     """One library's part of a run, shared by every worker thread."""
 
-    def __init__(self, name: str, adapter: CacheAdapter | None) -> None:
+    def __init__(self, name: str, adapter: CacheAdapter | None,
+                 events: RunEvents | None = None) -> None:
         self.name = name
         self.adapter = adapter
+        self.events = events if events is not None else RunEvents()  # the run's
         self.stage: KernelStage | None = None  # set before the workers start
         self._lock = threading.Lock()
-        self._installed: set[str] = set()  # entries the shared cache installed in this run
-        self._compiled: set[str] = set()  # entries whose compile this run counted
         self._fingerprint: str | None = None
         self._fingerprinted = False  # worked out once, when a task first needs it
 
@@ -61,22 +63,15 @@ class LibraryState:
         assert adapter is not None
         before = {e.name for e in adapter.list_entries()}
         result = fetch(adapter)
-        new = {name for e in adapter.list_entries() if (name := e.name) not in before
-               and shared.installed_seconds(adapter.library, name) is not None}
-        with self._lock:
-            self._installed |= new
+        for name in sorted(e.name for e in adapter.list_entries() if e.name not in before
+                           and shared.installed_seconds(adapter.library, e.name) is not None):
+            self.events.add(Event(KernelEvent.INSTALLED, adapter.library, name))
         return result
 
     def installed(self) -> frozenset[str]:
-        with self._lock:
-            return frozenset(self._installed)
-
-    def claim_compile(self, entry: str) -> bool:
-        """True for the first task to count this entry as compiled in the run."""
-        with self._lock:
-            first = entry not in self._compiled
-            self._compiled.add(entry)
-            return first
+        """The entries the shared cache installed in this run."""
+        assert self.adapter is not None
+        return self.events.installed(self.adapter.library)
 
     def fingerprint(self) -> str | None:
         assert self.adapter is not None
@@ -123,7 +118,8 @@ class RunState:
                  tasks: list[Task], building: Building | None = None) -> None:
         self.plan, self.options, self.shared = plan, options, shared
         self.building = building  # hears of each unit built here, as it begins and ends
-        self.libraries = {name: LibraryState(name, _adapter(name, plan, options))
+        self.events = RunEvents()  # what happened to each kernel in the run
+        self.libraries = {name: LibraryState(name, _adapter(name, plan, options), self.events)
                           for name in sorted({t.library for t in tasks})}
         self.tasks = [self._state(task) for task in tasks]
 

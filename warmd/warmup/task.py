@@ -4,7 +4,7 @@
     fetch    the shared cache installs what the cluster has               -> StoreAnswer
     flight   one node compiles what the cluster lacks, the others wait    -> bool (mine)
     compile  its library runs it in a worker process                      -> TaskResult
-    finish   outcomes relabelled (remote hits), compile times, recorded   -> TaskReport
+    finish   its kernels named on the run's events, outcomes read, recorded -> TaskReport
     record   this node's record of the task written                       -> Recorded
     publish  what it produced shared with the cluster                     -> int (entries)
 """
@@ -20,6 +20,7 @@ from warmd.cache.records import LocalTaskRecord, entry_digest, write_record
 from warmd.executors.base import KernelOutcome, TaskResult
 from warmd.executors.pool import Worker, failed_result
 from warmd.stats import Outcome
+from warmd.warmup.events import Naming
 from warmd.warmup.report import Mode, TaskReport
 from warmd.warmup.state import RunState, StoreAnswer, TaskState
 
@@ -51,8 +52,8 @@ def check(run: RunState, state: TaskState) -> TaskReport | None:
     installed = state.library.installed()
     if not all(_vouched(state, name, complete[name]) for name in sorted(names - installed)):
         return None
-    kernels = [KernelOutcome(n, Outcome.REMOTE_HIT if n in installed else Outcome.LOCAL_HIT)
-               for n in sorted(names)]
+    # found here; which of them the store installed, the run's events say (finish)
+    kernels = [KernelOutcome(n, Outcome.LOCAL_HIT) for n in sorted(names)]
     task = state.task
     result = TaskResult(task.key, task.library, True, round(time.monotonic() - began, 3),
                         kernels)
@@ -152,9 +153,11 @@ def _needs_stage(library: str) -> bool:
     return registered is not None and registered.plugin().stages_kernels
 
 
-def finish(run: RunState, state: TaskState, report: TaskReport) -> TaskReport:
-    """Relabel fetched entries as remote hits, add recorded entries the executor did not
-    mention, take compile times from a kernel stage, and record what the task produced."""
+def finish(run: RunState, state: TaskState, report: TaskReport,
+           named: bool = False) -> TaskReport:
+    """Name the task's kernels on the run's events (and the complete entries its record
+    has that its library did not mention), each one's outcome what the events say, and
+    record what the task produced. ``named``: its kernels are named already."""
     library, result = state.library, report.result
     adapter = library.adapter
     if adapter is None:
@@ -167,16 +170,12 @@ def finish(run: RunState, state: TaskState, report: TaskReport) -> TaskReport:
             seconds = run.shared.installed_seconds(library.name, name)
             if seconds is not None:
                 recorded[name] = seconds
-    for k in result.kernels:
-        if k.outcome == Outcome.LOCAL_HIT and k.name in installed:
-            k.outcome = Outcome.REMOTE_HIT
     complete = {e.name: e for e in adapter.list_entries()} if result.ok else {}
     unseen = set() if report.mode == Mode.VERIFIED else set(recorded) - seen
-    for name in sorted(unseen & set(complete)):
-        result.kernels.append(KernelOutcome(
-            name, Outcome.REMOTE_HIT if name in installed else Outcome.LOCAL_HIT))
-    if library.stage is not None:
-        _stage_times(state, result)
+    names = [] if named else [Naming(k.name, k.outcome, k.seconds) for k in result.kernels]
+    names += [Naming(name, Outcome.LOCAL_HIT) for name in sorted(unseen & set(complete))]
+    kernels = name_kernels(state, names)
+    result.kernels = (result.kernels + kernels) if named else kernels
     if result.ok:
         record(state, report, recorded, complete)
     report.recorded = recorded
@@ -184,25 +183,18 @@ def finish(run: RunState, state: TaskState, report: TaskReport) -> TaskReport:
     return report
 
 
-def _stage_times(state: TaskState, result: TaskResult) -> None:
-    """With a kernel stage each kernel's nvcc ran once on the node (its jobs are claimed),
-    so a second task that loaded it while it compiled waited, and counts a local hit; a
-    compile's time is nvcc's, not the wait of the call. A kernel the stage's own processes
-    compiled before the task ran (a stage without its fast path) is a hit for the task, yet
-    compiled this run: the first task counts it so."""
-    stage = state.library.stage
-    assert stage is not None
-    for k in result.kernels:
-        if k.outcome == Outcome.LOCAL_HIT and stage.compile_seconds(k.name) is not None:
-            k.outcome = Outcome.COMPILED
-        if k.outcome != Outcome.COMPILED:
-            continue
-        if not state.library.claim_compile(k.name):
-            k.outcome, k.seconds = Outcome.LOCAL_HIT, 0.0
-            continue
-        seconds = stage.compile_seconds(k.name)
-        if seconds is not None:
-            k.seconds = seconds
+def name_kernels(state: TaskState, names: list[Naming]) -> list[KernelOutcome]:
+    """The task names these kernels on the run's events: their outcomes. With a kernel
+    stage, what it compiled of them is on the events first (nvcc's time each)."""
+    library = state.library
+    assert library.adapter is not None
+    stage, name = library.stage, library.adapter.library
+    if stage is not None:
+        for n in names:
+            seconds = stage.compile_seconds(n.name)
+            if seconds is not None:
+                library.events.compiled(name, n.name, seconds)
+    return library.events.name(state.task.key, name, names, staged=stage is not None)
 
 
 def record(state: TaskState, report: TaskReport, recorded: dict[str, float],

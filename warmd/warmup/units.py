@@ -10,8 +10,8 @@ here.
 
 A task is done when its last unit is: compiled here (counted compiled by the first task
 that names it), installed from another node (a remote hit, verified by the store) or
-found here (a hit); any unit failed fails the task. Its record is written and published
-as always.
+found here (a hit); any unit failed fails the task. Each outcome is what the run's events
+say of the unit (warmd.warmup.events). Its record is written and published as always.
 """
 
 from __future__ import annotations
@@ -24,14 +24,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from warmd.cache.base import CacheAdapter
-from warmd.coordination import WorkKind
-from warmd.executors.base import KernelOutcome, TaskResult
+from warmd.coordination import BootReport, WorkKind
+from warmd.executors.base import TaskResult
 from warmd.executors.pool import Worker
 from warmd.stats import Outcome
-from warmd.warmup.claims import Built, ClaimLoop, Got, Unit, UnitResult, store_order
+from warmd.warmup.claims import Built, ClaimLoop, LoopTimeline, Unit, store_order
+from warmd.warmup.events import Event, KernelEvent, Naming, boot
 from warmd.warmup.report import Build, Mode, TaskReport
 from warmd.warmup.state import RunState, TaskState
-from warmd.warmup.task import check, compile_task, fetch, finish, publish
+from warmd.warmup.task import check, compile_task, fetch, finish, name_kernels, publish
 
 if TYPE_CHECKING:
     from warmd.store.api import SharedCache
@@ -66,13 +67,12 @@ def _task_kernels(task: Task) -> tuple[tuple[str, Task], ...] | None:
 @dataclass(eq=False)
 class TaskUnits:
     """One cold task's part of the work: the units it still waits on; of a task split into
-    its entries, those entries in order and the ones here before the run's units; of a task
-    that is one unit itself, the report its build (or install) made."""
+    its entries, those entries in order; of a task that is one unit itself, the report its
+    build (or install) made."""
 
     state: TaskState
     needs: set[str] = field(default_factory=set)
     entries: list[str] | None = None  # None: the task is one unit
-    present: set[str] = field(default_factory=set)
     report: TaskReport | None = None
 
 
@@ -86,7 +86,6 @@ class TaskWork:
         self.units: dict[str, Unit] = {}
         self.tasks = [TaskUnits(state) for state in states]
         self.by_unit: dict[str, list[TaskUnits]] = {}
-        self.results: dict[str, UnitResult] = {}
         self.left_over: list[TaskState] = []  # to run through the library as before
         self.lock = threading.Lock()
         # In the plan's order (not this node's task order): the store spreads nodes over
@@ -104,7 +103,6 @@ class TaskWork:
             return
         have = {e.name for e in adapter.list_entries()}
         task.entries = [name for name, _sub in parts]
-        task.present = {name for name, _sub in parts if name in have}
         self._depends(task, [self.units.get(name) or Unit(name, adapter, payload=sub)
                              for name, sub in parts if name not in have])
 
@@ -176,12 +174,11 @@ class TaskWork:
             return Build(unit.name, state.task.library, state.task)
         return Build(unit.name, self._library_of([unit]).name)
 
-    def unit_done(self, unit: Unit, result: UnitResult) -> None:
-        if result.got != Got.INSTALLED:
+    def unit_done(self, unit: Unit, event: Event) -> None:
+        if event.kind is not KernelEvent.INSTALLED:
             tell_building(self.run, self._build_of(unit), False)
         finished = []
         with self.lock:
-            self.results[unit.name] = result
             for task in self.by_unit[unit.name]:
                 task.needs.discard(unit.name)
                 if not task.needs:
@@ -196,59 +193,72 @@ class TaskWork:
         published, yet its entries did not verify here)."""
         state = task.state
         if task.entries is None:  # a task unit
-            report = task.report
-            result = self.results.get(state.task.key)
-            if report is None and result is not None and result.got == Got.FAILED:
-                report = TaskReport(state.task, TaskResult(
-                    state.task.key, state.task.library, False, result.seconds, [],
-                    result.error or "failed"))
+            report = task.report or self._failed(state)
             if report is None:
                 with self.lock:
                     self.left_over.append(state)
                 return
             self.done(report)
             return
-        self.done(self._split_report(task.state, task.entries, task.present))
+        self.done(self._split_report(task.state, task.entries))
 
-    def _split_report(self, state: TaskState, entries: list[str],
-                      present: set[str]) -> TaskReport:
+    def _failed(self, state: TaskState) -> TaskReport | None:
+        """The report of a task unit whose build failed here (None: it did not)."""
+        assert state.library.adapter is not None
+        unit = self.run.events.derived().unit(state.library.adapter.library, WorkKind.TASK,
+                                              state.task.key)
+        if unit is None or unit.got is not KernelEvent.FAILED:
+            return None
+        return TaskReport(state.task, TaskResult(state.task.key, state.task.library, False,
+                                                 unit.seconds, [], unit.error or "failed"))
+
+    def _split_report(self, state: TaskState, entries: list[str]) -> TaskReport:
+        """The task's entries named on the run's events: each one's outcome what its unit
+        did (none: it was here before the run's units)."""
         began = time.monotonic()
-        library, task = state.library, state.task
-        kernels, errors, compiled_any = [], [], False
-        for name in entries:
-            result = self.results.get(name)
-            if result is None or name in present:
-                kernels.append(KernelOutcome(name, Outcome.LOCAL_HIT))
-            elif result.got == Got.COMPILED:
-                first = library.claim_compile(name)
-                compiled_any |= first
-                kernels.append(KernelOutcome(name, Outcome.COMPILED if first
-                                             else Outcome.LOCAL_HIT,
-                                             result.seconds if first else 0.0))
-            elif result.got == Got.INSTALLED:
-                kernels.append(KernelOutcome(name, Outcome.REMOTE_HIT))
-            else:
-                kernels.append(KernelOutcome(name, Outcome.FAILED, result.seconds))
-                errors.append(f"{name}: {result.error}")
+        task = state.task
+        kernels = name_kernels(state, [Naming(name) for name in entries])
+        errors = self._errors(state, [k.name for k in kernels if k.outcome == Outcome.FAILED])
         seconds = round(time.monotonic() - began + sum(k.seconds for k in kernels), 3)
         result = TaskResult(task.key, task.library, not errors, seconds, kernels,
                             "; ".join(errors)[:600] or None)
-        mode = Mode.LIBRARY if compiled_any or errors else Mode.VERIFIED
+        compiled = any(k.outcome == Outcome.COMPILED for k in kernels)
+        mode = Mode.LIBRARY if compiled or errors else Mode.VERIFIED
         report = finish(self.run, state, TaskReport(task, result, list(state.found or []),
-                                                    mode=mode))
+                                                    mode=mode), named=True)
         if report.result.ok and self.shared is not None:
             publish(self.run, state, report, 0.0)  # its entries are out already: the record
         return report
+
+    def boot(self, timeline: LoopTimeline, began: float) -> BootReport:
+        """What the units did of the cluster's work, as the run's events say; the loop's
+        moments in seconds from ``began`` (the run's start)."""
+        libraries = {a.library for t in self.tasks if (a := t.state.library.adapter)}
+        units = self.run.events.derived().of(libraries, [WorkKind.ENTRY, WorkKind.TASK])
+        return boot(units, {
+            "claims_began": round(timeline.began - began, 3),
+            **{k: None if v is None else round(v + timeline.began - began, 3)
+               for k, v in timeline.to_json().items()}})
+
+    def _errors(self, state: TaskState, failed: list[str]) -> list[str]:
+        """Why each of these entries' units failed here."""
+        if not failed:
+            return []
+        assert state.library.adapter is not None
+        derived, library = self.run.events.derived(), state.library.adapter.library
+        units = [derived.unit(library, WorkKind.ENTRY, name) for name in failed]
+        return [f"{name}: {unit.error if unit is not None else ''}"
+                for name, unit in zip(failed, units, strict=True)]
 
 
 def run_units(run: RunState, states: list[TaskState], workers: list[Worker],
               done: Done) -> tuple[TaskWork, ClaimLoop]:
     """Run the units of these cold tasks on this node's workers (one claim thread each);
     each task's report goes to done as its last unit is. Returns the work (its left-over
-    tasks still need their library) and the loop (its results and timeline)."""
+    tasks still need their library) and the loop (its timeline)."""
     work = TaskWork(run, states, done)
     loop: ClaimLoop[Worker] = ClaimLoop(run.shared, workers, work.build, work.install,
-                                        done=work.unit_done, begun=work.unit_begun,
+                                        run.events, done=work.unit_done, begun=work.unit_begun,
                                         wait_limit=run.options.single_flight_timeout)
     for task in work.ready_now():
         work.finish_task(task)
