@@ -11,6 +11,9 @@
     session.py    what the parts share (settings, fingerprints, learnt state)
     keyproof.py   whether this node may quarantine, replace and publish (the key proof)
 
+The parts ported to the narrow store interface (warmd.store.backend) take `backend`, a
+RedisBackend over the same transport, and know no Redis: kernel_lists.py.
+
 Every public method degrades instead of raising: a store that is down, slow, out of memory,
 read-only or refusing this user's writes turns into misses and skipped publications, counted
 in `counters` and in the store's per-node and per-fingerprint stats. Operator commands
@@ -40,6 +43,7 @@ from warmd.store.kernel_lists import KernelLists
 from warmd.store.leases import KERNEL_LEASE_SECONDS, Leases, WorkClaims, spread_start
 from warmd.store.pending import PendingClaim, PendingClaims
 from warmd.store.publish import Publisher
+from warmd.store.redis_backend import RedisBackend
 from warmd.store.refusals import Refusals
 from warmd.store.session import Session, StaleRecords
 from warmd.store.signing import KeyProof
@@ -94,7 +98,8 @@ class RedisSharedCache(SharedCache):
         self.publisher = Publisher(self.session, stale)
         self.claims = PendingClaims(self.session)
         self.work_claims = WorkClaims(self.session, stale, _lease_ms(kernel_lease_seconds))
-        self.kernel_lists = KernelLists(self.session, self.transport, self.stats)
+        self.backend = RedisBackend(self.transport)  # the parts ported to the narrow interface
+        self.kernel_lists = KernelLists(self.session, self.backend, self.stats)
         self.embedded = embedded  # the embedded server this cache uses, if any
 
     # -- SharedCache -------------------------------------------------------------------------
@@ -296,8 +301,13 @@ class RedisSharedCache(SharedCache):
         if fp is None or list_fp is None or self.session.read_only \
                 or self.transport.disabled_reason:
             return False
-        return self._publish_pipeline(self.kernel_lists.writes(fp, list_fp, digest, tasks,
-                                                               jobs, also or {}))
+        if not self.kernel_lists.publish(list_fp, digest, tasks, jobs, also or {}):
+            return False
+        # wake the nodes waiting on fp's claims (best effort: they wait a bounded time)
+        with contextlib.suppress(StoreFailed):
+            self.transport.op(lambda c: c.publish(layout.kernel_channel(fp), b"kernel list"),
+                              "publish")
+        return True
 
     def record_outcomes(self, counts: dict[str, float]) -> None:
         self.stats.record_outcomes(counts)
@@ -355,7 +365,7 @@ class RedisSharedCache(SharedCache):
         self.work_claims.close()
         if not self.stats.flush():
             self.stats.spool()  # kept locally for the next process that reaches the store
-        self.transport.close()
+        self.backend.close()
 
     # -- Redis backend only ------------------------------------------------------------------
 
