@@ -499,7 +499,10 @@ def test_deep_gemm_entries_roundtrip_through_the_store(server, rclient, caches, 
 
 def test_compile_time_history_is_kept_per_family_and_bounded(tmp_path):
     """The history a plan's estimate reads: mean seconds per task of each kernel family,
-    summed over writers; at most MAX_FAMILIES families; a planted value is ignored."""
+    summed over writers; at most MAX_FAMILIES families; a planted value is ignored and
+    replaced by the next writer."""
+    import json
+
     from store_support import start_test_server
 
     from warmd.store import history, open_shared_cache
@@ -512,13 +515,55 @@ def test_compile_time_history_is_kept_per_family_and_bounded(tmp_path):
         assert one.compile_times(["flashinfer/act_and_mul", "deep_gemm/x", "nope/y"]) == {
             "flashinfer/act_and_mul": 30.0, "deep_gemm/x": 5.0}
         client = server.client()
-        client.hset(history.HISTORY_KEY, mapping={"planted/a|n": "x", "planted/a|s": "1",
-                                                  "planted/b|n": "1", "planted/b|s": "inf"})
-        assert one.compile_times(["planted/a", "planted/b"]) == {}
+        client.set(history.HISTORY_KEY, json.dumps({
+            "planted/a": ["x", 1], "planted/b": [1, "inf"], "planted/c": [0, 5],
+            "planted/d": [1, -1], "planted/e": [2.5, 1], "ok/f": [2, 10]}))
+        assert one.compile_times(["planted/a", "planted/b", "planted/c", "planted/d",
+                                  "planted/e", "ok/f"]) == {"ok/f": 5.0}
+        client.set(history.HISTORY_KEY, b"\xff not json")
+        assert one.compile_times(["ok/f"]) == {}
+        two.record_compile_times({"ok/f": (1, 1.0)})
+        assert one.compile_times(["ok/f"]) == {"ok/f": 1.0}
         many = {f"lib/k{i}": (1, 1.0) for i in range(history.MAX_FAMILIES + 50)}
         one.record_compile_times(many)
-        assert client.hlen(history.HISTORY_KEY) <= 2 * history.MAX_FAMILIES + 4
+        assert len(json.loads(client.get(history.HISTORY_KEY))) == history.MAX_FAMILIES
         one.close()
         two.close()
     finally:
         server.stop()
+
+
+def test_compile_time_history_loses_no_writer_racing_another(tmp_path):
+    """Writers on several nodes at once: compare-and-set, so every task counts."""
+    import threading
+
+    from store_support import start_test_server
+
+    from warmd.store import history, open_shared_cache
+
+    server = start_test_server(tmp_path)
+    caches = [open_shared_cache(server.url) for _ in range(4)]
+    try:
+        def record(cache) -> None:
+            for _ in range(10):
+                cache.record_compile_times({"lib/k": (1, 2.0), "lib/other": (2, 2.0)})
+
+        threads = [threading.Thread(target=record, args=(c,)) for c in caches]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert history.read(caches[0].backend, ["lib/k", "lib/other"]) == {
+            "lib/k": 2.0, "lib/other": 1.0}
+        assert json_counts(server.client().get(history.HISTORY_KEY)) == {
+            "lib/k": 40, "lib/other": 80}
+    finally:
+        for cache in caches:
+            cache.close()
+        server.stop()
+
+
+def json_counts(raw: bytes) -> dict[str, int]:
+    import json
+
+    return {family: value[0] for family, value in json.loads(raw).items()}

@@ -12,7 +12,7 @@
     keyproof.py   whether this node may quarantine, replace and publish (the key proof)
 
 The parts ported to the narrow store interface (warmd.store.backend) take `backend`, a
-RedisBackend over the same transport, and know no Redis: kernel_lists.py.
+RedisBackend over the same transport, and know no Redis: kernel_lists.py, history.py.
 
 Every public method degrades instead of raising: a store that is down, slow, out of memory,
 read-only or refusing this user's writes turns into misses and skipped publications, counted
@@ -314,12 +314,12 @@ class RedisSharedCache(SharedCache):
 
     def record_compile_times(self, times: dict[str, tuple[int, float]]) -> None:
         if times and not self.transport.disabled_reason:
-            self.transport.op(lambda c: history.write(c, times), "compile_times")
+            history.write(self.backend, times)
 
     def compile_times(self, families: list[str]) -> dict[str, float]:
         if not families or self.transport.disabled_reason:
             return {}
-        return self.transport.op(lambda c: history.read(c, families), "compile_times")
+        return history.read(self.backend, families)
 
     @property
     def counters(self) -> dict[str, float]:
