@@ -1,6 +1,7 @@
 """The KeyValueBackend contract (warmd.store.backend), the same tests on every backend: Redis
 over a real redis-server, through the shared cache's transport, and SQLite over a file in
-the test's temp dir. What only Redis can have (a key of another type) is tested last."""
+the test's temp dir; and the store's parts ported onto it, on both. What only Redis can have
+(a key of another type) is tested last."""
 
 from __future__ import annotations
 
@@ -12,10 +13,12 @@ import pytest
 from store_support import module_server, start_test_server
 
 from warmd.errors import WarmdInputError
+from warmd.store import history, layout
 from warmd.store.api import StoreFailed
 from warmd.store.backend import NO_EXPIRY, KeyValueBackend
 from warmd.store.breaker import JoinBudget
 from warmd.store.connection import parse_store_url
+from warmd.store.counters import StoreStats, read_counts, read_nodes
 from warmd.store.redis_backend import RedisBackend
 from warmd.store.sqlite_backend import SqliteBackend, sqlite_path
 from warmd.store.transport import RedisTransport
@@ -202,6 +205,22 @@ def test_compare_and_set_loops_from_threads_lose_no_update(make):
     for thread in threads:
         thread.join(60)
     assert stores[0].get("counter") == b"100"
+
+
+def test_the_ported_consumers_work_on_any_backend(store, tmp_path):
+    """What sits on the interface (counters, the compile-time history) needs no Redis."""
+    stats = StoreStats("node-a", tmp_path / "state")
+    stats.backend = store
+    stats.count("corrupt_rejected", 2, fp="f" * 64)
+    assert stats.flush()
+    stats.count("corrupt_rejected", 1, fp="f" * 64)
+    assert stats.flush()
+    assert read_counts(store.get(layout.fp_stats_key("f" * 64))) == {"corrupt_rejected": 3}
+    assert read_counts(store.get(layout.node_stats_key("node-a")))["corrupt_rejected"] == 3
+    assert read_nodes(store.get(layout.NODES_KEY)) == ["node-a"]
+    assert stats.store_id is not None
+    assert history.write(store, {"lib/k": (2, 10.0)}) and history.write(store, {"lib/k": (1, 2.0)})
+    assert history.read(store, ["lib/k", "lib/none"]) == {"lib/k": 4.0}
 
 
 def test_a_redis_backend_whose_server_stopped_fails_as_down(tmp_path):

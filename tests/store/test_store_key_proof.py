@@ -28,7 +28,7 @@ NAMES = sorted(n for names in PLAN.values() for n in names)
 # the shard-order arrivals.
 # Counters, the compile-time history, shard order and the TTL-renewal marker (a node that read
 # and verified renews the TTLs of what it used: bookkeeping, not a change to any entry).
-_BOOKKEEPING = (f"{layout.PREFIX}stats:", history.HISTORY_KEY, f"{layout.PREFIX}arrivals:",
+_BOOKKEEPING = (f"{layout.PREFIX}counts:", history.HISTORY_KEY, f"{layout.PREFIX}arrivals:",
                 layout.STORE_ID_KEY, f"{layout.PREFIX}renewed:")
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import os
 import signal
 import tarfile
@@ -474,6 +475,42 @@ def test_stats_per_node_and_fingerprint(server, rclient, caches, tmp_path):
     assert data["totals"]["remote_hits"] == 6 and data["hit_rate"] == pytest.approx(6 / 13)
 
 
+def test_stats_flushed_by_racing_nodes_add_up(server, rclient, caches):
+    """Each node's and each fingerprint's counters are one value added to by
+    compare-and-set: nodes flushing at once lose none of one another's counts."""
+    nodes = [caches(server.url, node=f"racer{i}") for i in range(4)]
+
+    def flush(cache) -> None:
+        for _ in range(10):
+            cache.stats.count("corrupt_rejected", 1, fp="f" * 64)
+            assert cache.stats.flush()
+
+    threads = [threading.Thread(target=flush, args=(c,)) for c in nodes]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert json.loads(rclient.get(layout.fp_stats_key("f" * 64)))["corrupt_rejected"] == 40
+    data = admin.read_stats(nodes[0])
+    assert {n: data["nodes"][n]["corrupt_rejected"] for n in data["nodes"]} == {
+        f"racer{i}": 10 for i in range(4)}
+
+
+def test_stats_values_that_are_not_counters_are_replaced_or_lose_only_their_own(
+        server, rclient, caches):
+    cache = caches(server.url, node="writer")
+    rclient.set(layout.NODES_KEY, b"not a list")
+    rclient.set(layout.node_stats_key("writer"), b'{"corrupt_rejected": "many"')
+    rclient.hset(layout.fp_stats_key("a" * 64), "planted", "1")
+    cache.stats.count("corrupt_rejected", 2, fp="a" * 64)
+    cache.stats.count("tasks_hit", 1, fp="b" * 64)
+    assert cache.stats.flush()
+    assert json.loads(rclient.get(layout.NODES_KEY)) == ["writer"]
+    assert json.loads(rclient.get(layout.node_stats_key("writer")))["corrupt_rejected"] == 2
+    assert rclient.hgetall(layout.fp_stats_key("a" * 64)) == {b"planted": b"1"}
+    assert json.loads(rclient.get(layout.fp_stats_key("b" * 64))) == {"tasks_hit": 1}
+
+
 def test_deep_gemm_entries_roundtrip_through_the_store(server, rclient, caches, tmp_path):
     from warmd.libraries.deep_gemm.cache import DeepGemmCacheAdapter
 
@@ -501,8 +538,6 @@ def test_compile_time_history_is_kept_per_family_and_bounded(tmp_path):
     """The history a plan's estimate reads: mean seconds per task of each kernel family,
     summed over writers; at most MAX_FAMILIES families; a planted value is ignored and
     replaced by the next writer."""
-    import json
-
     from store_support import start_test_server
 
     from warmd.store import history, open_shared_cache
@@ -535,8 +570,6 @@ def test_compile_time_history_is_kept_per_family_and_bounded(tmp_path):
 
 def test_compile_time_history_loses_no_writer_racing_another(tmp_path):
     """Writers on several nodes at once: compare-and-set, so every task counts."""
-    import threading
-
     from store_support import start_test_server
 
     from warmd.store import history, open_shared_cache
@@ -564,6 +597,4 @@ def test_compile_time_history_loses_no_writer_racing_another(tmp_path):
 
 
 def json_counts(raw: bytes) -> dict[str, int]:
-    import json
-
     return {family: value[0] for family, value in json.loads(raw).items()}

@@ -12,7 +12,8 @@
     keyproof.py   whether this node may quarantine, replace and publish (the key proof)
 
 The parts ported to the narrow store interface (warmd.store.backend) take `backend`, a
-RedisBackend over the same transport, and know no Redis: kernel_lists.py, history.py.
+RedisBackend over the same transport, and know no Redis: kernel_lists.py, history.py,
+counters.py (over its own RedisBackend, whose calls are never retried: stats are best effort).
 
 Every public method degrades instead of raising: a store that is down, slow, out of memory,
 read-only or refusing this user's writes turns into misses and skipped publications, counted
@@ -83,7 +84,7 @@ class RedisSharedCache(SharedCache):
             socket_timeout=socket_timeout or store.timeout, breaker=breaker,
             disabled_reason=disabled_reason, count=self.stats.count,
             budget=JoinBudget(join_budget or store.join_budget))
-        self.stats.transport = self.transport
+        self.stats.backend = RedisBackend(self.transport, what="stats")  # never retried
         self.session = Session(
             self.transport, self.stats, node, target, signing_key,
             ttl_ms=int((ttl_seconds or store.ttl_seconds) * 1000),
@@ -338,15 +339,12 @@ class RedisSharedCache(SharedCache):
         return self.transport.last_error
 
     def ping(self) -> bool:
-        def run(client):
-            answered = client.ping()
-            self.stats.learn_store_id(client)  # where counters it cannot flush will wait
-            return answered
-
         try:
-            answered = bool(self.transport.op(run, "connect"))
+            answered = bool(self.transport.op(lambda c: c.ping(), "connect"))
         except StoreFailed:
             return False
+        with contextlib.suppress(StoreFailed):
+            self.stats.learn_store_id()  # where counters it cannot flush will wait
         self.session.key_state()  # read (kept recently used) and, when missing, re-asserted
         return answered
 
