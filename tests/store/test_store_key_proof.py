@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from store_support import DirAdapter, compile_entry, compiles, module_server, task_entries, warm
 
 from warmd.cli import main
-from warmd.store import layout
+from warmd.store import history, layout
 from warmd.store.formats import Manifest
 from warmd.store.signing import KeyProof, key_proof
 
@@ -26,10 +26,10 @@ PLAN = task_entries(2, per_task=2, prefix="p")
 NAMES = sorted(n for names in PLAN.values() for n in names)
 # What a node's warmup may change without changing the cluster's entries: its counters,
 # the shard-order arrivals.
-# Counters, shard order and the TTL-renewal marker (a node that read and verified renews the
-# TTLs of what it used: bookkeeping, not a change to any entry).
-_BOOKKEEPING = (f"{layout.PREFIX}stats:", f"{layout.PREFIX}arrivals:", layout.STORE_ID_KEY,
-                f"{layout.PREFIX}renewed:")
+# Counters, the compile-time history, shard order and the TTL-renewal marker (a node that read
+# and verified renews the TTLs of what it used: bookkeeping, not a change to any entry).
+_BOOKKEEPING = (f"{layout.PREFIX}counts:", history.HISTORY_KEY, f"{layout.PREFIX}arrivals:",
+                layout.STORE_ID_KEY, f"{layout.PREFIX}renewed:")
 
 
 def entries_state(rclient) -> dict[bytes, tuple]:

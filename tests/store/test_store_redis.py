@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import os
 import signal
 import tarfile
@@ -474,6 +475,42 @@ def test_stats_per_node_and_fingerprint(server, rclient, caches, tmp_path):
     assert data["totals"]["remote_hits"] == 6 and data["hit_rate"] == pytest.approx(6 / 13)
 
 
+def test_stats_flushed_by_racing_nodes_add_up(server, rclient, caches):
+    """Each node's and each fingerprint's counters are one value added to by
+    compare-and-set: nodes flushing at once lose none of one another's counts."""
+    nodes = [caches(server.url, node=f"racer{i}") for i in range(4)]
+
+    def flush(cache) -> None:
+        for _ in range(10):
+            cache.stats.count("corrupt_rejected", 1, fp="f" * 64)
+            assert cache.stats.flush()
+
+    threads = [threading.Thread(target=flush, args=(c,)) for c in nodes]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert json.loads(rclient.get(layout.fp_stats_key("f" * 64)))["corrupt_rejected"] == 40
+    data = admin.read_stats(nodes[0])
+    assert {n: data["nodes"][n]["corrupt_rejected"] for n in data["nodes"]} == {
+        f"racer{i}": 10 for i in range(4)}
+
+
+def test_stats_values_that_are_not_counters_are_replaced_or_lose_only_their_own(
+        server, rclient, caches):
+    cache = caches(server.url, node="writer")
+    rclient.set(layout.NODES_KEY, b"not a list")
+    rclient.set(layout.node_stats_key("writer"), b'{"corrupt_rejected": "many"')
+    rclient.hset(layout.fp_stats_key("a" * 64), "planted", "1")
+    cache.stats.count("corrupt_rejected", 2, fp="a" * 64)
+    cache.stats.count("tasks_hit", 1, fp="b" * 64)
+    assert cache.stats.flush()
+    assert json.loads(rclient.get(layout.NODES_KEY)) == ["writer"]
+    assert json.loads(rclient.get(layout.node_stats_key("writer")))["corrupt_rejected"] == 2
+    assert rclient.hgetall(layout.fp_stats_key("a" * 64)) == {b"planted": b"1"}
+    assert json.loads(rclient.get(layout.fp_stats_key("b" * 64))) == {"tasks_hit": 1}
+
+
 def test_deep_gemm_entries_roundtrip_through_the_store(server, rclient, caches, tmp_path):
     from warmd.libraries.deep_gemm.cache import DeepGemmCacheAdapter
 
@@ -499,7 +536,8 @@ def test_deep_gemm_entries_roundtrip_through_the_store(server, rclient, caches, 
 
 def test_compile_time_history_is_kept_per_family_and_bounded(tmp_path):
     """The history a plan's estimate reads: mean seconds per task of each kernel family,
-    summed over writers; at most MAX_FAMILIES families; a planted value is ignored."""
+    summed over writers; at most MAX_FAMILIES families; a planted value is ignored and
+    replaced by the next writer."""
     from store_support import start_test_server
 
     from warmd.store import history, open_shared_cache
@@ -512,13 +550,51 @@ def test_compile_time_history_is_kept_per_family_and_bounded(tmp_path):
         assert one.compile_times(["flashinfer/act_and_mul", "deep_gemm/x", "nope/y"]) == {
             "flashinfer/act_and_mul": 30.0, "deep_gemm/x": 5.0}
         client = server.client()
-        client.hset(history.HISTORY_KEY, mapping={"planted/a|n": "x", "planted/a|s": "1",
-                                                  "planted/b|n": "1", "planted/b|s": "inf"})
-        assert one.compile_times(["planted/a", "planted/b"]) == {}
+        client.set(history.HISTORY_KEY, json.dumps({
+            "planted/a": ["x", 1], "planted/b": [1, "inf"], "planted/c": [0, 5],
+            "planted/d": [1, -1], "planted/e": [2.5, 1], "ok/f": [2, 10]}))
+        assert one.compile_times(["planted/a", "planted/b", "planted/c", "planted/d",
+                                  "planted/e", "ok/f"]) == {"ok/f": 5.0}
+        client.set(history.HISTORY_KEY, b"\xff not json")
+        assert one.compile_times(["ok/f"]) == {}
+        two.record_compile_times({"ok/f": (1, 1.0)})
+        assert one.compile_times(["ok/f"]) == {"ok/f": 1.0}
         many = {f"lib/k{i}": (1, 1.0) for i in range(history.MAX_FAMILIES + 50)}
         one.record_compile_times(many)
-        assert client.hlen(history.HISTORY_KEY) <= 2 * history.MAX_FAMILIES + 4
+        assert len(json.loads(client.get(history.HISTORY_KEY))) == history.MAX_FAMILIES
         one.close()
         two.close()
     finally:
         server.stop()
+
+
+def test_compile_time_history_loses_no_writer_racing_another(tmp_path):
+    """Writers on several nodes at once: compare-and-set, so every task counts."""
+    from store_support import start_test_server
+
+    from warmd.store import history, open_shared_cache
+
+    server = start_test_server(tmp_path)
+    caches = [open_shared_cache(server.url) for _ in range(4)]
+    try:
+        def record(cache) -> None:
+            for _ in range(10):
+                cache.record_compile_times({"lib/k": (1, 2.0), "lib/other": (2, 2.0)})
+
+        threads = [threading.Thread(target=record, args=(c,)) for c in caches]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert history.read(caches[0].backend, ["lib/k", "lib/other"]) == {
+            "lib/k": 2.0, "lib/other": 1.0}
+        assert json_counts(server.client().get(history.HISTORY_KEY)) == {
+            "lib/k": 40, "lib/other": 80}
+    finally:
+        for cache in caches:
+            cache.close()
+        server.stop()
+
+
+def json_counts(raw: bytes) -> dict[str, int]:
+    return {family: value[0] for family, value in json.loads(raw).items()}

@@ -1,5 +1,11 @@
 """The store's counters: this process's totals (`counters`), and the per-node and
-per-fingerprint stats kept in Redis (HINCRBYFLOAT), flushed in batches.
+per-fingerprint stats kept in the store, flushed in batches.
+
+Each node's and each fingerprint's stats are one value, JSON counter -> number, that a flush
+adds to by compare-and-set (warmd.store.backend), so writers on every node add up without a
+counter type in the store; the node list `warmd cache stats` reads is one JSON list beside
+them. A value that is not counters is replaced by the next flush; a key this interface cannot
+read (a key of another Redis type) loses its own counts only.
 
 Counters that cannot be flushed (the store down, paused, full or read-only) are not lost:
 at close they are spooled under <state dir>/store-stats/<store id>/ (the store id is a
@@ -11,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import re
 import threading
@@ -18,11 +25,11 @@ import time
 import uuid
 from pathlib import Path
 
-from warmd import settings
+from warmd import boundedjson, settings
 from warmd.stats import BY_ID, CounterFlag, ids
 from warmd.store import layout
 from warmd.store.api import StoreFailed
-from warmd.store.transport import RedisTransport
+from warmd.store.backend import KeyValueBackend
 
 FLUSH_INTERVAL = 10.0
 # Counters warmup reports itself (warmd.stats.Counters via record_outcomes): the store's own
@@ -38,8 +45,14 @@ NODE_DROPPED = frozenset({"tasks_hit", "tasks_missed"})
 # Failures after which pending counters are kept (the store may take them later); a user the
 # ACL refuses ("denied") never will.
 _KEEP_ON = ("down", "open", "auth", "oom", "readonly")
+# Failures of a write the store refused while it answers reads.
+_WRITE_REFUSED = ("denied", "readonly", "oom", "error")
 MAX_SPOOL_FILES = 1000  # per store: beyond this, the oldest are merged away by the next flush
+MAX_BYTES = 1 << 20  # a stats value or the node list, read
+MAX_TRIES = 16  # compare-and-set rounds lost to other writers before a value waits for later
 _STORE_ID = re.compile(r"^[0-9a-f]{32}$")
+# What one flush adds: node -> counters, fingerprint -> counters.
+Tally = tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]
 
 log = logging.getLogger("warmd.store")
 
@@ -48,7 +61,7 @@ class StoreStats:
     def __init__(self, node: str, state_dir: Path | None = None) -> None:
         self.node = node
         self.state_dir = state_dir  # where unflushed counters are kept (None: this process's)
-        self.transport: RedisTransport | None = None  # set once the transport exists
+        self.backend: KeyValueBackend | None = None  # set once the store's backend exists
         self._lock = threading.Lock()
         self._counts: dict[str, float] = {}
         self._pending_node: dict[str, float] = {}
@@ -108,8 +121,8 @@ class StoreStats:
             self.flush()
 
     def flush(self) -> bool:
-        """Push pending counters (and counters spooled by earlier processes) to Redis; kept
-        for later when the store cannot take them."""
+        """Push pending counters (and counters spooled by earlier processes) to the store;
+        kept for later when the store cannot take them."""
         with self._lock:
             node, fps = self._pending_node, self._pending_fp
             self._pending_node, self._pending_fp = {}, {}
@@ -117,52 +130,85 @@ class StoreStats:
         spooled = self._claim_spool()
         if not node and not fps and not spooled:
             return True
-        batches = [(self.node, node, fps), *((b["node"], b["counts"], b["fps"])
-                                             for _path, b in spooled)]
-
-        def run(client):
-            self.learn_store_id(client, create=True)
-            pipe = client.pipeline(transaction=False)
-            for name_of_node, counts, fp_counts in batches:
-                _queue(pipe, name_of_node, counts, fp_counts)
-            replies = pipe.execute(raise_on_error=False)
-            # a stats key of another Redis type (WRONGTYPE) loses its own counts only
-            for reply in replies:
-                if isinstance(reply, Exception) and not _wrong_type(reply):
-                    raise reply
-            new = [name for name, reply in zip(_first_seen(batches), replies, strict=True)
-                   if name and reply and not isinstance(reply, Exception)]
-            if new:  # a node's first counters: list it (once, not at every flush)
-                listed = client.pipeline(transaction=False).sadd(layout.NODES_KEY, *new)
-                for reply in listed.execute(raise_on_error=False):
-                    if isinstance(reply, Exception) and not _wrong_type(reply):
-                        raise reply
-            return replies
-
+        own: Tally = ({self.node: node}, fps)  # (the node's last_seen, even without counts)
         try:
-            self.transport.op(run, "stats")
+            self.learn_store_id(create=True)
         except StoreFailed as failed:
             self._unclaim_spool(spooled)
-            if failed.kind in _KEEP_ON:
-                self._restore_pending(node, fps)
+            self._keep(own, failed)
             return False
-        for path, _batch in spooled:
-            with contextlib.suppress(OSError):
-                path.unlink()
-        return True
+        if spooled:
+            left, failed = self._push(_merged([b for _path, b in spooled]))
+            for path, _batch in spooled:
+                with contextlib.suppress(OSError):
+                    path.unlink()
+            if left[0] or left[1]:
+                self._spool_tally(left)  # spooled counters stay spooled, whatever failed
+            if failed is not None:
+                self._keep(own, failed)
+                return False
+        left, failed = self._push(own)
+        if left[0] or left[1]:
+            self._keep(left, failed)
+        return failed is None
 
-    def learn_store_id(self, client, create: bool = False) -> None:
+    def _keep(self, tally: Tally, failed: StoreFailed | None) -> None:
+        """Own counters the store did not take: pending again when it may take them later
+        (failed None: other writers kept winning), else dropped."""
+        if failed is None or failed.kind in _KEEP_ON:
+            nodes, fps = tally
+            self._restore_pending(nodes.get(self.node, {}), fps)
+
+    def _push(self, tally: Tally) -> tuple[Tally, StoreFailed | None]:
+        """Add a tally to the store's stats values (and list its nodes): what is left
+        undone, and the failure that stopped it (None: none)."""
+        nodes, fps = tally
+        now = time.time()
+        node_keys = {layout.node_stats_key(n): n for n in nodes}
+        fp_keys = {layout.fp_stats_key(fp): fp for fp, bucket in fps.items() if bucket}
+        keys = [*node_keys, *fp_keys, layout.NODES_KEY]
+        try:
+            raws = dict(zip(keys, self.backend.get_many(keys), strict=True))
+        except StoreFailed as failed:
+            return tally, failed
+        left: Tally = ({}, {})
+        failure: StoreFailed | None = None
+        for key in keys[:-1]:
+            node, fp = node_keys.get(key), fp_keys.get(key)
+            counts = {**nodes[node], "last_seen": now} if node is not None else fps[fp]
+            done = False
+            if failure is None:
+                try:
+                    done = _add_counts(self.backend, key, raws[key], counts)
+                except StoreFailed as failed:
+                    failure = failed
+            if done:
+                continue
+            if node is not None:
+                if nodes[node]:  # (a node without counts only had its last_seen to say)
+                    left[0][node] = nodes[node]
+            else:
+                left[1][fp] = fps[fp]
+        if failure is None:
+            with contextlib.suppress(StoreFailed):  # listed at the next flush instead
+                _list_nodes(self.backend, raws[layout.NODES_KEY], sorted(nodes))
+        return left, failure
+
+    def learn_store_id(self, create: bool = False) -> None:
         """Read (with create, set first on a new store: flushing writes anyway) the store's
         id: where this process's unflushable counters are spooled, and which spooled
         counters it may flush."""
         if self.store_id is not None:
             return
-        pipe = client.pipeline(transaction=False)
         if create:
-            pipe.set(layout.STORE_ID_KEY, uuid.uuid4().hex, nx=True)
-        pipe.get(layout.STORE_ID_KEY)
-        found = pipe.execute(raise_on_error=False)[-1]
-        if isinstance(found, bytes) and _STORE_ID.match(found.decode("latin-1")):
+            try:
+                self.backend.put(layout.STORE_ID_KEY, uuid.uuid4().hex.encode(),
+                                 if_absent=True)
+            except StoreFailed as failed:
+                if failed.kind not in _WRITE_REFUSED:
+                    raise
+        found = self.backend.get(layout.STORE_ID_KEY)
+        if found is not None and _STORE_ID.match(found.decode("latin-1")):
             self.store_id = found.decode()
 
     def spool(self) -> None:
@@ -174,7 +220,14 @@ class StoreStats:
         directory = self._spool_dir()
         if directory is None or not (node or fps):
             return
-        body = json.dumps({"node": self.node, "counts": node, "fps": fps}).encode()
+        self._spool_tally(({self.node: node} if node else {}, fps))
+
+    def _spool_tally(self, tally: Tally) -> None:
+        directory = self._spool_dir()
+        if directory is None:
+            return
+        nodes, fps = tally
+        body = json.dumps({"nodes": nodes, "fps": fps}).encode()
         name = f"{os.getpid()}-{uuid.uuid4().hex[:12]}.json"
         try:
             directory.mkdir(parents=True, exist_ok=True)
@@ -190,7 +243,7 @@ class StoreStats:
             return None
         return (self.state_dir or settings.state_dir()) / "store-stats" / self.store_id
 
-    def _claim_spool(self) -> list[tuple[Path, dict]]:
+    def _claim_spool(self) -> list[tuple[Path, Tally]]:
         """Spooled counter files of this store, each renamed to be this process's alone."""
         directory = self._spool_dir()
         if directory is None or not directory.is_dir():
@@ -202,12 +255,12 @@ class StoreStats:
                 path.rename(mine)
                 batch = json.loads(mine.read_text())
                 claimed.append((mine, _spooled_batch(batch)))
-            except (OSError, ValueError, TypeError):
+            except (OSError, ValueError, TypeError, KeyError, AttributeError):
                 with contextlib.suppress(OSError):
                     mine.unlink()  # unreadable: nothing to give back
         return claimed
 
-    def _unclaim_spool(self, claimed: list[tuple[Path, dict]]) -> None:
+    def _unclaim_spool(self, claimed: list[tuple[Path, Tally]]) -> None:
         for path, _batch in claimed:
             with contextlib.suppress(OSError):
                 path.rename(path.with_name(path.name.split("-", 2)[2]))
@@ -222,40 +275,87 @@ class StoreStats:
                     _add(mine, name, value)
 
 
-def _queue(pipe, node: str, counts: dict[str, float], fps: dict[str, dict[str, float]]
-           ) -> None:
-    key = layout.node_stats_key(node)
-    for name, value in counts.items():
-        pipe.hincrbyfloat(key, name, value)
-    pipe.hset(key, "last_seen", time.time())  # 1: the field is new, the node too
-    for fp, bucket in fps.items():
-        for name, value in bucket.items():
-            pipe.hincrbyfloat(layout.fp_stats_key(fp), name, value)
-
-
-def _wrong_type(reply: Exception) -> bool:
-    return str(reply).startswith("WRONGTYPE")
-
-
-def _first_seen(batches: list[tuple[str, dict, dict]]) -> list[str | None]:
-    """Per command _queue pipelines for batches: the node's name at its HSET of last_seen
-    (whose reply says whether the node is new), None elsewhere."""
-    out: list[str | None] = []
-    for node, counts, fps in batches:
-        out += [None] * len(counts) + [node]
-        out += [None] * sum(len(bucket) for bucket in fps.values())
-    return out
-
-
-def _spooled_batch(data: dict) -> dict:
-    """A spooled file's counters, checked: names from the table, finite numbers."""
+def _spooled_batch(data: dict) -> Tally:
+    """A spooled file's counters, checked: names from the table, finite numbers (a file of
+    one node, {"node", "counts", "fps"}, as earlier versions wrote, or {"nodes", "fps"})."""
     def numbers(bucket) -> dict[str, float]:
         return {k: float(v) for k, v in bucket.items()
                 if k in BY_ID and isinstance(v, (int, float)) and abs(v) < 1e15}
 
-    fps = data["fps"]
-    return {"node": str(data["node"]), "counts": numbers(data["counts"]),
-            "fps": {str(fp): numbers(b) for fp, b in fps.items()}}
+    nodes = data["nodes"] if "nodes" in data else {data["node"]: data["counts"]}
+    return ({str(n): numbers(b) for n, b in nodes.items()},
+            {str(fp): numbers(b) for fp, b in data["fps"].items()})
+
+
+def _merged(tallies: list[Tally]) -> Tally:
+    nodes: dict[str, dict[str, float]] = {}
+    fps: dict[str, dict[str, float]] = {}
+    for tally_nodes, tally_fps in tallies:
+        for merged, part in ((nodes, tally_nodes), (fps, tally_fps)):
+            for name, bucket in part.items():
+                mine = merged.setdefault(name, {})
+                for counter, value in bucket.items():
+                    _add(mine, counter, value)
+    return nodes, fps
+
+
+def read_counts(raw: bytes | None) -> dict[str, float]:
+    """The counters a stats value holds (counter -> number; last_seen a unix time); {} for
+    none or for a value that is not counters."""
+    try:
+        data = boundedjson.loads(raw, MAX_BYTES) if raw is not None else {}
+    except ValueError:
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {name: float(value) for name, value in data.items()
+            if isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value)}
+
+
+def read_nodes(raw: bytes | None) -> list[str]:
+    """The node names of the node list; [] for none or for a value that is not one."""
+    try:
+        data = boundedjson.loads(raw, MAX_BYTES) if raw is not None else []
+    except ValueError:
+        return []
+    return [n for n in data if isinstance(n, str)] if isinstance(data, list) else []
+
+
+def _add_counts(backend: KeyValueBackend, key: str, raw: bytes | None,
+                counts: dict[str, float]) -> bool:
+    """Add counts to the stats value at key (last_seen replaces, the others add), starting
+    from raw, what the key held when read; False when other writers kept winning. A key
+    this interface cannot read loses these counts (True: nothing to keep)."""
+    for _ in range(MAX_TRIES):
+        value = read_counts(raw)
+        for name, number in counts.items():
+            value[name] = number if name == "last_seen" else value.get(name, 0) + number
+        if backend.compare_and_set(key, raw, _json(value)):
+            return True
+        fresh = backend.get(key)
+        if raw is None and fresh is None:
+            return True  # present (CAS saw it) yet unreadable: not warmd's to replace
+        raw = fresh
+    return False
+
+
+def _list_nodes(backend: KeyValueBackend, raw: bytes | None, nodes: list[str]) -> None:
+    """Add nodes to the node list (raw: what it held when read) where they are missing."""
+    for _ in range(MAX_TRIES):
+        listed = read_nodes(raw)
+        missing = [n for n in nodes if n not in listed]
+        if not missing or backend.compare_and_set(layout.NODES_KEY, raw,
+                                                   _json(sorted({*listed, *missing}))):
+            return
+        fresh = backend.get(layout.NODES_KEY)
+        if raw is None and fresh is None:
+            return  # a key of another kind: the node list is lost until it is pruned
+        raw = fresh
+
+
+def _json(value: object) -> bytes:
+    return json.dumps(value, separators=(",", ":"), sort_keys=True).encode()
 
 
 def _add(bucket: dict[str, float], name: str, value: float) -> None:

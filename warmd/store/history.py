@@ -1,63 +1,89 @@
 """Past compile times per kernel family (`<library>/<kernel>`, e.g. `flashinfer/act_and_mul`),
-kept in one Redis hash so that a plan can say, before any work, about how long its cold
-tasks take to compile. Bounded: at most MAX_FAMILIES families (a new family past that is not
-recorded), each a count and a sum; a value that does not parse, or is out of range, is
-ignored (the estimate is only shown, never acted on)."""
+kept in one value of the store so that a plan can say, before any work, about how long its
+cold tasks take to compile. The value is JSON, family -> [tasks compiled, seconds], and every
+writer adds to it by compare-and-set (warmd.store.backend): writes are rare (one per warmup)
+and a plan's estimate reads it in one get, where per-writer keys would need a scan of the
+whole store. Bounded: at most MAX_FAMILIES families (a new family past that is not recorded),
+MAX_BYTES in all; a value or a family's numbers that do not parse, or are out of range, are
+ignored (the estimate is only shown, never acted on) and a writer replaces them."""
 
 from __future__ import annotations
 
+import json
 import math
 
+from warmd import boundedjson
 from warmd.store import layout
+from warmd.store.backend import KeyValueBackend
 
-HISTORY_KEY = f"{layout.PREFIX}compile_times"
+HISTORY_KEY = f"{layout.PREFIX}compile-times"  # (a Redis hash at warmd:v1:compile_times once)
 MAX_FAMILIES = 1024
 MAX_FAMILY_CHARS = 200
 MAX_SECONDS = 24 * 3600.0  # per task: anything longer is not a compile time
+MAX_BYTES = 1 << 20  # MAX_FAMILIES families of MAX_FAMILY_CHARS with their numbers fit
+MAX_TRIES = 16  # compare-and-set rounds lost to other writers before a run's times are dropped
 
 
-def write(client, times: dict[str, tuple[int, float]]) -> None:
-    """Add (tasks compiled, seconds) per family."""
-    wanted = {f: v for f, v in times.items() if 0 < len(f) <= MAX_FAMILY_CHARS and v[0] > 0}
+def write(backend: KeyValueBackend, times: dict[str, tuple[int, float]]) -> bool:
+    """Add (tasks compiled, seconds) per family; False when other writers kept winning (or
+    the key holds what this interface cannot read) and nothing was added."""
+    wanted = {f: (int(n), float(s)) for f, (n, s) in times.items()
+              if 0 < len(f) <= MAX_FAMILY_CHARS and n > 0 and math.isfinite(s) and s >= 0}
     if not wanted:
-        return
-    pipe = client.pipeline(transaction=False)
-    pipe.hlen(HISTORY_KEY)
-    for family in wanted:
-        pipe.hexists(HISTORY_KEY, f"{family}|n")
-    size, *known = pipe.execute()
-    room = max(0, 2 * MAX_FAMILIES - int(size)) // 2
-    pipe = client.pipeline(transaction=False)
-    for (family, (count, seconds)), exists in zip(wanted.items(), known, strict=True):
-        if not exists:
-            if room <= 0:
+        return True
+    for _ in range(MAX_TRIES):
+        raw = backend.get(HISTORY_KEY)
+        history = _decode(raw)
+        for family, (count, seconds) in wanted.items():
+            if family not in history and len(history) >= MAX_FAMILIES:
                 continue
-            room -= 1
-        pipe.hincrby(HISTORY_KEY, f"{family}|n", int(count))
-        pipe.hincrbyfloat(HISTORY_KEY, f"{family}|s", float(seconds))
-    pipe.execute()
+            known = history.get(family, (0, 0.0))
+            history[family] = (known[0] + count, known[1] + seconds)
+        body = json.dumps({f: list(v) for f, v in history.items()},
+                          separators=(",", ":")).encode()
+        if len(body) <= MAX_BYTES and backend.compare_and_set(HISTORY_KEY, raw, body):
+            return True
+    return False
 
 
-def read(client, families: list[str]) -> dict[str, float]:
+def read(backend: KeyValueBackend, families: list[str]) -> dict[str, float]:
     """family -> mean seconds per compiled task, for the families with a sane history."""
     families = [f for f in dict.fromkeys(families) if 0 < len(f) <= MAX_FAMILY_CHARS]
     if not families:
         return {}
-    fields = [field for f in families for field in (f"{f}|n", f"{f}|s")]
-    values = client.hmget(HISTORY_KEY, fields)
+    history = _decode(backend.get(HISTORY_KEY))
     out = {}
-    for i, family in enumerate(families):
-        count, total = _number(values[2 * i]), _number(values[2 * i + 1])
-        if count is not None and total is not None and count >= 1:
+    for family in families:
+        if family in history:
+            count, total = history[family]
             mean = total / count
             if 0 <= mean <= MAX_SECONDS:
                 out[family] = mean
     return out
 
 
-def _number(raw) -> float | None:
+def _decode(raw: bytes | None) -> dict[str, tuple[int, float]]:
+    """The families of a stored history with sane numbers (a count of at least one, a
+    finite sum); {} for none or for a value that is not a history."""
     try:
-        value = float(raw)
-    except (TypeError, ValueError):
+        data = boundedjson.loads(raw, MAX_BYTES) if raw is not None else {}
+    except ValueError:
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    out = {}
+    for family, value in list(data.items())[:MAX_FAMILIES]:
+        if not (isinstance(value, list) and len(value) == 2
+                and 0 < len(family) <= MAX_FAMILY_CHARS):
+            continue
+        count, total = _number(value[0]), _number(value[1])
+        if count is not None and total is not None and count >= 1 and count == int(count):
+            out[family] = (int(count), total)
+    return out
+
+
+def _number(raw: object) -> float | None:
+    if isinstance(raw, bool) or not isinstance(raw, (int, float)):
         return None
+    value = float(raw)
     return value if math.isfinite(value) else None

@@ -16,9 +16,10 @@ Keys that must live together in Redis Cluster share a hash tag: every chunk of o
     warmd:v1:fps                      ZSET fingerprint -> last use
     warmd:v1:keyproof                 HMAC of a constant under the cluster's signing key
     warmd:v1:store-id                 random id of this store (where unflushed stats spool)
-    warmd:v1:stats:node:<node>        HASH of counters per node
-    warmd:v1:stats:fp:{<fp>}          HASH of counters per fingerprint
-    warmd:v1:stats:nodes              SET of node names
+    warmd:v1:counts:node:<node>       counters per node (JSON, compare-and-set)
+    warmd:v1:counts:fp:{<fp>}         counters per fingerprint (JSON, compare-and-set)
+    warmd:v1:counts:nodes             the node names with counters (JSON list)
+    warmd:v1:compile-times            compile seconds per kernel family (JSON, history.py)
     warmd:v1:nodes:<ns>:<node id>     the daemon's JSON node record (expires unless rewritten)
     warmd:v1:nodes:<ns>               SET of node ids with a record
     warmd:v1:daemon:<ns>              JSON: the running controller's config summary
@@ -46,7 +47,7 @@ import re
 
 PREFIX = "warmd:v1:"
 FPS_KEY = f"{PREFIX}fps"
-NODES_KEY = f"{PREFIX}stats:nodes"
+NODES_KEY = f"{PREFIX}counts:nodes"
 KEY_PROOF_KEY = f"{PREFIX}keyproof"
 STORE_ID_KEY = f"{PREFIX}store-id"
 QUARANTINE_TTL_MS = 7 * 86400 * 1000
@@ -184,11 +185,11 @@ def fp_meta_key(fp: str) -> str:
 
 
 def node_stats_key(node: str) -> str:
-    return f"{PREFIX}stats:node:{node}"
+    return f"{PREFIX}counts:node:{node}"
 
 
 def fp_stats_key(fp: str) -> str:
-    return f"{PREFIX}stats:fp:{{{fp}}}"
+    return f"{PREFIX}counts:fp:{{{fp}}}"
 
 
 def nodes_key(namespace: str) -> str:

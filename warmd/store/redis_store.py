@@ -11,6 +11,10 @@
     session.py    what the parts share (settings, fingerprints, learnt state)
     keyproof.py   whether this node may quarantine, replace and publish (the key proof)
 
+The parts ported to the narrow store interface (warmd.store.backend) take `backend`, a
+RedisBackend over the same transport, and know no Redis: kernel_lists.py, history.py,
+counters.py (over its own RedisBackend, whose calls are never retried: stats are best effort).
+
 Every public method degrades instead of raising: a store that is down, slow, out of memory,
 read-only or refusing this user's writes turns into misses and skipped publications, counted
 in `counters` and in the store's per-node and per-fingerprint stats. Operator commands
@@ -40,6 +44,7 @@ from warmd.store.kernel_lists import KernelLists
 from warmd.store.leases import KERNEL_LEASE_SECONDS, Leases, WorkClaims, spread_start
 from warmd.store.pending import PendingClaim, PendingClaims
 from warmd.store.publish import Publisher
+from warmd.store.redis_backend import RedisBackend
 from warmd.store.refusals import Refusals
 from warmd.store.session import Session, StaleRecords
 from warmd.store.signing import KeyProof
@@ -79,7 +84,7 @@ class RedisSharedCache(SharedCache):
             socket_timeout=socket_timeout or store.timeout, breaker=breaker,
             disabled_reason=disabled_reason, count=self.stats.count,
             budget=JoinBudget(join_budget or store.join_budget))
-        self.stats.transport = self.transport
+        self.stats.backend = RedisBackend(self.transport, what="stats")  # never retried
         self.session = Session(
             self.transport, self.stats, node, target, signing_key,
             ttl_ms=int((ttl_seconds or store.ttl_seconds) * 1000),
@@ -94,7 +99,8 @@ class RedisSharedCache(SharedCache):
         self.publisher = Publisher(self.session, stale)
         self.claims = PendingClaims(self.session)
         self.work_claims = WorkClaims(self.session, stale, _lease_ms(kernel_lease_seconds))
-        self.kernel_lists = KernelLists(self.session, self.transport, self.stats)
+        self.backend = RedisBackend(self.transport)  # the parts ported to the narrow interface
+        self.kernel_lists = KernelLists(self.session, self.backend, self.stats)
         self.embedded = embedded  # the embedded server this cache uses, if any
 
     # -- SharedCache -------------------------------------------------------------------------
@@ -296,20 +302,25 @@ class RedisSharedCache(SharedCache):
         if fp is None or list_fp is None or self.session.read_only \
                 or self.transport.disabled_reason:
             return False
-        return self._publish_pipeline(self.kernel_lists.writes(fp, list_fp, digest, tasks,
-                                                               jobs, also or {}))
+        if not self.kernel_lists.publish(list_fp, digest, tasks, jobs, also or {}):
+            return False
+        # wake the nodes waiting on fp's claims (best effort: they wait a bounded time)
+        with contextlib.suppress(StoreFailed):
+            self.transport.op(lambda c: c.publish(layout.kernel_channel(fp), b"kernel list"),
+                              "publish")
+        return True
 
     def record_outcomes(self, counts: dict[str, float]) -> None:
         self.stats.record_outcomes(counts)
 
     def record_compile_times(self, times: dict[str, tuple[int, float]]) -> None:
         if times and not self.transport.disabled_reason:
-            self.transport.op(lambda c: history.write(c, times), "compile_times")
+            history.write(self.backend, times)
 
     def compile_times(self, families: list[str]) -> dict[str, float]:
         if not families or self.transport.disabled_reason:
             return {}
-        return self.transport.op(lambda c: history.read(c, families), "compile_times")
+        return history.read(self.backend, families)
 
     @property
     def counters(self) -> dict[str, float]:
@@ -328,15 +339,12 @@ class RedisSharedCache(SharedCache):
         return self.transport.last_error
 
     def ping(self) -> bool:
-        def run(client):
-            answered = client.ping()
-            self.stats.learn_store_id(client)  # where counters it cannot flush will wait
-            return answered
-
         try:
-            answered = bool(self.transport.op(run, "connect"))
+            answered = bool(self.transport.op(lambda c: c.ping(), "connect"))
         except StoreFailed:
             return False
+        with contextlib.suppress(StoreFailed):
+            self.stats.learn_store_id()  # where counters it cannot flush will wait
         self.session.key_state()  # read (kept recently used) and, when missing, re-asserted
         return answered
 
@@ -355,7 +363,7 @@ class RedisSharedCache(SharedCache):
         self.work_claims.close()
         if not self.stats.flush():
             self.stats.spool()  # kept locally for the next process that reaches the store
-        self.transport.close()
+        self.backend.close()
 
     # -- Redis backend only ------------------------------------------------------------------
 

@@ -82,13 +82,31 @@ redis.call('DEL', KEYS[1])
 redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
 return 1
 """,
+    # KeyValueBackend.compare_and_set: if the key holds ARGV[2] (ARGV[1] == '1'), or is
+    # absent (ARGV[1] == '0'), set ARGV[4] with PX ARGV[5] ('0': none) when ARGV[3] == '1',
+    # else delete it. A key of another Redis type never matches.
+    "cas": """
+local kind = redis.call('TYPE', KEYS[1])['ok']
+if ARGV[1] == '1' then
+  if kind ~= 'string' or redis.call('GET', KEYS[1]) ~= ARGV[2] then return 0 end
+elseif kind ~= 'none' then return 0 end
+if ARGV[3] ~= '1' then
+  redis.call('DEL', KEYS[1])
+elseif ARGV[5] == '0' then
+  redis.call('SET', KEYS[1], ARGV[4])
+else
+  redis.call('SET', KEYS[1], ARGV[4], 'PX', ARGV[5])
+end
+return 1
+""",
 }
 
 
-# Calls never retried: best effort ones (a TTL refresh, counters, which are kept for later)
-# and the lease claim (a claim retried after a timeout that took the lease would find its own
-# token and wait for itself).
-NOT_RETRIED = frozenset({"touch", "stats", "lease"})
+# Calls never retried: best effort ones (a TTL refresh, counters, which are kept for later),
+# the lease claim (a claim retried after a timeout that took the lease would find its own
+# token and wait for itself) and, for the same reason, the backend's conditional writes
+# (warmd.store.redis_backend: a retried one that had applied would answer False).
+NOT_RETRIED = frozenset({"touch", "stats", "lease", "put-if-absent", "compare-and-set"})
 
 
 class RedisTransport:

@@ -94,10 +94,10 @@ def prune(cache: RedisSharedCache, *, older_than: float | None = None,
 
 
 def _remove_wrong_types(cache: RedisSharedCache, dry_run: bool) -> int:
-    """Delete the lists warmd keeps (fingerprints, stats' node set, each fingerprint's
+    """Delete the lists warmd keeps (fingerprints, stats' node list, each fingerprint's
     index) where they hold another Redis type: garbage nobody can read, which warmd's
     next writes rebuild. Returns how many."""
-    expected = {layout.FPS_KEY: "zset", layout.NODES_KEY: "set"}
+    expected = {layout.FPS_KEY: "zset", layout.NODES_KEY: "string"}
     doomed = wrong_types(cache, expected, "prune")
     expected = {layout.index_key(fp): "zset" for fp in fingerprints(cache)}
     doomed += wrong_types(cache, expected, "prune")

@@ -1,0 +1,69 @@
+"""The narrow store interface: bytes values under str keys, in the style of ccache's remote
+storage. Manifests, records, signing, quarantine and claims sit above it and do not know
+which store holds their keys; a backend (warmd.store.redis_backend over Redis,
+warmd.store.sqlite_backend over one SQLite file) implements only these operations.
+
+Failures are typed: a store failure raises warmd.store.api.StoreFailed and nothing else, its
+`kind` one of "down", "auth", "denied", "readonly", "oom", "disabled", "open", "error". An
+argument out of range (a TTL under 1 ms) is the caller's bug and raises ValueError.
+
+A key that holds something this interface cannot read (on Redis, a key of another type,
+e.g. planted) reads as None but is there: `put(if_absent=True)` and `compare_and_set` never
+match it, a plain `put` replaces it, `delete` removes it, `expire` and `ttl_ms` see it.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+
+NO_EXPIRY = -1  # what ttl_ms says of a key that lives until it is deleted
+
+
+class KeyValueBackend(ABC):
+    """Bytes values under str keys, each with an optional time to live in milliseconds."""
+
+    @abstractmethod
+    def get_many(self, keys: list[str]) -> list[bytes | None]:
+        """The values at keys, in their order, in one round trip (None: absent or expired)."""
+
+    def get(self, key: str) -> bytes | None:
+        """The value at key (None: absent or expired)."""
+        return self.get_many([key])[0]
+
+    @abstractmethod
+    def put(self, key: str, value: bytes, ttl_ms: int | None = None, *,
+            if_absent: bool = False) -> bool:
+        """Store value (ttl_ms None: no expiry); False only when if_absent and key exists."""
+
+    @abstractmethod
+    def compare_and_set(self, key: str, expected: bytes | None, value: bytes | None,
+                        ttl_ms: int | None = None) -> bool:
+        """Atomically, if key holds expected (None: is absent), store value (None: delete
+        it); False when it does not."""
+
+    @abstractmethod
+    def expire(self, key: str, ttl_ms: int) -> bool:
+        """Let key live ttl_ms from now; False when the key is gone."""
+
+    @abstractmethod
+    def ttl_ms(self, key: str) -> int | None:
+        """Milliseconds key has left: None when it is gone, NO_EXPIRY when it has no TTL."""
+
+    @abstractmethod
+    def delete(self, keys: list[str]) -> int:
+        """Remove keys; how many of them were there."""
+
+    @abstractmethod
+    def scan(self, prefix: str) -> Iterator[str]:
+        """Every key that starts with prefix, each once, in no particular order."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Let go of the store's connections and files."""
+
+
+def check_ttl(ttl_ms: int | None) -> None:
+    """A TTL is None or a positive number of milliseconds (else the caller's bug)."""
+    if ttl_ms is not None and (not isinstance(ttl_ms, int) or ttl_ms < 1):
+        raise ValueError(f"ttl_ms must be None or a positive int, not {ttl_ms!r}")

@@ -1,0 +1,88 @@
+"""KeyValueBackend over Redis (or Redis Cluster): every call goes through the shared cache's
+RedisTransport, so the join budget, retries, circuit breaker, cluster and replica handling
+are the transport's, and its store errors arrive as StoreFailed.
+
+A key of another Redis type (planted: a hash, a list, ...) is never read as a value: get
+gives None for it, SET NX and the "cas" script (warmd.store.transport.SCRIPTS) see it as
+present and never matching, a plain put (SET) replaces it and delete removes it."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+from warmd.store.backend import NO_EXPIRY, KeyValueBackend, check_ttl
+from warmd.store.transport import RedisTransport
+
+SCAN_COUNT = 1000  # keys per SCAN step
+_GLOB = re.compile(r"([*?\[\]\\])")
+
+
+class RedisBackend(KeyValueBackend):
+    """what: the name every call goes through transport.op under (None: each its own, e.g.
+    "fetch", "put"); one of transport.NOT_RETRIED, e.g. "stats", for best-effort users."""
+
+    def __init__(self, transport: RedisTransport, what: str | None = None) -> None:
+        self.transport = transport
+        self.what = what
+
+    def _as(self, name: str) -> str:
+        return self.what or name
+
+    def get_many(self, keys: list[str]) -> list[bytes | None]:
+        what = self._as("fetch")
+        replies = self.transport.get_many(list(keys), what, raise_on_error=False)
+        return [self._value(reply, what) for reply in replies]
+
+    def _value(self, reply: object, what: str) -> bytes | None:
+        if isinstance(reply, Exception):
+            if str(reply).startswith("WRONGTYPE"):
+                return None  # a key of another Redis type holds no value of ours
+            raise self.transport.failure(reply, what)
+        return reply  # type: ignore[return-value]
+
+    def put(self, key: str, value: bytes, ttl_ms: int | None = None, *,
+            if_absent: bool = False) -> bool:
+        check_ttl(ttl_ms)
+        what = self._as("put-if-absent" if if_absent else "put")
+        return bool(self.transport.op(lambda c: c.set(key, value, px=ttl_ms, nx=if_absent),
+                                      what))
+
+    def compare_and_set(self, key: str, expected: bytes | None, value: bytes | None,
+                        ttl_ms: int | None = None) -> bool:
+        check_ttl(ttl_ms)
+        args = ["0" if expected is None else "1", expected or b"",
+                "0" if value is None else "1", value or b"", str(ttl_ms or 0)]
+        return bool(self.transport.op(
+            lambda c: self.transport.script("cas", c, [key], args), self._as("compare-and-set")))
+
+    def expire(self, key: str, ttl_ms: int) -> bool:
+        check_ttl(ttl_ms)
+        return bool(self.transport.op(lambda c: c.pexpire(key, ttl_ms), self._as("expire")))
+
+    def ttl_ms(self, key: str) -> int | None:
+        left = int(self.transport.op(lambda c: c.pttl(key), self._as("ttl")))
+        if left == -2:
+            return None
+        return NO_EXPIRY if left == -1 else left
+
+    def delete(self, keys: list[str]) -> int:
+        if not keys:
+            return 0
+        return int(self.transport.op(lambda c: c.delete(*keys), self._as("delete")))
+
+    def scan(self, prefix: str) -> Iterator[str]:
+        """The keys found in one pass (SCAN over every primary of a cluster); a key that is
+        not UTF-8 cannot be named through this interface and is left out."""
+        pattern = _GLOB.sub(r"\\\1", prefix) + "*"
+        found = self.transport.op(
+            lambda c: list(c.scan_iter(match=pattern, count=SCAN_COUNT)), self._as("scan"))
+        for raw in dict.fromkeys(found):
+            try:
+                yield raw.decode() if isinstance(raw, bytes) else str(raw)
+            except UnicodeDecodeError:
+                continue
+
+    def close(self) -> None:
+        self.transport.close()
+
