@@ -146,6 +146,28 @@ def test_two_plans_sharing_a_task_each_get_what_they_need(server, site, tmp_path
 
 
 @needs_nvcc
+def test_a_node_joining_mid_boot_takes_what_is_listed_and_shares_the_rest(server, site,
+                                                                         tmp_path):
+    """A second node starts while the first is still discovering: it reads the slices the
+    first listed, discovers or installs the others, and each kernel is compiled once."""
+    m = list(range(1, 1025, 4))  # 4 slices of about 4 s of (fake) GPU calls each
+    first = spawn(server, site, tmp_path, "first", m=m, seconds_per_call=0.03)
+    client = server.client()
+    deadline = time.monotonic() + 90
+    while not client.keys("warmd:v1:klist:*"):  # a slice of the first node is listed
+        assert time.monotonic() < deadline and first.poll() is None
+        time.sleep(0.1)
+    assert first.poll() is None  # still booting: the second joins mid-boot
+    joiner = spawn(server, site, tmp_path, "joiner", m=m, seconds_per_call=0.03)
+    reports = [result(first)["stage"], result(joiner)["stage"]]
+    want = needed(m=m)
+    assert entries(tmp_path, "first") == want and entries(tmp_path, "joiner") == want
+    assert sum(r["nvcc_runs"] for r in reports) == len(want)  # each kernel compiled once
+    slices = reports[1]["cluster"]["discovery"]
+    assert slices["read"] >= 1 and slices["discovered_here"] < slices["slices"], slices
+
+
+@needs_nvcc
 def test_a_slice_held_by_a_killed_node_is_discovered_elsewhere(server, site, tmp_path):
     m = list(range(1, 129))  # one slice per task
     victim = spawn(server, site, tmp_path, "victim", m=m, seconds_per_call=0.5)
