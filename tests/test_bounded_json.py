@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from warmd.boundedjson import MAX_DEPTH, JsonRefused, NotJson, loads, nests_too_deep
+from warmd.boundedjson import MAX_DEPTH, JsonRefused, NotJson, loads, loads_as, nests_too_deep
 
 
 def _nested(depth: int) -> bytes:
@@ -44,3 +44,13 @@ def test_what_does_not_parse_is_not_json(raw):
 
 def test_depth_is_measured_without_recursion():
     assert nests_too_deep(_nested(1_000_000)) and not nests_too_deep(_nested(MAX_DEPTH))
+
+
+def test_a_stored_value_of_another_shape_reads_as_an_empty_one():
+    assert loads_as(None, dict, 100) == {}
+    assert loads_as(b'{"a": 1}', dict, 100) == {"a": 1}
+    assert loads_as(b'["a"]', dict, 100) == {}
+    assert loads_as(b'["a"]', list, 100) == ["a"]
+    assert loads_as(b"not json", list, 100) == []
+    assert loads_as(b'{"a": NaN}', dict, 100) == {}
+    assert loads_as(b'{"a": "%s"}' % (b"x" * 200), dict, 100) == {}

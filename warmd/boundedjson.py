@@ -63,6 +63,17 @@ def loads(raw: bytes | str, max_bytes: int, max_depth: int = MAX_DEPTH) -> objec
         raise NotJson("not JSON") from None
 
 
+def loads_as(raw: bytes | None, kind: type[dict] | type[list], max_bytes: int
+             ) -> dict | list:
+    """The JSON value raw holds when it is of kind (a dict or a list), else an empty one:
+    for a stored value that may be absent (None), refused or of another shape."""
+    try:
+        data = loads(raw, max_bytes) if raw is not None else kind()
+    except ValueError:
+        return kind()
+    return data if isinstance(data, kind) else kind()
+
+
 class _Constant(ValueError):
     pass
 

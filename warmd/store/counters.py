@@ -302,12 +302,7 @@ def _merged(tallies: list[Tally]) -> Tally:
 def read_counts(raw: bytes | None) -> dict[str, float]:
     """The counters a stats value holds (counter -> number; last_seen a unix time); {} for
     none or for a value that is not counters."""
-    try:
-        data = boundedjson.loads(raw, MAX_BYTES) if raw is not None else {}
-    except ValueError:
-        return {}
-    if not isinstance(data, dict):
-        return {}
+    data = boundedjson.loads_as(raw, dict, MAX_BYTES)
     return {name: float(value) for name, value in data.items()
             if isinstance(value, (int, float)) and not isinstance(value, bool)
             and math.isfinite(value)}
@@ -315,11 +310,7 @@ def read_counts(raw: bytes | None) -> dict[str, float]:
 
 def read_nodes(raw: bytes | None) -> list[str]:
     """The node names of the node list; [] for none or for a value that is not one."""
-    try:
-        data = boundedjson.loads(raw, MAX_BYTES) if raw is not None else []
-    except ValueError:
-        return []
-    return [n for n in data if isinstance(n, str)] if isinstance(data, list) else []
+    return [n for n in boundedjson.loads_as(raw, list, MAX_BYTES) if isinstance(n, str)]
 
 
 def _add_counts(backend: KeyValueBackend, key: str, raw: bytes | None,

@@ -65,12 +65,7 @@ def read(backend: KeyValueBackend, families: list[str]) -> dict[str, float]:
 def _decode(raw: bytes | None) -> dict[str, tuple[int, float]]:
     """The families of a stored history with sane numbers (a count of at least one, a
     finite sum); {} for none or for a value that is not a history."""
-    try:
-        data = boundedjson.loads(raw, MAX_BYTES) if raw is not None else {}
-    except ValueError:
-        return {}
-    if not isinstance(data, dict):
-        return {}
+    data = boundedjson.loads_as(raw, dict, MAX_BYTES)
     out = {}
     for family, value in list(data.items())[:MAX_FAMILIES]:
         if not (isinstance(value, list) and len(value) == 2
