@@ -18,12 +18,13 @@ from pathlib import Path
 import pytest
 
 from warmd import settings
-from warmd.libraries.deep_gemm.compiler import DeepGemmKernelStage
+from warmd.libraries.deep_gemm.compiler import DeepGemmKernelStage, deep_gemm_arch
 from warmd.libraries.deep_gemm.discovery import link_entry
 from warmd.libraries.deep_gemm.nvcc_shim import (
     BUILD,
     RECORD,
     Job,
+    build_placeholder,
     compile_job,
     job_arch,
     parse_compile,
@@ -283,6 +284,23 @@ def test_parse_compile_takes_deep_jit_calls():
     ptx = ["/k.cu", "--ptx", "--output-file", "/k.ptx", *DEEP_JIT_FLAGS]  # DG_JIT_DUMP_PTX
     assert parse_compile(ptx) is None
     assert parse_compile(["/k.cu", "--cubin", "-o", "/a", "--output-file", "/b"]) is None
+
+
+@needs_nvcc
+def test_the_placeholder_built_at_the_stage_start_is_the_one_the_first_kernel_takes(
+        tmp_path):
+    """The stage builds the placeholder cubin for the node's GPU while its discovery
+    processes start; the first recorded kernel then finds it instead of waiting for nvcc."""
+    run = _run_dir(tmp_path)
+    assert deep_gemm_arch((9, 0)) == job_arch(FLAGS) == "sm_90a"
+    assert deep_gemm_arch((10, 0)) == "sm_100a" and deep_gemm_arch((8, 0)) is None
+    early = build_placeholder(run, NVCC, deep_gemm_arch((9, 0)))
+    built_at = early.stat().st_mtime_ns
+    proc = _deepgemm_call(write_shim(run, RECORD, NVCC), tmp_path, 3, "a.cubin")
+    assert proc.wait() == 0, proc.stdout.read()
+    assert sorted(p.name for p in run.glob("placeholder-*.cubin")) == [early.name]
+    assert early.stat().st_mtime_ns == built_at  # taken, not built again
+    assert (tmp_path / "a.cubin").read_bytes() == early.read_bytes()
 
 
 def test_job_arch_reads_every_spelling():

@@ -137,7 +137,7 @@ class DeepGemmKernelStage(DeepGemmLists, DeepGemmDiscovery, ClusterStage):
         make_slots(self.run, self.jobs)  # the pool's and the workers' compiles together
         set_compile_nice(self.run, self.nice)
         recording = self.fast_path_off is None
-        arch = local_arch_flag()
+        arch = local_arch()
         if arch and recording:  # ready before the first recorded kernel asks for it
             self._thread(self._build_placeholder, arch)
         record_root = self.run / "record"
@@ -230,16 +230,22 @@ class DeepGemmKernelStage(DeepGemmLists, DeepGemmDiscovery, ClusterStage):
                            self.cluster_report, detail)
 
 
-def local_arch_flag() -> str | None:
-    """DeepGEMM's ``--gpu-architecture`` for this node's first GPU (sm_90a, sm_100a...)."""
+def local_arch() -> str | None:
+    """The arch DeepGEMM compiles for on this node's first GPU (sm_90a, sm_100a...)."""
     from warmd.targets import detect_local_gpus
 
     with contextlib.suppress(Exception):
         gpus = detect_local_gpus()
-        if gpus and gpus[0].capability[0] >= 9:
-            major, minor = gpus[0].capability
-            return f"--gpu-architecture=sm_{major}{minor}a"
+        if gpus:
+            return deep_gemm_arch(gpus[0].capability)
     return None
+
+
+def deep_gemm_arch(capability: tuple[int, int]) -> str | None:
+    """What DeepGEMM passes as ``--gpu-architecture`` for a GPU of this capability (the
+    arch-specific ``a`` target, Hopper on); None below Hopper."""
+    major, minor = capability
+    return f"sm_{major}{minor}a" if major >= 9 else None
 
 
 def _known(jobs: list[Job]) -> list[float]:
