@@ -13,7 +13,7 @@
 
 The parts ported to the narrow store interface (warmd.store.backend) take `backend`, a
 RedisBackend over the same transport, and know no Redis: kernel_lists.py, history.py,
-entries.py, blobs.py, publish.py (the fetching parts also a RedisBackend whose
+entries.py, blobs.py, refusals.py, publish.py (the fetching parts also a RedisBackend whose
 reads may go to replicas, when the URL asks), counters.py (over its own RedisBackend, whose
 calls are never retried: stats are best effort).
 
@@ -97,7 +97,7 @@ class RedisSharedCache(SharedCache):
         self.backend = RedisBackend(self.transport)  # the parts ported to the narrow interface
         replicas = (RedisBackend(self.transport, replicas=True)
                     if self.transport.replica_reads else None)
-        self.refusals = Refusals(self.session)
+        self.refusals = Refusals(self.session, self.backend)
         self.blobs = Blobs(self.session, self.backend, replicas, peers)
         self.entries = Entries(self.session, stale, self.refusals, self.blobs, self.backend,
                                replicas)

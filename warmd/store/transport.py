@@ -56,19 +56,6 @@ return 0
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
 """,
-    # Move a manifest aside only if it is still the one found bad ('' for a key of another
-    # Redis type, which GET cannot read).
-    "quarantine": """
-local kind = redis.call('TYPE', KEYS[1])['ok']
-if kind == 'none' then return 0 end
-if kind == 'string' then
-  if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-elseif ARGV[1] ~= '' then return 0 end
-redis.call('DEL', KEYS[1])
-redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
-redis.call('ZREM', KEYS[3], ARGV[4])
-return 1
-""",
     # KeyValueBackend.compare_and_set: if the key holds ARGV[2] (ARGV[1] == '1'), or is
     # absent (ARGV[1] == '0'), set ARGV[4] with PX ARGV[5] ('0': none) when ARGV[3] == '1',
     # else delete it. A key of another Redis type never matches.
