@@ -278,7 +278,7 @@ class Chaos:
         from warmd.store import layout
 
         choices = [layout.FPS_KEY, layout.NODES_KEY,
-                   *self._keys(f"{layout.PREFIX}idx:*", 1),
+                   *self._keys(f"{layout.used_prefix()}*", 1),
                    *self._keys(f"{layout.PREFIX}man:*", 1),
                    *self._keys(f"{layout.PREFIX}task:*", 1)]
         key = self.rng.choice(choices)

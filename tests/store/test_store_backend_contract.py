@@ -112,6 +112,16 @@ def test_an_empty_value_is_a_value_not_an_absence(store):
     assert store.compare_and_set("k", b"", b"x") is True
 
 
+def test_prefix_reads_return_at_most_what_was_asked_in_the_order_asked(store):
+    store.put("big", b"0123456789")
+    store.put("small", b"ab")
+    assert store.get_prefixes([("big", 4), ("small", 4), ("absent", 3), ("big", 11)]) == [
+        b"0123", b"ab", b"", b"0123456789"]
+    assert store.get_prefixes([]) == []
+    with pytest.raises(ValueError):
+        store.get_prefixes([("big", 0)])
+
+
 def test_a_key_expires_after_its_ttl_and_is_then_absent_to_every_operation(store):
     store.put("short", b"v", ttl_ms=150)
     store.put("long", b"v", ttl_ms=60_000)
@@ -244,6 +254,7 @@ def test_a_redis_backend_never_reads_a_key_of_another_type_as_a_value(server):
     store = redis_backend(server.url)
     try:
         assert store.get_many(["planted", "absent"]) == [None, None]
+        assert store.get_prefixes([("planted", 5)]) == [b""]
         assert store.put("planted", b"v", if_absent=True) is False
         assert store.compare_and_set("planted", None, b"v") is False
         assert store.compare_and_set("planted", b"", b"v") is False

@@ -27,9 +27,10 @@ NAMES = sorted(n for names in PLAN.values() for n in names)
 # What a node's warmup may change without changing the cluster's entries: its counters,
 # the shard-order arrivals.
 # Counters, the compile-time history, shard order and the TTL-renewal marker (a node that read
-# and verified renews the TTLs of what it used: bookkeeping, not a change to any entry).
+# and verified renews the TTLs of what it used: bookkeeping, not a change to any entry), and
+# the fingerprint list of before, which only that renewal writes now.
 _BOOKKEEPING = (f"{layout.PREFIX}counts:", history.HISTORY_KEY, f"{layout.PREFIX}arrivals:",
-                layout.STORE_ID_KEY, f"{layout.PREFIX}renewed:")
+                layout.STORE_ID_KEY, f"{layout.PREFIX}renewed:", layout.FPS_KEY)
 
 
 def entries_state(rclient) -> dict[bytes, tuple]:

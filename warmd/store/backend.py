@@ -32,6 +32,12 @@ class KeyValueBackend(ABC):
         return self.get_many([key])[0]
 
     @abstractmethod
+    def get_prefixes(self, reads: list[tuple[str, int]]) -> list[bytes]:
+        """For each (key, n), at most the first n bytes of its value, all in one round trip;
+        b"" where the key is absent, expired or unreadable. What a reader gets back is
+        bounded by what it asked for, whatever a writer stored (get reads a whole value)."""
+
+    @abstractmethod
     def put(self, key: str, value: bytes, ttl_ms: int | None = None, *,
             if_absent: bool = False) -> bool:
         """Store value (ttl_ms None: no expiry); False only when if_absent and key exists."""
@@ -61,6 +67,14 @@ class KeyValueBackend(ABC):
     @abstractmethod
     def close(self) -> None:
         """Let go of the store's connections and files."""
+
+
+def check_prefix_reads(reads: list[tuple[str, int]]) -> None:
+    """Each read asks for at least one byte (else the caller's bug)."""
+    for key, size in reads:
+        if not isinstance(size, int) or size < 1:
+            raise ValueError(f"a prefix read of {key!r} must ask for 1 byte or more, "
+                             f"not {size!r}")
 
 
 def check_ttl(ttl_ms: int | None) -> None:

@@ -1,6 +1,7 @@
-"""Reading blobs: each chunk read with GETRANGE bounded by its manifest's size, in pipelines
-of at most READ_WINDOW_BYTES, and verified against its manifest; given peers
-(warmd.cluster.fanout), from other nodes first, verified exactly like the store's."""
+"""Reading blobs: each chunk read as a prefix bounded by its manifest's size
+(KeyValueBackend.get_prefixes), in round trips of at most READ_WINDOW_BYTES, and verified
+against its manifest; given peers (warmd.cluster.fanout), from other nodes first, verified
+exactly like the store's."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ from collections.abc import Iterator
 
 from warmd.store import layout
 from warmd.store.api import BlobPeers
+from warmd.store.backend import KeyValueBackend
 from warmd.store.chunking import check_blob, chunk_lengths, verify_blob
-from warmd.store.connection import classify
 from warmd.store.formats import Manifest
 from warmd.store.renewal import Used
 from warmd.store.session import Session
@@ -20,15 +21,21 @@ from warmd.store.validation import BadRecord
 
 log = logging.getLogger("warmd.store")
 
-READ_WINDOW_BYTES = 1 << 20  # bound on blob bytes one pipeline asks for (docs/redis.md)
+READ_WINDOW_BYTES = 1 << 20  # bound on blob bytes one round trip asks for (docs/redis.md)
 PEER_WAIT = 10.0  # seconds a node waits for another that is reading a blob from the store
 
 
 class Blobs:
-    def __init__(self, session: Session, peers: BlobPeers | None = None) -> None:
+    """backend: the store; replicas: the same store read from replicas that may lag (None:
+    reads go to backend), whose refusals are read again from backend."""
+
+    def __init__(self, session: Session, backend: KeyValueBackend,
+                 replicas: KeyValueBackend | None = None, peers: BlobPeers | None = None
+                 ) -> None:
         self.session = session
+        self.backend = backend
+        self.replicas = replicas
         self.peers = peers
-        self.op = session.transport.op
         self.count = session.stats.count
 
     def fetch(self, manifests: list[Manifest], fp: str, used: Used
@@ -96,17 +103,17 @@ class Blobs:
     def read_blobs(self, manifests: list[Manifest], used: Used | None = None
                    ) -> dict[str, bytes | BadRecord]:
         """digest -> the verified blob, or the BadRecord saying why it is not usable. Each
-        chunk is read with GETRANGE up to one byte past its declared length, so what comes
-        back is bounded by the manifests' sizes whatever the store holds, in pipelines of at
-        most READ_WINDOW_BYTES; with replica reads, a blob that does not verify is read again
+        chunk is read up to one byte past its declared length, so what comes back is
+        bounded by the manifests' sizes whatever the store holds, in round trips of at most
+        READ_WINDOW_BYTES; with replica reads, a blob that does not verify is read again
         from the primary. The chunks of verified blobs join `used` (renewed later)."""
         unique = list({man.digest: man for man in manifests}.values())
-        replicas = self.session.transport.replica_reads
+        first = self.replicas or self.backend
         out = {man.digest: self._verified_blob(man, chunks)
-               for man, chunks in zip(unique, self._chunks(unique, replicas), strict=True)}
+               for man, chunks in zip(unique, self._chunks(unique, first), strict=True)}
         again = [man for man in unique if isinstance(out[man.digest], BadRecord)]
-        if replicas and again:
-            for man, chunks in zip(again, self._chunks(again, False), strict=True):
+        if self.replicas is not None and again:
+            for man, chunks in zip(again, self._chunks(again, self.backend), strict=True):
                 out[man.digest] = self._verified_blob(man, chunks)
         if used is not None:
             used.keys += [layout.blob_key(man.digest, i) for man in unique
@@ -114,32 +121,21 @@ class Blobs:
                           for i in range(man.chunks)]
         return out
 
-    def _chunks(self, manifests: list[Manifest], replicas: bool) -> list[list]:
-        """Every chunk of every blob (replies, errors left in place), in windows of at most
-        READ_WINDOW_BYTES (one chunk at least)."""
+    def _chunks(self, manifests: list[Manifest], store: KeyValueBackend) -> list[list[bytes]]:
+        """Every chunk of every blob (b"": absent or unreadable), each at most one byte
+        past its declared length, in windows of at most READ_WINDOW_BYTES (one chunk at
+        least)."""
         reads = [(at, layout.blob_key(man.digest, i), length)
                  for at, man in enumerate(manifests)
                  for i, length in enumerate(chunk_lengths(man))]
-        chunks: list[list] = [[] for _ in manifests]
+        chunks: list[list[bytes]] = [[] for _ in manifests]
         for window in _windows(reads, READ_WINDOW_BYTES):
-            def run(client, window=window):
-                pipe = client.pipeline(transaction=False)
-                for _at, key, length in window:
-                    pipe.getrange(key, 0, length)
-                return pipe.execute(raise_on_error=False)
-
-            for (at, _key, _length), reply in zip(window, self.op(run, "fetch",
-                                                                  replicas=replicas),
-                                                  strict=True):
-                chunks[at].append(reply)
+            found = store.get_prefixes([(key, length + 1) for _at, key, length in window])
+            for (at, _key, _length), chunk in zip(window, found, strict=True):
+                chunks[at].append(chunk)
         return chunks
 
-    def _verified_blob(self, man: Manifest, chunks: list) -> bytes | BadRecord:
-        for i, reply in enumerate(chunks):
-            if isinstance(reply, Exception):
-                if classify(reply) != "error":
-                    raise self.session.transport.failure(reply, "fetch")
-                return BadRecord(f"chunk {i} is unreadable: {reply}")  # e.g. WRONGTYPE
+    def _verified_blob(self, man: Manifest, chunks: list[bytes]) -> bytes | BadRecord:
         try:
             return check_blob(man, chunks)
         except BadRecord as exc:

@@ -2,9 +2,10 @@
 signatures, digests) before an adapter installs it; bad entries quarantined, entries this
 node cannot use left alone (``refusals.py``).
 
-Reads are bounded and stay reads: every pipeline holds at most READ_WINDOW_BYTES of blob
-chunks (``blobs.py``) or KEYS_PER_WINDOW records, so a thousand nodes joining at once cost
-the server a bounded reply buffer each; what verified has its TTL renewed at most once per
+Reads go through the narrow store interface (warmd.store.backend): this module knows no
+Redis. They are bounded and stay reads: every round trip holds at most READ_WINDOW_BYTES of
+blob chunks (``blobs.py``) or KEYS_PER_WINDOW records, so a thousand nodes joining at once
+cost the server a bounded reply buffer each; what verified has its TTL renewed at most once per
 RENEW interval per plan across the cluster (``renewal.py``: one node wins a marker and
 renews for all); with replica reads on, what a replica answered as absent or refused is
 asked again of the primary before it counts, so replica lag never quarantines a valid entry.
@@ -27,32 +28,39 @@ from warmd.cache.base import CacheAdapter, IncompatibleHere, UnsafeArtifact
 from warmd.cache.install import install_batch
 from warmd.store import layout
 from warmd.store.api import StoreFailed
+from warmd.store.backend import KeyValueBackend
 from warmd.store.blobs import Blobs
 from warmd.store.chunking import size_batches
-from warmd.store.connection import classify
 from warmd.store.fingerprint import Fingerprint
 from warmd.store.formats import Manifest, StoredTaskRecord, accept_manifest, accept_record
 from warmd.store.refusals import Refusals
 from warmd.store.renewal import Renewal, Used
 from warmd.store.session import Session, StaleRecords
-from warmd.store.validation import WRONG_TYPE, BadRecord, RefusedHere
+from warmd.store.validation import BadRecord, RefusedHere
 
 log = logging.getLogger("warmd.store")
 
 BLOB_BATCH_BYTES = 64 << 20  # bound on blob bytes held in memory during a prefetch
-KEYS_PER_WINDOW = 128  # records or manifests one pipeline asks for
+KEYS_PER_WINDOW = 128  # records or manifests one round trip asks for
 INSTALL_THREADS = 8
 
 
 class Entries:
+    """backend: the store; replicas: the same store read from replicas that may lag (None:
+    reads go to backend), whose misses and refusals are read again from backend. A key
+    the interface cannot read (on Redis, of another type) reads as absent: a miss, never
+    installed; the publication that meets it replaces it (publish.py)."""
+
     def __init__(self, session: Session, stale: StaleRecords, refusals: Refusals,
-                 blobs: Blobs) -> None:
+                 blobs: Blobs, backend: KeyValueBackend,
+                 replicas: KeyValueBackend | None = None) -> None:
         self.session = session
         self.stale = stale  # written here: records found but not usable
         self.refusals = refusals
         self.blobs = blobs
+        self.backend = backend
+        self.replicas = replicas
         self.renewal = Renewal(session)
-        self.op = session.transport.op
         self.count = session.stats.count
         # (library, entry) -> compile seconds its manifest recorded, for what this process
         # installed: the warmup's saved time and the node's task record take them.
@@ -60,7 +68,7 @@ class Entries:
 
     def prefetch(self, adapter: CacheAdapter, task_keys: Iterable[str]
                  ) -> dict[str, list[str] | None]:
-        """SharedCache.prefetch in bounded pipelined round trips: task records, then
+        """SharedCache.prefetch in bounded round trips: task records, then
         manifests, then blobs (from peers first when there are any); then one renewal of
         what verified, when no node renewed this plan lately."""
         tasks = list(dict.fromkeys(task_keys))
@@ -130,35 +138,26 @@ class Entries:
 
     # -- reading, in bounded windows; a replica's "absent" or "refused" asked again --------
 
-    def _get(self, keys: list[str], replicas: bool) -> list:
-        """GET each key, KEYS_PER_WINDOW per round trip: the replies, errors left in place.
-        Nothing is touched here: only what verifies has its TTL renewed (renew)."""
-        replies: list = []
+    @staticmethod
+    def _get(store: KeyValueBackend, keys: list[str]) -> list[bytes | None]:
+        """Each key's value, KEYS_PER_WINDOW per round trip. Nothing is touched here: only
+        what verifies has its TTL renewed (renew)."""
+        values: list[bytes | None] = []
         for at in range(0, len(keys), KEYS_PER_WINDOW):
-            window = keys[at:at + KEYS_PER_WINDOW]
-
-            def run(client, window=window):
-                pipe = client.pipeline(transaction=False)
-                for key in window:
-                    pipe.get(key)
-                return pipe.execute(raise_on_error=False)
-
-            replies += self.op(run, "fetch", replicas=replicas)
-        return replies
+            values += store.get_many(keys[at:at + KEYS_PER_WINDOW])
+        return values
 
     def _read_checked(self, keys: list[str], check: Callable[[int, bytes], object]) -> list:
         """check(i, raw) for each key's value (None where it is absent). With replica reads,
         every key a replica answered as absent, or whose value check refused (a BadRecord),
         is read again from the primary and checked again: a lagging replica is no refusal
         and no miss."""
-        replicas = self.session.transport.replica_reads
         results = [None if raw is None else check(i, raw)
-                   for i, raw in enumerate(map(self._string, self._get(keys, replicas)))]
+                   for i, raw in enumerate(self._get(self.replicas or self.backend, keys))]
         again = [i for i, r in enumerate(results) if r is None or isinstance(r, BadRecord)]
-        if replicas and again:
-            fresh = self._get([keys[i] for i in again], replicas=False)
-            for i, reply in zip(again, fresh, strict=True):
-                raw = self._string(reply)
+        if self.replicas is not None and again:
+            fresh = self._get(self.backend, [keys[i] for i in again])
+            for i, raw in zip(again, fresh, strict=True):
                 results[i] = None if raw is None else check(i, raw)
         return results
 
@@ -212,13 +211,6 @@ class Entries:
             elif found is not None:
                 out[names[i]] = (found, raws[i])
         return out
-
-    def _string(self, reply) -> bytes | None:
-        """A GET reply; a key of another Redis type (WRONGTYPE) reads as WRONG_TYPE,
-        which no decoder accepts; other errors raise StoreFailed."""
-        if isinstance(reply, Exception) and classify(reply) == "error":
-            return WRONG_TYPE
-        return self.session.transport.checked(reply, "fetch")
 
     # -- blobs -----------------------------------------------------------------------------
 
@@ -292,8 +284,6 @@ class Entries:
         self.count("bytes_fetched", len(blob), fp)
         self.count("compile_seconds_saved", man.compile_seconds, fp)
         return True
-
-
 
 
 # What an adapter's install raises for the entry's content rather than this node's state:

@@ -7,13 +7,19 @@ Keys that must live together in Redis Cluster share a hash tag: every chunk of o
 
     warmd:v1:blob:{<sha256>}:<i>      chunk i of a content-addressed blob (1 MiB chunks)
     warmd:v1:man:{<fp>}:<name>        manifest of one entry (JSON, optionally signed)
-    warmd:v1:idx:{<fp>}               ZSET entry name -> last use (unix time)
+    warmd:v1:used:{<fp>}:<name>       when the entry was last published or used (unix time,
+                                      text): the fingerprint's index, listed by scan
+    warmd:v1:idx:{<fp>}               ZSET entry name -> last use, the index of before (read
+                                      and written by renewal.py and keyproof.py only, until
+                                      they move to used keys)
     warmd:v1:task:{<fp>}:<task key>   task record: the entries one plan task produced
     warmd:v1:lease:{<fp>}:<task key>  single-flight lease (SET NX PX, renewed)
     warmd:v1:pub:{<fp>}:<task key>    pub/sub channel announcing a task's publication
     warmd:v1:quar:{<fp>}:<name>       a quarantined manifest with the reason
-    warmd:v1:fp:{<fp>}                the fingerprint's inputs (JSON), for humans
-    warmd:v1:fps                      ZSET fingerprint -> last use
+    warmd:v1:fp:{<fp>}                the fingerprint's inputs (JSON), for humans; the
+                                      fingerprints are listed by scan of these
+    warmd:v1:fps                      ZSET fingerprint -> last use, the list of before (as
+                                      warmd:v1:idx:{<fp>}: renewal.py and keyproof.py only)
     warmd:v1:keyproof                 HMAC of a constant under the cluster's signing key
     warmd:v1:store-id                 random id of this store (where unflushed stats spool)
     warmd:v1:counts:node:<node>       counters per node (JSON, compare-and-set)
@@ -51,6 +57,8 @@ NODES_KEY = f"{PREFIX}counts:nodes"
 KEY_PROOF_KEY = f"{PREFIX}keyproof"
 STORE_ID_KEY = f"{PREFIX}store-id"
 QUARANTINE_TTL_MS = 7 * 86400 * 1000
+_FP_META_KEY = re.compile(rf"^{re.escape(PREFIX)}fp:\{{([^}}]*)\}}$")
+_USED_KEY = re.compile(rf"^{re.escape(PREFIX)}used:\{{([^}}]*)\}}:(.*)$", re.DOTALL)
 _BLOB_KEY = re.compile(rf"^{re.escape(PREFIX)}blob:\{{([0-9a-f]{{64}})\}}:\d+$")
 _LEARNED_KEY = re.compile(rf"^{re.escape(PREFIX)}learned:\{{([^}}]*)\}}:(.*)$", re.DOTALL)
 # A plan's learned index (per fingerprint) is read before READY: its newest names only.
@@ -69,6 +77,23 @@ def manifest_key(fp: str, name: str) -> str:
 
 def index_key(fp: str) -> str:
     return f"{PREFIX}idx:{{{fp}}}"
+
+
+def used_key(fp: str, name: str) -> str:
+    """When entry `name` of fp was last published or used: one key per entry, so that the
+    entries of a fingerprint are listed by a scan of used_prefix(fp)."""
+    return f"{PREFIX}used:{{{fp}}}:{name}"
+
+
+def used_prefix(fp: str | None = None) -> str:
+    """The prefix of fp's used keys (None: of every fingerprint's)."""
+    return f"{PREFIX}used:" if fp is None else used_key(fp, "")
+
+
+def parse_used_key(key: str) -> tuple[str, str] | None:
+    """(fingerprint, entry name) of a used key; None for any other key."""
+    found = _USED_KEY.match(key)
+    return (found.group(1), found.group(2)) if found else None
 
 
 def task_key(fp: str, task: str) -> str:
@@ -182,6 +207,15 @@ def quarantine_key(fp: str, name: str) -> str:
 
 def fp_meta_key(fp: str) -> str:
     return f"{PREFIX}fp:{{{fp}}}"
+
+
+FP_META_PREFIX = f"{PREFIX}fp:"  # every fingerprint's inputs (scanned: the fingerprints)
+
+
+def parse_fp_meta_key(key: str) -> str | None:
+    """The fingerprint of its inputs' key; None for any other key."""
+    found = _FP_META_KEY.match(key)
+    return found.group(1) if found else None
 
 
 def node_stats_key(node: str) -> str:

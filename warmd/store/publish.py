@@ -1,5 +1,7 @@
 """Publishing: pack a task's entries, write blobs then manifests (once per entry
-cluster-wide), then the task's record and a notice to nodes waiting on it."""
+cluster-wide), each entry's used key and the fingerprint's inputs, then the task's record.
+Writes go through the narrow store interface (warmd.store.backend): this module knows no
+Redis; the notice to nodes waiting on the task is RedisSharedCache's (pub/sub)."""
 
 from __future__ import annotations
 
@@ -10,8 +12,8 @@ import time
 from warmd.cache.base import CacheAdapter, CacheEntry
 from warmd.store import layout
 from warmd.store.api import Publication, StoreFailed
+from warmd.store.backend import KeyValueBackend
 from warmd.store.chunking import split_chunks
-from warmd.store.connection import classify
 from warmd.store.fingerprint import Fingerprint
 from warmd.store.formats import (
     Manifest,
@@ -35,10 +37,11 @@ log = logging.getLogger("warmd.store")
 
 
 class Publisher:
-    def __init__(self, session: Session, stale: StaleRecords) -> None:
+    def __init__(self, session: Session, stale: StaleRecords, backend: KeyValueBackend
+                 ) -> None:
         self.session = session
         self.stale = stale  # cleared here: this node's record replaced it
-        self.op = session.transport.op
+        self.backend = backend
         self.count = session.stats.count
         # Entries this process published as they were built, or held back for the key
         # proof: their task's publication names them again, and counts them no second time.
@@ -53,7 +56,7 @@ class Publisher:
     def publish_entries(self, adapter: CacheAdapter, entries: list[CacheEntry],
                         compile_seconds: float) -> Publication:
         """Entries published the moment they are built (no task record: the task's own
-        publication names them later), then a notice to the nodes waiting on claims."""
+        publication names them later)."""
         return self._publish(adapter, entries, compile_seconds, None)
 
     def _publish(self, adapter: CacheAdapter, entries: list[CacheEntry],
@@ -155,12 +158,14 @@ class Publisher:
 
     def write_entries(self, fp: Fingerprint, packed: list[tuple[Manifest, bytes]]
                       ) -> list[tuple[Manifest, bytes]]:
-        """Blobs first (a manifest is never visible before its chunks), then manifests.
-        An entry another node published that verifies here is left alone; one this node
-        refuses (undecodable, another Redis type, unsigned or badly signed) is quarantined
-        and replaced when this node holds the cluster's key, else left alone. Returns the
+        """Blobs first (a manifest is never visible before its chunks), then manifests,
+        then every entry's used key and the fingerprint's inputs. An entry another node
+        published that verifies here is left alone; one this node refuses (undecodable,
+        unsigned or badly signed, or a key of another Redis type) is quarantined and
+        replaced when this node holds the cluster's key, else left alone. Returns the
         entries written."""
-        found = self._existing([layout.manifest_key(fp.digest, m.name) for m, _ in packed])
+        found = self.backend.get_many([layout.manifest_key(fp.digest, m.name)
+                                       for m, _ in packed])
         new, replaced = [], {}
         for (man, blob), raw in zip(packed, found, strict=True):
             if raw is None:
@@ -169,61 +174,48 @@ class Publisher:
                 new.append((man, blob))
                 replaced[man.name] = raw
         ttl_ms = self.session.ttl_ms
-
-        def chunks(client):
-            pipe = client.pipeline(transaction=False)
-            for man, blob in new:
-                for i, chunk in enumerate(split_chunks(blob, man.chunk_size)):
-                    pipe.set(layout.blob_key(man.digest, i), chunk, px=ttl_ms)
-            return pipe.execute()
-
-        def manifests(client):
-            for man, _blob in new:  # scripts run alone: Redis Cluster refuses them pipelined
-                if man.name in replaced:
-                    self._replace(client, layout.manifest_key(fp.digest, man.name),
-                                  replaced[man.name], man.encode())
-            pipe = client.pipeline(transaction=False)
-            for man, _blob in new:
-                if man.name not in replaced:
-                    pipe.set(layout.manifest_key(fp.digest, man.name), man.encode(), nx=True,
-                             px=ttl_ms)
-            pipe.zadd(layout.index_key(fp.digest), {m.name: time.time() for m, _ in packed})
-            pipe.set(layout.fp_meta_key(fp.digest), json_bytes(fp.to_json()), px=ttl_ms)
-            pipe.zadd(layout.FPS_KEY, {fp.digest: time.time()})
-            return self._bookkeeping_tolerated(pipe.execute(raise_on_error=False))
-
-        if new:
-            self.op(chunks, "publish")
-        self.op(manifests, "publish")
+        for man, blob in new:
+            for i, chunk in enumerate(split_chunks(blob, man.chunk_size)):
+                self.backend.put(layout.blob_key(man.digest, i), chunk, ttl_ms)
+        written = []
+        for man, blob in new:
+            key = layout.manifest_key(fp.digest, man.name)
+            if man.name in replaced:
+                self._swap(key, replaced[man.name], man.encode())
+            elif not self.backend.put(key, man.encode(), ttl_ms, if_absent=True) \
+                    and self._unreadable(fp.digest, key):  # (else published meanwhile)
+                if not self._replaceable(fp.digest, man.name, WRONG_TYPE, "entry"):
+                    continue
+                self.backend.put(key, man.encode(), ttl_ms)
+                replaced[man.name] = WRONG_TYPE
+            written.append((man, blob))
+        now = f"{time.time():.3f}".encode()
+        for man, _blob in packed:
+            self.backend.put(layout.used_key(fp.digest, man.name), now)
+        self.backend.put(layout.fp_meta_key(fp.digest), json_bytes(fp.to_json()), ttl_ms)
         for name, raw in replaced.items():
             self._note_replaced(fp.digest, name, raw)
-        return new
+        return written
 
-    def _bookkeeping_tolerated(self, replies: list) -> list:
-        """A publication's replies, raising for any failure but WRONGTYPE: the index and
-        fingerprint lists are warmd's bookkeeping (a SET of a manifest never meets it), so
-        a writer that retyped one (a string at warmd:v1:fps) must not fail every
-        publication; `warmd cache prune` removes it and the next write rebuilds it."""
-        for reply in replies:
-            if isinstance(reply, Exception) and not str(reply).startswith("WRONGTYPE"):
-                raise self.session.transport.failure(reply, "publish")
-        if any(isinstance(reply, Exception) for reply in replies):
-            self.session.warn_once("bookkeeping", "shared cache %s: a fingerprint list or "
-                                   "index holds another Redis type; entries are published, "
-                                   "`warmd cache prune` repairs the lists",
-                                   self.session.transport.display_url)
-        return replies
+    def _unreadable(self, fp: str, key: str) -> bool:
+        """Whether key, which a write found taken, holds what the interface cannot read (on
+        Redis, a key of another type): planted garbage, counted as refused."""
+        if self.backend.get(key) is not None or self.backend.ttl_ms(key) is None:
+            return False
+        self.session.stats.count_refusal("corrupt_rejected", fp)
+        log.warning("shared cache: refused %s (fingerprint %s): not a value warmd can read "
+                    "(another Redis type)", key, fp)
+        return True
 
-    def _existing(self, keys: list[str]) -> list[bytes | None]:
-        """The values at keys (None: absent; WRONG_TYPE: another Redis type)."""
-        replies = self.session.transport.get_many(keys, "publish", raise_on_error=False)
-        out = []
-        for reply in replies:
-            if isinstance(reply, Exception) and classify(reply) == "error":
-                out.append(WRONG_TYPE)
-            else:
-                out.append(self.session.transport.checked(reply, "publish"))
-        return out
+    def _swap(self, key: str, old: bytes, new: bytes) -> bool:
+        """Compare-and-set key from old to new; WRONG_TYPE (a key of another type, which no
+        comparison matches) is replaced by a plain put while it still reads as nothing."""
+        ttl_ms = self.session.ttl_ms
+        if self.backend.compare_and_set(key, old, new, ttl_ms):
+            return True
+        if old != WRONG_TYPE or self.backend.get(key) is not None:
+            return False
+        return self.backend.put(key, new, ttl_ms)
 
     def _replaceable(self, fp: str, name: str, raw: bytes, what: str,
                      task: str | None = None) -> bool:
@@ -259,38 +251,29 @@ class Publisher:
             return False
         return self.session.holds_cluster_key()
 
-    def _replace(self, client, key: str, old: bytes | None, new: bytes) -> None:
-        """Compare-and-set key from old (None: absent) to new."""
-        self.session.transport.script("replace", client, keys=[key],
-                                args=[old or b"", new, self.session.ttl_ms, "1" if old is None
-                                      else "0"])
-
     def _note_replaced(self, fp: str, name: str, raw: bytes) -> None:
         """Keep what a replacement overwrote under the quarantine key, for operators."""
         note = quarantine_note(raw, "refused here; replaced by a verified publish",
                                self.session.node)
-
-        def run(client):
-            client.set(layout.quarantine_key(fp, name), note, px=layout.QUARANTINE_TTL_MS)
-
         try:
-            self.op(run, "quarantine")
+            self.backend.put(layout.quarantine_key(fp, name), note, layout.QUARANTINE_TTL_MS)
         except StoreFailed:
             return
         self.count("replaced", fp=fp)
 
     def _write_record(self, fp: Fingerprint, task: str, rec_raw: bytes) -> None:
-        """Write the task's record unless a record this node may not replace is there;
-        announce the publication either way (waiters then look again)."""
-        (old,) = self._existing([layout.task_key(fp.digest, task)])
-        writable = old is None or self._replaceable(fp.digest, task, old, "task record", task)
-
-        def run(client):
-            if writable:
-                self._replace(client, layout.task_key(fp.digest, task), old, rec_raw)
-            client.publish(layout.channel(fp.digest, task), b"published")
-
-        self.op(run, "publish")
+        """Write the task's record unless a record this node may not replace is there
+        (RedisSharedCache then announces the publication either way: waiters look
+        again)."""
+        key = layout.task_key(fp.digest, task)
+        old = self.backend.get(key)
+        if old is not None:
+            if self._replaceable(fp.digest, task, old, "task record", task):
+                self._swap(key, old, rec_raw)
+        elif not self.backend.compare_and_set(key, None, rec_raw, self.session.ttl_ms) \
+                and self._unreadable(fp.digest, key) \
+                and self._replaceable(fp.digest, task, WRONG_TYPE, "task record", task):
+            self._swap(key, WRONG_TYPE, rec_raw)
 
     def _publish_failed(self, failed: StoreFailed, fp: str) -> None:
         if failed.kind == "denied":

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 
-from warmd.store.backend import NO_EXPIRY, KeyValueBackend, check_ttl
+from warmd.store.backend import NO_EXPIRY, KeyValueBackend, check_prefix_reads, check_ttl
 from warmd.store.transport import RedisTransport
 
 SCAN_COUNT = 1000  # keys per SCAN step
@@ -20,19 +20,41 @@ _GLOB = re.compile(r"([*?\[\]\\])")
 
 class RedisBackend(KeyValueBackend):
     """what: the name every call goes through transport.op under (None: each its own, e.g.
-    "fetch", "put"); one of transport.NOT_RETRIED, e.g. "stats", for best-effort users."""
+    "fetch", "put"); one of transport.NOT_RETRIED, e.g. "stats", for best-effort users.
+    replicas: reads (get_many, get_prefixes) may be answered by replicas, when the URL asks
+    for it (transport.replica_reads); they may lag."""
 
-    def __init__(self, transport: RedisTransport, what: str | None = None) -> None:
+    def __init__(self, transport: RedisTransport, what: str | None = None,
+                 replicas: bool = False) -> None:
         self.transport = transport
         self.what = what
+        self.replicas = replicas
 
     def _as(self, name: str) -> str:
         return self.what or name
 
     def get_many(self, keys: list[str]) -> list[bytes | None]:
         what = self._as("fetch")
-        replies = self.transport.get_many(list(keys), what, raise_on_error=False)
+        replies = self._pipelined([("get", key) for key in keys], what)
         return [self._value(reply, what) for reply in replies]
+
+    def get_prefixes(self, reads: list[tuple[str, int]]) -> list[bytes]:
+        """GETRANGE: an absent key reads b"" (as Redis answers), one of another type too."""
+        check_prefix_reads(reads)
+        what = self._as("fetch")
+        replies = self._pipelined([("getrange", key, 0, size - 1) for key, size in reads],
+                                  what)
+        return [self._value(reply, what) or b"" for reply in replies]
+
+    def _pipelined(self, commands: list[tuple], what: str) -> list:
+        """One round trip of read commands (name, *args), each reply or error in place."""
+        def run(client):
+            pipe = client.pipeline(transaction=False)
+            for name, *args in commands:
+                getattr(pipe, name)(*args)
+            return pipe.execute(raise_on_error=False)
+
+        return self.transport.op(run, what, replicas=self.replicas) if commands else []
 
     def _value(self, reply: object, what: str) -> bytes | None:
         if isinstance(reply, Exception):

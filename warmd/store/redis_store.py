@@ -13,7 +13,9 @@
 
 The parts ported to the narrow store interface (warmd.store.backend) take `backend`, a
 RedisBackend over the same transport, and know no Redis: kernel_lists.py, history.py,
-counters.py (over its own RedisBackend, whose calls are never retried: stats are best effort).
+entries.py, blobs.py, refusals.py, publish.py (the fetching parts also a RedisBackend whose
+reads may go to replicas, when the URL asks), counters.py (over its own RedisBackend, whose
+calls are never retried: stats are best effort).
 
 Every public method degrades instead of raising: a store that is down, slow, out of memory,
 read-only or refusing this user's writes turns into misses and skipped publications, counted
@@ -92,14 +94,17 @@ class RedisSharedCache(SharedCache):
             max_artifact_bytes=max_artifact_bytes or store.max_artifact_bytes,
             namespace=store.namespace)
         stale = StaleRecords()  # Entries notes them, Leases reads them, Publisher clears them
-        self.refusals = Refusals(self.session)
-        self.blobs = Blobs(self.session, peers)
-        self.entries = Entries(self.session, stale, self.refusals, self.blobs)
+        self.backend = RedisBackend(self.transport)  # the parts ported to the narrow interface
+        replicas = (RedisBackend(self.transport, replicas=True)
+                    if self.transport.replica_reads else None)
+        self.refusals = Refusals(self.session, self.backend)
+        self.blobs = Blobs(self.session, self.backend, replicas, peers)
+        self.entries = Entries(self.session, stale, self.refusals, self.blobs, self.backend,
+                               replicas)
         self.leases = Leases(self.session, stale)
-        self.publisher = Publisher(self.session, stale)
+        self.publisher = Publisher(self.session, stale, self.backend)
         self.claims = PendingClaims(self.session)
         self.work_claims = WorkClaims(self.session, stale, _lease_ms(kernel_lease_seconds))
-        self.backend = RedisBackend(self.transport)  # the parts ported to the narrow interface
         self.kernel_lists = KernelLists(self.session, self.backend, self.stats)
         self.embedded = embedded  # the embedded server this cache uses, if any
 
@@ -121,7 +126,14 @@ class RedisSharedCache(SharedCache):
 
     def publish_task(self, adapter: CacheAdapter, task_key: str, entries: list[CacheEntry],
                      compile_seconds: float) -> Publication:
-        return self.publisher.publish_task(adapter, task_key, entries, compile_seconds)
+        publication = self.publisher.publish_task(adapter, task_key, entries, compile_seconds)
+        fp = self._fp(adapter)
+        if publication.skipped is None and fp is not None:
+            # wake the nodes waiting on the task (best effort: they wait a bounded time)
+            with contextlib.suppress(StoreFailed):
+                self.transport.op(lambda c: c.publish(layout.channel(fp, task_key),
+                                                      b"published"), "publish")
+        return publication
 
     def add_learned(self, adapter: CacheAdapter, plan_key: str, names: list[str]) -> bool:
         if not names or self.session.read_only:

@@ -1,6 +1,7 @@
 """Refusing what the store holds: a record or entry counted and logged (``reject``), a
 miss this node cannot use remembered (``refused_here``), a bad manifest quarantined by a
-node that holds the cluster's key (``quarantine``, ``refuse_entry``)."""
+node that holds the cluster's key (``quarantine``, ``refuse_entry``). Writes go through the
+narrow store interface (warmd.store.backend): this module knows no Redis."""
 
 from __future__ import annotations
 
@@ -8,18 +9,19 @@ import logging
 
 from warmd.store import layout
 from warmd.store.api import StoreFailed
+from warmd.store.backend import KeyValueBackend
 from warmd.store.formats import quarantine_note
 from warmd.store.session import Session
 from warmd.store.signing import check as check_signature
-from warmd.store.validation import BadRecord, SignatureRefused, load_record
+from warmd.store.validation import WRONG_TYPE, BadRecord, SignatureRefused, load_record
 
 log = logging.getLogger("warmd.store")
 
 
 class Refusals:
-    def __init__(self, session: Session) -> None:
+    def __init__(self, session: Session, backend: KeyValueBackend) -> None:
         self.session = session
-        self.op = session.transport.op
+        self.backend = backend
         self.count = session.stats.count
 
     def refuse_entry(self, fp: str, name: str, raw: bytes, problem: BadRecord,
@@ -77,19 +79,27 @@ class Refusals:
                         f"{self.session.key_state()}: this node does not heal the store)")
             return False
         self.reject(counter, fp, f"entry {name}", f"{why}; quarantining it")
-        value = quarantine_note(raw, why, self.session.node)
-
-        def run(client):
-            return self.session.transport.script(
-                "quarantine", client,
-                keys=[layout.manifest_key(fp, name), layout.quarantine_key(fp, name),
-                      layout.index_key(fp)],
-                args=[raw, value, layout.QUARANTINE_TTL_MS, name])
-
         try:
-            moved = bool(self.op(run, "quarantine"))
+            if not self._remove(layout.manifest_key(fp, name), raw):
+                return False
+            self.backend.put(layout.quarantine_key(fp, name),
+                             quarantine_note(raw, why, self.session.node),
+                             layout.QUARANTINE_TTL_MS)
+            self.backend.delete([layout.used_key(fp, name)])
         except StoreFailed:
             return False
-        if moved:
-            self.count("quarantined", fp=fp)
-        return moved
+        self.count("quarantined", fp=fp)
+        return True
+
+    def _remove(self, key: str, raw: bytes) -> bool:
+        """Delete the manifest at key if it still holds raw (compare-and-set). WRONG_TYPE
+        (read by an operator command: a key of another Redis type, which no comparison
+        matches) is deleted while it still reads as nothing yet is there: planted garbage,
+        checked and deleted in two steps (a valid manifest published between them would
+        go too, and be published again)."""
+        if self.backend.compare_and_set(key, raw, None):
+            return True
+        if raw != WRONG_TYPE or self.backend.get(key) is not None \
+                or self.backend.ttl_ms(key) is None:
+            return False
+        return self.backend.delete([key]) > 0

@@ -20,7 +20,7 @@ from urllib.parse import unquote, urlsplit
 
 from warmd.errors import WarmdInputError
 from warmd.store.api import StoreFailed
-from warmd.store.backend import NO_EXPIRY, KeyValueBackend, check_ttl
+from warmd.store.backend import NO_EXPIRY, KeyValueBackend, check_prefix_reads, check_ttl
 
 SCHEME = "sqlite"
 PURGE_EVERY = 1000  # writes between two deletions of expired rows
@@ -118,6 +118,17 @@ class SqliteBackend(KeyValueBackend):
                     f"SELECT key, value FROM kv WHERE key IN ({marks}) AND {_LIVE}",
                     (*chunk, now)))
         return [found.get(key) for key in keys]
+
+    def get_prefixes(self, reads: list[tuple[str, int]]) -> list[bytes]:
+        check_prefix_reads(reads)
+        out = []
+        with self._transaction("get") as conn:
+            now = self._now()
+            for key, size in reads:
+                row = conn.execute(f"SELECT substr(value, 1, ?) FROM kv WHERE key = ? AND "
+                                   f"{_LIVE}", (size, key, now)).fetchone()
+                out.append(b"" if row is None else bytes(row[0]))
+        return out
 
     def _live_value(self, conn: sqlite3.Connection, key: str) -> bytes | None:
         row = conn.execute(f"SELECT value FROM kv WHERE key = ? AND {_LIVE}",

@@ -56,32 +56,6 @@ return 0
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
 """,
-    # Move a manifest aside only if it is still the one found bad ('' for a key of another
-    # Redis type, which GET cannot read).
-    "quarantine": """
-local kind = redis.call('TYPE', KEYS[1])['ok']
-if kind == 'none' then return 0 end
-if kind == 'string' then
-  if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-elseif ARGV[1] ~= '' then return 0 end
-redis.call('DEL', KEYS[1])
-redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
-redis.call('ZREM', KEYS[3], ARGV[4])
-return 1
-""",
-    # Compare and set: write ARGV[2] only if the key still holds ARGV[1] (ARGV[4] == '1':
-    # only if it is absent; ARGV[1] == '': a key of another Redis type).
-    "replace": """
-local kind = redis.call('TYPE', KEYS[1])['ok']
-if ARGV[4] == '1' then
-  if kind ~= 'none' then return 0 end
-elseif kind == 'string' then
-  if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-elseif kind == 'none' or ARGV[1] ~= '' then return 0 end
-redis.call('DEL', KEYS[1])
-redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
-return 1
-""",
     # KeyValueBackend.compare_and_set: if the key holds ARGV[2] (ARGV[1] == '1'), or is
     # absent (ARGV[1] == '0'), set ARGV[4] with PX ARGV[5] ('0': none) when ARGV[3] == '1',
     # else delete it. A key of another Redis type never matches.
@@ -203,17 +177,6 @@ class RedisTransport:
             with self._lock:
                 self._clients.clear()
 
-    def get_many(self, keys: list[str], what: str, raise_on_error: bool = True) -> list:
-        """The values at keys in one pipelined round trip (None: absent); without
-        raise_on_error a key's own error (another Redis type) is its value."""
-        def run(client):
-            pipe = client.pipeline(transaction=False)
-            for key in keys:
-                pipe.get(key)
-            return pipe.execute(raise_on_error=raise_on_error)
-
-        return self.op(run, what) if keys else []
-
     def script(self, name: str, client, keys: list, args: list) -> Any:
         """Run one of SCRIPTS (inside an op's fn, with its client)."""
         if name not in self._scripts:
@@ -237,12 +200,6 @@ class RedisTransport:
             self.breaker.success()
             log.debug("shared cache %s: %s failed: %s", self.display_url, what, message)
         return StoreFailed(kind, message)
-
-    def checked(self, value: Any, what: str) -> Any:
-        """A pipeline result, or StoreFailed when it is an error."""
-        if isinstance(value, Exception):
-            raise self.failure(value, what)
-        return value
 
     def close(self) -> None:
         with self._lock:

@@ -1,6 +1,6 @@
 """`warmd cache prune`: entries unused for a while (or every entry of chosen fingerprints),
-index members whose manifest is gone, task records naming removed entries, and blob chunks
-no manifest references any more."""
+used keys (the index) whose manifest is gone or that hold no time, task records naming
+removed entries, and blob chunks no manifest references any more."""
 
 from __future__ import annotations
 
@@ -66,9 +66,12 @@ def prune(cache: RedisSharedCache, *, older_than: float | None = None,
     for fp in fingerprints(cache):
         doomed_fp = everything and fp in chosen
         in_scope = not chosen or fp in chosen
-        removed = []
+        removed, unindexed = [], []
         for item in entries(cache, fp):
-            if item["raw"] is None:
+            if item["raw"] is not None and not item["index_ok"]:
+                report.malformed_removed += 1  # the entry stays; its next use indexes it
+                unindexed.append(layout.used_key(fp, item["name"]))
+            elif item["raw"] is None:
                 report.stale_index += 1
                 removed.append(item["name"])
             elif item["manifest"] is None and not isinstance(item["problem"],
@@ -76,13 +79,14 @@ def prune(cache: RedisSharedCache, *, older_than: float | None = None,
                 report.malformed_removed += 1  # garbage for every node: never kept
                 removed.append(item["name"])
             elif in_scope and (doomed_fp or (cutoff is not None
-                                             and item["last_used"] < cutoff)):
+                                             and (item["last_used"] or 0.0) < cutoff)):
                 report.entries_removed += 1
                 man = item["manifest"]
                 report.bytes_removed += man.size if man else 0
                 removed.append(item["name"])
-        if not dry_run and removed:
-            _remove_entries(cache, fp, removed)
+        if not dry_run and (removed or unindexed):
+            cache.backend.delete([*unindexed, *(k for name in removed for k in (
+                layout.manifest_key(fp, name), layout.used_key(fp, name)))])
         report.task_records_removed += _prune_tasks(cache, fp, set(removed), doomed_fp,
                                                     dry_run)
         if doomed_fp:
@@ -94,9 +98,9 @@ def prune(cache: RedisSharedCache, *, older_than: float | None = None,
 
 
 def _remove_wrong_types(cache: RedisSharedCache, dry_run: bool) -> int:
-    """Delete the lists warmd keeps (fingerprints, stats' node list, each fingerprint's
-    index) where they hold another Redis type: garbage nobody can read, which warmd's
-    next writes rebuild. Returns how many."""
+    """Delete the lists warmd keeps (stats' node list; the fingerprint list and indexes of
+    before, which renewal.py and keyproof.py still use) where they hold another Redis type:
+    garbage nobody can read, which warmd's next writes rebuild. Returns how many."""
     expected = {layout.FPS_KEY: "zset", layout.NODES_KEY: "string"}
     doomed = wrong_types(cache, expected, "prune")
     expected = {layout.index_key(fp): "zset" for fp in fingerprints(cache)}
@@ -104,17 +108,6 @@ def _remove_wrong_types(cache: RedisSharedCache, dry_run: bool) -> int:
     if doomed and not dry_run:
         cache.op(lambda c: delete_many(c, doomed), "prune")
     return len(doomed)
-
-
-def _remove_entries(cache: RedisSharedCache, fp: str, names: list[str]) -> None:
-    def run(client):
-        pipe = client.pipeline(transaction=False)
-        for name in names:
-            pipe.delete(layout.manifest_key(fp, name))
-        pipe.zrem(layout.index_key(fp), *names)
-        return [list_reply(r) for r in pipe.execute(raise_on_error=False)]
-
-    cache.op(run, "prune")
 
 
 def _prune_tasks(cache: RedisSharedCache, fp: str, removed: set[str], everything: bool,

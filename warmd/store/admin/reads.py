@@ -1,6 +1,6 @@
 """What every operator command reads: the fingerprints, their stored inputs, the entries
-indexed under one, and raw replies turned into values (a key of another Redis type reads as
-WRONG_TYPE, a store that went away raises StoreFailed)."""
+indexed under one (their used keys, layout.used_key), and raw replies turned into values (a
+key of another Redis type reads as WRONG_TYPE, a store that went away raises StoreFailed)."""
 
 from __future__ import annotations
 
@@ -35,17 +35,6 @@ def list_reply(reply):
             raise StoreFailed(classify(reply), str(reply))
         return None
     return reply
-
-
-def read_one(cache: RedisSharedCache, what: str, command):
-    """command(pipe)'s reply as list_reply gives it: a key of another type is None, not an
-    aborted command."""
-    def run(client):
-        pipe = client.pipeline(transaction=False)
-        command(pipe)
-        return pipe.execute(raise_on_error=False)[0]
-
-    return list_reply(cache.op(run, what))
 
 
 def wrong_types(cache: RedisSharedCache, expected: dict[str, str], what: str) -> list[str]:
@@ -83,29 +72,30 @@ def scan(cache: RedisSharedCache, pattern: str, what: str) -> list:
     return cache.op(lambda c: list(c.scan_iter(match=pattern, count=500)), what)
 
 
+def indexed(cache: RedisSharedCache, fp: str | None = None) -> dict[str, list[str]]:
+    """fp -> the names of its entries with a used key (of fp, or of every fingerprint),
+    sorted: one scan."""
+    found: dict[str, list[str]] = {}
+    for key in cache.backend.scan(layout.used_prefix(fp)):
+        parsed = layout.parse_used_key(key)
+        if parsed is not None:
+            found.setdefault(parsed[0], []).append(parsed[1])
+    return {f: sorted(names) for f, names in found.items()}
+
+
 def fingerprints(cache: RedisSharedCache) -> list[str]:
-    """The fingerprints by last use (none when the list holds another Redis type)."""
-    found = read_one(cache, "ls", lambda pipe: pipe.zrange(layout.FPS_KEY, 0, -1))
-    return [text(fp) for fp in found or []]
+    """Every fingerprint whose inputs are stored or that has indexed entries, sorted."""
+    fps = {layout.parse_fp_meta_key(key) for key in cache.backend.scan(layout.FP_META_PREFIX)}
+    return sorted({fp for fp in fps if fp} | set(indexed(cache)))
 
 
 def fingerprint_meta(cache: RedisSharedCache, fps: list[str]) -> dict[str, dict]:
     """fp -> {"fingerprint", "library", "inputs", "entries"} ("malformed": True when its
     stored inputs are not a JSON object with a dict of inputs)."""
-    def run(client):
-        pipe = client.pipeline(transaction=False)
-        for fp in fps:
-            pipe.get(layout.fp_meta_key(fp))
-            pipe.zcard(layout.index_key(fp))
-        return pipe.execute(raise_on_error=False)
-
-    replies = cache.op(run, "ls") if fps else []
-    out = {}
-    for i, fp in enumerate(fps):
-        raw, count = replies[2 * i], replies[2 * i + 1]
-        out[fp] = {"fingerprint": fp, **_meta_fields(raw),
-                   "entries": 0 if isinstance(count, Exception) else int(count)}
-    return out
+    counts = {fp: len(names) for fp, names in indexed(cache).items()} if fps else {}
+    raws = cache.backend.get_many([layout.fp_meta_key(fp) for fp in fps])
+    return {fp: {"fingerprint": fp, **_meta_fields(raw), "entries": counts.get(fp, 0)}
+            for fp, raw in zip(fps, raws, strict=True)}
 
 
 def _meta_fields(raw: bytes | Exception | None) -> dict:
@@ -123,23 +113,23 @@ def _meta_fields(raw: bytes | Exception | None) -> dict:
 
 
 def entries(cache: RedisSharedCache, fp: str) -> list[dict]:
-    """Every entry indexed under fp: {"name", "last_used", "raw", "manifest", "problem"},
-    the manifest None when it expired or was evicted (raw None), or cannot be decoded
-    (problem says why). A manifest key holding another Redis type reads as b"" (what
-    quarantine expects for it): malformed, like any undecodable value."""
-    members = read_one(cache, "ls", lambda pipe: pipe.zrange(layout.index_key(fp), 0, -1,
-                                                            withscores=True)) or []
-
-    def run(client):
-        return get_many(client, [layout.manifest_key(fp, text(name)) for name, _ in members],
-                        strict=False)
-
-    raws = cache.op(run, "ls") if members else []
+    """Every entry indexed under fp: {"name", "last_used", "raw", "manifest", "problem",
+    "index_ok"}, the manifest None when it expired or was evicted (raw None), or cannot be
+    decoded (problem says why). A manifest key holding another Redis type reads as b""
+    (what quarantine expects for it): malformed, like any undecodable value. A used key
+    that holds no time (another type, or garbage) has last_used None and index_ok False.
+    The used keys and manifests are read in one round trip."""
+    names = indexed(cache, fp).get(fp, [])
+    values = cache.backend.get_many([*(layout.used_key(fp, n) for n in names),
+                                     *(layout.manifest_key(fp, n) for n in names)])
     out = []
-    for (name, score), reply in zip(members, raws, strict=True):
-        raw = string_reply(reply)
-        item = {"name": text(name), "last_used": score, "raw": raw, "manifest": None,
-                "problem": None}
+    for name, used, raw in zip(names, values[:len(names)], values[len(names):],
+                               strict=True):
+        if raw is None and cache.backend.ttl_ms(layout.manifest_key(fp, name)) is not None:
+            raw = WRONG_TYPE  # there, yet no value: a key of another type
+        last_used = _time(used)
+        item = {"name": name, "last_used": last_used, "raw": raw, "manifest": None,
+                "problem": None, "index_ok": last_used is not None}
         if raw is not None:
             try:
                 item["manifest"] = Manifest.decode(raw, ANY_SIZE)
@@ -147,6 +137,14 @@ def entries(cache: RedisSharedCache, fp: str) -> list[dict]:
                 item["problem"] = exc
         out.append(item)
     return out
+
+
+def _time(raw: bytes | None) -> float | None:
+    """A used key's time; None when it holds none (another type, or garbage)."""
+    try:
+        return float(raw) if raw is not None else None
+    except ValueError:
+        return None
 
 
 def accepted(cache: RedisSharedCache, fp: str, item: dict) -> Manifest | None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from warmd.store import layout
-from warmd.store.admin.reads import fingerprint_meta, fingerprints, read_one
+from warmd.store.admin.reads import fingerprint_meta, fingerprints
 from warmd.store.fingerprint import COMMON_INPUTS, Fingerprint
 from warmd.store.redis_store import RedisSharedCache
 
@@ -74,8 +74,5 @@ def why(cache: RedisSharedCache, mine: Fingerprint, name: str,
 
 def _holds(cache: RedisSharedCache, fp: str, name: str) -> bool:
     """Whether fp has a task record of that key or an indexed entry of that name."""
-    task = read_one(cache, "why", lambda pipe: pipe.exists(layout.task_key(fp, name)))
-    if task:
-        return True
-    return read_one(cache, "why", lambda pipe: pipe.zscore(layout.index_key(fp), name)) \
-        is not None
+    found = cache.backend.get_many([layout.task_key(fp, name), layout.used_key(fp, name)])
+    return any(value is not None for value in found)
