@@ -13,7 +13,10 @@
 
 The parts ported to the narrow store interface (warmd.store.backend) take `backend`, a
 RedisBackend over the same transport, and know no Redis: kernel_lists.py, history.py,
-counters.py (over its own RedisBackend, whose calls are never retried: stats are best effort).
+counters.py (over its own RedisBackend, whose calls are never retried: stats are best effort),
+leases.py (over one whose calls are never retried either: a claim retried after a timeout
+that took the lease would find its own and wait for itself). Pub/sub wake-ups for waiters
+are no part of that interface: redis_wakeups.py.
 
 Every public method degrades instead of raising: a store that is down, slow, out of memory,
 read-only or refusing this user's writes turns into misses and skipped publications, counted
@@ -45,6 +48,7 @@ from warmd.store.leases import KERNEL_LEASE_SECONDS, Leases, WorkClaims, spread_
 from warmd.store.pending import PendingClaim, PendingClaims
 from warmd.store.publish import Publisher
 from warmd.store.redis_backend import RedisBackend
+from warmd.store.redis_wakeups import RedisWakeUps
 from warmd.store.refusals import Refusals
 from warmd.store.session import Session, StaleRecords
 from warmd.store.signing import KeyProof
@@ -92,14 +96,17 @@ class RedisSharedCache(SharedCache):
             max_artifact_bytes=max_artifact_bytes or store.max_artifact_bytes,
             namespace=store.namespace)
         stale = StaleRecords()  # Entries notes them, Leases reads them, Publisher clears them
+        self.backend = RedisBackend(self.transport)  # the parts ported to the narrow interface
+        claims = RedisBackend(self.transport, what="lease")  # a claim is never retried
+        self.wakeups = RedisWakeUps(self.transport)  # notices to waiters, beside the backend
         self.refusals = Refusals(self.session)
         self.blobs = Blobs(self.session, peers)
         self.entries = Entries(self.session, stale, self.refusals, self.blobs)
-        self.leases = Leases(self.session, stale)
+        self.leases = Leases(self.session, claims, stale, self.wakeups)
         self.publisher = Publisher(self.session, stale)
         self.claims = PendingClaims(self.session)
-        self.work_claims = WorkClaims(self.session, stale, _lease_ms(kernel_lease_seconds))
-        self.backend = RedisBackend(self.transport)  # the parts ported to the narrow interface
+        self.work_claims = WorkClaims(self.session, claims, stale, self.wakeups,
+                                      _lease_ms(kernel_lease_seconds))
         self.kernel_lists = KernelLists(self.session, self.backend, self.stats)
         self.embedded = embedded  # the embedded server this cache uses, if any
 
@@ -305,9 +312,7 @@ class RedisSharedCache(SharedCache):
         if not self.kernel_lists.publish(list_fp, digest, tasks, jobs, also or {}):
             return False
         # wake the nodes waiting on fp's claims (best effort: they wait a bounded time)
-        with contextlib.suppress(StoreFailed):
-            self.transport.op(lambda c: c.publish(layout.kernel_channel(fp), b"kernel list"),
-                              "publish")
+        self.wakeups.notify({layout.kernel_channel(fp): b"kernel list"})
         return True
 
     def record_outcomes(self, counts: dict[str, float]) -> None:
@@ -361,6 +366,7 @@ class RedisSharedCache(SharedCache):
 
     def close(self) -> None:
         self.work_claims.close()
+        self.wakeups.close()
         if not self.stats.flush():
             self.stats.spool()  # kept locally for the next process that reaches the store
         self.backend.close()
