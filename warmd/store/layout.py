@@ -7,6 +7,8 @@ Keys that must live together in Redis Cluster share a hash tag: every chunk of o
 
     warmd:v1:blob:{<sha256>}:<i>      chunk i of a content-addressed blob (1 MiB chunks)
     warmd:v1:man:{<fp>}:<name>        manifest of one entry (JSON, optionally signed)
+    warmd:v1:used:{<fp>}:<name>       when the entry was last published or used (unix time,
+                                      text): the fingerprint's index, listed by scan
     warmd:v1:idx:{<fp>}               ZSET entry name -> last use (unix time)
     warmd:v1:task:{<fp>}:<task key>   task record: the entries one plan task produced
     warmd:v1:lease:{<fp>}:<task key>  single-flight lease (SET NX PX, renewed)
@@ -69,6 +71,12 @@ def manifest_key(fp: str, name: str) -> str:
 
 def index_key(fp: str) -> str:
     return f"{PREFIX}idx:{{{fp}}}"
+
+
+def used_key(fp: str, name: str) -> str:
+    """When entry `name` of fp was last published or used: one key per entry, so that the
+    entries of a fingerprint are listed by a scan of used_prefix(fp)."""
+    return f"{PREFIX}used:{{{fp}}}:{name}"
 
 
 def task_key(fp: str, task: str) -> str:

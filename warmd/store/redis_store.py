@@ -15,8 +15,8 @@ The parts ported to the narrow store interface (warmd.store.backend) take `backe
 RedisBackend over the same transport, and know no Redis: kernel_lists.py, history.py,
 counters.py (over its own RedisBackend, whose calls are never retried: stats are best effort),
 leases.py (over one whose calls are never retried either: a claim retried after a timeout
-that took the lease would find its own and wait for itself). Pub/sub wake-ups for waiters
-are no part of that interface: redis_wakeups.py.
+that took the lease would find its own and wait for itself), renewal.py (the session's).
+Pub/sub wake-ups for waiters are no part of that interface: redis_wakeups.py.
 
 Every public method degrades instead of raising: a store that is down, slow, out of memory,
 read-only or refusing this user's writes turns into misses and skipped publications, counted
@@ -89,14 +89,14 @@ class RedisSharedCache(SharedCache):
             disabled_reason=disabled_reason, count=self.stats.count,
             budget=JoinBudget(join_budget or store.join_budget))
         self.stats.backend = RedisBackend(self.transport, what="stats")  # never retried
+        self.backend = RedisBackend(self.transport)  # the parts ported to the narrow interface
         self.session = Session(
             self.transport, self.stats, node, target, signing_key,
             ttl_ms=int((ttl_seconds or store.ttl_seconds) * 1000),
             lease_ms=_lease_ms(lease_seconds), poll_interval=poll_interval,
             max_artifact_bytes=max_artifact_bytes or store.max_artifact_bytes,
-            namespace=store.namespace)
+            namespace=store.namespace, backend=self.backend)
         stale = StaleRecords()  # Entries notes them, Leases reads them, Publisher clears them
-        self.backend = RedisBackend(self.transport)  # the parts ported to the narrow interface
         claims = RedisBackend(self.transport, what="lease")  # a claim is never retried
         self.wakeups = RedisWakeUps(self.transport)  # notices to waiters, beside the backend
         self.refusals = Refusals(self.session)

@@ -72,11 +72,12 @@ return 1
 }
 
 
-# Calls never retried: best effort ones (a TTL refresh, counters, which are kept for later),
-# the claims' (warmd.store.leases: a claim retried after a timeout that took the lease would
-# find its own token and wait for itself) and, for the same reason, the backend's conditional
-# writes (warmd.store.redis_backend: a retried one that had applied would answer False).
-NOT_RETRIED = frozenset({"touch", "stats", "lease", "put-if-absent", "compare-and-set"})
+# Calls never retried: best effort ones (a TTL refresh, the backend's expire; counters, which
+# are kept for later), the claims' (warmd.store.leases: a claim retried after a timeout that
+# took the lease would find its own token and wait for itself) and, for the same reason, the
+# backend's conditional writes (warmd.store.redis_backend: a retried one that had applied
+# would answer False).
+NOT_RETRIED = frozenset({"expire", "stats", "lease", "put-if-absent", "compare-and-set"})
 
 
 class RedisTransport:

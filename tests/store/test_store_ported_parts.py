@@ -1,6 +1,6 @@
-"""Leases and claims on units of cluster work over the narrow store interface, on Redis and
-on SQLite: they need no Redis, and without notices (no pub/sub) waiters find what changed
-by polling."""
+"""Leases, claims on units of cluster work and the renewal of what a plan used, over the
+narrow store interface, on Redis and on SQLite: they need no Redis, and without notices (no
+pub/sub) waiters find what changed by polling."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from warmd.store.connection import parse_store_url
 from warmd.store.counters import StoreStats
 from warmd.store.leases import Leases, WorkClaims
 from warmd.store.redis_backend import RedisBackend
+from warmd.store.renewal import Renewal, Used
 from warmd.store.session import Session, StaleRecords
 from warmd.store.sqlite_backend import SqliteBackend
 from warmd.store.transport import RedisTransport
@@ -55,16 +56,17 @@ def make(request, tmp_path) -> Iterator[Callable[..., KeyValueBackend]]:
         backend.close()
 
 
-def _session(node: str, tmp_path, lease_ms: int = 5000) -> Session:
-    """A node's session: its store is only the backend handed beside it."""
+def _session(node: str, backend: KeyValueBackend, tmp_path, lease_ms: int = 5000) -> Session:
+    """A node's session over backend (its transport disabled: nothing speaks Redis)."""
     return Session(_transport(None), StoreStats(node, tmp_path / node), node, None, None,
                    ttl_ms=3_600_000, lease_ms=lease_ms, poll_interval=0.05,
-                   max_artifact_bytes=1 << 20, namespace="test")
+                   max_artifact_bytes=1 << 20, namespace="test", backend=backend)
 
 
 def _claims(node: str, backend: KeyValueBackend, tmp_path, lease_ms: int = 5000
             ) -> WorkClaims:
-    return WorkClaims(_session(node, tmp_path), backend, StaleRecords(), WakeUps(), lease_ms)
+    return WorkClaims(_session(node, backend, tmp_path), backend, StaleRecords(), WakeUps(),
+                      lease_ms)
 
 
 def test_a_claim_is_held_until_released_then_free(make, tmp_path):
@@ -130,8 +132,11 @@ def test_a_single_flight_waiter_without_notices_finds_the_publication(make, tmp_
     """No pub/sub (WakeUps' waits are sleeps): the waiter polls, and is answered by the
     holder's task record."""
     holder_store = make()
-    holder = Leases(_session("holder", tmp_path), holder_store, StaleRecords(), WakeUps())
-    waiter = Leases(_session("waiter", tmp_path), make(), StaleRecords(), WakeUps())
+    waiter_store = make()
+    holder = Leases(_session("holder", holder_store, tmp_path), holder_store, StaleRecords(),
+                    WakeUps())
+    waiter = Leases(_session("waiter", waiter_store, tmp_path), waiter_store, StaleRecords(),
+                    WakeUps())
     seen: dict[str, object] = {}
 
     def wait() -> None:
@@ -149,3 +154,20 @@ def test_a_single_flight_waiter_without_notices_finds_the_publication(make, tmp_
     assert seen["mine"] is False
     assert waiter.session.stats.counters["lease_waits_satisfied"] == 1
     assert holder_store.get(layout.lease_key("-", "testlib/sf")) is None
+
+
+def test_what_a_plan_used_is_renewed_by_one_node_per_interval(make, tmp_path):
+    store = make()
+    manifest = layout.manifest_key(FP, "kernel.a.0001")
+    store.put(manifest, b"manifest", 5000)
+    store.put(layout.used_key(FP, "kernel.a.0001"), b"1.000")
+    used = Used(FP)
+    used.add_manifests({"kernel.a.0001": (), "kernel.unindexed.0001": ()})
+    Renewal(_session("first", store, tmp_path)).renew(used, ["testlib/t"])
+    assert store.ttl_ms(manifest) > 3_000_000
+    assert float(store.get(layout.used_key(FP, "kernel.a.0001"))) > time.time() - 60
+    assert store.get(layout.used_key(FP, "kernel.unindexed.0001")) is None  # never added
+    store.expire(manifest, 5000)
+    second = make()
+    Renewal(_session("second", second, tmp_path)).renew(used, ["testlib/t"])
+    assert store.ttl_ms(manifest) <= 5000  # within the interval: nobody renews again
