@@ -43,12 +43,14 @@ class Claimant:
     def claim(self, marker: str, lease: str, token: str, ttl_ms: int, stale: bytes,
               fp: str) -> tuple[ClaimState, str]:
         """(PUBLISHED, MINE or HELD; who holds it, "" when unknown). Raises StoreFailed."""
-        if self._published(marker, stale):
+        found, holder = self.backend.get_many([marker, lease])
+        if found is not None and found != stale:
             return ClaimState.PUBLISHED, ""
         mine = token.encode()
-        if self.backend.put(lease, mine, ttl_ms, if_absent=True):
-            return self._taken(marker, lease, mine, stale), ""
-        holder = self.backend.get(lease)
+        if holder is None:  # free, or a value this interface cannot read
+            if self.backend.put(lease, mine, ttl_ms, if_absent=True):
+                return self._taken(marker, lease, mine, stale), ""
+            holder = self.backend.get(lease)
         left = self.backend.ttl_ms(lease)
         if left is None:  # expired between the looks: free at the next
             return ClaimState.HELD, ""
@@ -63,19 +65,17 @@ class Claimant:
                                judged.who, judged.foreign)
         return self._taken(marker, lease, mine, stale), ""
 
-    def _published(self, marker: str, stale: bytes) -> bool:
-        found = self.backend.get(marker)
-        return found is not None and found != stale
-
     def _taken(self, marker: str, lease: str, mine: bytes, stale: bytes) -> ClaimState:
         """MINE, unless the unit was published between the first look and the taking (its
         holder publishes, then releases): then the lease goes back and it is PUBLISHED."""
         try:
-            if not self._published(marker, stale):
-                return ClaimState.MINE
+            found = self.backend.get(marker)
         except StoreFailed:
             return ClaimState.MINE  # taken: renewed and released as any other
-        self.backend.compare_and_set(lease, mine, None)
+        if found is None or found == stale:
+            return ClaimState.MINE
+        with contextlib.suppress(StoreFailed):  # (else it expires unrenewed)
+            self.backend.compare_and_set(lease, mine, None)
         return ClaimState.PUBLISHED
 
     def _take_over(self, lease: str, holder: bytes | None, mine: bytes, ttl_ms: int) -> bool:
