@@ -34,14 +34,16 @@ _BOOKKEEPING = (f"{layout.PREFIX}counts:", history.HISTORY_KEY, f"{layout.PREFIX
 
 
 def entries_state(rclient) -> dict[bytes, tuple]:
-    """Every key of the cluster's entries with its type and value (a zset: its members;
-    a read that verified renews their scores)."""
+    """Every key of the cluster's entries with its type and value (a zset: its members; an
+    entry's used key: only that it is there; a read that verified renews their scores and
+    last-use times)."""
     out = {}
     for key in rclient.scan_iter(match=f"{layout.PREFIX}*"):
         if key.decode().startswith(_BOOKKEEPING):
             continue
         kind = rclient.type(key)
-        value = (rclient.get(key) if kind == b"string" else
+        value = (None if key.decode().startswith(f"{layout.PREFIX}used:") else
+                 rclient.get(key) if kind == b"string" else
                  frozenset(rclient.zrange(key, 0, -1)) if kind == b"zset" else None)
         out[key] = (kind, value)
     return out

@@ -3,12 +3,13 @@ discovery), and whether a claim found held is one warmd honours.
 
 A claim's value is its holder's record, ``c1|<node>|<pid>|<ms since the epoch>|<nonce>``,
 and in a signed cluster ``|<mac>``: an HMAC under the claim key (derived from the signing
-key) over the record and the claim's own Redis key, so that a writer without the key can
+key) over the record and the claim's own store key, so that a writer without the key can
 neither make one nor move one to another key. A claim is foreign, and taken over at once,
-when its value is not such a record, when it is dated in the future, when the cluster is
-signed and its MAC is missing or wrong, or when its TTL is missing or longer than any warmd
-sets (MAX_CLAIM_TTL_MS). One that looks right is waited on, at most for the single-flight
-timeout (warmd.store.leases, warmd.warmup.claims).
+when its value is not such a record (or not a value the store interface can read: a key of
+another Redis type), when it is dated in the future, when the cluster is signed and its MAC
+is missing or wrong, or when its TTL is missing or longer than any warmd sets
+(MAX_CLAIM_TTL_MS). One that looks right is waited on, at most for the single-flight timeout
+(warmd.store.leases, warmd.warmup.claims).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import time
 import uuid
 from dataclasses import dataclass
 
+from warmd.store.backend import NO_EXPIRY
+
 VERSION = "c1"
 # The longest TTL warmd sets on a claim (the default single-flight lease is 30 s, a kernel
 # claim 3 s; a lease is refused above this): a longer one, or none, is planted.
@@ -30,9 +33,6 @@ MAX_RECORD = 400  # characters
 _NODE = re.compile(r"[A-Za-z0-9._:@+-]{1,200}")
 _NONCE = re.compile(r"[0-9a-f]{12}")
 _MAC = re.compile(r"[0-9a-f]{32}")
-NO_TTL = -1  # what PTTL answers for a key without a TTL
-GONE = -2  # ...and for a key that no longer exists
-NOT_A_STRING = -3  # what the claim script answers for a key of another Redis type
 
 
 def claim_key(signing_key: bytes | None) -> bytes | None:
@@ -43,16 +43,16 @@ def claim_key(signing_key: bytes | None) -> bytes | None:
     return hmac.new(signing_key, b"warmd:v1:claim-key", hashlib.sha256).digest()
 
 
-def _mac(key: bytes, body: str, redis_key: str) -> str:
-    return hmac.new(key, f"{body}\n{redis_key}".encode(), hashlib.sha256).hexdigest()[:32]
+def _mac(key: bytes, body: str, store_key: str) -> str:
+    return hmac.new(key, f"{body}\n{store_key}".encode(), hashlib.sha256).hexdigest()[:32]
 
 
-def make_record(node: str, redis_key: str, key: bytes | None) -> str:
-    """A fresh record for this process holding the claim at redis_key."""
+def make_record(node: str, store_key: str, key: bytes | None) -> str:
+    """A fresh record for this process holding the claim at store_key."""
     safe_node = re.sub(r"[^A-Za-z0-9._:@+-]", "_", node)[:200] or "_"
     body = (f"{VERSION}|{safe_node}|{os.getpid()}|{int(time.time() * 1000)}|"
             f"{uuid.uuid4().hex[:12]}")
-    return f"{body}|{_mac(key, body, redis_key)}" if key else body
+    return f"{body}|{_mac(key, body, store_key)}" if key else body
 
 
 @dataclass(frozen=True)
@@ -63,12 +63,13 @@ class Holder:
     foreign: str = ""
 
 
-def judge(raw: bytes | str | None, pttl_ms: int, redis_key: str, key: bytes | None,
+def judge(raw: bytes | None, ttl_ms: int, store_key: str, key: bytes | None,
           now: float | None = None) -> Holder:
-    """Whether the claim holding redis_key (its value raw, its PTTL pttl_ms) is honoured."""
-    if pttl_ms == NOT_A_STRING:
-        return Holder("?", "not a string value")
-    text = raw.decode(errors="replace") if isinstance(raw, bytes) else (raw or "")
+    """Whether the claim holding store_key is honoured: its value raw (None: a value the
+    store interface cannot read), its time to live ttl_ms (backend.NO_EXPIRY: none)."""
+    if raw is None:
+        return Holder("?", "a value this interface cannot read")
+    text = raw.decode(errors="replace")
     parts = text[:MAX_RECORD + 1].split("|")
     if len(text) > MAX_RECORD or len(parts) not in (5, 6) or parts[0] != VERSION:
         return Holder("?", "not a claim record")
@@ -77,16 +78,16 @@ def judge(raw: bytes | str | None, pttl_ms: int, redis_key: str, key: bytes | No
             and _NONCE.fullmatch(nonce)):
         return Holder("?", "not a claim record")
     who = f"{node}:{pid}"
-    if pttl_ms == NO_TTL:
+    if ttl_ms == NO_EXPIRY:
         return Holder(who, "no TTL")
-    if pttl_ms > MAX_CLAIM_TTL_MS:
-        return Holder(who, f"TTL {pttl_ms / 1000:.0f} s, longer than warmd sets")
+    if ttl_ms > MAX_CLAIM_TTL_MS:
+        return Holder(who, f"TTL {ttl_ms / 1000:.0f} s, longer than warmd sets")
     if int(at) > (now if now is not None else time.time()) * 1000 + CLOCK_SKEW_MS:
         return Holder(who, "dated in the future")
     if key is not None:
         body = "|".join(parts[:5])
         if not mac or not _MAC.fullmatch(mac[0]):
             return Holder(who, "unsigned in a signed cluster")
-        if not hmac.compare_digest(mac[0], _mac(key, body, redis_key)):
+        if not hmac.compare_digest(mac[0], _mac(key, body, store_key)):
             return Holder(who, "bad signature")
     return Holder(who)

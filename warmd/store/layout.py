@@ -10,8 +10,7 @@ Keys that must live together in Redis Cluster share a hash tag: every chunk of o
     warmd:v1:used:{<fp>}:<name>       when the entry was last published or used (unix time,
                                       text): the fingerprint's index, listed by scan
     warmd:v1:idx:{<fp>}               ZSET entry name -> last use, the index of before (read
-                                      and written by renewal.py and keyproof.py only, until
-                                      they move to used keys)
+                                      by keyproof.py only, until it moves to used keys)
     warmd:v1:task:{<fp>}:<task key>   task record: the entries one plan task produced
     warmd:v1:lease:{<fp>}:<task key>  single-flight lease (SET NX PX, renewed)
     warmd:v1:pub:{<fp>}:<task key>    pub/sub channel announcing a task's publication

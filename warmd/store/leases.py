@@ -2,7 +2,11 @@
 lease per task, renewed while held, taken over when its holder dies or gives up); and
 claims on units of cluster work (WorkClaims), taken without waiting, so that a node that
 finds one held moves on to another. Both take their claims through one Claimant, which
-takes a foreign claim over at once (warmd.store.claimid says which are)."""
+takes a foreign claim over at once (warmd.store.claimid says which are).
+
+A claim is a value of the narrow store interface (warmd.store.backend) with a short TTL,
+taken by put(if_absent), renewed, released and taken over by compare-and-set: this module
+knows no Redis. Waiters are woken early by notices (warmd.store.wakeups) and poll as well."""
 
 from __future__ import annotations
 
@@ -16,21 +20,20 @@ from typing import Any
 from warmd.coordination import Claim, ClaimState, WorkKind, discovery_unit
 from warmd.store import claimid, layout
 from warmd.store.api import StoreFailed
-from warmd.store.connection import STORE_ERRORS
+from warmd.store.backend import KeyValueBackend
 from warmd.store.session import Session, StaleRecords
+from warmd.store.wakeups import WakeUps
 
 log = logging.getLogger("warmd.store")
-# What the lease claim script answers (else: held by its holder)
-_LEASE_STATES = {2: ClaimState.PUBLISHED, 1: ClaimState.MINE}
 
 
 class Claimant:
-    """Claims a lease key for this process (the claim script: published, acquired, or who
-    holds it and for how long), taking a foreign holder's claim over at once (counted:
-    claims_taken_over)."""
+    """Claims a lease key for this process: the unit is published (its marker holds
+    something other than the stale record), or the lease is taken, or someone holds it;
+    a foreign holder's claim is taken over at once (counted: claims_taken_over)."""
 
-    def __init__(self, session: Session) -> None:
-        self.session = session
+    def __init__(self, session: Session, backend: KeyValueBackend) -> None:
+        self.session, self.backend = session, backend
         self.key = claimid.claim_key(session.signing_key)
 
     def record(self, lease: str) -> str:
@@ -38,37 +41,60 @@ class Claimant:
         return claimid.make_record(self.session.node, lease, self.key)
 
     def claim(self, marker: str, lease: str, token: str, ttl_ms: int, stale: bytes,
-              fp: str) -> tuple[int, str]:
-        """(2 published, 1 acquired, 0 held; who holds it). Raises StoreFailed."""
-        transport = self.session.transport
-        state, holder, pttl = transport.op(lambda c: transport.script(
-            "claim", c, keys=[marker, lease], args=[token, ttl_ms, stale]), "lease")
-        if int(state) != 0:
-            return int(state), ""
-        if int(pttl) == claimid.GONE:  # expired between the two looks: free at the next
-            return 0, ""
-        judged = claimid.judge(holder, int(pttl), lease, self.key)
+              fp: str) -> tuple[ClaimState, str]:
+        """(PUBLISHED, MINE or HELD; who holds it, "" when unknown). Raises StoreFailed."""
+        found, holder = self.backend.get_many([marker, lease])
+        if found is not None and found != stale:
+            return ClaimState.PUBLISHED, ""
+        mine = token.encode()
+        if holder is None:  # free, or a value this interface cannot read
+            if self.backend.put(lease, mine, ttl_ms, if_absent=True):
+                return self._taken(marker, lease, mine, stale), ""
+            holder = self.backend.get(lease)
+        left = self.backend.ttl_ms(lease)
+        if left is None:  # expired between the looks: free at the next
+            return ClaimState.HELD, ""
+        judged = claimid.judge(holder, left, lease, self.key)
         if not judged.foreign:
-            return 0, judged.who
-        expected = b"" if int(pttl) == claimid.NOT_A_STRING else holder
-        took = transport.op(lambda c: transport.script(
-            "takeover", c, keys=[lease], args=[expected, token, ttl_ms]), "lease")
-        if not took:  # it changed meanwhile: judged again at the next look
-            return 0, judged.who
+            return ClaimState.HELD, judged.who
+        if not self._take_over(lease, holder, mine, ttl_ms):
+            return ClaimState.HELD, judged.who  # it changed meanwhile: judged again next look
         self.session.stats.count("claims_taken_over", fp=fp)
         self.session.warn_once("takeover", "shared cache: took over a foreign claim on %s "
                                "(held as %s: %s); more are only counted", lease,
                                judged.who, judged.foreign)
-        return 1, ""
+        return self._taken(marker, lease, mine, stale), ""
+
+    def _taken(self, marker: str, lease: str, mine: bytes, stale: bytes) -> ClaimState:
+        """MINE, unless the unit was published between the first look and the taking (its
+        holder publishes, then releases): then the lease goes back and it is PUBLISHED."""
+        try:
+            found = self.backend.get(marker)
+        except StoreFailed:
+            return ClaimState.MINE  # taken: renewed and released as any other
+        if found is None or found == stale:
+            return ClaimState.MINE
+        with contextlib.suppress(StoreFailed):  # (else it expires unrenewed)
+            self.backend.compare_and_set(lease, mine, None)
+        return ClaimState.PUBLISHED
+
+    def _take_over(self, lease: str, holder: bytes | None, mine: bytes, ttl_ms: int) -> bool:
+        """Replace the foreign claim judged, if the lease still holds it."""
+        if holder is not None:
+            return self.backend.compare_and_set(lease, holder, mine, ttl_ms)
+        # A value this interface cannot read matches no compare-and-set: removed, then
+        # taken only if nobody took it in between.
+        self.backend.delete([lease])
+        return self.backend.put(lease, mine, ttl_ms, if_absent=True)
 
 
 class Leases:
-    def __init__(self, session: Session, stale: StaleRecords) -> None:
-        self.session = session
+    def __init__(self, session: Session, backend: KeyValueBackend, stale: StaleRecords,
+                 wakeups: WakeUps) -> None:
+        self.session, self.backend, self.wakeups = session, backend, wakeups
         self.stale = stale  # read here: a stale record is no publication
-        self.op = session.transport.op
         self.count = session.stats.count
-        self.claimant = Claimant(session)
+        self.claimant = Claimant(session, backend)
 
     @contextlib.contextmanager
     def single_flight(self, task_key: str, timeout: float) -> Iterator[bool]:
@@ -93,8 +119,8 @@ class Leases:
         self.count("lease_waits", fp=fp)
         log.info("shared cache: %s is being compiled by %s; waiting", task, claim.holder)
         deadline = time.monotonic() + timeout
-        # Subscribed only now: a publication in between is found by the next poll.
-        with self._subscription(layout.channel(fp, task)) as wait:
+        # Listening only now: a publication in between is found by the next poll.
+        with self.wakeups.listening(layout.channel(fp, task)) as wait:
             while claim.state is ClaimState.HELD:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
@@ -113,7 +139,7 @@ class Leases:
             return False, None
         if state is ClaimState.MINE:
             self.count("lease_takeovers" if waited else "leases_acquired", fp=fp)
-            return True, Lease(self.session, fp, task, token)
+            return True, Lease(self.session, self.backend, self.wakeups, fp, task, token)
         return True, None  # FREE: a read-only user and nobody compiling: we do
 
     def _try_claim(self, fp: str, task: str, token: str, stale: bytes) -> Claim:
@@ -127,55 +153,21 @@ class Leases:
                     raise
                 self.session.note_read_only(failed)
             else:
-                return Claim(_LEASE_STATES.get(int(state), ClaimState.HELD), _text(holder))
-
-        def peek(client):
-            pipe = client.pipeline(transaction=False)
-            pipe.get(rec_key)
-            pipe.get(lease_key)
-            return pipe.execute()
-
-        rec, holder = self.op(peek, "lease")
+                return Claim(state, holder)
+        rec, holder = self.backend.get_many([rec_key, lease_key])
         if rec is not None and rec != stale:
             return Claim(ClaimState.PUBLISHED)
         return Claim(ClaimState.HELD, _text(holder)) if holder else Claim(ClaimState.FREE)
-
-    @contextlib.contextmanager
-    def _subscription(self, name: str):
-        """A wait(seconds) function that returns early when `name` gets a message; a plain
-        sleep when pub/sub is unavailable (polling still finds publications)."""
-        pubsub = None
-        try:
-            pubsub = self.op(lambda c: c.pubsub(ignore_subscribe_messages=True), "subscribe")
-            pubsub.subscribe(name)
-        except (StoreFailed, *STORE_ERRORS):
-            pubsub = None
-
-        def wait(seconds: float) -> None:
-            nonlocal pubsub
-            if pubsub is None:
-                time.sleep(seconds)
-                return
-            try:
-                pubsub.get_message(timeout=seconds)
-            except STORE_ERRORS:
-                pubsub = None
-                time.sleep(seconds)
-
-        try:
-            yield wait
-        finally:
-            if pubsub is not None:
-                with contextlib.suppress(*STORE_ERRORS):
-                    pubsub.close()
 
 
 class Lease:
     """A held single-flight lease: renewed in a thread while the body runs, then released
     (compare-and-delete) with a notice on the task's channel so waiters look again at once."""
 
-    def __init__(self, session: Session, fp: str, task: str, token: str) -> None:
-        self.session, self.fp, self.task, self.token = session, fp, task, token
+    def __init__(self, session: Session, backend: KeyValueBackend, wakeups: WakeUps,
+                 fp: str, task: str, token: str) -> None:
+        self.session, self.backend, self.wakeups = session, backend, wakeups
+        self.fp, self.task, self.token = fp, task, token.encode()
         self.key = layout.lease_key(fp, task)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._renew, daemon=True,
@@ -188,22 +180,17 @@ class Lease:
     def __exit__(self, *exc: Any) -> None:
         self._stop.set()
         self._thread.join()
-        transport = self.session.transport
-
-        def run(client):
-            transport.script("release", client, keys=[self.key], args=[self.token])
-            client.publish(layout.channel(self.fp, self.task), b"released")
-
-        with contextlib.suppress(StoreFailed):
-            transport.op(run, "lease release")
+        try:
+            self.backend.compare_and_set(self.key, self.token, None)
+        except StoreFailed:
+            return
+        self.wakeups.notify({layout.channel(self.fp, self.task): b"released"})
 
     def _renew(self) -> None:
-        transport, lease_ms = self.session.transport, self.session.lease_ms
-        every = lease_ms / 3000
-        while not self._stop.wait(every):
+        lease_ms = self.session.lease_ms
+        while not self._stop.wait(lease_ms / 3000):
             try:
-                held = transport.op(lambda c: transport.script(
-                    "renew", c, keys=[self.key], args=[self.token, lease_ms]), "lease renew")
+                held = renew(self.backend, self.key, self.token, lease_ms)
             except StoreFailed:
                 continue
             if not held:
@@ -213,10 +200,14 @@ class Lease:
                 return
 
 
-def _text(value: Any) -> str:
-    if isinstance(value, bytes):
-        return value.decode(errors="replace")
-    return str(value) if value else ""
+def renew(backend: KeyValueBackend, lease: str, token: bytes, ttl_ms: int) -> bool:
+    """Let a claim live ttl_ms from now if it is still this token's: the same value put
+    again by compare-and-set, with a fresh TTL (atomic); False when it is not."""
+    return backend.compare_and_set(lease, token, token, ttl_ms)
+
+
+def _text(value: bytes | None) -> str:
+    return value.decode(errors="replace") if value else ""
 
 
 KERNEL_LEASE_SECONDS = 3.0  # a dead claimer's work is free again this soon
@@ -228,17 +219,17 @@ class WorkClaims:
     notice on the fingerprint's channel. A node that dies stops renewing: its units are
     free again within the TTL."""
 
-    def __init__(self, session: Session, stale: StaleRecords, lease_ms: int) -> None:
-        self.session, self.stale, self.lease_ms = session, stale, lease_ms
-        self.op = session.transport.op
+    def __init__(self, session: Session, backend: KeyValueBackend, stale: StaleRecords,
+                 wakeups: WakeUps, lease_ms: int) -> None:
+        self.session, self.backend, self.stale = session, backend, stale
+        self.wakeups, self.lease_ms = wakeups, lease_ms
         self.count = session.stats.count
-        self._held: dict[str, tuple[str, str]] = {}  # lease key -> (token, fp)
+        self._held: dict[str, tuple[bytes, str]] = {}  # lease key -> (token, fp)
         self._lock = threading.Lock()
         self._renewer: threading.Thread | None = None
         self._stop = threading.Event()
-        self._pubsubs: dict[str, Any] = {}
         self._seen_held: set[str] = set()  # lease keys found held by another node
-        self.claimant = Claimant(session)
+        self.claimant = Claimant(session, backend)
 
     def claim(self, fp: str, unit: str, kind: WorkKind, key_fp: str | None = None) -> Claim:
         """Claim a unit of fp's work; key_fp: the fingerprint its keys live under, when not
@@ -257,22 +248,22 @@ class WorkClaims:
             return Claim(ClaimState.MINE)  # nobody to share with: build it here
         with self._lock:
             waited = lease in self._seen_held
-            if state == 0:
+            if state is ClaimState.HELD:
                 self._seen_held.add(lease)
             else:
                 self._seen_held.discard(lease)
-        if state == 2:
+        if state is ClaimState.PUBLISHED:
             self.count("lease_waits_satisfied" if waited else "published_meanwhile", fp=fp)
             return Claim(ClaimState.PUBLISHED)
-        if state == 1:
+        if state is ClaimState.MINE:
             self.count("lease_takeovers" if waited else "leases_acquired", fp=fp)
             with self._lock:
-                self._held[lease] = (token, fp)
+                self._held[lease] = (token.encode(), fp)
                 self._start_renewer()
             return Claim(ClaimState.MINE)
         if not waited:
             self.count("lease_waits", fp=fp)
-        return Claim(ClaimState.HELD, _text(holder))
+        return Claim(ClaimState.HELD, holder)
 
     def release(self, fp: str, unit: str, kind: WorkKind, key_fp: str | None = None) -> None:
         lease = claim_keys(kind, key_fp or fp, unit)[0]
@@ -280,45 +271,18 @@ class WorkClaims:
             held = self._held.pop(lease, None)
         if held is None:
             return
-        transport = self.session.transport
-
-        def run(client):
-            transport.script("release", client, keys=[lease], args=[held[0]])
-            client.publish(layout.kernel_channel(fp), unit.encode())
-            if kind is WorkKind.TASK:
-                client.publish(layout.channel(fp, unit), b"released")
-
-        with contextlib.suppress(StoreFailed):
-            self.op(run, "lease release")
+        try:
+            self.backend.compare_and_set(lease, held[0], None)
+        except StoreFailed:
+            return
+        notices = {layout.kernel_channel(fp): unit.encode()}
+        if kind is WorkKind.TASK:
+            notices[layout.channel(fp, unit)] = b"released"
+        self.wakeups.notify(notices)
 
     def wait(self, fp: str, seconds: float) -> None:
-        """Up to seconds, or until a claim of fp is released (pub/sub; a sleep without).
-        Each thread has its own subscription (a PubSub serves one reader)."""
-        channel = layout.kernel_channel(fp)
-        key = f"{channel}#{threading.get_ident()}"
-        with self._lock:
-            pubsub = self._pubsubs.get(key)
-        if pubsub is None:
-            try:
-                pubsub = self.op(lambda c: c.pubsub(ignore_subscribe_messages=True),
-                                 "subscribe")
-                pubsub.subscribe(channel)
-            except (StoreFailed, *STORE_ERRORS):
-                time.sleep(seconds)
-                return
-            with self._lock:
-                self._pubsubs[key] = pubsub
-        try:
-            deadline = time.monotonic() + seconds
-            while pubsub.get_message(timeout=max(0.0, deadline - time.monotonic())) is None:
-                if time.monotonic() >= deadline:
-                    return
-            while pubsub.get_message(timeout=0.0) is not None:  # take what else came
-                pass
-        except STORE_ERRORS:
-            with self._lock:
-                self._pubsubs.pop(key, None)
-            time.sleep(seconds)
+        """Up to seconds, or until a claim of fp is released (a notice; a sleep without)."""
+        self.wakeups.wait(layout.kernel_channel(fp), seconds)
 
     def _start_renewer(self) -> None:
         if self._renewer is None or not self._renewer.is_alive():
@@ -327,7 +291,6 @@ class WorkClaims:
             self._renewer.start()
 
     def _renew(self) -> None:
-        transport = self.session.transport
         while not self._stop.wait(self.lease_ms / 3000):
             with self._lock:
                 held = dict(self._held)
@@ -339,8 +302,7 @@ class WorkClaims:
                 continue
             for lease, (token, fp) in held.items():
                 try:
-                    alive = transport.op(lambda c, lease=lease, token=token: transport.script(
-                        "renew", c, keys=[lease], args=[token, self.lease_ms]), "lease renew")
+                    alive = renew(self.backend, lease, token, self.lease_ms)
                 except StoreFailed:
                     continue
                 if not alive:
@@ -352,12 +314,6 @@ class WorkClaims:
 
     def close(self) -> None:
         self._stop.set()
-        with self._lock:
-            pubsubs = list(self._pubsubs.values())
-        for pubsub in pubsubs:
-            with contextlib.suppress(*STORE_ERRORS):
-                pubsub.close()
-        self._pubsubs.clear()
 
 
 def claim_keys(kind: WorkKind, fp: str, unit: str) -> tuple[str, str]:

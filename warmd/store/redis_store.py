@@ -15,7 +15,10 @@ The parts ported to the narrow store interface (warmd.store.backend) take `backe
 RedisBackend over the same transport, and know no Redis: kernel_lists.py, history.py,
 entries.py, blobs.py, refusals.py, publish.py (the fetching parts also a RedisBackend whose
 reads may go to replicas, when the URL asks), counters.py (over its own RedisBackend, whose
-calls are never retried: stats are best effort).
+calls are never retried: stats are best effort), leases.py (over one whose calls are never
+retried either: a claim retried after a timeout that took the lease would find its own and
+wait for itself), renewal.py (the session's). Pub/sub wake-ups for waiters are no part of
+that interface: redis_wakeups.py.
 
 Every public method degrades instead of raising: a store that is down, slow, out of memory,
 read-only or refusing this user's writes turns into misses and skipped publications, counted
@@ -47,6 +50,7 @@ from warmd.store.leases import KERNEL_LEASE_SECONDS, Leases, WorkClaims, spread_
 from warmd.store.pending import PendingClaim, PendingClaims
 from warmd.store.publish import Publisher
 from warmd.store.redis_backend import RedisBackend
+from warmd.store.redis_wakeups import RedisWakeUps
 from warmd.store.refusals import Refusals
 from warmd.store.session import Session, StaleRecords
 from warmd.store.signing import KeyProof
@@ -87,24 +91,27 @@ class RedisSharedCache(SharedCache):
             disabled_reason=disabled_reason, count=self.stats.count,
             budget=JoinBudget(join_budget or store.join_budget))
         self.stats.backend = RedisBackend(self.transport, what="stats")  # never retried
+        self.backend = RedisBackend(self.transport)  # the parts ported to the narrow interface
         self.session = Session(
             self.transport, self.stats, node, target, signing_key,
             ttl_ms=int((ttl_seconds or store.ttl_seconds) * 1000),
             lease_ms=_lease_ms(lease_seconds), poll_interval=poll_interval,
             max_artifact_bytes=max_artifact_bytes or store.max_artifact_bytes,
-            namespace=store.namespace)
+            namespace=store.namespace, backend=self.backend)
         stale = StaleRecords()  # Entries notes them, Leases reads them, Publisher clears them
-        self.backend = RedisBackend(self.transport)  # the parts ported to the narrow interface
         replicas = (RedisBackend(self.transport, replicas=True)
                     if self.transport.replica_reads else None)
+        claims = RedisBackend(self.transport, what="lease")  # a claim is never retried
+        self.wakeups = RedisWakeUps(self.transport)  # notices to waiters, beside the backend
         self.refusals = Refusals(self.session, self.backend)
         self.blobs = Blobs(self.session, self.backend, replicas, peers)
         self.entries = Entries(self.session, stale, self.refusals, self.blobs, self.backend,
                                replicas)
-        self.leases = Leases(self.session, stale)
+        self.leases = Leases(self.session, claims, stale, self.wakeups)
         self.publisher = Publisher(self.session, stale, self.backend)
         self.claims = PendingClaims(self.session)
-        self.work_claims = WorkClaims(self.session, stale, _lease_ms(kernel_lease_seconds))
+        self.work_claims = WorkClaims(self.session, claims, stale, self.wakeups,
+                                      _lease_ms(kernel_lease_seconds))
         self.kernel_lists = KernelLists(self.session, self.backend, self.stats)
         self.embedded = embedded  # the embedded server this cache uses, if any
 
@@ -130,9 +137,7 @@ class RedisSharedCache(SharedCache):
         fp = self._fp(adapter)
         if publication.skipped is None and fp is not None:
             # wake the nodes waiting on the task (best effort: they wait a bounded time)
-            with contextlib.suppress(StoreFailed):
-                self.transport.op(lambda c: c.publish(layout.channel(fp, task_key),
-                                                      b"published"), "publish")
+            self.wakeups.notify({layout.channel(fp, task_key): b"published"})
         return publication
 
     def add_learned(self, adapter: CacheAdapter, plan_key: str, names: list[str]) -> bool:
@@ -317,9 +322,7 @@ class RedisSharedCache(SharedCache):
         if not self.kernel_lists.publish(list_fp, digest, tasks, jobs, also or {}):
             return False
         # wake the nodes waiting on fp's claims (best effort: they wait a bounded time)
-        with contextlib.suppress(StoreFailed):
-            self.transport.op(lambda c: c.publish(layout.kernel_channel(fp), b"kernel list"),
-                              "publish")
+        self.wakeups.notify({layout.kernel_channel(fp): b"kernel list"})
         return True
 
     def record_outcomes(self, counts: dict[str, float]) -> None:
@@ -373,6 +376,7 @@ class RedisSharedCache(SharedCache):
 
     def close(self) -> None:
         self.work_claims.close()
+        self.wakeups.close()
         if not self.stats.flush():
             self.stats.spool()  # kept locally for the next process that reaches the store
         self.backend.close()

@@ -1,6 +1,8 @@
 """Renewing what a plan used: the TTL of the keys that verified (records, manifests,
-chunks), its index scores and its fingerprint's, at most once per renew interval per plan
-across the cluster (one node wins a marker and renews for all)."""
+chunks) and of its fingerprint's inputs, and its entries' last use (their used keys, the
+fingerprint's index), at most once per renew interval per plan across the cluster (one node
+wins a marker and renews for all). Through the narrow store interface
+(warmd.store.backend): this module knows no Redis."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ RENEW_MAX_INTERVAL = 86400.0  # seconds: the TTL of what a plan used is renewed 
 
 class Used:
     """What one prefetch used and verified: the keys whose TTL it may renew, and the entry
-    names whose index score it may refresh."""
+    names whose last use it may refresh."""
 
     def __init__(self, fp: str) -> None:
         self.fp = fp
@@ -31,38 +33,42 @@ class Used:
 class Renewal:
     def __init__(self, session: Session) -> None:
         self.session = session
-        self.op = session.transport.op
+        self.backend = session.backend
 
     def renew_interval_ms(self) -> int:
         return int(min(RENEW_MAX_INTERVAL * 1000, max(1000, self.session.ttl_ms // 10)))
 
     def renew(self, used: Used, tasks: list[str]) -> None:
         """Refresh the TTL of the keys a plan used that verified (records, manifests, chunks),
-        its index scores and its fingerprint's: at most once per renew interval for this
-        plan across the cluster (the node that sets the plan's marker first renews, the
-        others find it set: a read). Best effort: a read-only user may not."""
+        its entries' last use and its fingerprint's inputs' TTL: at most once per renew
+        interval for this plan across the cluster (the node that sets the plan's marker
+        first renews, the others find it set: a read). Best effort: a read-only user may
+        not, and a store failure stops it."""
         if not used.keys:
             return
         plan = layout.sha256("\n".join(sorted(tasks)).encode())[:32]
-        marker = layout.renewed_key(used.fp, plan)
-        ttl = self.session.ttl_ms
-        names, fp = used.names, used.fp
-
-        def claim(client):
-            if client.exists(marker):  # (a read: most joins stop here)
-                return False
-            return client.set(marker, self.session.node, nx=True, px=self.renew_interval_ms())
-
-        def run(client):
-            pipe = client.pipeline(transaction=False)
-            for key in used.keys:
-                pipe.pexpire(key, ttl)
-            if names:
-                pipe.zadd(layout.index_key(fp), dict.fromkeys(names, time.time()), xx=True)
-            pipe.zadd(layout.FPS_KEY, {fp: time.time()})
-            pipe.pexpire(layout.fp_meta_key(fp), ttl)
-            return pipe.execute(raise_on_error=False)
-
         with contextlib.suppress(StoreFailed):
-            if self.op(claim, "touch"):
-                self.op(run, "touch")
+            if self._won(layout.renewed_key(used.fp, plan)):
+                self._touch(used)
+
+    def _won(self, marker: str) -> bool:
+        """Whether this node renews now: nobody set the marker (a read: most joins stop
+        here), and this node set it first."""
+        if self.backend.get(marker) is not None:
+            return False
+        return self.backend.put(marker, self.session.node.encode(), self.renew_interval_ms(),
+                                if_absent=True)
+
+    def _touch(self, used: Used) -> None:
+        """One expire per key, and the time now put at each used key that is there (the
+        index is refreshed, never added to; its values are not read, whatever size a
+        writer gave them). A call per key: the interface has no batch of either, and this
+        runs once per interval, on one node."""
+        ttl = self.session.ttl_ms
+        for key in (*used.keys, layout.fp_meta_key(used.fp)):
+            self.backend.expire(key, ttl)
+        now = f"{time.time():.3f}".encode()
+        for name in used.names:
+            key = layout.used_key(used.fp, name)
+            if self.backend.ttl_ms(key) is not None:
+                self.backend.put(key, now)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from warmd.cache.base import CacheAdapter
 from warmd.store.api import StoreFailed
+from warmd.store.backend import KeyValueBackend
 from warmd.store.counters import StoreStats
 from warmd.store.fingerprint import Fingerprint, compute_fingerprint
 from warmd.store.keyproof import ClusterKey
@@ -59,6 +60,7 @@ class Session:
     poll_interval: float
     max_artifact_bytes: int
     namespace: str  # the salt of every fingerprint
+    backend: KeyValueBackend  # the store through the narrow interface (warmd.store.backend)
     read_only: bool = False  # learnt from the first write the store's ACL refuses
     task_fp: dict[str, str] = field(default_factory=dict)  # task -> fingerprint digest
     # What this process counted already, so a fetch repeated per task counts nothing twice:

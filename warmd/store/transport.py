@@ -26,36 +26,6 @@ from warmd.store.connection import (
 log = logging.getLogger("warmd.store")
 
 SCRIPTS = {
-    # A task record other than the stale one means published; else take the lease or say who
-    # holds it and the lease's PTTL (-1: none; -3: a key of another Redis type).
-    "claim": """
-local rec = false
-if redis.call('TYPE', KEYS[1])['ok'] == 'string' then rec = redis.call('GET', KEYS[1]) end
-if rec and rec ~= ARGV[3] then return {2, '', 0} end
-local kind = redis.call('TYPE', KEYS[2])['ok']
-if kind ~= 'none' and kind ~= 'string' then return {0, '', -3} end
-if redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then return {1, '', 0} end
-return {0, redis.call('GET', KEYS[2]) or '', redis.call('PTTL', KEYS[2])}
-""",
-    # Take a foreign claim over: replace it only if it still holds what was judged foreign
-    # (ARGV[1]; '' for a key of another Redis type), or is gone meanwhile.
-    "takeover": """
-local kind = redis.call('TYPE', KEYS[1])['ok']
-if kind == 'string' then
-  if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-elseif kind ~= 'none' and ARGV[1] ~= '' then return 0 end
-redis.call('DEL', KEYS[1])
-redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
-return 1
-""",
-    "renew": """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
-return 0
-""",
-    "release": """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-""",
     # KeyValueBackend.compare_and_set: if the key holds ARGV[2] (ARGV[1] == '1'), or is
     # absent (ARGV[1] == '0'), set ARGV[4] with PX ARGV[5] ('0': none) when ARGV[3] == '1',
     # else delete it. A key of another Redis type never matches.
@@ -76,11 +46,12 @@ return 1
 }
 
 
-# Calls never retried: best effort ones (a TTL refresh, counters, which are kept for later),
-# the lease claim (a claim retried after a timeout that took the lease would find its own
-# token and wait for itself) and, for the same reason, the backend's conditional writes
-# (warmd.store.redis_backend: a retried one that had applied would answer False).
-NOT_RETRIED = frozenset({"touch", "stats", "lease", "put-if-absent", "compare-and-set"})
+# Calls never retried: best effort ones (a TTL refresh, the backend's expire; counters, which
+# are kept for later), the claims' (warmd.store.leases: a claim retried after a timeout that
+# took the lease would find its own token and wait for itself) and, for the same reason, the
+# backend's conditional writes (warmd.store.redis_backend: a retried one that had applied
+# would answer False).
+NOT_RETRIED = frozenset({"expire", "stats", "lease", "put-if-absent", "compare-and-set"})
 
 
 class RedisTransport:
