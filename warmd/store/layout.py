@@ -1,5 +1,5 @@
 """The store's key layout (versioned prefix warmd:v1:). The records under those keys are
-``formats.py`` (manifests, task records) and ``pending.py`` (claims), read through
+``formats.py`` (manifests, task records) and ``pending.py`` (pending captures), read through
 ``validation.py``; blobs are cut and checked by ``chunking.py``.
 
 Keys that must live together in Redis Cluster share a hash tag: every chunk of one blob
@@ -25,10 +25,11 @@ Keys that must live together in Redis Cluster share a hash tag: every chunk of o
     warmd:v1:daemon:<ns>              JSON: the running controller's config summary
     warmd:v1:learned:{<fp>}:<plan>    ZSET of entries nodes captured for a plan (warmd.capture)
     warmd:v1:arrivals:<plan digest>   counter of nodes that began a plan (shard order)
+    (the pending captures' keys keep their "claim" strings: stored captures stay readable)
     warmd:v1:claim:{<fp>}:<name>      a captured entry not re-derived yet (warmd.capture):
                                       JSON, never signed, never installed
-    warmd:v1:claimblob:{<fp>}:<name>:<i>  chunk i of that claim's artifact
-    warmd:v1:claims:{<fp>}            ZSET claim name -> when it was (last) claimed
+    warmd:v1:claimblob:{<fp>}:<name>:<i>  chunk i of that capture's artifact
+    warmd:v1:claims:{<fp>}            ZSET capture name -> when it was (last) submitted
     warmd:v1:renewed:<fp>:<plan>      marker: a node renewed the TTLs of what this plan uses
                                       (no hash tag: spread over a cluster's shards)
     warmd:v1:klease:{<fp>}:<entry>    claim on one entry being compiled (short PX, renewed)
@@ -93,17 +94,17 @@ def parse_learned_key(key: bytes | str) -> tuple[str, str] | None:
     return (found.group(1), found.group(2)) if found else None
 
 
-def claim_key(fp: str, name: str) -> str:
-    """A pending claim: what a node captured, kept apart from every installable key."""
+def capture_key(fp: str, name: str) -> str:
+    """A pending capture: what a node captured, kept apart from every installable key."""
     return f"{PREFIX}claim:{{{fp}}}:{name}"
 
 
-def claim_blob_key(fp: str, name: str, index: int) -> str:
+def capture_blob_key(fp: str, name: str, index: int) -> str:
     return f"{PREFIX}claimblob:{{{fp}}}:{name}:{index}"
 
 
-def claims_key(fp: str) -> str:
-    """The pending claims of one fingerprint, scored by when they were claimed."""
+def captures_key(fp: str) -> str:
+    """The pending captures of one fingerprint, scored by when they were submitted."""
     return f"{PREFIX}claims:{{{fp}}}"
 
 

@@ -42,7 +42,7 @@ from warmd.store.entries import Entries
 from warmd.store.fingerprint import Fingerprint, discovery_digest
 from warmd.store.kernel_lists import KernelLists
 from warmd.store.leases import KERNEL_LEASE_SECONDS, Leases, WorkClaims, spread_start
-from warmd.store.pending import PendingClaim, PendingClaims
+from warmd.store.pending import PendingCapture, PendingCaptures
 from warmd.store.publish import Publisher
 from warmd.store.redis_backend import RedisBackend
 from warmd.store.refusals import Refusals
@@ -97,7 +97,7 @@ class RedisSharedCache(SharedCache):
         self.entries = Entries(self.session, stale, self.refusals, self.blobs)
         self.leases = Leases(self.session, stale)
         self.publisher = Publisher(self.session, stale)
-        self.claims = PendingClaims(self.session)
+        self.captures = PendingCaptures(self.session)
         self.work_claims = WorkClaims(self.session, stale, _lease_ms(kernel_lease_seconds))
         self.backend = RedisBackend(self.transport)  # the parts ported to the narrow interface
         self.kernel_lists = KernelLists(self.session, self.backend, self.stats)
@@ -182,19 +182,19 @@ class RedisSharedCache(SharedCache):
                                    plan_key, adapter.library, total, len(decoded))
         return [n for n in decoded if is_entry_name(n)]
 
-    def submit_claim(self, adapter: CacheAdapter, plans: list[str], name: str,
+    def submit_capture(self, adapter: CacheAdapter, plans: list[str], name: str,
                      artifact: bytes, compile_seconds: float = 0.0) -> bool:
-        return self.claims.submit(adapter, plans, name, artifact, compile_seconds)
+        return self.captures.submit(adapter, plans, name, artifact, compile_seconds)
 
-    def pending(self, adapter: CacheAdapter) -> list[str]:
-        return self.claims.names(adapter)
+    def pending_captures(self, adapter: CacheAdapter) -> list[str]:
+        return self.captures.names(adapter)
 
-    def read_claim(self, adapter: CacheAdapter, name: str
-                   ) -> tuple[PendingClaim, bytes] | None:
-        return self.claims.read(adapter, name)
+    def read_capture(self, adapter: CacheAdapter, name: str
+                   ) -> tuple[PendingCapture, bytes] | None:
+        return self.captures.read(adapter, name)
 
-    def drop_claim(self, adapter: CacheAdapter, name: str, chunks: int = 0) -> bool:
-        return self.claims.drop(adapter, name, chunks)
+    def drop_capture(self, adapter: CacheAdapter, name: str, chunks: int = 0) -> bool:
+        return self.captures.drop(adapter, name, chunks)
 
     def _learned_reply(self, reply):
         """A learned-index reply; None for a key of another Redis type (nothing learned)."""
