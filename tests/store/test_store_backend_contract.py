@@ -13,7 +13,7 @@ import pytest
 from store_support import module_server, start_test_server
 
 from warmd.errors import WarmdInputError
-from warmd.store import history, layout
+from warmd.store import history, json_values, layout
 from warmd.store.api import StoreFailed
 from warmd.store.backend import NO_EXPIRY, KeyValueBackend
 from warmd.store.breaker import JoinBudget
@@ -223,6 +223,39 @@ def test_the_ported_consumers_work_on_any_backend(store, tmp_path):
     assert history.read(store, ["lib/k", "lib/none"]) == {"lib/k": 4.0}
 
 
+def test_name_indexes_from_threads_lose_no_name_and_keep_the_newest(make):
+    stores = [make() for _ in range(4)]
+    start = threading.Barrier(len(stores))
+
+    def add(i: int) -> None:
+        start.wait()
+        for n in range(10):
+            assert json_values.add_names(stores[i], "index", {f"n{i}.{n}": 100.0 * i + n},
+                                         keep=1000, ttl_ms=60_000)
+
+    threads = [threading.Thread(target=add, args=(i,)) for i in range(len(stores))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    index = json_values.read_index(stores[0].get("index"))
+    assert len(index) == 40 and 0 < stores[0].ttl_ms("index") <= 60_000
+    assert json_values.add_names(stores[0], "index", {"late": 1000.0}, keep=3)
+    assert json_values.oldest_first(json_values.read_index(stores[0].get("index"))) == [
+        "n3.8", "n3.9", "late"]
+
+
+def test_a_name_index_left_empty_is_deleted_and_one_that_is_no_index_is_replaced(store):
+    store.put("index", b"not an index")
+    assert json_values.read_index(store.get("index")) == {}
+    assert json_values.remove_names(store, "index", ["a"])
+    assert store.get("index") == b"not an index"  # nothing to remove: nothing written
+    assert json_values.add_names(store, "index", {"a": 2.0, "b": 1.0}, keep=10)
+    assert json_values.oldest_first(json_values.read_index(store.get("index"))) == ["b", "a"]
+    assert json_values.remove_names(store, "index", ["a", "b"])
+    assert store.get("index") is None
+
+
 def test_a_redis_backend_whose_server_stopped_fails_as_down(tmp_path):
     srv = start_test_server(tmp_path)
     store = redis_backend(srv.url, join_budget=0.3)
@@ -257,6 +290,19 @@ def test_a_redis_backend_never_reads_a_key_of_another_type_as_a_value(server):
         client.rpush("planted", "x")
         assert store.put("planted", b"w") is True  # a plain put replaces it
         assert store.get("planted") == b"w"
+    finally:
+        store.close()
+
+
+def test_a_name_index_at_a_key_of_another_type_is_never_replaced(server):
+    client = server.client()
+    client.flushall()
+    client.zadd("index", {"planted": 1.0})
+    store = redis_backend(server.url)
+    try:
+        assert json_values.add_names(store, "index", {"a": 1.0}, keep=10) is False
+        assert json_values.remove_names(store, "index", ["planted"]) is True  # none to read
+        assert client.type("index") == b"zset"
     finally:
         store.close()
 

@@ -25,11 +25,12 @@ Keys that must live together in Redis Cluster share a hash tag: every chunk of o
     warmd:v1:daemon:<ns>              JSON: the running controller's config summary
     warmd:v1:learned:{<fp>}:<plan>    ZSET of entries nodes captured for a plan (warmd.capture)
     warmd:v1:arrivals:<plan digest>   counter of nodes that began a plan (shard order)
-    (the pending captures' keys keep their "claim" strings: stored captures stay readable)
+    (the pending captures' records and chunks keep their "claim" strings: stored captures
+    stay readable)
     warmd:v1:claim:{<fp>}:<name>      a captured entry not re-derived yet (warmd.capture):
                                       JSON, never signed, never installed
     warmd:v1:claimblob:{<fp>}:<name>:<i>  chunk i of that capture's artifact
-    warmd:v1:claims:{<fp>}            ZSET capture name -> when it was (last) submitted
+    warmd:v1:captures:{<fp>}          JSON capture name -> when it was (last) submitted
     warmd:v1:renewed:<fp>:<plan>      marker: a node renewed the TTLs of what this plan uses
                                       (no hash tag: spread over a cluster's shards)
     warmd:v1:klease:{<fp>}:<entry>    claim on one entry being compiled (short PX, renewed)
@@ -104,8 +105,9 @@ def capture_blob_key(fp: str, name: str, index: int) -> str:
 
 
 def captures_key(fp: str) -> str:
-    """The pending captures of one fingerprint, scored by when they were submitted."""
-    return f"{PREFIX}claims:{{{fp}}}"
+    """The pending captures of one fingerprint, a name index (warmd.store.json_values) of
+    when each was last submitted."""
+    return f"{PREFIX}captures:{{{fp}}}"
 
 
 def arrivals_key(plan_digest: str) -> str:

@@ -13,7 +13,8 @@
 
 The parts ported to the narrow store interface (warmd.store.backend) take `backend`, a
 RedisBackend over the same transport, and know no Redis: kernel_lists.py, history.py,
-counters.py (over its own RedisBackend, whose calls are never retried: stats are best effort).
+pending.py, counters.py (over its own RedisBackend, whose calls are never retried: stats
+are best effort).
 
 Every public method degrades instead of raising: a store that is down, slow, out of memory,
 read-only or refusing this user's writes turns into misses and skipped publications, counted
@@ -97,9 +98,9 @@ class RedisSharedCache(SharedCache):
         self.entries = Entries(self.session, stale, self.refusals, self.blobs)
         self.leases = Leases(self.session, stale)
         self.publisher = Publisher(self.session, stale)
-        self.captures = PendingCaptures(self.session)
         self.work_claims = WorkClaims(self.session, stale, _lease_ms(kernel_lease_seconds))
         self.backend = RedisBackend(self.transport)  # the parts ported to the narrow interface
+        self.captures = PendingCaptures(self.session, self.backend)
         self.kernel_lists = KernelLists(self.session, self.backend, self.stats)
         self.embedded = embedded  # the embedded server this cache uses, if any
 
