@@ -13,8 +13,8 @@
 
 The parts ported to the narrow store interface (warmd.store.backend) take `backend`, a
 RedisBackend over the same transport, and know no Redis: kernel_lists.py, history.py,
-pending.py, counters.py (over its own RedisBackend, whose calls are never retried: stats
-are best effort).
+pending.py, keyproof.py (through the session), counters.py (over its own RedisBackend,
+whose calls are never retried: stats are best effort).
 
 Every public method degrades instead of raising: a store that is down, slow, out of memory,
 read-only or refusing this user's writes turns into misses and skipped publications, counted
@@ -86,8 +86,9 @@ class RedisSharedCache(SharedCache):
             disabled_reason=disabled_reason, count=self.stats.count,
             budget=JoinBudget(join_budget or store.join_budget))
         self.stats.backend = RedisBackend(self.transport, what="stats")  # never retried
+        self.backend = RedisBackend(self.transport)  # the parts ported to the narrow interface
         self.session = Session(
-            self.transport, self.stats, node, target, signing_key,
+            self.transport, self.backend, self.stats, node, target, signing_key,
             ttl_ms=int((ttl_seconds or store.ttl_seconds) * 1000),
             lease_ms=_lease_ms(lease_seconds), poll_interval=poll_interval,
             max_artifact_bytes=max_artifact_bytes or store.max_artifact_bytes,
@@ -99,7 +100,6 @@ class RedisSharedCache(SharedCache):
         self.leases = Leases(self.session, stale)
         self.publisher = Publisher(self.session, stale)
         self.work_claims = WorkClaims(self.session, stale, _lease_ms(kernel_lease_seconds))
-        self.backend = RedisBackend(self.transport)  # the parts ported to the narrow interface
         self.captures = PendingCaptures(self.session, self.backend)
         self.kernel_lists = KernelLists(self.session, self.backend, self.stats)
         self.embedded = embedded  # the embedded server this cache uses, if any

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from warmd.cache.base import CacheAdapter
 from warmd.store.api import StoreFailed
+from warmd.store.backend import KeyValueBackend
 from warmd.store.counters import StoreStats
 from warmd.store.fingerprint import Fingerprint, compute_fingerprint
 from warmd.store.keyproof import ClusterKey
@@ -50,6 +51,7 @@ class StaleRecords:
 @dataclass
 class Session:
     transport: RedisTransport
+    backend: KeyValueBackend  # the narrow interface over the same store (warmd.store.backend)
     stats: StoreStats
     node: str
     target: Target | None
@@ -74,7 +76,8 @@ class Session:
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
-        self.cluster_key = ClusterKey(self.transport, self.signing_key, self.warn_once)
+        self.cluster_key = ClusterKey(self.backend, self.signing_key, self.warn_once,
+                                      self.transport.display_url)
 
     def fingerprint(self, adapter: CacheAdapter) -> Fingerprint:
         """The adapter's fingerprint, computed once (the adapter is kept so its id stays
