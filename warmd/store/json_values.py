@@ -1,8 +1,7 @@
 """Values the narrow store interface (warmd.store.backend) keeps as JSON and changes by
 compare-and-set, where Redis had a type of its own: `update` (read, change, write only if
-unchanged, a bounded number of rounds), and name indexes, {name: unix time added}, which
-stand for sorted sets of names scored by time (the pending captures, the learned indexes,
-the daemon's node list).
+unchanged, a bounded number of rounds), and name indexes, {name: unix time added}, for
+sorted sets of names scored by time (the pending captures, the daemon's node list).
 
 A value that is not what its reader expects (not JSON, over its byte bound, another shape)
 reads as empty and is replaced by the next writer; a key this interface cannot read (on
@@ -62,11 +61,15 @@ def oldest_first(index: dict[str, float]) -> list[str]:
 
 
 def add_names(backend: KeyValueBackend, key: str, names: dict[str, float], keep: int,
-              ttl_ms: int | None = None) -> bool:
-    """Add names (name -> time; a name there gets the new time) to the index at key,
-    keeping its newest `keep`; the index lives ttl_ms from now. Raises StoreFailed."""
-    def change(raw: bytes | None) -> bytes:
-        index = {**read_index(raw), **names}
+              ttl_ms: int | None = None, *, refresh: bool = True) -> bool:
+    """Add names (name -> time; with refresh a name there gets the new time, else an index
+    that lists every name is left as it is) to the index at key, keeping its newest `keep`;
+    the index lives ttl_ms from now. Raises StoreFailed."""
+    def change(raw: bytes | None) -> bytes | None:
+        index = read_index(raw)
+        if not refresh and raw is not None and set(names) <= set(index):
+            return raw
+        index.update(names)
         return _json({n: index[n] for n in oldest_first(index)[-keep:]})
 
     return update(backend, key, change, ttl_ms)

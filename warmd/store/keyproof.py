@@ -81,12 +81,7 @@ class ClusterKey:
         return state
 
     def _read(self) -> bytes | None:
-        """The stored proof: None when absent, WRONG_TYPE for a key this interface cannot
-        read (on Redis, one of another type)."""
-        found = self.backend.get(layout.KEY_PROOF_KEY)
-        if found is None and self._unreadable():
-            return WRONG_TYPE
-        return found
+        return read_proof(self.backend)
 
     def _unreadable(self) -> bool:
         return (self.backend.get(layout.KEY_PROOF_KEY) is None
@@ -147,3 +142,12 @@ class ClusterKey:
             else:
                 other += 1
         return Evidence(verified, other)
+
+
+def read_proof(backend: KeyValueBackend) -> bytes | None:
+    """The stored proof: None when absent, WRONG_TYPE for a key the interface cannot read
+    (on Redis, one of another type). Raises StoreFailed."""
+    found = backend.get(layout.KEY_PROOF_KEY)
+    if found is None and backend.ttl_ms(layout.KEY_PROOF_KEY) is not None:
+        return WRONG_TYPE
+    return found

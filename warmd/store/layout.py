@@ -21,7 +21,7 @@ Keys that must live together in Redis Cluster share a hash tag: every chunk of o
     warmd:v1:counts:nodes             the node names with counters (JSON list)
     warmd:v1:compile-times            compile seconds per kernel family (JSON, history.py)
     warmd:v1:nodes:<ns>:<node id>     the daemon's JSON node record (expires unless rewritten)
-    warmd:v1:nodes:<ns>               SET of node ids with a record
+    warmd:v1:nodelist:<ns>            JSON node id -> when first listed (ids with a record)
     warmd:v1:daemon:<ns>              JSON: the running controller's config summary
     warmd:v1:learned:{<fp>}:<plan>    ZSET of entries nodes captured for a plan (warmd.capture)
     warmd:v1:arrivals:<plan digest>   counter of nodes that began a plan (shard order)
@@ -196,7 +196,8 @@ def fp_stats_key(fp: str) -> str:
 
 
 def nodes_key(namespace: str) -> str:
-    return f"{PREFIX}nodes:{namespace}"
+    """The namespace's node list (a name index, warmd.store.json_values)."""
+    return f"{PREFIX}nodelist:{namespace}"
 
 
 def node_key(namespace: str, node_id: str) -> str:
