@@ -248,6 +248,26 @@ def test_name_indexes_from_threads_lose_no_name_and_keep_the_newest(make):
         *sorted(added, key=lambda n: index[n])[-2:], "late"]
 
 
+def test_counters_from_threads_give_every_arrival_its_own_count(make):
+    stores = [make() for _ in range(8)]
+    start = threading.Barrier(len(stores))
+    counts: list[int | None] = []
+
+    def arrive(store: KeyValueBackend) -> None:
+        start.wait()
+        counts.append(json_values.count_up(store, "arrivals", 60_000, tries=64))
+
+    threads = [threading.Thread(target=arrive, args=(s,)) for s in stores]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert sorted(counts) == list(range(1, 9)) and stores[0].get("arrivals") == b"8"
+    for planted in (b"not a count", b"-100", b"9" * 40):
+        stores[0].put("arrivals", planted)
+        assert json_values.count_up(stores[0], "arrivals") == 1
+
+
 def test_a_name_index_left_empty_is_deleted_and_one_that_is_no_index_is_replaced(store):
     store.put("index", b"not an index")
     assert json_values.read_index(store.get("index")) == {}

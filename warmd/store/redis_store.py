@@ -33,7 +33,7 @@ from typing import Any
 from warmd.cache.base import CacheAdapter, CacheEntry
 from warmd.context import NodeContext
 from warmd.coordination import Claim, KernelList, WorkKind
-from warmd.store import claimid, formats, history, layout
+from warmd.store import claimid, formats, history, json_values, layout
 from warmd.store.api import BlobPeers, Publication, SharedCache, StoreFailed
 from warmd.store.blobs import Blobs
 from warmd.store.breaker import CircuitBreaker, JoinBudget
@@ -54,6 +54,9 @@ from warmd.store.validation import is_entry_name
 from warmd.targets import Target
 
 log = logging.getLogger("warmd.store")
+ARRIVALS_MS = 3_600_000  # how long a plan's count of arrivals lives after the last one
+# compare-and-set rounds an arrival may lose: nodes joining together arrive together
+ARRIVAL_TRIES = 64
 
 
 def _lease_ms(seconds: float) -> int:
@@ -207,24 +210,19 @@ class RedisSharedCache(SharedCache):
 
     def shard_order(self, task_keys: list[str]) -> list[str]:
         """The order in which this node should try a plan's tasks so that N nodes warming the
-        same plan start on different tasks: each arrival gets a counter value i and starts
-        at the van der Corput point of i (leases.spread_start). Unchanged when the store is
-        down."""
+        same plan start on different tasks: each arrival gets a counter value i (added to
+        by compare-and-set, json_values.count_up) and starts at the van der Corput point of
+        i (leases.spread_start). Unchanged when the store is down or the count is lost."""
         keys = list(task_keys)
         if len(keys) < 2 or self.session.all_hit(keys):
             return keys  # (every task installed: nothing to spread, nothing to write)
         plan = layout.sha256("\n".join(sorted(keys)).encode())[:16]
-        arrivals = layout.arrivals_key(plan)
-
-        def run(client):
-            pipe = client.pipeline(transaction=False)
-            pipe.incr(arrivals)
-            pipe.expire(arrivals, 3600)
-            return pipe.execute()
-
         try:
-            arrival = int(self.transport.op(run, "shard")[0])
+            arrival = json_values.count_up(self.backend, layout.arrivals_key(plan),
+                                           ARRIVALS_MS, ARRIVAL_TRIES)
         except StoreFailed:
+            return keys
+        if arrival is None:  # (lost to other arrivals every time, or not a count's key)
             return keys
         start = spread_start(arrival - 1, len(keys))
         return keys[start:] + keys[:start]
