@@ -19,6 +19,7 @@ from warmd.store.backend import NO_EXPIRY, KeyValueBackend
 from warmd.store.breaker import JoinBudget
 from warmd.store.connection import parse_store_url
 from warmd.store.counters import StoreStats, read_counts, read_nodes
+from warmd.store.nodes import StoreNodeRecords
 from warmd.store.redis_backend import RedisBackend
 from warmd.store.sqlite_backend import SqliteBackend, sqlite_path
 from warmd.store.transport import RedisTransport
@@ -279,6 +280,27 @@ def test_a_name_index_left_empty_is_deleted_and_one_that_is_no_index_is_replaced
     assert json_values.read_index(store.get("index")) == {"a": 2.0, "b": 1.0}  # listed: kept
     assert json_values.remove_names(store, "index", ["a", "b"])
     assert store.get("index") is None
+
+
+def test_node_records_work_on_any_backend(make):
+    """The daemon's node records (warmd.store.nodes) need no Redis: records per namespace,
+    each with its TTL, nodes listed once whoever writes, the controller's summary."""
+    from store_contract import Node
+
+    backend = make()
+    one, other = (StoreNodeRecords(backend, "store", ns, ttl=30) for ns in ("ns1", "ns2"))
+    again = StoreNodeRecords(make(), "store", "ns1", ttl=30)  # another process, same list
+    assert one.put(Node("a")) and again.put(Node("b", "PENDING")) and one.put(Node("a"))
+    assert other.put(Node("c"))
+    assert sorted((r["node_id"], r["state"]) for r in again.get_all()) == [
+        ("a", "READY"), ("b", "PENDING")]
+    assert 0 < backend.ttl_ms(layout.node_key("ns1", "a")) <= 30_000
+    assert one.delete("b") and [r["node_id"] for r in again.get_all()] == ["a"]
+    assert [r["node_id"] for r in other.get_all()] == ["c"]
+    assert one.put_daemon({"config_hash": "abc"}) and again.get_daemon() == {
+        "config_hash": "abc"}
+    assert one.ping() and one.healthy and one.server_size() is None  # (no measure given)
+    assert one.delete_daemon() and one.get_daemon() is None and one.errors == 0
 
 
 def test_a_redis_backend_whose_server_stopped_fails_as_down(tmp_path):
