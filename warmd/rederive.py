@@ -1,17 +1,17 @@
-"""The trusted producer's side of capture: pending claims rebuilt and published as signed,
+"""The trusted producer's side of capture: pending captures rebuilt and published as signed,
 installable learned entries.
 
-A claim (warmd.capture, ``SharedCache.submit_claim``) is what a serving node's cache held:
+A capture (warmd.capture, ``SharedCache.submit_capture``) is what a serving node's cache held:
 bytes nothing vouches for. A node the operator trusts to produce code (warmd.yaml
-``capture.rederive_nodes``) reads the claims under each fingerprint it can build for,
+``capture.rederive_nodes``) reads the captures under each fingerprint it can build for,
 hands each to its library's plugin (``LibraryPlugin.rederive``: Triton compiles this node's
-own allow-listed kernel function for the specialisation whose key is the claim's, FlashInfer
+own allow-listed kernel function for the specialisation whose key is the capture's, FlashInfer
 regenerates the module from its URI, DeepGEMM fills the extension's own template with the
-claim's template arguments, autotune results pass FlashInfer's own checks), and publishes
+capture's template arguments, autotune results pass FlashInfer's own checks), and publishes
 *what it built* (``publish_learned``: signed with the cluster key when signing is on), then
-drops the claim. A claim the re-derivation
+drops the capture. A capture the re-derivation
 refuses is dropped and counted; one this node cannot judge (no compiler, no GPU) stays for
-another trusted producer. Each claim is handled on its own: one failure never stops the
+another trusted producer. Each capture is handled on its own: one failure never stops the
 others.
 """
 
@@ -44,13 +44,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-POLL_SECONDS = 5.0  # how often a trusted producer looks for new claims
+POLL_SECONDS = 5.0  # how often a trusted producer looks for new captures
 
 
 @dataclass(frozen=True)
-class ClaimResult:
-    """What re-deriving one claim did: "rederived" (published; ``identical`` says whether
-    the rebuilt bytes were the claim's), "quarantined" (its source is not the library's:
+class CaptureResult:
+    """What re-deriving one capture did: "rederived" (published; ``identical`` says whether
+    the rebuilt bytes were the capture's), "quarantined" (its source is not the library's:
     dropped, never published), "refused" (dropped), "kept" (this node cannot judge it:
     left pending) or "failed" (an error: left pending)."""
 
@@ -105,7 +105,7 @@ NOT_REDERIVED = "not re-derived: its captures stay on the node that built them"
 
 
 def how_rederived(library: str) -> str:
-    """How a trusted producer re-derives the library's claims (its plugin's
+    """How a trusted producer re-derives the library's captures (its plugin's
     ``rederivation``), or that it does not."""
     plugin = _plugin(library)
     how = plugin.rederivation if plugin is not None else None
@@ -129,22 +129,22 @@ def rederivation_lines(libraries: list[str]) -> list[str]:
     return [f"{library}: {how_rederived(library)}" for library in libraries]
 
 
-def rederive_claim(shared: SharedCache, adapter: CacheAdapter, name: str, context: NodeContext,
-                   scratch_root: Path | None = None) -> ClaimResult:
-    """Re-derive one pending claim and publish the result, on the producer of context;
+def rederive_capture(shared: SharedCache, adapter: CacheAdapter, name: str, context: NodeContext,
+                   scratch_root: Path | None = None) -> CaptureResult:
+    """Re-derive one pending capture and publish the result, on the producer of context;
     never raises."""
     from warmd.store.validation import BadRecord
 
     library = adapter.library
     try:
-        found = shared.read_claim(adapter, name)
+        found = shared.read_capture(adapter, name)
     except BadRecord as exc:
-        shared.drop_claim(adapter, name)
-        return ClaimResult(library, name, "refused", why=f"malformed claim: {exc}")
+        shared.drop_capture(adapter, name)
+        return CaptureResult(library, name, "refused", why=f"malformed capture: {exc}")
     except Exception as exc:  # the store degrades; anything else is a bug, not fatal
-        return ClaimResult(library, name, "failed", why=f"{type(exc).__name__}: {exc}")
+        return CaptureResult(library, name, "failed", why=f"{type(exc).__name__}: {exc}")
     if found is None:
-        return ClaimResult(library, name, "kept", why="claim not readable now")
+        return CaptureResult(library, name, "kept", why="capture not readable now")
     claim, artifact = found
     scratch = private_dir("warmd-rederive-", scratch_root)
     try:
@@ -152,51 +152,51 @@ def rederive_claim(shared: SharedCache, adapter: CacheAdapter, name: str, contex
         rebuilt = rederive_library(library)(adapter, name, artifact, scratch, context)
         check_artifact(rebuilt.artifact, context.store.max_artifact_bytes)
     except CannotRederiveHere as exc:
-        return ClaimResult(library, name, "kept", why=str(exc))
+        return CaptureResult(library, name, "kept", why=str(exc))
     except RederiveMismatch as exc:
-        shared.drop_claim(adapter, name, claim.chunks)
-        return ClaimResult(library, name, "quarantined", why=str(exc))
+        shared.drop_capture(adapter, name, claim.chunks)
+        return CaptureResult(library, name, "quarantined", why=str(exc))
     except UnsafeArtifact as exc:  # RederiveRefused among them
-        shared.drop_claim(adapter, name, claim.chunks)
-        return ClaimResult(library, name, "refused", why=str(exc))
-    except Exception as exc:  # a rebuild step's surprise: this claim only, left pending
-        return ClaimResult(library, name, "failed", why=f"{type(exc).__name__}: {exc}")
+        shared.drop_capture(adapter, name, claim.chunks)
+        return CaptureResult(library, name, "refused", why=str(exc))
+    except Exception as exc:  # a rebuild step's surprise: this capture only, left pending
+        return CaptureResult(library, name, "failed", why=f"{type(exc).__name__}: {exc}")
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     entry = CacheEntry(library, name, adapter.root / name)
     taken = publish_learned(shared, _Prebuilt(adapter, rebuilt.artifact), list(claim.plans),
                             [entry], claim.compile_seconds)
     if not taken:
-        return ClaimResult(library, name, "failed", rebuilt.identical,
+        return CaptureResult(library, name, "failed", rebuilt.identical,
                            why="the store did not take the re-derived entry")
-    shared.drop_claim(adapter, name, claim.chunks)
-    return ClaimResult(library, name, "rederived", rebuilt.identical,
+    shared.drop_capture(adapter, name, claim.chunks)
+    return CaptureResult(library, name, "rederived", rebuilt.identical,
                        ", ".join(rebuilt.differs))
 
 
 def rederive_pending(shared: SharedCache, adapter: CacheAdapter, context: NodeContext,
-                     skip: set[str] | None = None) -> list[ClaimResult]:
-    """Every pending claim under the adapter's fingerprint (but those in skip)."""
-    return [rederive_claim(shared, adapter, name, context) for name in shared.pending(adapter)
-            if name not in (skip or set())]
+                     skip: set[str] | None = None) -> list[CaptureResult]:
+    """Every pending capture under the adapter's fingerprint (but those in skip)."""
+    return [rederive_capture(shared, adapter, name, context)
+            for name in shared.pending_captures(adapter) if name not in (skip or set())]
 
 
 CountCallback = Callable[[str, str, int], None]  # (counter, library, amount)
 
 
 class Rederiver:
-    """A trusted producer's loop: every POLL_SECONDS, each pending claim under the
+    """A trusted producer's loop: every POLL_SECONDS, each pending capture under the
     fingerprints of the scopes this node warmed, in a thread of its own, with the node's
     context (``open_shared`` opens each target's shared cache with it too)."""
 
     def __init__(self, scopes: list[CaptureScope],
                  open_shared: Callable[[Target], SharedCache | None], context: NodeContext,
                  on_count: CountCallback | None = None, poll_seconds: float = POLL_SECONDS,
-                 on_result: Callable[[ClaimResult], None] | None = None) -> None:
+                 on_result: Callable[[CaptureResult], None] | None = None) -> None:
         self.scopes, self.open_shared, self.context = scopes, open_shared, context
         self.on_count, self.on_result = on_count, on_result
         self.poll_seconds = poll_seconds
-        self.results: list[ClaimResult] = []
+        self.results: list[CaptureResult] = []
         self._given_up: set[tuple[str, str]] = set()  # failed here once: not retried
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -236,7 +236,7 @@ class Rederiver:
         return out
 
     def run_once(self, caches: list[tuple[SharedCache, CacheAdapter]] | None = None
-                 ) -> list[ClaimResult]:
+                 ) -> list[CaptureResult]:
         done = []
         for shared, adapter in caches if caches is not None else self._caches():
             skip = {n for lib, n in self._given_up if lib == adapter.library}
@@ -247,7 +247,7 @@ class Rederiver:
                 done.append(result)
         return done
 
-    def _note(self, result: ClaimResult) -> None:
+    def _note(self, result: CaptureResult) -> None:
         self.results.append(result)
         if self.on_result is not None:
             self.on_result(result)
@@ -255,7 +255,7 @@ class Rederiver:
                    "quarantined": "rederive_quarantined",
                    "failed": "capture_failed"}.get(result.outcome)
         if result.outcome == "failed" or (result.outcome == "kept"
-                                          and result.why != "claim not readable now"):
+                                          and result.why != "capture not readable now"):
             self._given_up.add((result.library, result.name))  # not retried by this process
         if result.outcome == "rederived":
             log.info("re-derived %s %s (%s)", result.library, result.name,

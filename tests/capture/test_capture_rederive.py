@@ -1,4 +1,4 @@
-"""Provenance before signature: what a serving node captures is a pending claim that no node
+"""Provenance before signature: what a serving node captures is a pending capture that no node
 installs, until a trusted producer re-derives it and publishes what it built itself.
 
 Real parts: a real redis-server, real Triton sm_90 compiles and a real FlashInfer sm_90a
@@ -123,7 +123,7 @@ def test_planted_cubin_host_module_and_autotune_json_are_never_installed_elsewhe
     assert rebuilt.outcome == "rederived" and not rebuilt.identical
     assert "add_kernel.cubin" in rebuilt.why
     assert outcomes[("flashinfer_autotune", f"vllm-{'c' * 64}")].outcome == "rederived"
-    assert not list(client.scan_iter(match="warmd:v1:claim*"))  # every claim settled
+    assert not list(client.scan_iter(match="warmd:v1:claim*"))  # every capture settled
 
     assert learned_on(server, tmp_path / "c", c_triton) == [entry.name]
     cubin = (c_triton.root / entry.name / "add_kernel.cubin").read_bytes()
@@ -134,9 +134,9 @@ def test_planted_cubin_host_module_and_autotune_json_are_never_installed_elsewhe
     assert not (c_triton.root / module.name).exists()
 
 
-def test_a_claim_that_lies_about_its_key_is_refused_and_ir_it_brings_is_never_compiled(
+def test_a_capture_that_lies_about_its_key_is_refused_and_ir_it_brings_is_never_compiled(
         server, tmp_path):
-    """A claim whose metadata names another key than its directory is refused; one whose
+    """A capture whose metadata names another key than its directory is refused; one whose
     IR names a bitcode library of the attacker's is re-derived from the library's function,
     and the IR it brought is in nothing published."""
     root = tmp_path / "a" / "triton"
@@ -156,7 +156,7 @@ def test_a_claim_that_lies_about_its_key_is_refused_and_ir_it_brings_is_never_co
     results = {r.name: r for r in trusted(server, tmp_path / "b").run_once()}
     assert results[entry.name].outcome == "refused" and "key" in results[entry.name].why
     assert results[other.name].outcome == "rederived"
-    assert "add_kernel.ttir" in results[other.name].why  # the claim's IR is not published
+    assert "add_kernel.ttir" in results[other.name].why  # the capture's IR is not published
     c = TritonCacheAdapter(tmp_path / "c" / "triton", arch="9.0a")
     assert learned_on(server, tmp_path / "c", c) == [other.name]
     assert not any(b"evil.bc" in value for value in published_values(server))
@@ -206,7 +206,7 @@ def test_tampered_ir_under_a_real_key_is_replaced_by_the_library_functions_compi
         server, tmp_path):
     """The library kernel's real key and metadata, with every stage (source, IR, PTX,
     cubin) of other code: the producer compiles its own add_kernel for that key, so the
-    node after it gets the library's cubin, never the claim's."""
+    node after it gets the library's cubin, never the capture's."""
     root = tmp_path / "a" / "triton"
     compile_add(root)
     (entry,) = TritonCacheAdapter(root).list_entries()
@@ -230,7 +230,7 @@ def test_a_real_flashinfer_triton_kernel_is_re_derived_from_the_default_allow_li
     """FlashInfer's own rms_norm_kernel (ten constexprs: None and 1 arguments, a float eps,
     a block size, four flags), compiled by an engine stand-in as Triton's launcher
     specialises it: the producer, with the default allow-list, finds the function in its
-    installed FlashInfer, the specialisation whose key is the claim's, and compiles it:
+    installed FlashInfer, the specialisation whose key is the capture's, and compiles it:
     every file byte for byte the engine's."""
     import subprocess
 
@@ -298,7 +298,7 @@ def test_an_entry_that_flaps_is_counted_as_runtime_jit_once(server, tmp_path):
             shutil.move(aside, entry.path)
             assert a.scan() == []
         assert a.counts["runtime_jit"] == {"triton": 1}
-        assert a.counts["captured"] == {"triton": 1}  # claimed once, too
+        assert a.counts["captured"] == {"triton": 1}  # submitted once, too
     finally:
         a.stop()
 
@@ -437,7 +437,7 @@ def _nvcc_template(package: Path) -> list[str]:
 
 def test_deep_gemm_kernels_are_regenerated_by_this_nodes_library_and_recompiled(tmp_path):
     """Real nvcc (sm_90a cubins need no GPU) on the kernel.cu this node's (stand-in)
-    DeepGEMM generates from the claim's template arguments: the claimed cubin is replaced
+    DeepGEMM generates from the capture's template arguments: the captured cubin is replaced
     by this node's compile, which reproduces itself byte for byte."""
     from warmd.libraries.deep_gemm.cache import DeepGemmCacheAdapter
     from warmd.libraries.deep_gemm.rederive import rederive
@@ -460,7 +460,7 @@ def test_deep_gemm_kernels_are_regenerated_by_this_nodes_library_and_recompiled(
     assert again.identical  # nvcc reproduces its own cubin byte for byte
 
 
-def test_a_deep_gemm_claim_cannot_include_outside_the_library_or_bring_code(tmp_path):
+def test_a_deep_gemm_capture_cannot_include_outside_the_library_or_bring_code(tmp_path):
     """What ae15aac compiled: a kernel.cu in DeepGEMM's include form whose include climbs
     out of the library's tree (``#include <deep_gemm/../../x>``) to a header that holds a
     kernel of the attacker's and an ``.incbin`` of a secret file, and template arguments
@@ -507,7 +507,7 @@ print(jit_env.FLASHINFER_WORKSPACE_DIR)
 
 
 def planted_module(tmp_path: Path, name: str, code: str) -> bytes:
-    """A FlashInfer claim as an attacker makes it with FlashInfer itself: the module's
+    """A FlashInfer capture as an attacker makes it with FlashInfer itself: the module's
     generated sources and the build.ninja FlashInfer writes for them (so that ae15aac's
     check of the build file passed), code of the attacker's in a source, stand-in outputs."""
     import subprocess
@@ -539,7 +539,7 @@ def submit(server, base: Path, name: str, artifact: bytes) -> None:
 
     adapter = adapters_for(scope(base))["flashinfer"]
     with opener(server, "node-a")(preset("h200")) as shared:
-        assert shared.submit_claim(adapter, [PLAN], name, artifact)
+        assert shared.submit_capture(adapter, [PLAN], name, artifact)
 
 
 def published_values(server) -> list[bytes]:
@@ -548,12 +548,12 @@ def published_values(server) -> list[bytes]:
 
 
 @pytest.mark.parametrize("name", ["gelu_tanh_and_mul", "warmd_exfil_module"])
-def test_a_flashinfer_claim_cannot_make_the_producer_embed_its_signing_key(
+def test_a_flashinfer_capture_cannot_make_the_producer_embed_its_signing_key(
         server, tmp_path, monkeypatch, name):
-    """A claim whose generated source holds an assembler ``.incbin`` of the producer's
+    """A capture whose generated source holds an assembler ``.incbin`` of the producer's
     signing-key file: for a module FlashInfer makes (its sources are not the library's:
     quarantined before anything is built), and for a module of the attacker's own naming
-    (no FlashInfer generator makes it: refused). ae15aac built both from the claim's
+    (no FlashInfer generator makes it: refused). ae15aac built both from the capture's
     sources and published the key inside a signed module."""
     key_file = tmp_path / "secrets" / "signing.key"
     key_file.parent.mkdir()

@@ -13,12 +13,13 @@ import pytest
 from store_support import module_server, start_test_server
 
 from warmd.errors import WarmdInputError
-from warmd.store import history, layout
+from warmd.store import history, json_values, layout
 from warmd.store.api import StoreFailed
 from warmd.store.backend import NO_EXPIRY, KeyValueBackend
 from warmd.store.breaker import JoinBudget
 from warmd.store.connection import parse_store_url
 from warmd.store.counters import StoreStats, read_counts, read_nodes
+from warmd.store.nodes import StoreNodeRecords
 from warmd.store.redis_backend import RedisBackend
 from warmd.store.sqlite_backend import SqliteBackend, sqlite_path
 from warmd.store.transport import RedisTransport
@@ -233,6 +234,85 @@ def test_the_ported_consumers_work_on_any_backend(store, tmp_path):
     assert history.read(store, ["lib/k", "lib/none"]) == {"lib/k": 4.0}
 
 
+def test_name_indexes_from_threads_lose_no_name_and_keep_the_newest(make):
+    stores = [make() for _ in range(4)]
+    start = threading.Barrier(len(stores))
+    added: list[str] = []  # (an add that lost every round says so: False, not counted)
+
+    def add(i: int) -> None:
+        start.wait()
+        for n in range(10):
+            if json_values.add_names(stores[i], "index", {f"n{i}.{n}": 100.0 * i + n},
+                                     keep=1000, ttl_ms=60_000):
+                added.append(f"n{i}.{n}")
+
+    threads = [threading.Thread(target=add, args=(i,)) for i in range(len(stores))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    index = json_values.read_index(stores[0].get("index"))
+    assert set(index) == set(added) and len(added) >= 10
+    assert 0 < stores[0].ttl_ms("index") <= 60_000
+    assert json_values.add_names(stores[0], "index", {"late": 1000.0}, keep=3)
+    assert json_values.oldest_first(json_values.read_index(stores[0].get("index"))) == [
+        *sorted(added, key=lambda n: index[n])[-2:], "late"]
+
+
+def test_counters_from_threads_give_every_arrival_its_own_count(make):
+    stores = [make() for _ in range(8)]
+    start = threading.Barrier(len(stores))
+    counts: list[int | None] = []
+
+    def arrive(store: KeyValueBackend) -> None:
+        start.wait()
+        counts.append(json_values.count_up(store, "arrivals", 60_000, tries=64))
+
+    threads = [threading.Thread(target=arrive, args=(s,)) for s in stores]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert sorted(counts) == list(range(1, 9)) and stores[0].get("arrivals") == b"8"
+    for planted in (b"not a count", b"-100", b"9" * 40):
+        stores[0].put("arrivals", planted)
+        assert json_values.count_up(stores[0], "arrivals") == 1
+
+
+def test_a_name_index_left_empty_is_deleted_and_one_that_is_no_index_is_replaced(store):
+    store.put("index", b"not an index")
+    assert json_values.read_index(store.get("index")) == {}
+    assert json_values.remove_names(store, "index", ["a"])
+    assert store.get("index") == b"not an index"  # nothing to remove: nothing written
+    assert json_values.add_names(store, "index", {"a": 2.0, "b": 1.0}, keep=10)
+    assert json_values.oldest_first(json_values.read_index(store.get("index"))) == ["b", "a"]
+    assert json_values.add_names(store, "index", {"b": 3.0}, keep=10, refresh=False)
+    assert json_values.read_index(store.get("index")) == {"a": 2.0, "b": 1.0}  # listed: kept
+    assert json_values.remove_names(store, "index", ["a", "b"])
+    assert store.get("index") is None
+
+
+def test_node_records_work_on_any_backend(make):
+    """The daemon's node records (warmd.store.nodes) need no Redis: records per namespace,
+    each with its TTL, nodes listed once whoever writes, the controller's summary."""
+    from store_contract import Node
+
+    backend = make()
+    one, other = (StoreNodeRecords(backend, "store", ns, ttl=30) for ns in ("ns1", "ns2"))
+    again = StoreNodeRecords(make(), "store", "ns1", ttl=30)  # another process, same list
+    assert one.put(Node("a")) and again.put(Node("b", "PENDING")) and one.put(Node("a"))
+    assert other.put(Node("c"))
+    assert sorted((r["node_id"], r["state"]) for r in again.get_all()) == [
+        ("a", "READY"), ("b", "PENDING")]
+    assert 0 < backend.ttl_ms(layout.node_key("ns1", "a")) <= 30_000
+    assert one.delete("b") and [r["node_id"] for r in again.get_all()] == ["a"]
+    assert [r["node_id"] for r in other.get_all()] == ["c"]
+    assert one.put_daemon({"config_hash": "abc"}) and again.get_daemon() == {
+        "config_hash": "abc"}
+    assert one.ping() and one.healthy and one.server_size() is None  # (no measure given)
+    assert one.delete_daemon() and one.get_daemon() is None and one.errors == 0
+
+
 def test_a_redis_backend_whose_server_stopped_fails_as_down(tmp_path):
     srv = start_test_server(tmp_path)
     store = redis_backend(srv.url, join_budget=0.3)
@@ -268,6 +348,19 @@ def test_a_redis_backend_never_reads_a_key_of_another_type_as_a_value(server):
         client.rpush("planted", "x")
         assert store.put("planted", b"w") is True  # a plain put replaces it
         assert store.get("planted") == b"w"
+    finally:
+        store.close()
+
+
+def test_a_name_index_at_a_key_of_another_type_is_never_replaced(server):
+    client = server.client()
+    client.flushall()
+    client.zadd("index", {"planted": 1.0})
+    store = redis_backend(server.url)
+    try:
+        assert json_values.add_names(store, "index", {"a": 1.0}, keep=10) is False
+        assert json_values.remove_names(store, "index", ["planted"]) is True  # none to read
+        assert client.type("index") == b"zset"
     finally:
         store.close()
 

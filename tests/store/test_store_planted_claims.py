@@ -6,6 +6,7 @@ timeout; and warmd's own claims are still honoured between its nodes."""
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 import time
@@ -165,9 +166,9 @@ def test_a_claim_that_looks_right_holds_a_warmup_no_longer_than_the_timeout(
     assert out["seconds"] >= 3.0  # it did honour the claim for the timeout
 
 
-def test_names_planted_in_the_pending_index_cannot_hold_real_claims_out(server, caches,
+def test_names_planted_in_the_pending_index_cannot_hold_real_captures_out(server, caches,
                                                                         tmp_path):
-    """The producer reads the oldest pending claims first, a bounded number of them: names
+    """The producer reads the oldest pending captures first, a bounded number of them: names
     without a record, planted oldest, are dropped at the first pass, not kept for ever."""
     from warmd.context import NodeContext
     from warmd.rederive import rederive_pending
@@ -177,10 +178,12 @@ def test_names_planted_in_the_pending_index_cannot_hold_real_claims_out(server, 
     client.flushall()
     cache = caches(server.url, node="producer")
     adapter = DirAdapter(tmp_path / "a")
-    assert cache.submit_claim(adapter, ["plan"], "kernel.real.0001", b"artifact")
-    key = layout.claims_key(cache.fingerprint(adapter).digest)
-    client.zadd(key, {f"kernel.fake{i}.0001": 0 for i in range(MAX_PENDING_LISTED)})
-    assert "kernel.real.0001" not in cache.pending(adapter)  # held out by the planted names
+    assert cache.submit_capture(adapter, ["plan"], "kernel.real.0001", b"artifact")
+    key = layout.captures_key(cache.fingerprint(adapter).digest)
+    index = {f"kernel.fake{i}.0001": 0 for i in range(MAX_PENDING_LISTED)}
+    client.set(key, json.dumps({**json.loads(client.get(key)), **index}))
+    # held out by the planted names
+    assert "kernel.real.0001" not in cache.pending_captures(adapter)
     results = rederive_pending(cache, adapter, NodeContext.of())
     assert sum(r.outcome == "refused" for r in results) == MAX_PENDING_LISTED
-    assert cache.pending(adapter) == ["kernel.real.0001"]
+    assert cache.pending_captures(adapter) == ["kernel.real.0001"]

@@ -58,9 +58,9 @@ def make(request, tmp_path) -> Iterator[Callable[..., KeyValueBackend]]:
 
 def _session(node: str, backend: KeyValueBackend, tmp_path, lease_ms: int = 5000) -> Session:
     """A node's session over backend (its transport disabled: nothing speaks Redis)."""
-    return Session(_transport(None), StoreStats(node, tmp_path / node), node, None, None,
-                   ttl_ms=3_600_000, lease_ms=lease_ms, poll_interval=0.05,
-                   max_artifact_bytes=1 << 20, namespace="test", backend=backend)
+    return Session(_transport(None), backend, StoreStats(node, tmp_path / node), node, None,
+                   None, ttl_ms=3_600_000, lease_ms=lease_ms, poll_interval=0.05,
+                   max_artifact_bytes=1 << 20, namespace="test")
 
 
 def _claims(node: str, backend: KeyValueBackend, tmp_path, lease_ms: int = 5000

@@ -9,12 +9,12 @@ counted once per entry for the life of the capture (an entry that disappears and
 is not counted again), and shared according to the cluster's trust in what its serving
 nodes' caches hold (``CaptureTrust``, warmd.yaml ``capture.trust``):
 
-- ``rederive`` (the default): what a node captured is a *claim*, not code. It is verified
+- ``rederive`` (the default): what a node captured is a *pending capture*, not code. It is verified
   (its adapter packs it: complete entries only, no links, no odd names; the archive check
   refuses traversal, devices and oversize) and stored unsigned in the pending tier
-  (``SharedCache.submit_claim``), which no node installs. A trusted producer rebuilds it
+  (``SharedCache.submit_capture``), which no node installs. A trusted producer rebuilds it
   from its recorded source and flags (warmd.rederive) and publishes what *it* built, signed,
-  as a *learned* entry of every plan the claim names.
+  as a *learned* entry of every plan the capture names.
 - ``own-nodes``: the capturing node publishes the verified entry itself, signed with the
   cluster key, as a learned entry (for a small cluster whose serving nodes are as trusted as
   its builders: anything that can write into an engine's cache then reaches every node).
@@ -33,5 +33,5 @@ re-warms first). Every error is caught per entry and counted (``capture_failed``
 entry never stops a scan.
 
 Its parts: ``scope.py`` (what a capture covers), ``watch.py`` (``Capture``: the watch,
-the count and the trust), ``sharing.py`` (claims, learned entries).
+the count and the trust), ``sharing.py`` (pending captures, learned entries).
 """

@@ -1,5 +1,5 @@
 """Sharing what a capture found: each entry verified (packed, the archive checked), then
-stored as a pending claim or published as a learned entry of every plan it serves; learned
+stored as a pending capture or published as a learned entry of every plan it serves; learned
 entries installed and recorded on the nodes that warm a plan, and listed with the planner
 rule that missed them."""
 
@@ -102,12 +102,12 @@ def publish_learned(shared: SharedCache, adapter: CacheAdapter, plan_keys: list[
     return taken
 
 
-def submit_claims(shared: SharedCache, adapter: CacheAdapter, plan_keys: list[str],
+def submit_captures(shared: SharedCache, adapter: CacheAdapter, plan_keys: list[str],
                   artifacts: dict[str, bytes]) -> list[str]:
-    """Store verified entries' artifacts as pending claims (unsigned, installed by no
+    """Store verified entries' artifacts as pending captures (unsigned, installed by no
     node); returns the names the store took."""
     return [name for name, artifact in artifacts.items()
-            if shared.submit_claim(adapter, plan_keys, name, artifact)]
+            if shared.submit_capture(adapter, plan_keys, name, artifact)]
 
 
 def verified_artifact(adapter: CacheAdapter, entry: CacheEntry) -> bytes:

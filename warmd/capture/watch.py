@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from warmd.cache.base import CacheAdapter, CacheEntry, UnsafeArtifact
 from warmd.cache.records import recorded_entries
 from warmd.capture.scope import CaptureScope, adapters_for
-from warmd.capture.sharing import publish_learned, submit_claims, verified_artifact
+from warmd.capture.sharing import publish_learned, submit_captures, verified_artifact
 from warmd.stats import CounterFlag, ids
 
 if TYPE_CHECKING:
@@ -38,7 +38,7 @@ class CaptureTrust(str, enum.Enum):
     """What a cluster does with what its serving nodes' caches hold (warmd.yaml
     ``capture.trust``)."""
 
-    REDERIVE = "rederive"  # a claim, until a trusted producer rebuilds it (warmd.rederive)
+    REDERIVE = "rederive"  # pending, until a trusted producer rebuilds it (warmd.rederive)
     OWN_NODES = "own-nodes"  # published signed by the capturing node itself
     OFF = "off"  # counted, never shared
 
@@ -78,8 +78,9 @@ class _Watched:
 
 JitCallback = Callable[[RuntimeJit], None]
 # (counter of stats.COUNTERS with CounterFlag.CAPTURE, library, amount): runtime_jit,
-# captured (shared as a claim or a learned entry, or found shared), capture_refused (unsafe
-# or oversize: never shared), capture_failed (an error reading or sharing an entry)
+# captured (shared as a pending capture or a learned entry, or found shared),
+# capture_refused (unsafe or oversize: never shared), capture_failed (an error reading or
+# sharing an entry)
 CountCallback = Callable[[str, str, int], None]
 
 
@@ -223,7 +224,7 @@ class Capture:
         for plan in watched.plans:  # also fixes the cache's fingerprint
             shared_already.update(watched.shared.learned(watched.adapter, plan))
         if self.trust is CaptureTrust.REDERIVE:
-            shared_already.update(watched.shared.pending(watched.adapter))
+            shared_already.update(watched.shared.pending_captures(watched.adapter))
         try:
             recorded = recorded_entries(watched.adapter.root)
         except Exception as exc:  # this node's own records unreadable: judge nothing now
@@ -290,7 +291,7 @@ class Capture:
                 good = [e for e in entries if e.name in packed]
                 taken = publish_learned(watched.shared, watched.adapter, watched.plans, good)
             else:
-                taken = submit_claims(watched.shared, watched.adapter, watched.plans, packed)
+                taken = submit_captures(watched.shared, watched.adapter, watched.plans, packed)
         except Exception as exc:  # the store degrades instead of raising; a bug still must not
             self._failed(watched, f"{len(packed)} entries", exc)
             taken = []

@@ -20,7 +20,14 @@ from warmd import settings
 from warmd.context import NodeContext
 from warmd.errors import WarmdInputError
 from warmd.store.api import NodeRecords, SharedCache, StoreFailed
-from warmd.store.connection import StoreURL, parse_store_url, redact
+from warmd.store.breaker import CircuitBreaker, JoinBudget
+from warmd.store.connection import (
+    CONNECT_TIMEOUT,
+    SOCKET_TIMEOUT,
+    StoreURL,
+    parse_store_url,
+    redact,
+)
 from warmd.store.credentials import protect_environment
 from warmd.store.embedded import (
     EmbeddedServerError,
@@ -34,8 +41,10 @@ from warmd.store.embedded import (
     stop_embedded,
 )
 from warmd.store.fingerprint import Fingerprint, compute_fingerprint, digest_of
-from warmd.store.nodes import RedisNodeRecords
+from warmd.store.nodes import StoreNodeRecords
+from warmd.store.redis_backend import RedisBackend
 from warmd.store.redis_store import RedisSharedCache
+from warmd.store.transport import RedisTransport
 
 log = logging.getLogger("warmd.store")
 
@@ -101,4 +110,16 @@ def open_node_records(url: str | None, namespace: str, ttl: float = 120.0,
     """The daemon's node records of one namespace at url (None or 'off': none kept);
     `decode` turns each stored record (a dict) back into the caller's type."""
     protect_environment()
-    return RedisNodeRecords(None if settings.store_is_off(url) else url, namespace, ttl, decode)
+    if url is None or settings.store_is_off(url):
+        return StoreNodeRecords(None, None, namespace, ttl, decode)
+    backend = _records_backend(url)
+    return StoreNodeRecords(backend, url, namespace, ttl, decode, size=backend.server_size)
+
+
+def _records_backend(url: str) -> RedisBackend:
+    """A RedisBackend for the daemon's records: every call tried once, none held back by a
+    breaker, nothing logged (each failure is counted and said by the records)."""
+    return RedisBackend(RedisTransport(
+        parse_store_url(url), connect_timeout=CONNECT_TIMEOUT, socket_timeout=SOCKET_TIMEOUT,
+        breaker=CircuitBreaker(cooldown=0.0, max_cooldown=0.0), disabled_reason=None,
+        count=lambda _name: None, budget=JoinBudget(0.0), quiet=True))

@@ -30,7 +30,7 @@ from warmd.cache.base import CacheAdapter, CacheEntry
 from warmd.coordination import Claim, ClaimState, KernelList, WorkKind
 
 if TYPE_CHECKING:
-    from warmd.store.pending import PendingClaim
+    from warmd.store.pending import PendingCapture
 
 
 class StoreFailed(Exception):
@@ -134,8 +134,8 @@ class SharedCache(ABC):
         record naming them; says what it did."""
 
     # -- cluster work: one unit (an entry, or a task whose entries are not known before it
-    # runs) claimed cluster-wide before it is compiled, published when done (these claims
-    # on work are not the capture's pending claims below) -----------------------------------
+    # runs) claimed cluster-wide before it is compiled, published when done (a claim is
+    # on work only: what nodes captured is a pending capture, below) ---------------------
 
     def claim_work(self, adapter: CacheAdapter, unit: str,
                    kind: WorkKind = WorkKind.ENTRY) -> Claim:
@@ -194,24 +194,24 @@ class SharedCache(ABC):
 
     # -- the pending tier: captured entries until a trusted producer re-derives them --------
 
-    def submit_claim(self, adapter: CacheAdapter, plans: list[str], name: str,
+    def submit_capture(self, adapter: CacheAdapter, plans: list[str], name: str,
                      artifact: bytes, compile_seconds: float = 0.0) -> bool:
-        """Store what a node captured as a pending claim (unsigned, never installed by any
+        """Store what a node captured as a pending capture (unsigned, never installed by any
         node); False when the store did not take it (or keeps no pending tier)."""
         return False
 
-    def pending(self, adapter: CacheAdapter) -> list[str]:
-        """The names of the pending claims under the adapter's fingerprint, oldest first."""
+    def pending_captures(self, adapter: CacheAdapter) -> list[str]:
+        """The names of the pending captures under the adapter's fingerprint, oldest first."""
         return []
 
-    def read_claim(self, adapter: CacheAdapter, name: str
-                   ) -> tuple[PendingClaim, bytes] | None:
-        """A pending claim and its artifact, checked against the claim's digest; None when
-        absent or unreachable. Raises warmd.store.validation.BadRecord for a malformed claim."""
+    def read_capture(self, adapter: CacheAdapter, name: str
+                   ) -> tuple[PendingCapture, bytes] | None:
+        """A pending capture and its artifact, checked against its digest; None when
+        absent or unreachable. Raises warmd.store.validation.BadRecord for a malformed capture."""
         return None
 
-    def drop_claim(self, adapter: CacheAdapter, name: str, chunks: int = 0) -> bool:
-        """Remove a pending claim (re-derived and published, or refused)."""
+    def drop_capture(self, adapter: CacheAdapter, name: str, chunks: int = 0) -> bool:
+        """Remove a pending capture (re-derived and published, or refused)."""
         return False
 
     def shard_order(self, task_keys: list[str]) -> list[str]:

@@ -14,6 +14,7 @@ another key is never overwritten: that is an operator's call (docs/redis.md).
 from __future__ import annotations
 
 import logging
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -21,31 +22,15 @@ from dataclasses import dataclass
 
 from warmd.store import layout
 from warmd.store.api import StoreFailed
-from warmd.store.connection import classify
+from warmd.store.backend import KeyValueBackend
 from warmd.store.signing import SIG_FIELD, KeyProof, check, is_proof, key_proof, proof_state
-from warmd.store.transport import RedisTransport
 from warmd.store.validation import WRONG_TYPE, BadRecord, load_record
 
 log = logging.getLogger("warmd.store")
 
 RECHECK_SECONDS = 2.0  # how long a read of the proof stands before the next action reads it
-SAMPLE_FINGERPRINTS = 8  # the most recently used fingerprints sampled before a claim...
-SAMPLE_PER_FINGERPRINT = 2  # ...their most recently used manifests...
-SAMPLE_RANDOM_KEYS = 16  # ...and records among random keys (not on Redis Cluster)
-
-# Write the proof only over what was read (absent, a value that is not a proof, another
-# Redis type); never with a TTL.
-_CLAIM = """
-local kind = redis.call('TYPE', KEYS[1])['ok']
-if kind == 'none' then
-  if ARGV[3] ~= '1' then return 0 end
-elseif kind == 'string' then
-  if ARGV[3] == '1' or redis.call('GET', KEYS[1]) ~= ARGV[2] then return 0 end
-elseif ARGV[2] ~= '' or ARGV[3] == '1' then return 0 end
-redis.call('DEL', KEYS[1])
-redis.call('SET', KEYS[1], ARGV[1])
-return 1
-"""
+SAMPLE_RECORDS = 32  # manifests and task records, drawn at random, checked before a claim
+_RECORD_PREFIXES = (f"{layout.PREFIX}man:", f"{layout.PREFIX}task:")
 
 
 @dataclass(frozen=True)
@@ -59,11 +44,12 @@ class Evidence:
 
 
 class ClusterKey:
-    def __init__(self, transport: RedisTransport, key: bytes | None,
-                 warn_once: Callable[..., None]) -> None:
-        self.transport = transport
+    def __init__(self, backend: KeyValueBackend, key: bytes | None,
+                 warn_once: Callable[..., None], display_url: str) -> None:
+        self.backend = backend
         self.key = key
         self.warn_once = warn_once
+        self.display_url = display_url
         self.other_key_seen = False  # this process refused a signature of another key
         self._state: KeyProof | None = None
         self._read_at = 0.0
@@ -89,20 +75,17 @@ class ClusterKey:
             return KeyProof.UNKNOWN
         if state.alarm:
             self.warn_once(f"keyproof:{state}", "shared cache %s: key proof %s",
-                           self.transport.display_url, state.describe())
+                           self.display_url, state.describe())
         with self._lock:
             self._state, self._read_at = state, time.monotonic()
         return state
 
     def _read(self) -> bytes | None:
-        """The stored proof: None when absent, WRONG_TYPE for another Redis type."""
-        (found,) = self.transport.op(lambda c: c.pipeline(transaction=False).get(
-            layout.KEY_PROOF_KEY).execute(raise_on_error=False), "key proof")
-        if isinstance(found, Exception):
-            if classify(found) != "error":
-                raise self.transport.failure(found, "key proof")
-            return WRONG_TYPE
-        return found
+        return read_proof(self.backend)
+
+    def _unreadable(self) -> bool:
+        return (self.backend.get(layout.KEY_PROOF_KEY) is None
+                and self.backend.ttl_ms(layout.KEY_PROOF_KEY) is not None)
 
     def _claim(self, stored: bytes | None) -> KeyProof:
         """Write this node's proof over a missing one when no signed value this process
@@ -111,32 +94,42 @@ class ClusterKey:
             return KeyProof.MISSING
         evidence = self.sample()
         if evidence.other_key:
+            self.other_key_seen = True  # (sampled again at every state() otherwise)
             self.warn_once("keyproof:refrain", "shared cache %s: not writing the missing key "
                            "proof: %d of %d signed records sampled were signed with another "
-                           "key", self.transport.display_url, evidence.other_key,
+                           "key", self.display_url, evidence.other_key,
                            evidence.other_key + evidence.verified)
             return KeyProof.MISSING
-        mine = key_proof(self.key)
-        absent = stored is None
-
-        def run(client):
-            return client.register_script(_CLAIM)(
-                keys=[layout.KEY_PROOF_KEY],
-                args=[mine, b"" if absent else stored, "1" if absent else "0"], client=client)
-
-        self.transport.op(run, "key proof")
+        self._write_over(stored, key_proof(self.key))
         claimed = proof_state(self._read(), self.key)
-        if claimed is KeyProof.OK and not absent:
+        if claimed is KeyProof.OK and stored is not None:
             log.warning("shared cache %s: replaced a value at %s that was not a key proof",
-                        self.transport.display_url, layout.KEY_PROOF_KEY)
+                        self.display_url, layout.KEY_PROOF_KEY)
         return claimed
 
+    def _write_over(self, stored: bytes | None, mine: bytes) -> None:
+        """Write the proof only over what was read (absent, a value that is not a proof, a
+        key of another type), never with a TTL. A key of another type cannot be replaced
+        conditionally through the interface: it is deleted, if still unreadable, and the
+        proof then written only where nothing was written meanwhile."""
+        key = layout.KEY_PROOF_KEY
+        if stored is None:
+            self.backend.put(key, mine, if_absent=True)
+        elif self.backend.compare_and_set(key, stored, mine):
+            return
+        elif stored == WRONG_TYPE and self._unreadable():
+            self.backend.delete([key])
+            self.backend.put(key, mine, if_absent=True)
+
     def sample(self) -> Evidence:
-        """Check the signatures of a few records in the store: the latest manifests of the
-        most recently used fingerprints, and records among random keys."""
-        values = self.transport.op(self._sampled_values, "key proof")
+        """Check the signatures of a few manifests and task records drawn at random from
+        the store."""
+        keys = [k for prefix in _RECORD_PREFIXES for k in self.backend.scan(prefix)]
+        values = self.backend.get_many(random.sample(keys, min(len(keys), SAMPLE_RECORDS)))
         verified = other = 0
         for raw in values:
+            if raw is None:
+                continue
             try:
                 record = load_record(raw)
             except BadRecord:
@@ -150,25 +143,11 @@ class ClusterKey:
                 other += 1
         return Evidence(verified, other)
 
-    def _sampled_values(self, client) -> list:
-        pipe = client.pipeline(transaction=False)
-        pipe.zrevrange(layout.FPS_KEY, 0, SAMPLE_FINGERPRINTS - 1)
-        if not self.transport.store_url.cluster:
-            for _ in range(SAMPLE_RANDOM_KEYS):
-                pipe.randomkey()
-        first = pipe.execute(raise_on_error=False)
-        fps = [layout.text(fp) for fp in first[0]] if isinstance(first[0], list) else []
-        keys = [k for k in first[1:] if isinstance(k, bytes) and layout.is_record_key(k)]
-        pipe = client.pipeline(transaction=False)
-        for fp in fps:
-            pipe.zrevrange(layout.index_key(fp), 0, SAMPLE_PER_FINGERPRINT - 1)
-        for fp, names in zip(fps, pipe.execute(raise_on_error=False) if fps else [],
-                             strict=True):
-            if isinstance(names, list):
-                keys += [layout.manifest_key(fp, layout.text(n)) for n in names]
-        if not keys:
-            return []
-        pipe = client.pipeline(transaction=False)
-        for key in dict.fromkeys(keys):
-            pipe.get(key)
-        return [v for v in pipe.execute(raise_on_error=False) if isinstance(v, bytes)]
+
+def read_proof(backend: KeyValueBackend) -> bytes | None:
+    """The stored proof: None when absent, WRONG_TYPE for a key the interface cannot read
+    (on Redis, one of another type). Raises StoreFailed."""
+    found = backend.get(layout.KEY_PROOF_KEY)
+    if found is None and backend.ttl_ms(layout.KEY_PROOF_KEY) is not None:
+        return WRONG_TYPE
+    return found

@@ -1,5 +1,5 @@
 """The store's key layout (versioned prefix warmd:v1:). The records under those keys are
-``formats.py`` (manifests, task records) and ``pending.py`` (claims), read through
+``formats.py`` (manifests, task records) and ``pending.py`` (pending captures), read through
 ``validation.py``; blobs are cut and checked by ``chunking.py``.
 
 Keys that must live together in Redis Cluster share a hash tag: every chunk of one blob
@@ -26,14 +26,16 @@ Keys that must live together in Redis Cluster share a hash tag: every chunk of o
     warmd:v1:counts:nodes             the node names with counters (JSON list)
     warmd:v1:compile-times            compile seconds per kernel family (JSON, history.py)
     warmd:v1:nodes:<ns>:<node id>     the daemon's JSON node record (expires unless rewritten)
-    warmd:v1:nodes:<ns>               SET of node ids with a record
+    warmd:v1:nodelist:<ns>            JSON node id -> when first listed (ids with a record)
     warmd:v1:daemon:<ns>              JSON: the running controller's config summary
     warmd:v1:learned:{<fp>}:<plan>    ZSET of entries nodes captured for a plan (warmd.capture)
     warmd:v1:arrivals:<plan digest>   counter of nodes that began a plan (shard order)
+    (the pending captures' records and chunks keep their "claim" strings: stored captures
+    stay readable)
     warmd:v1:claim:{<fp>}:<name>      a captured entry not re-derived yet (warmd.capture):
                                       JSON, never signed, never installed
-    warmd:v1:claimblob:{<fp>}:<name>:<i>  chunk i of that claim's artifact
-    warmd:v1:claims:{<fp>}            ZSET claim name -> when it was (last) claimed
+    warmd:v1:claimblob:{<fp>}:<name>:<i>  chunk i of that capture's artifact
+    warmd:v1:captures:{<fp>}          JSON capture name -> when it was (last) submitted
     warmd:v1:renewed:<fp>:<plan>      marker: a node renewed the TTLs of what this plan uses
                                       (no hash tag: spread over a cluster's shards)
     warmd:v1:klease:{<fp>}:<entry>    claim on one entry being compiled (short PX, renewed)
@@ -117,18 +119,19 @@ def parse_learned_key(key: bytes | str) -> tuple[str, str] | None:
     return (found.group(1), found.group(2)) if found else None
 
 
-def claim_key(fp: str, name: str) -> str:
-    """A pending claim: what a node captured, kept apart from every installable key."""
+def capture_key(fp: str, name: str) -> str:
+    """A pending capture: what a node captured, kept apart from every installable key."""
     return f"{PREFIX}claim:{{{fp}}}:{name}"
 
 
-def claim_blob_key(fp: str, name: str, index: int) -> str:
+def capture_blob_key(fp: str, name: str, index: int) -> str:
     return f"{PREFIX}claimblob:{{{fp}}}:{name}:{index}"
 
 
-def claims_key(fp: str) -> str:
-    """The pending claims of one fingerprint, scored by when they were claimed."""
-    return f"{PREFIX}claims:{{{fp}}}"
+def captures_key(fp: str) -> str:
+    """The pending captures of one fingerprint, a name index (warmd.store.json_values) of
+    when each was last submitted."""
+    return f"{PREFIX}captures:{{{fp}}}"
 
 
 def arrivals_key(plan_digest: str) -> str:
@@ -226,7 +229,8 @@ def fp_stats_key(fp: str) -> str:
 
 
 def nodes_key(namespace: str) -> str:
-    return f"{PREFIX}nodes:{namespace}"
+    """The namespace's node list (a name index, warmd.store.json_values)."""
+    return f"{PREFIX}nodelist:{namespace}"
 
 
 def node_key(namespace: str, node_id: str) -> str:

@@ -1,10 +1,11 @@
 """The pending tier: entries captured on serving nodes, held apart until a trusted producer
 re-derives them (warmd.capture, warmd.rederive).
 
-A claim is an artifact and a record (PendingClaim) under keys of its own
-(``claim:``, ``claimblob:``, ``claims:``), never under a manifest, task record or learned
-index: nothing a node installs reads them, and nothing here is signed. What a claim says is
-read back through the store's bounded decoder and the artifact checked against the claim's
+A capture is an artifact and a record (PendingCapture) under keys of its own
+(``claim:``, ``claimblob:``), its name in the fingerprint's index of captures (``captures:``,
+a name index of warmd.store.json_values), never under a manifest, task record or learned
+index: nothing a node installs reads them, and nothing here is signed. What a capture says is
+read back through the store's bounded decoder and the artifact checked against the capture's
 digest; whether the artifact is what the library builds is the re-derivation's question.
 """
 
@@ -15,10 +16,10 @@ import time
 from dataclasses import dataclass, field
 
 from warmd.cache.base import CacheAdapter
-from warmd.store import layout
+from warmd.store import json_values, layout
 from warmd.store.api import StoreFailed
+from warmd.store.backend import KeyValueBackend
 from warmd.store.chunking import CHUNK_SIZE, check_blob, chunk_lengths, split_chunks
-from warmd.store.connection import classify
 from warmd.store.formats import ArtifactRecord
 from warmd.store.session import Session
 from warmd.store.validation import (
@@ -32,12 +33,13 @@ from warmd.store.validation import (
 
 log = logging.getLogger("warmd.store")
 
-MAX_PENDING_LISTED = 1000  # claims one listing returns (oldest first): a bounded read
-MAX_CLAIM_PLANS = 64  # plans one claim names (a node warms a handful of models)
+MAX_PENDING_LISTED = 1000  # captures one listing returns (oldest first): a bounded read
+MAX_PENDING_INDEXED = 4 * MAX_PENDING_LISTED  # names the index keeps (the newest)
+MAX_CAPTURE_PLANS = 64  # plans one capture names (a node warms a handful of models)
 
 
 @dataclass(frozen=True)
-class PendingClaim(ArtifactRecord):
+class PendingCapture(ArtifactRecord):
     """What a serving node says it captured (warmd.capture): an entry's artifact, its digest,
     the node and the plans it learned it for. Never signed and never installed: a trusted
     producer re-derives it (warmd.rederive) and publishes what it built itself."""
@@ -55,128 +57,105 @@ class PendingClaim(ArtifactRecord):
     v: int = 1
 
     @classmethod
-    def decode(cls, raw: bytes | str, max_size: int) -> PendingClaim:
-        """Parse and check a stored claim; raises BadRecord (RefusedHere when over this
+    def decode(cls, raw: bytes | str, max_size: int) -> PendingCapture:
+        """Parse and check a stored capture; raises BadRecord (RefusedHere when over this
         node's size limit)."""
-        f = Fields(load_record(raw), "claim")
+        f = Fields(load_record(raw), "capture")
         plans = f.value("plans", list)
-        if not plans or len(plans) > MAX_CLAIM_PLANS or not all(
+        if not plans or len(plans) > MAX_CAPTURE_PLANS or not all(
                 isinstance(p, str) and 0 < len(p) <= MAX_TEXT for p in plans):
-            raise BadRecord(f"malformed claim: plans must be 1 to {MAX_CLAIM_PLANS} strings")
+            raise BadRecord(f"malformed capture: plans must be 1 to {MAX_CAPTURE_PLANS} strings")
         return cls(f.text("library"), f.text("name"), f.text("fingerprint"), f.text("digest"),
                    f.integer("size", 0, MAX_BLOB_BYTES), f.text("node", ""), tuple(plans),
                    f.number("compile_seconds", 0.0), f.number("created", 0.0),
                    f.integer("chunk_size", 64 << 10, 64 << 20, CHUNK_SIZE),
-                   f.integer("v", 0, 1 << 31, 1)).checked("claim", max_size)
+                   f.integer("v", 0, 1 << 31, 1)).checked("capture", max_size)
 
 
-class PendingClaims:
-    def __init__(self, session: Session) -> None:
-        self.session = session
-        self.op = session.transport.op
+class PendingCaptures:
+    def __init__(self, session: Session, backend: KeyValueBackend) -> None:
+        self.session, self.backend = session, backend
 
     def submit(self, adapter: CacheAdapter, plans: list[str], name: str, artifact: bytes,
                compile_seconds: float = 0.0) -> bool:
-        """Store a claim (artifact chunks first, then its record, then its name in the
-        index); True when the store took it. A claim already there is replaced only by the
-        same bytes' record (nodes claiming one entry at once write the same thing)."""
+        """Store a capture (artifact chunks first, then its record, then its name in the
+        index); True when the store took it. A capture already there is replaced (nodes
+        capturing one entry at once write the same thing)."""
         if self.session.read_only or not is_entry_name(name):
             return False
         if len(artifact) > self.session.max_artifact_bytes:
             return False
         try:
             fp = self.session.fingerprint(adapter).digest
-        except Exception:  # the adapter could not describe itself: nothing to claim under
+        except Exception:  # the adapter could not describe itself: nothing to file it under
             return False
-        claim = PendingClaim(adapter.library, name, fp, layout.sha256(artifact), len(artifact),
-                             self.session.node, tuple(plans[:MAX_CLAIM_PLANS]),
-                             float(compile_seconds))
+        capture = PendingCapture(adapter.library, name, fp, layout.sha256(artifact),
+                                 len(artifact), self.session.node,
+                                 tuple(plans[:MAX_CAPTURE_PLANS]), float(compile_seconds))
         ttl = self.session.ttl_ms
-
-        def run(client):
-            pipe = client.pipeline(transaction=False)
-            for i, chunk in enumerate(split_chunks(artifact, claim.chunk_size)):
-                pipe.set(layout.claim_blob_key(fp, name, i), chunk, px=ttl)
-            pipe.set(layout.claim_key(fp, name), claim.encode(), px=ttl)
-            pipe.zadd(layout.claims_key(fp), {name: time.time()})
-            pipe.pexpire(layout.claims_key(fp), ttl)
-            return pipe.execute()
-
         try:
-            self.op(run, "publish")
+            for i, chunk in enumerate(split_chunks(artifact, capture.chunk_size)):
+                self.backend.put(layout.capture_blob_key(fp, name, i), chunk, ttl)
+            self.backend.put(layout.capture_key(fp, name), capture.encode(), ttl)
+            return json_values.add_names(self.backend, layout.captures_key(fp),
+                                         {name: time.time()}, MAX_PENDING_INDEXED, ttl)
         except StoreFailed as failed:
             if failed.kind == "denied":
                 self.session.note_read_only(failed)
             return False
-        return True
 
     def names(self, adapter: CacheAdapter) -> list[str]:
-        """The pending claims of the adapter's fingerprint, oldest first (at most
+        """The pending captures of the adapter's fingerprint, oldest first (at most
         MAX_PENDING_LISTED); empty when none or unreachable."""
         try:
-            key = layout.claims_key(self.session.fingerprint(adapter).digest)
-            names = self.op(lambda c: c.zrange(key, 0, MAX_PENDING_LISTED - 1), "fetch")
+            key = layout.captures_key(self.session.fingerprint(adapter).digest)
+            raw = self.backend.get(key)
         except StoreFailed:
             return []
-        except Exception as exc:  # a wrong type at the key, an adapter without fingerprint
-            log.warning("shared cache: cannot list pending claims of %s: %s",
+        except Exception as exc:  # an adapter without fingerprint
+            log.warning("shared cache: cannot list pending captures of %s: %s",
                         adapter.library, exc)
             return []
-        decoded = [n.decode(errors="replace") if isinstance(n, bytes) else str(n)
-                   for n in names or []]
-        return [n for n in decoded if is_entry_name(n)]
+        listed = json_values.oldest_first(json_values.read_index(raw))
+        return [n for n in listed if is_entry_name(n)][:MAX_PENDING_LISTED]
 
-    def read(self, adapter: CacheAdapter, name: str) -> tuple[PendingClaim, bytes] | None:
-        """The claim and its artifact, each checked (bounded record, the artifact's chunk
-        lengths and digest); None when unreachable. Raises BadRecord for a claim that has no
-        record, is malformed or does not match its artifact (the caller drops it)."""
+    def read(self, adapter: CacheAdapter, name: str) -> tuple[PendingCapture, bytes] | None:
+        """The capture and its artifact, each checked (bounded record, the artifact's chunk
+        lengths and digest); None when unreachable. Raises BadRecord for a capture that has
+        no record, is malformed or does not match its artifact (the caller drops it)."""
         fp = self.session.fingerprint(adapter).digest
         try:
-            raw = self.op(lambda c: c.get(layout.claim_key(fp, name)), "fetch")
-        except StoreFailed as failed:
-            if failed.kind == "error":  # WRONGTYPE: not a claim
-                raise BadRecord(f"claim {name} is not a string value") from None
-            return None
-        if raw is None:  # a name in the index whose record expired, or was never written
-            # (the record is written before the name): dropped, never kept in the oldest
-            # MAX_PENDING_LISTED, where names alone could hold real claims out for good
-            raise BadRecord(f"claim {name} has no record (expired, or only its name was "
-                            "planted)")
-        claim = PendingClaim.decode(raw, self.session.max_artifact_bytes)
-        if (claim.name, claim.fingerprint, claim.library) != (name, fp, adapter.library):
-            raise BadRecord(f"claim {name} describes another entry")
-
-        def chunks(client):
-            pipe = client.pipeline(transaction=False)
-            for i, length in enumerate(chunk_lengths(claim)):
-                pipe.getrange(layout.claim_blob_key(fp, name, i), 0, length)
-            return pipe.execute(raise_on_error=False)
-
-        try:
-            replies = self.op(chunks, "fetch")
+            raw = self.backend.get(layout.capture_key(fp, name))
         except StoreFailed:
             return None
-        if any(isinstance(r, Exception) and classify(r) != "error" for r in replies):
+        if raw is None:  # a name in the index whose record expired, was never written (the
+            # record is written before the name) or is a key of another type: dropped, never
+            # kept in the oldest MAX_PENDING_LISTED, where names alone could hold real
+            # captures out for good
+            raise BadRecord(f"capture {name} has no record (expired, only its name was "
+                            "planted, or not a string value)")
+        capture = PendingCapture.decode(raw, self.session.max_artifact_bytes)
+        if (capture.name, capture.fingerprint, capture.library) != (name, fp, adapter.library):
+            raise BadRecord(f"capture {name} describes another entry")
+        keys = [layout.capture_blob_key(fp, name, i)
+                for i in range(len(chunk_lengths(capture)))]
+        try:
+            chunks = self.backend.get_many(keys)
+        except StoreFailed:
             return None
-        replies = [None if isinstance(r, Exception) else r for r in replies]
-        return claim, check_blob(claim, replies)
+        return capture, check_blob(capture, chunks)
 
     def drop(self, adapter: CacheAdapter, name: str, chunks: int = 0) -> bool:
-        """Remove a claim (re-derived, or refused): its record, chunks and index entry."""
+        """Remove a capture (re-derived, or refused): its record, chunks and index entry."""
         try:
             fp = self.session.fingerprint(adapter).digest
         except Exception:
             return False
-
-        def run(client):
-            pipe = client.pipeline(transaction=False)
-            pipe.delete(layout.claim_key(fp, name),
-                        *[layout.claim_blob_key(fp, name, i) for i in range(max(chunks, 1))])
-            pipe.zrem(layout.claims_key(fp), name)
-            return pipe.execute()
-
         try:
-            self.op(run, "publish")
+            self.backend.delete([layout.capture_key(fp, name),
+                                 *[layout.capture_blob_key(fp, name, i)
+                                   for i in range(max(chunks, 1))]])
+            return json_values.remove_names(self.backend, layout.captures_key(fp), [name],
+                                            self.session.ttl_ms)
         except StoreFailed:
             return False
-        return True

@@ -105,6 +105,21 @@ class RedisBackend(KeyValueBackend):
             except UnicodeDecodeError:
                 continue
 
+    def server_size(self) -> dict | None:
+        """What the Redis server says of its size (not part of the interface: the daemon's
+        status shows it): {"used_memory", "keys", "maxmemory" (0: no limit),
+        "maxmemory_policy"}; None from a Redis Cluster, which answers per node."""
+        def measure(c) -> dict:
+            memory = c.info("memory")
+            return {"used_memory": int(memory.get("used_memory", 0)), "keys": int(c.dbsize()),
+                    "maxmemory": int(memory.get("maxmemory", 0)),
+                    "maxmemory_policy": str(memory.get("maxmemory_policy", ""))}
+
+        try:
+            return self.transport.op(measure, self._as("size"))
+        except (AttributeError, TypeError, ValueError):
+            return None
+
     def close(self) -> None:
         self.transport.close()
 

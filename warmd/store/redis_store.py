@@ -14,11 +14,11 @@
 The parts ported to the narrow store interface (warmd.store.backend) take `backend`, a
 RedisBackend over the same transport, and know no Redis: kernel_lists.py, history.py,
 entries.py, blobs.py, refusals.py, publish.py (the fetching parts also a RedisBackend whose
-reads may go to replicas, when the URL asks), counters.py (over its own RedisBackend, whose
-calls are never retried: stats are best effort), leases.py (over one whose calls are never
-retried either: a claim retried after a timeout that took the lease would find its own and
-wait for itself), renewal.py (the session's). Pub/sub wake-ups for waiters are no part of
-that interface: redis_wakeups.py.
+reads may go to replicas, when the URL asks), pending.py, keyproof.py (through the session),
+counters.py (over its own RedisBackend, whose calls are never retried: stats are best
+effort), leases.py (over one whose calls are never retried either: a claim retried after a
+timeout that took the lease would find its own and wait for itself), renewal.py (the
+session's). Pub/sub wake-ups for waiters are no part of that interface: redis_wakeups.py.
 
 Every public method degrades instead of raising: a store that is down, slow, out of memory,
 read-only or refusing this user's writes turns into misses and skipped publications, counted
@@ -37,7 +37,7 @@ from typing import Any
 from warmd.cache.base import CacheAdapter, CacheEntry
 from warmd.context import NodeContext
 from warmd.coordination import Claim, KernelList, WorkKind
-from warmd.store import claimid, formats, history, layout
+from warmd.store import claimid, formats, history, json_values, layout
 from warmd.store.api import BlobPeers, Publication, SharedCache, StoreFailed
 from warmd.store.blobs import Blobs
 from warmd.store.breaker import CircuitBreaker, JoinBudget
@@ -47,7 +47,7 @@ from warmd.store.entries import Entries
 from warmd.store.fingerprint import Fingerprint, discovery_digest
 from warmd.store.kernel_lists import KernelLists
 from warmd.store.leases import KERNEL_LEASE_SECONDS, Leases, WorkClaims, spread_start
-from warmd.store.pending import PendingClaim, PendingClaims
+from warmd.store.pending import PendingCapture, PendingCaptures
 from warmd.store.publish import Publisher
 from warmd.store.redis_backend import RedisBackend
 from warmd.store.redis_wakeups import RedisWakeUps
@@ -59,6 +59,9 @@ from warmd.store.validation import is_entry_name
 from warmd.targets import Target
 
 log = logging.getLogger("warmd.store")
+ARRIVALS_MS = 3_600_000  # how long a plan's count of arrivals lives after the last one
+# compare-and-set rounds an arrival may lose: nodes joining together arrive together
+ARRIVAL_TRIES = 64
 
 
 def _lease_ms(seconds: float) -> int:
@@ -93,11 +96,11 @@ class RedisSharedCache(SharedCache):
         self.stats.backend = RedisBackend(self.transport, what="stats")  # never retried
         self.backend = RedisBackend(self.transport)  # the parts ported to the narrow interface
         self.session = Session(
-            self.transport, self.stats, node, target, signing_key,
+            self.transport, self.backend, self.stats, node, target, signing_key,
             ttl_ms=int((ttl_seconds or store.ttl_seconds) * 1000),
             lease_ms=_lease_ms(lease_seconds), poll_interval=poll_interval,
             max_artifact_bytes=max_artifact_bytes or store.max_artifact_bytes,
-            namespace=store.namespace, backend=self.backend)
+            namespace=store.namespace)
         stale = StaleRecords()  # Entries notes them, Leases reads them, Publisher clears them
         replicas = (RedisBackend(self.transport, replicas=True)
                     if self.transport.replica_reads else None)
@@ -109,9 +112,9 @@ class RedisSharedCache(SharedCache):
                                replicas)
         self.leases = Leases(self.session, claims, stale, self.wakeups)
         self.publisher = Publisher(self.session, stale, self.backend)
-        self.claims = PendingClaims(self.session)
         self.work_claims = WorkClaims(self.session, claims, stale, self.wakeups,
                                       _lease_ms(kernel_lease_seconds))
+        self.captures = PendingCaptures(self.session, self.backend)
         self.kernel_lists = KernelLists(self.session, self.backend, self.stats)
         self.embedded = embedded  # the embedded server this cache uses, if any
 
@@ -199,19 +202,19 @@ class RedisSharedCache(SharedCache):
                                    plan_key, adapter.library, total, len(decoded))
         return [n for n in decoded if is_entry_name(n)]
 
-    def submit_claim(self, adapter: CacheAdapter, plans: list[str], name: str,
+    def submit_capture(self, adapter: CacheAdapter, plans: list[str], name: str,
                      artifact: bytes, compile_seconds: float = 0.0) -> bool:
-        return self.claims.submit(adapter, plans, name, artifact, compile_seconds)
+        return self.captures.submit(adapter, plans, name, artifact, compile_seconds)
 
-    def pending(self, adapter: CacheAdapter) -> list[str]:
-        return self.claims.names(adapter)
+    def pending_captures(self, adapter: CacheAdapter) -> list[str]:
+        return self.captures.names(adapter)
 
-    def read_claim(self, adapter: CacheAdapter, name: str
-                   ) -> tuple[PendingClaim, bytes] | None:
-        return self.claims.read(adapter, name)
+    def read_capture(self, adapter: CacheAdapter, name: str
+                   ) -> tuple[PendingCapture, bytes] | None:
+        return self.captures.read(adapter, name)
 
-    def drop_claim(self, adapter: CacheAdapter, name: str, chunks: int = 0) -> bool:
-        return self.claims.drop(adapter, name, chunks)
+    def drop_capture(self, adapter: CacheAdapter, name: str, chunks: int = 0) -> bool:
+        return self.captures.drop(adapter, name, chunks)
 
     def _learned_reply(self, reply):
         """A learned-index reply; None for a key of another Redis type (nothing learned)."""
@@ -223,24 +226,19 @@ class RedisSharedCache(SharedCache):
 
     def shard_order(self, task_keys: list[str]) -> list[str]:
         """The order in which this node should try a plan's tasks so that N nodes warming the
-        same plan start on different tasks: each arrival gets a counter value i and starts
-        at the van der Corput point of i (leases.spread_start). Unchanged when the store is
-        down."""
+        same plan start on different tasks: each arrival gets a counter value i (added to
+        by compare-and-set, json_values.count_up) and starts at the van der Corput point of
+        i (leases.spread_start). Unchanged when the store is down or the count is lost."""
         keys = list(task_keys)
         if len(keys) < 2 or self.session.all_hit(keys):
             return keys  # (every task installed: nothing to spread, nothing to write)
         plan = layout.sha256("\n".join(sorted(keys)).encode())[:16]
-        arrivals = layout.arrivals_key(plan)
-
-        def run(client):
-            pipe = client.pipeline(transaction=False)
-            pipe.incr(arrivals)
-            pipe.expire(arrivals, 3600)
-            return pipe.execute()
-
         try:
-            arrival = int(self.transport.op(run, "shard")[0])
+            arrival = json_values.count_up(self.backend, layout.arrivals_key(plan),
+                                           ARRIVALS_MS, ARRIVAL_TRIES)
         except StoreFailed:
+            return keys
+        if arrival is None:  # (lost to other arrivals every time, or not a count's key)
             return keys
         start = spread_start(arrival - 1, len(keys))
         return keys[start:] + keys[:start]

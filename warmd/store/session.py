@@ -51,6 +51,7 @@ class StaleRecords:
 @dataclass
 class Session:
     transport: RedisTransport
+    backend: KeyValueBackend  # the narrow interface over the same store (warmd.store.backend)
     stats: StoreStats
     node: str
     target: Target | None
@@ -60,7 +61,6 @@ class Session:
     poll_interval: float
     max_artifact_bytes: int
     namespace: str  # the salt of every fingerprint
-    backend: KeyValueBackend  # the store through the narrow interface (warmd.store.backend)
     read_only: bool = False  # learnt from the first write the store's ACL refuses
     task_fp: dict[str, str] = field(default_factory=dict)  # task -> fingerprint digest
     # What this process counted already, so a fetch repeated per task counts nothing twice:
@@ -76,7 +76,8 @@ class Session:
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
-        self.cluster_key = ClusterKey(self.transport, self.signing_key, self.warn_once)
+        self.cluster_key = ClusterKey(self.backend, self.signing_key, self.warn_once,
+                                      self.transport.display_url)
 
     def fingerprint(self, adapter: CacheAdapter) -> Fingerprint:
         """The adapter's fingerprint, computed once (the adapter is kept so its id stays

@@ -55,12 +55,13 @@ NOT_RETRIED = frozenset({"expire", "stats", "lease", "put-if-absent", "compare-a
 
 
 class RedisTransport:
-    """store_url=None: every op raises StoreFailed("disabled") with disabled_reason."""
+    """store_url=None: every op raises StoreFailed("disabled") with disabled_reason. quiet:
+    the store's failures are the caller's to report (logged at debug level only)."""
 
     def __init__(self, store_url: StoreURL | None, *, connect_timeout: float,
                  socket_timeout: float, breaker: CircuitBreaker | None,
                  disabled_reason: str | None, count: Callable[[str], None],
-                 budget: JoinBudget | None = None) -> None:
+                 budget: JoinBudget | None = None, quiet: bool = False) -> None:
         self.store_url = store_url
         self.connect_timeout = connect_timeout
         self.socket_timeout = socket_timeout
@@ -69,6 +70,7 @@ class RedisTransport:
         self.disabled_reason = disabled_reason if store_url else (disabled_reason or "disabled")
         self.last_error: str | None = None
         self._count = count  # the store's counters (store_skipped, store_errors, ...)
+        self._warn = log.debug if quiet else log.warning
         self._clients: dict[bool, Any] = {}  # replicas? -> client
         self._scripts: dict[str, Any] = {}
         self._lock = threading.Lock()
@@ -138,9 +140,9 @@ class RedisTransport:
         if wait is None and not self._gave_up:
             self._gave_up = True
             self._count("store_unreachable")
-            log.warning("shared cache %s did not answer within the join budget (%.0f s); "
-                        "compiling locally what it would have given", self.display_url,
-                        self.budget.seconds)
+            self._warn("shared cache %s did not answer within the join budget (%.0f s); "
+                       "compiling locally what it would have given", self.display_url,
+                       self.budget.seconds)
         return wait
 
     def _drop_clients(self) -> None:
@@ -164,8 +166,8 @@ class RedisTransport:
             self.breaker.failure()
             self._count("store_errors")
             if not was_open:
-                log.warning("shared cache %s unavailable during %s (%s); continuing with local "
-                            "compiles", self.display_url, what, message)
+                self._warn("shared cache %s unavailable during %s (%s); continuing with local "
+                           "compiles", self.display_url, what, message)
             self._drop_clients()  # rebuild a cluster's slot map when it is back
         else:
             self.breaker.success()

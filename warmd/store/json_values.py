@@ -1,0 +1,111 @@
+"""Values the narrow store interface (warmd.store.backend) keeps as JSON (or decimal text)
+and changes by compare-and-set, where Redis had a type of its own: `update` (read, change,
+write only if unchanged, a bounded number of rounds), counters (`count_up`, for INCR), and
+name indexes, {name: unix time added}, for sorted sets of names scored by time (the pending
+captures, the daemon's node list).
+
+A value that is not what its reader expects (not JSON, over its byte bound, another shape)
+reads as empty and is replaced by the next writer; a key this interface cannot read (on
+Redis, a key of another type) is never replaced: the update answers False.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Iterable
+
+from warmd import boundedjson
+from warmd.store.backend import KeyValueBackend
+
+MAX_TRIES = 16  # compare-and-set rounds lost to other writers before an update gives up
+MAX_INDEX_BYTES = 4 << 20  # a name index read: beyond this it reads as empty
+Change = Callable[[bytes | None], bytes | None]
+
+
+def update(backend: KeyValueBackend, key: str, change: Change, ttl_ms: int | None = None,
+           tries: int = MAX_TRIES) -> bool:
+    """Write change(what the key holds) there (None: delete it) if nobody wrote in between,
+    trying again with the fresh value up to `tries` times; True once written (or when the
+    change changes nothing), False when other writers kept winning or the key cannot be
+    read. Raises StoreFailed."""
+    raw = backend.get(key)
+    for _ in range(tries):
+        value = change(raw)
+        if value == raw:
+            return True
+        if backend.compare_and_set(key, raw, value, ttl_ms):
+            return True
+        fresh = backend.get(key)
+        if raw is None and fresh is None:
+            return False  # present (the write saw it) yet unreadable: not warmd's to replace
+        raw = fresh
+    return False
+
+
+def count_up(backend: KeyValueBackend, key: str, ttl_ms: int | None = None,
+             tries: int = MAX_TRIES) -> int | None:
+    """Add one to the counter at key (decimal text, as Redis INCR keeps it; a value that is
+    not a count from 0 to 10^18 starts again from 0) and let it live ttl_ms from now: the
+    new count, None when other writers kept winning or the key cannot be read. Raises
+    StoreFailed."""
+    counted: list[int] = []
+
+    def change(raw: bytes | None) -> bytes:
+        counted[:] = [int(raw) + 1 if raw and raw.isdigit() and len(raw) <= 18 else 1]
+        return str(counted[0]).encode()
+
+    return counted[0] if update(backend, key, change, ttl_ms, tries) else None
+
+
+def read_index(raw: bytes | None, max_bytes: int = MAX_INDEX_BYTES) -> dict[str, float]:
+    """The names of a name index with their times; {} for none, or for a value that is
+    not an index (entries that are not a string with a finite time are left out)."""
+    try:
+        data = boundedjson.loads(raw, max_bytes) if raw is not None else {}
+    except ValueError:
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {name: float(at) for name, at in data.items()
+            if isinstance(at, (int, float)) and not isinstance(at, bool) and math.isfinite(at)}
+
+
+def oldest_first(index: dict[str, float]) -> list[str]:
+    """The names by the time they were added, ties by name (a sorted set's order)."""
+    return [name for name, _at in sorted(index.items(), key=lambda item: (item[1], item[0]))]
+
+
+def add_names(backend: KeyValueBackend, key: str, names: dict[str, float], keep: int,
+              ttl_ms: int | None = None, *, refresh: bool = True) -> bool:
+    """Add names (name -> time; with refresh a name there gets the new time, else an index
+    that lists every name is left as it is) to the index at key, keeping its newest `keep`;
+    the index lives ttl_ms from now. Raises StoreFailed."""
+    def change(raw: bytes | None) -> bytes | None:
+        index = read_index(raw)
+        if not refresh and raw is not None and set(names) <= set(index):
+            return raw
+        index.update(names)
+        return _json({n: index[n] for n in oldest_first(index)[-keep:]})
+
+    return update(backend, key, change, ttl_ms)
+
+
+def remove_names(backend: KeyValueBackend, key: str, names: Iterable[str],
+                 ttl_ms: int | None = None) -> bool:
+    """Remove names from the index at key (an index left empty is deleted); ttl_ms as for
+    add_names. Raises StoreFailed."""
+    gone = set(names)
+
+    def change(raw: bytes | None) -> bytes | None:
+        index = read_index(raw)
+        if raw is None or not gone & set(index):
+            return raw  # nothing to remove: nothing written
+        left = {n: at for n, at in index.items() if n not in gone}
+        return _json(left) if left else None
+
+    return update(backend, key, change, ttl_ms)
+
+
+def _json(value: object) -> bytes:
+    return json.dumps(value, separators=(",", ":"), sort_keys=True).encode()
