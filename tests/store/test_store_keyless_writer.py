@@ -16,7 +16,7 @@ from store_support import DirAdapter, compile_entry, module_server, task_entries
 
 from warmd.capture.sharing import install_learned, learned_task, publish_learned
 from warmd.cli import main
-from warmd.store import layout
+from warmd.store import json_values, layout
 from warmd.store.formats import StoredTaskRecord, json_bytes
 
 server = module_server("keyless-pw")
@@ -102,32 +102,38 @@ def test_a_flooded_learned_index_is_read_bounded_newest_first(server, rclient, c
     entry = compile_entry(source, "kernel.learned.0001")
     assert publish_learned(node_a, source, ["plan"], [entry]) == [entry.name]
     key = layout.learned_key(node_a.fingerprint(source).digest, "plan")
+    index = json.loads(rclient.get(key))
     junk_at = time.time() - 3600  # older than the real entry
-    for start in range(0, 500_000, 20_000):  # a keyless writer's 500,000 names
-        rclient.zadd(key, {f"kernel.junk{i}.0001": junk_at
-                           for i in range(start, start + 20_000)})
-    rclient.zadd(key, {f"kernel.future{i}.0001": 1e12 for i in range(5_000)})  # "newest"
+    index |= {f"kernel.junk{i}.0001": junk_at for i in range(20_000)}  # a keyless writer's
+    index |= {f"kernel.future{i}.0001": 1e12 for i in range(5_000)}  # "newest"
+    rclient.set(key, json.dumps(index))
     node_c = caches(server.url, node="c")
     dest = DirAdapter(tmp_path / "c")
     names = node_c.learned(dest, "plan")
     assert len(names) == layout.MAX_LEARNED and names[0] == entry.name
     assert not any("future" in n for n in names)
-    assert node_c.counters["learned_cut"] == 505_001 - layout.MAX_LEARNED
+    assert node_c.counters["learned_cut"] == 25_001 - layout.MAX_LEARNED
     assert install_learned(node_c, dest, "plan") == [entry.name]
     assert [e.name for e in dest.list_entries()] == [entry.name]
     rows = json.loads(cli("cache", "ls", "--learned", "--json", "--redis", server.url).output)
     assert len(rows) == layout.MAX_LEARNED
+    # An index past the byte bound is not read at all: nothing learned, nothing installed.
+    rclient.set(key, json.dumps({f"kernel.x{i:07d}.0001": 1.0 for i in range(200_000)}))
+    assert len(rclient.get(key)) > json_values.MAX_INDEX_BYTES
+    assert node_c.learned(DirAdapter(tmp_path / "d"), "plan") == []
 
 
 def test_adding_to_a_learned_index_keeps_its_newest_names(server, rclient, caches, tmp_path):
     node = caches(server.url, node="a")
     adapter = DirAdapter(tmp_path / "a")
     key = layout.learned_key(node.fingerprint(adapter).digest, "plan")
-    rclient.zadd(key, {f"kernel.old{i}.0001": 1.0 + i for i in range(layout.MAX_LEARNED)})
+    rclient.set(key, json.dumps({f"kernel.old{i}.0001": 1.0 + i
+                                 for i in range(layout.MAX_LEARNED)}))
     assert node.add_learned(adapter, "plan", ["kernel.fresh.0001"])
-    assert rclient.zcard(key) == layout.MAX_LEARNED
-    assert rclient.zscore(key, "kernel.fresh.0001") and not rclient.zscore(key,
-                                                                         "kernel.old0.0001")
+    index = json.loads(rclient.get(key))
+    assert len(index) == layout.MAX_LEARNED
+    assert "kernel.fresh.0001" in index and "kernel.old0.0001" not in index
+    assert rclient.pttl(key) > 0  # it lives as long as entries do
     assert learned_task("plan", "kernel.fresh.0001")  # the task each learned name stands for
 
 

@@ -2,7 +2,7 @@
 and changes by compare-and-set, where Redis had a type of its own: `update` (read, change,
 write only if unchanged, a bounded number of rounds), counters (`count_up`, for INCR), and
 name indexes, {name: unix time added}, for sorted sets of names scored by time (the pending
-captures, the daemon's node list).
+captures, the learned entries of a plan, the daemon's node list).
 
 A value that is not what its reader expects (not JSON, over its byte bound, another shape)
 reads as empty and is replaced by the next writer; a key this interface cannot read (on
@@ -61,12 +61,7 @@ def count_up(backend: KeyValueBackend, key: str, ttl_ms: int | None = None,
 def read_index(raw: bytes | None, max_bytes: int = MAX_INDEX_BYTES) -> dict[str, float]:
     """The names of a name index with their times; {} for none, or for a value that is
     not an index (entries that are not a string with a finite time are left out)."""
-    try:
-        data = boundedjson.loads(raw, max_bytes) if raw is not None else {}
-    except ValueError:
-        return {}
-    if not isinstance(data, dict):
-        return {}
+    data = boundedjson.loads_as(raw, dict, max_bytes)
     return {name: float(at) for name, at in data.items()
             if isinstance(at, (int, float)) and not isinstance(at, bool) and math.isfinite(at)}
 
@@ -74,6 +69,13 @@ def read_index(raw: bytes | None, max_bytes: int = MAX_INDEX_BYTES) -> dict[str,
 def oldest_first(index: dict[str, float]) -> list[str]:
     """The names by the time they were added, ties by name (a sorted set's order)."""
     return [name for name, _at in sorted(index.items(), key=lambda item: (item[1], item[0]))]
+
+
+def newest(index: dict[str, float], before: float, count: int) -> tuple[list[str], int]:
+    """The newest `count` names of an index dated before `before` (a name dated later is
+    not newest: left out), newest first; and how many names the index holds."""
+    dated = [(at, name) for name, at in index.items() if at <= before]
+    return [name for _at, name in sorted(dated, reverse=True)[:count]], len(index)
 
 
 def add_names(backend: KeyValueBackend, key: str, names: dict[str, float], keep: int,

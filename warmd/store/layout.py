@@ -28,7 +28,9 @@ Keys that must live together in Redis Cluster share a hash tag: every chunk of o
     warmd:v1:nodes:<ns>:<node id>     the daemon's JSON node record (expires unless rewritten)
     warmd:v1:nodelist:<ns>            JSON node id -> when first listed (ids with a record)
     warmd:v1:daemon:<ns>              JSON: the running controller's config summary
-    warmd:v1:learned:{<fp>}:<plan>    ZSET of entries nodes captured for a plan (warmd.capture)
+    warmd:v1:learnt:{<fp>}:<plan>     JSON name index of the entries nodes captured for a plan
+                                      (warmd.capture; json_values; warmd:v1:learned:..., a
+                                      ZSET, is what older warmd wrote)
     warmd:v1:arrivals:<plan digest>   counter of nodes that began a plan (shard order)
     (the pending captures' records and chunks keep their "claim" strings: stored captures
     stay readable)
@@ -61,7 +63,7 @@ QUARANTINE_TTL_MS = 7 * 86400 * 1000
 _FP_META_KEY = re.compile(rf"^{re.escape(PREFIX)}fp:\{{([^}}]*)\}}$")
 _USED_KEY = re.compile(rf"^{re.escape(PREFIX)}used:\{{([^}}]*)\}}:(.*)$", re.DOTALL)
 _BLOB_KEY = re.compile(rf"^{re.escape(PREFIX)}blob:\{{([0-9a-f]{{64}})\}}:\d+$")
-_LEARNED_KEY = re.compile(rf"^{re.escape(PREFIX)}learned:\{{([^}}]*)\}}:(.*)$", re.DOTALL)
+_LEARNED_KEY = re.compile(rf"^{re.escape(PREFIX)}learnt:\{{([^}}]*)\}}:(.*)$", re.DOTALL)
 # A plan's learned index (per fingerprint) is read before READY: its newest names only.
 # Capture adds what an engine compiled after READY that no plan named: tens to hundreds.
 MAX_LEARNED = 1000
@@ -104,13 +106,10 @@ def task_key(fp: str, task: str) -> str:
 def learned_key(fp: str, plan: str) -> str:
     """The set of entries captured on nodes running a plan (names; each entry has its own
     signed task record, so this index only says what to fetch)."""
-    return f"{PREFIX}learned:{{{fp}}}:{plan}"
+    return f"{PREFIX}learnt:{{{fp}}}:{plan}"
 
 
-def learned_keys_pattern(plan: str | None = None) -> str:
-    """SCAN pattern of the learned indexes of one plan (None: of every plan), under any
-    fingerprint."""
-    return f"{PREFIX}learned:*:{plan or '*'}"
+LEARNED_PREFIX = f"{PREFIX}learnt:"  # every learned index's key starts so
 
 
 def parse_learned_key(key: bytes | str) -> tuple[str, str] | None:

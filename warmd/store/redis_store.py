@@ -41,7 +41,7 @@ from warmd.store import claimid, formats, history, json_values, layout
 from warmd.store.api import BlobPeers, Publication, SharedCache, StoreFailed
 from warmd.store.blobs import Blobs
 from warmd.store.breaker import CircuitBreaker, JoinBudget
-from warmd.store.connection import CONNECT_TIMEOUT, StoreURL, classify
+from warmd.store.connection import CONNECT_TIMEOUT, StoreURL
 from warmd.store.counters import StoreStats
 from warmd.store.entries import Entries
 from warmd.store.fingerprint import Fingerprint, discovery_digest
@@ -150,27 +150,11 @@ class RedisSharedCache(SharedCache):
             key = layout.learned_key(self.session.fingerprint(adapter).digest, plan_key)
         except Exception:  # the adapter could not describe itself: nothing was published
             return False
-
-        def write(pipe) -> None:
-            pipe.zadd(key, dict.fromkeys(names, time.time()))
-            pipe.zremrangebyrank(key, 0, -(layout.MAX_LEARNED + 1))  # the newest stay
-            pipe.pexpire(key, self.session.ttl_ms)
-
-        return self._publish_pipeline(write)
-
-    def _publish_pipeline(self, write: Callable[[Any], None]) -> bool:
-        """Run the writes `write` queues on a pipeline as one publish call; False when the
-        store failed."""
-        def run(client):
-            pipe = client.pipeline(transaction=False)
-            write(pipe)
-            return pipe.execute()
-
-        try:
-            self.transport.op(run, "publish")
+        try:  # the newest stay
+            return json_values.add_names(self.backend, key, dict.fromkeys(names, time.time()),
+                                         layout.MAX_LEARNED, self.session.ttl_ms)
         except StoreFailed:
             return False
-        return True
 
     def learned(self, adapter: CacheAdapter, plan_key: str) -> list[str]:
         """The newest layout.MAX_LEARNED names of the plan's learned index (names dated in
@@ -181,26 +165,19 @@ class RedisSharedCache(SharedCache):
         except Exception:
             return []
         key = layout.learned_key(fp, plan_key)
-        newest = time.time() + layout.LEARNED_CLOCK_SKEW
-
-        def run(client):
-            pipe = client.pipeline(transaction=False)
-            pipe.zrevrangebyscore(key, newest, "-inf", start=0, num=layout.MAX_LEARNED)
-            pipe.zcard(key)
-            return pipe.execute(raise_on_error=False)
-
         try:
-            names, total = (self._learned_reply(r) for r in self.transport.op(run, "fetch"))
+            index = json_values.read_index(self.backend.get(key))
         except StoreFailed:
             return []
-        decoded = [layout.text(n) for n in names or []]
-        cut = (total or 0) - len(decoded)
+        newest, total = json_values.newest(index, time.time() + layout.LEARNED_CLOCK_SKEW,
+                                           layout.MAX_LEARNED)
+        cut = total - len(newest)
         if cut > 0:
             self.stats.count("learned_cut", cut, fp)
             self.session.warn_once(f"learned:{key}", "shared cache: the learned index of plan "
                                    "%s (%s) holds %d names; reading the newest %d",
-                                   plan_key, adapter.library, total, len(decoded))
-        return [n for n in decoded if is_entry_name(n)]
+                                   plan_key, adapter.library, total, len(newest))
+        return [n for n in newest if is_entry_name(n)]
 
     def submit_capture(self, adapter: CacheAdapter, plans: list[str], name: str,
                      artifact: bytes, compile_seconds: float = 0.0) -> bool:
@@ -215,14 +192,6 @@ class RedisSharedCache(SharedCache):
 
     def drop_capture(self, adapter: CacheAdapter, name: str, chunks: int = 0) -> bool:
         return self.captures.drop(adapter, name, chunks)
-
-    def _learned_reply(self, reply):
-        """A learned-index reply; None for a key of another Redis type (nothing learned)."""
-        if isinstance(reply, Exception):
-            if classify(reply) != "error":
-                raise self.transport.failure(reply, "fetch")
-            return None
-        return reply
 
     def shard_order(self, task_keys: list[str]) -> list[str]:
         """The order in which this node should try a plan's tasks so that N nodes warming the

@@ -5,14 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from warmd.store import layout
+from warmd.store import json_values, layout
 from warmd.store.admin.reads import (
     entries,
     fingerprint_meta,
     fingerprints,
-    list_reply,
-    scan,
-    text,
 )
 from warmd.store.formats import Manifest
 from warmd.store.redis_store import RedisSharedCache
@@ -43,24 +40,17 @@ def entry_json(item: dict) -> dict:
 def learned_indexes(cache: RedisSharedCache, plan_key: str | None = None) -> list[dict]:
     """Every learned index (warmd.capture), or those of one plan, under any fingerprint:
     {"fingerprint", "plan", "library", "entries": [the newest layout.MAX_LEARNED names],
-    "total"}, by plan then library (a key of another Redis type: no names)."""
+    "total"}, by plan then library (a value that is no index: no names)."""
     keys = [(key, layout.parse_learned_key(key))
-            for key in scan(cache, layout.learned_keys_pattern(plan_key), "ls")]
-    found = [(key, *parsed) for key, parsed in keys if parsed]
-
-    def run(client):
-        pipe = client.pipeline(transaction=False)
-        for key, _fp, _plan in found:
-            pipe.zrevrange(key, 0, layout.MAX_LEARNED - 1)
-            pipe.zcard(key)
-        return pipe.execute(raise_on_error=False)
-
-    replies = cache.op(run, "ls") if found else []
+            for key in cache.backend.scan(layout.LEARNED_PREFIX)]
+    found = [(key, *parsed) for key, parsed in keys
+             if parsed and (plan_key is None or parsed[1] == plan_key)]
+    raws = cache.backend.get_many([key for key, _fp, _plan in found]) if found else []
     meta = fingerprint_meta(cache, sorted({fp for _key, fp, _plan in found}))
     out = []
-    for i, (_key, fp, plan) in enumerate(found):
-        names, total = (list_reply(r) for r in replies[2 * i:2 * i + 2])
+    for (_key, fp, plan), raw in zip(found, raws, strict=True):
+        names, total = json_values.newest(json_values.read_index(raw), float("inf"),
+                                          layout.MAX_LEARNED)
         out.append({"fingerprint": fp, "plan": plan, "library": meta[fp]["library"],
-                    "entries": sorted(text(n) for n in names or []),
-                    "total": total or 0})
+                    "entries": sorted(names), "total": total})
     return sorted(out, key=lambda i: (i["plan"], i["library"], i["fingerprint"]))
