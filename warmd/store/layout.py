@@ -9,16 +9,15 @@ Keys that must live together in Redis Cluster share a hash tag: every chunk of o
     warmd:v1:man:{<fp>}:<name>        manifest of one entry (JSON, optionally signed)
     warmd:v1:used:{<fp>}:<name>       when the entry was last published or used (unix time,
                                       text): the fingerprint's index, listed by scan
-    warmd:v1:idx:{<fp>}               ZSET entry name -> last use, the index of before (read
-                                      by keyproof.py only, until it moves to used keys)
+    warmd:v1:idx:{<fp>}               ZSET entry name -> last use: what older warmd wrote
+                                      (prune removes it with its fingerprint)
     warmd:v1:task:{<fp>}:<task key>   task record: the entries one plan task produced
     warmd:v1:lease:{<fp>}:<task key>  single-flight lease (SET NX PX, renewed)
     warmd:v1:pub:{<fp>}:<task key>    pub/sub channel announcing a task's publication
     warmd:v1:quar:{<fp>}:<name>       a quarantined manifest with the reason
     warmd:v1:fp:{<fp>}                the fingerprint's inputs (JSON), for humans; the
                                       fingerprints are listed by scan of these
-    warmd:v1:fps                      ZSET fingerprint -> last use, the list of before (as
-                                      warmd:v1:idx:{<fp>}: renewal.py and keyproof.py only)
+    warmd:v1:fps                      ZSET fingerprint -> last use: what older warmd wrote
     warmd:v1:keyproof                 HMAC of a constant under the cluster's signing key
     warmd:v1:store-id                 random id of this store (where unflushed stats spool)
     warmd:v1:counts:node:<node>       counters per node (JSON, compare-and-set)

@@ -98,9 +98,9 @@ def prune(cache: RedisSharedCache, *, older_than: float | None = None,
 
 
 def _remove_wrong_types(cache: RedisSharedCache, dry_run: bool) -> int:
-    """Delete the lists warmd keeps (stats' node list; the fingerprint list and indexes of
-    before, which renewal.py and keyproof.py still use) where they hold another Redis type:
-    garbage nobody can read, which warmd's next writes rebuild. Returns how many."""
+    """Delete the lists warmd keeps (stats' node list; the fingerprint list and indexes
+    older warmd wrote) where they hold another Redis type: garbage nobody can read, which
+    the next writes rebuild. Returns how many."""
     expected = {layout.FPS_KEY: "zset", layout.NODES_KEY: "string"}
     doomed = wrong_types(cache, expected, "prune")
     expected = {layout.index_key(fp): "zset" for fp in fingerprints(cache)}
