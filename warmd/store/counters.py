@@ -27,7 +27,7 @@ from pathlib import Path
 
 from warmd import boundedjson, settings
 from warmd.stats import BY_ID, CounterFlag, ids
-from warmd.store import layout
+from warmd.store import json_values, layout
 from warmd.store.api import StoreFailed
 from warmd.store.backend import KeyValueBackend
 
@@ -49,7 +49,6 @@ _KEEP_ON = ("down", "open", "auth", "oom", "readonly")
 _WRITE_REFUSED = ("denied", "readonly", "oom", "error")
 MAX_SPOOL_FILES = 1000  # per store: beyond this, the oldest are merged away by the next flush
 MAX_BYTES = 1 << 20  # a stats value or the node list, read
-MAX_TRIES = 16  # compare-and-set rounds lost to other writers before a value waits for later
 _STORE_ID = re.compile(r"^[0-9a-f]{32}$")
 # What one flush adds: node -> counters, fingerprint -> counters.
 Tally = tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]
@@ -316,33 +315,25 @@ def read_nodes(raw: bytes | None) -> list[str]:
 def _add_counts(backend: KeyValueBackend, key: str, raw: bytes | None,
                 counts: dict[str, float]) -> bool:
     """Add counts to the stats value at key (last_seen replaces, the others add), starting
-    from raw, what the key held when read; False when other writers kept winning. A key
-    this interface cannot read loses these counts (True: nothing to keep)."""
-    for _ in range(MAX_TRIES):
-        value = read_counts(raw)
+    from raw, what the key held when read; False when other writers kept winning or the
+    key holds what this interface cannot read (the counts are then kept for later)."""
+    def change(current: bytes | None) -> bytes:
+        value = read_counts(current)
         for name, number in counts.items():
             value[name] = number if name == "last_seen" else value.get(name, 0) + number
-        if backend.compare_and_set(key, raw, _json(value)):
-            return True
-        fresh = backend.get(key)
-        if raw is None and fresh is None:
-            return True  # present (CAS saw it) yet unreadable: not warmd's to replace
-        raw = fresh
-    return False
+        return _json(value)
+
+    return json_values.update(backend, key, change, raw=raw)
 
 
 def _list_nodes(backend: KeyValueBackend, raw: bytes | None, nodes: list[str]) -> None:
     """Add nodes to the node list (raw: what it held when read) where they are missing."""
-    for _ in range(MAX_TRIES):
-        listed = read_nodes(raw)
+    def change(current: bytes | None) -> bytes | None:
+        listed = read_nodes(current)
         missing = [n for n in nodes if n not in listed]
-        if not missing or backend.compare_and_set(layout.NODES_KEY, raw,
-                                                   _json(sorted({*listed, *missing}))):
-            return
-        fresh = backend.get(layout.NODES_KEY)
-        if raw is None and fresh is None:
-            return  # a key of another kind: the node list is lost until it is pruned
-        raw = fresh
+        return _json(sorted({*listed, *missing})) if missing else current
+
+    json_values.update(backend, layout.NODES_KEY, change, raw=raw)
 
 
 def _json(value: object) -> bytes:

@@ -13,7 +13,7 @@ import json
 import math
 
 from warmd import boundedjson
-from warmd.store import layout
+from warmd.store import json_values, layout
 from warmd.store.backend import KeyValueBackend
 
 HISTORY_KEY = f"{layout.PREFIX}compile-times"  # (a Redis hash at warmd:v1:compile_times once)
@@ -21,7 +21,6 @@ MAX_FAMILIES = 1024
 MAX_FAMILY_CHARS = 200
 MAX_SECONDS = 24 * 3600.0  # per task: anything longer is not a compile time
 MAX_BYTES = 1 << 20  # MAX_FAMILIES families of MAX_FAMILY_CHARS with their numbers fit
-MAX_TRIES = 16  # compare-and-set rounds lost to other writers before a run's times are dropped
 
 
 def write(backend: KeyValueBackend, times: dict[str, tuple[int, float]]) -> bool:
@@ -31,8 +30,7 @@ def write(backend: KeyValueBackend, times: dict[str, tuple[int, float]]) -> bool
               if 0 < len(f) <= MAX_FAMILY_CHARS and n > 0 and math.isfinite(s) and s >= 0}
     if not wanted:
         return True
-    for _ in range(MAX_TRIES):
-        raw = backend.get(HISTORY_KEY)
+    def change(raw: bytes | None) -> bytes | None:
         history = _decode(raw)
         for family, (count, seconds) in wanted.items():
             if family not in history and len(history) >= MAX_FAMILIES:
@@ -41,9 +39,9 @@ def write(backend: KeyValueBackend, times: dict[str, tuple[int, float]]) -> bool
             history[family] = (known[0] + count, known[1] + seconds)
         body = json.dumps({f: list(v) for f, v in history.items()},
                           separators=(",", ":")).encode()
-        if len(body) <= MAX_BYTES and backend.compare_and_set(HISTORY_KEY, raw, body):
-            return True
-    return False
+        return body if len(body) <= MAX_BYTES else raw  # full: nothing added
+
+    return json_values.update(backend, HISTORY_KEY, change)
 
 
 def read(backend: KeyValueBackend, families: list[str]) -> dict[str, float]:

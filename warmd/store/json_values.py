@@ -13,29 +13,38 @@ from __future__ import annotations
 
 import json
 import math
+import random
+import time
 from collections.abc import Callable, Iterable
 
 from warmd import boundedjson
 from warmd.store.backend import KeyValueBackend
 
 MAX_TRIES = 16  # compare-and-set rounds lost to other writers before an update gives up
+# After a lost round, a writer waits a random time up to this, doubled each round (capped):
+# writers racing on one value then spread out instead of losing to each other in lock step.
+BACKOFF_SECONDS, MAX_BACKOFF_SECONDS = 0.002, 0.05
+UNREAD = object()  # update's `raw` when the caller has not read the key
 MAX_INDEX_BYTES = 4 << 20  # a name index read: beyond this it reads as empty
 Change = Callable[[bytes | None], bytes | None]
 
 
 def update(backend: KeyValueBackend, key: str, change: Change, ttl_ms: int | None = None,
-           tries: int = MAX_TRIES) -> bool:
+           tries: int = MAX_TRIES, raw: bytes | None | object = UNREAD) -> bool:
     """Write change(what the key holds) there (None: delete it) if nobody wrote in between,
-    trying again with the fresh value up to `tries` times; True once written (or when the
-    change changes nothing), False when other writers kept winning or the key cannot be
-    read. Raises StoreFailed."""
-    raw = backend.get(key)
-    for _ in range(tries):
-        value = change(raw)
+    trying again with the fresh value up to `tries` times (after a random wait that grows
+    with each round lost); True once written (or when the change changes nothing), False
+    when other writers kept winning or the key cannot be read. ``raw``: what the caller
+    read at key (saves the first read). Raises StoreFailed."""
+    if raw is UNREAD:
+        raw = backend.get(key)
+    for attempt in range(tries):
+        value = change(raw)  # type: ignore[arg-type]
         if value == raw:
             return True
-        if backend.compare_and_set(key, raw, value, ttl_ms):
+        if backend.compare_and_set(key, raw, value, ttl_ms):  # type: ignore[arg-type]
             return True
+        time.sleep(random.uniform(0, min(MAX_BACKOFF_SECONDS, BACKOFF_SECONDS * 2 ** attempt)))
         fresh = backend.get(key)
         if raw is None and fresh is None:
             return False  # present (the write saw it) yet unreadable: not warmd's to replace
