@@ -137,10 +137,11 @@ class PendingCaptures:
         capture = PendingCapture.decode(raw, self.session.max_artifact_bytes)
         if (capture.name, capture.fingerprint, capture.library) != (name, fp, adapter.library):
             raise BadRecord(f"capture {name} describes another entry")
-        keys = [layout.capture_blob_key(fp, name, i)
-                for i in range(len(chunk_lengths(capture)))]
+        # one byte past each chunk's length: an oversized chunk is seen, never read whole
+        reads = [(layout.capture_blob_key(fp, name, i), length + 1)
+                 for i, length in enumerate(chunk_lengths(capture))]
         try:
-            chunks = self.backend.get_many(keys)
+            chunks = self.backend.get_prefixes(reads)
         except StoreFailed:
             return None
         return capture, check_blob(capture, chunks)
