@@ -119,8 +119,7 @@ class KeyValueBackend(ABC):
     def client_op(self, fn: Callable[[Any], Any], what: str) -> Any:
         """fn(client) on the store's own client, for the operator commands written for Redis
         (warmd.store.admin); a backend without one raises StoreFailed saying so."""
-        raise StoreFailed("error", f"{what} needs a Redis store; {self.display_url} is not "
-                                   "one")
+        raise StoreFailed("error", f"{what} works on a Redis store only")
 
 
 class NoStore(KeyValueBackend):
