@@ -29,8 +29,8 @@ server = module_server()
 FP = "f" * 64
 
 
-def _transport(url: str | None) -> RedisTransport:
-    return RedisTransport(parse_store_url(url) if url else None, connect_timeout=1.0,
+def _transport(url: str) -> RedisTransport:
+    return RedisTransport(parse_store_url(url), connect_timeout=1.0,
                           socket_timeout=2.0, breaker=None, disabled_reason=None,
                           count=lambda _name: None, budget=JoinBudget(5.0))
 
