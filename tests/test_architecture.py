@@ -215,10 +215,10 @@ JOIN_PATH = [
     ("warmd/cluster/agent.py", "warm_node", "warmd/cluster/work.py"),
     ("warmd/cluster/work.py", "make_plan", "warmd/plan.py"),
     ("warmd/cluster/work.py", "open_shared_cache", "warmd/store/__init__.py"),
-    ("warmd/store/__init__.py", "RedisSharedCache", "warmd/store/redis_store.py"),
+    ("warmd/store/__init__.py", "StoreSharedCache", "warmd/store/shared.py"),
     ("warmd/cluster/work.py", "run_warmup", "warmd/warmup/scheduler.py"),
-    ("warmd/warmup/scheduler.py", "prefetch", "warmd/store/redis_store.py"),
-    ("warmd/store/redis_store.py", "prefetch", "warmd/store/entries.py"),
+    ("warmd/warmup/scheduler.py", "prefetch", "warmd/store/shared.py"),
+    ("warmd/store/shared.py", "prefetch", "warmd/store/entries.py"),
     ("warmd/store/entries.py", "fetch", "warmd/store/blobs.py"),
     ("warmd/store/entries.py", "install", "warmd/libraries/deep_gemm/cache.py"),
     ("warmd/libraries/deep_gemm/cache.py", "install_atomically", "warmd/cache/install.py"),
@@ -240,3 +240,20 @@ def test_the_join_path_is_the_drawn_one():
                    if isinstance(n, ast.FunctionDef | ast.ClassDef)}
         assert name in defined, f"{callee} does not define {name}"
         assert callee.removeprefix("warmd/").replace("deep_gemm", "<lib>") in drawing, callee
+
+
+# The store's Redis side: the backend, its transport and connection, its wake-ups, the embedded
+# server; the factory that picks a backend by URL (warmd.store); the operator commands
+# written for Redis (warmd.store.admin).
+REDIS_SIDE = {"warmd.store.redis_backend", "warmd.store.transport", "warmd.store.connection",
+              "warmd.store.redis_wakeups", "warmd.store.embedded"}
+
+
+def test_the_store_parts_know_no_redis():
+    """Everything of the store above its backends (the shared cache, its parts, the node
+    records, the SQLite backend) runs on warmd.store.backend: no redis, no transport."""
+    above = {name for name in MODULES if _in(name, "warmd.store") and name != "warmd.store"
+             and name not in REDIS_SIDE and not _in(name, "warmd.store.admin")}
+    assert "warmd.store.shared" in above and "warmd.store.session" in above
+    speaking = {name: sorted(IMPORTS[name][1] & (REDIS_SIDE | {"redis"})) for name in above}
+    assert {name: found for name, found in speaking.items() if found} == {}

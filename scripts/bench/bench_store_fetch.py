@@ -7,7 +7,7 @@ the sizes measured on the H200) through warmd's store into a loopback Redis, the
 * fetch+verify: task records, manifests and blobs in warmd's pipelined round trips, with every
   blob's SHA-256 checked (what a node does before installing);
 * fetch+verify+install: the same plus DeepGemmCacheAdapter.install (atomic, fsynced) into a
-  fresh cache root, i.e. ``RedisSharedCache.prefetch``;
+  fresh cache root, i.e. ``StoreSharedCache.prefetch``;
 
 and compares entries/s with ``redis-benchmark -t get -d <mean artifact size>`` requests/s on the
 same server (one connection, pipelined like warmd's fetch; also redis-benchmark's default of

@@ -29,8 +29,8 @@ server = module_server()
 FP = "f" * 64
 
 
-def _transport(url: str | None) -> RedisTransport:
-    return RedisTransport(parse_store_url(url) if url else None, connect_timeout=1.0,
+def _transport(url: str) -> RedisTransport:
+    return RedisTransport(parse_store_url(url), connect_timeout=1.0,
                           socket_timeout=2.0, breaker=None, disabled_reason=None,
                           count=lambda _name: None, budget=JoinBudget(5.0))
 
@@ -57,8 +57,8 @@ def make(request, tmp_path) -> Iterator[Callable[..., KeyValueBackend]]:
 
 
 def _session(node: str, backend: KeyValueBackend, tmp_path, lease_ms: int = 5000) -> Session:
-    """A node's session over backend (its transport disabled: nothing speaks Redis)."""
-    return Session(_transport(None), backend, StoreStats(node, tmp_path / node), node, None,
+    """A node's session over backend."""
+    return Session(backend, StoreStats(node, tmp_path / node), node, None,
                    None, ttl_ms=3_600_000, lease_ms=lease_ms, poll_interval=0.05,
                    max_artifact_bytes=1 << 20, namespace="test")
 

@@ -133,8 +133,8 @@ def _render(config: WarmdConfig, result: NodeWarm, summary: NodeSummary) -> str:
 @click.option("--per-task", is_flag=True, hidden=True,
               help="Compile per task only (no kernel stage): the baseline of benchmarks.")
 @click.option("--redis", "redis_url", metavar="URL",
-              help="Shared cache (redis://, rediss://, unix://; default: $WARMD_REDIS_URL, "
-                   "else warmd's embedded server).")
+              help="Shared cache (redis://, rediss://, unix://, sqlite:///path; default: "
+                   "$WARMD_REDIS_URL, else warmd's embedded server).")
 @click.option("--no-shared", is_flag=True, help="Do not use the shared cache at all.")
 @click.option("--single-flight-timeout", type=click.FloatRange(min=0, min_open=True),
               metavar="SECONDS",

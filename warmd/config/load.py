@@ -106,9 +106,9 @@ def load_config(path: str | Path | None = None, *, redis_url: str | None = None,
         raise WarmdInputError(f"metrics port must be 0..65535, got {metrics_port}")
     url = redis_url or settings.redis_url() or config.redis.url
     if url and not settings.store_is_off(url):
-        from warmd.store import parse_store_url
+        from warmd.store import check_store_url
 
-        parse_store_url(url)  # one clear line for a malformed URL, before anything starts
+        check_store_url(url)  # one clear line for a malformed URL, before anything starts
     ns = namespace or settings.namespace_override() or config.redis.namespace
     key_file = signing_key_file or settings.signing_key_file() or config.signing_key_file
     agent = config.agent if metrics_port is None else replace(config.agent,

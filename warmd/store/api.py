@@ -1,7 +1,8 @@
 """What warmup, the daemon and the CLI need from a store: the one declaration of it.
 
-Two interfaces, one per kind of data, each implemented by a backend (warmd.store.redis_store
-and warmd.store.nodes over Redis; a shared filesystem or S3 backend would add its own pair):
+Two interfaces, one per kind of data, each implemented once over any key-value backend
+(warmd.store.shared and warmd.store.nodes over warmd.store.backend: Redis or SQLite; a shared
+filesystem or S3 would add a backend, not a pair of these):
 
 - SharedCache: the cluster-wide compiled-kernel cache (fetch, single flight, publish, shard
   order, outcome counters, health).
@@ -12,9 +13,9 @@ user's writes turns into misses, skipped publications and False/None answers, co
 backend's counters. Only operator commands (warmd.store.admin) see StoreFailed.
 
 This lives in the store package, not next to the cache adapters in warmd.cache.base: it
-covers more than the cache's key/value traffic (health, node records, operator counters), and
-a new backend then means reading this file and adding one module beside it. Warmup depends on
-it for annotations only, so warming without any store imports no store client.
+covers more than the cache's key/value traffic (health, node records, operator counters).
+Warmup depends on it for annotations only, so warming without any store imports no store
+client.
 """
 
 from __future__ import annotations

@@ -10,14 +10,26 @@ argument out of range (a TTL under 1 ms) is the caller's bug and raises ValueErr
 A key that holds something this interface cannot read (on Redis, a key of another type,
 e.g. planted) reads as None but is there: `put(if_absent=True)` and `compare_and_set` never
 match it, a plain `put` replaces it, `delete` removes it, `expire` and `ttl_ms` see it.
+
+Beside its keys a backend says how it is (`display_url`, `disabled_reason`, `last_error`,
+`reachable`, `ping`): what the shared cache and the commands show and decide on. The defaults
+suit a backend with no breaker and nothing to say; `server_size` and `client_op` are Redis's
+extras (the daemon's status, the operator commands), which another backend answers with
+None and a StoreFailed saying it has none. `StoreBackends` is what a shared cache runs over.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from warmd.store.api import StoreFailed
+from warmd.store.wakeups import WakeUps
 
 NO_EXPIRY = -1  # what ttl_ms says of a key that lives until it is deleted
+PING_KEY = "warmd:v1:ping"  # read (never written) by the default ping
 
 
 class KeyValueBackend(ABC):
@@ -67,6 +79,95 @@ class KeyValueBackend(ABC):
     @abstractmethod
     def close(self) -> None:
         """Let go of the store's connections and files."""
+
+    # -- how the store is: what messages show and the shared cache decides on ----------------
+
+    @property
+    def display_url(self) -> str:
+        """Where the store is, with no secret in it."""
+        return type(self).__name__
+
+    @property
+    def disabled_reason(self) -> str | None:
+        """Why every call fails as "disabled" (None: the backend is on)."""
+        return None
+
+    @property
+    def last_error(self) -> str | None:
+        """The last failure, secrets scrubbed (None: none yet)."""
+        return None
+
+    @property
+    def reachable(self) -> bool:
+        """False while calls are held back (a breaker open after the store went down)."""
+        return True
+
+    def ping(self) -> bool:
+        """Whether the store answers now (one read)."""
+        try:
+            self.ttl_ms(PING_KEY)
+        except StoreFailed:
+            return False
+        return True
+
+    # -- Redis's extras: another backend has none ---------------------------------------------
+
+    def server_size(self) -> dict | None:
+        """What the server says of its size (warmd.store.redis_backend); None: unknown."""
+        return None
+
+    def client_op(self, fn: Callable[[Any], Any], what: str) -> Any:
+        """fn(client) on the store's own client, for the operator commands written for Redis
+        (warmd.store.admin); a backend without one raises StoreFailed saying so."""
+        raise StoreFailed("error", f"{what} works on a Redis store only")
+
+
+class NoStore(KeyValueBackend):
+    """No store at all (turned off, or none could start): every call fails as "disabled"
+    with the reason, counted as skipped."""
+
+    def __init__(self, reason: str, count: Callable[[str], None] = lambda _name: None
+                 ) -> None:
+        self.reason = reason
+        self._count = count
+
+    def _refuse(self, *_args, **_kw):
+        self._count("store_skipped")
+        raise StoreFailed("disabled", self.reason)
+
+    get_many = get_prefixes = put = compare_and_set = expire = ttl_ms = delete = _refuse
+
+    def scan(self, prefix: str) -> Iterator[str]:
+        return self._refuse()
+
+    def close(self) -> None:
+        pass
+
+    @property
+    def display_url(self) -> str:
+        return "(none)"
+
+    @property
+    def disabled_reason(self) -> str | None:
+        return self.reason
+
+
+@dataclass
+class StoreBackends:
+    """What a shared cache runs over: one store seen through backends for each use (on
+    Redis each its own retry policy over one connection; elsewhere all may be one object),
+    and the wake-ups its waiters get. Closing `main` lets go of the store."""
+
+    main: KeyValueBackend
+    claims: KeyValueBackend  # leases and claims on work: a call is never retried
+    stats: KeyValueBackend  # the counters: best effort, never retried
+    replicas: KeyValueBackend | None = None  # reads that replicas may answer (they may lag)
+    wakeups: WakeUps = field(default_factory=WakeUps)
+
+    @classmethod
+    def one(cls, backend: KeyValueBackend, wakeups: WakeUps | None = None) -> StoreBackends:
+        """A store whose one backend serves every use (waiters poll unless given wakeups)."""
+        return cls(backend, backend, backend, None, wakeups or WakeUps())
 
 
 def check_prefix_reads(reads: list[tuple[str, int]]) -> None:

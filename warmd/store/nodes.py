@@ -30,7 +30,7 @@ _UNREAD = object()
 
 class StoreNodeRecords(NodeRecords):
     """Node records of one namespace in backend (None keeps nothing: every call a no-op
-    answer); `size` measures the store (warmd.store.redis_backend.RedisBackend.server_size),
+    answer); `size` measures the store (warmd.store.backend.KeyValueBackend.server_size),
     None where it cannot be measured."""
 
     def __init__(self, backend: KeyValueBackend | None, url: str | None, namespace: str,

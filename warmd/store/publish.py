@@ -1,7 +1,7 @@
 """Publishing: pack a task's entries, write blobs then manifests (once per entry
 cluster-wide), each entry's used key and the fingerprint's inputs, then the task's record.
 Writes go through the narrow store interface (warmd.store.backend): this module knows no
-Redis; the notice to nodes waiting on the task is RedisSharedCache's (pub/sub)."""
+Redis; the notice to nodes waiting on the task is StoreSharedCache's (its wake-ups)."""
 
 from __future__ import annotations
 
@@ -99,9 +99,9 @@ class Publisher:
             fp = self.session.fingerprint(adapter)
         except Exception as exc:  # the adapter could not describe itself
             return Publication(skipped=f"no fingerprint: {exc}")
-        if self.session.transport.disabled_reason or self.session.read_only:
+        if self.session.backend.disabled_reason or self.session.read_only:
             self.count("publish_skipped", fp=fp.digest)
-            return Publication(skipped=self.session.transport.disabled_reason or "read-only")
+            return Publication(skipped=self.session.backend.disabled_reason or "read-only")
         blocked = self._blocked(fp, entries, record)
         return fp if blocked is None else blocked
 
@@ -263,7 +263,7 @@ class Publisher:
 
     def _write_record(self, fp: Fingerprint, task: str, rec_raw: bytes) -> None:
         """Write the task's record unless a record this node may not replace is there
-        (RedisSharedCache then announces the publication either way: waiters look
+        (StoreSharedCache then announces the publication either way: waiters look
         again)."""
         key = layout.task_key(fp.digest, task)
         old = self.backend.get(key)
@@ -286,4 +286,4 @@ class Publisher:
                    else "read-only replica")
             self.session.warn_once(failed.kind, "shared cache %s cannot store new entries "
                                    "(%s); warmup continues, results stay local",
-                                   self.session.transport.display_url, why)
+                                   self.session.backend.display_url, why)

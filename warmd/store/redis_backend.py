@@ -4,14 +4,28 @@ are the transport's, and its store errors arrive as StoreFailed.
 
 A key of another Redis type (planted: a hash, a list, ...) is never read as a value: get
 gives None for it, SET NX and the "cas" script (warmd.store.transport.SCRIPTS) see it as
-present and never matching, a plain put (SET) replaces it and delete removes it."""
+present and never matching, a plain put (SET) replaces it and delete removes it.
+
+`open_redis` builds what a shared cache runs over (warmd.store.backend.StoreBackends): one
+transport, a backend per use, pub/sub wake-ups."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
-from warmd.store.backend import NO_EXPIRY, KeyValueBackend, check_prefix_reads, check_ttl
+from warmd.store.api import StoreFailed
+from warmd.store.backend import (
+    NO_EXPIRY,
+    KeyValueBackend,
+    StoreBackends,
+    check_prefix_reads,
+    check_ttl,
+)
+from warmd.store.breaker import CircuitBreaker, JoinBudget
+from warmd.store.connection import StoreURL
+from warmd.store.redis_wakeups import RedisWakeUps
 from warmd.store.transport import RedisTransport
 
 SCAN_COUNT = 1000  # keys per SCAN step
@@ -122,4 +136,47 @@ class RedisBackend(KeyValueBackend):
 
     def close(self) -> None:
         self.transport.close()
+
+    @property
+    def display_url(self) -> str:
+        return self.transport.display_url
+
+    @property
+    def disabled_reason(self) -> str | None:
+        return self.transport.disabled_reason
+
+    @property
+    def last_error(self) -> str | None:
+        return self.transport.last_error
+
+    @property
+    def reachable(self) -> bool:
+        return not self.transport.breaker.is_open
+
+    def ping(self) -> bool:
+        try:
+            return bool(self.transport.op(lambda c: c.ping(), "connect"))
+        except StoreFailed:
+            return False
+
+    def client_op(self, fn: Callable[[Any], Any], what: str) -> Any:
+        """fn(client) through the transport (budget, breaker, failures as StoreFailed)."""
+        return self.transport.op(fn, what)
+
+
+def open_redis(store_url: StoreURL, *, count: Callable[[str], None], connect_timeout: float,
+               socket_timeout: float, join_budget: float,
+               breaker: CircuitBreaker | None = None) -> StoreBackends:
+    """A shared cache's store on Redis: one transport (counting its failures with `count`),
+    a backend per use with its retry policy, replica reads when the URL asks for them, and
+    Redis pub/sub wake-ups."""
+    transport = RedisTransport(store_url, connect_timeout=connect_timeout,
+                               socket_timeout=socket_timeout, breaker=breaker,
+                               disabled_reason=None, count=count,
+                               budget=JoinBudget(join_budget))
+    replicas = RedisBackend(transport, replicas=True) if transport.replica_reads else None
+    return StoreBackends(main=RedisBackend(transport),
+                         claims=RedisBackend(transport, what="lease"),
+                         stats=RedisBackend(transport, what="stats"), replicas=replicas,
+                         wakeups=RedisWakeUps(transport))
 

@@ -1,5 +1,5 @@
-"""What the parts of one Redis shared cache share: its settings, transport and counters, and
-what it learns while running (fingerprints, whether it may write); and the stale task
+"""What the parts of one shared cache share: its settings, backend and counters, and what
+it learns while running (fingerprints, whether it may write); and the stale task
 records, which pass from the fetching part to the leasing part to the publishing one."""
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from warmd.store.counters import StoreStats
 from warmd.store.fingerprint import Fingerprint, compute_fingerprint
 from warmd.store.keyproof import ClusterKey
 from warmd.store.signing import KeyProof
-from warmd.store.transport import RedisTransport
 from warmd.targets import Target
 
 log = logging.getLogger("warmd.store")
@@ -50,8 +49,7 @@ class StaleRecords:
 
 @dataclass
 class Session:
-    transport: RedisTransport
-    backend: KeyValueBackend  # the narrow interface over the same store (warmd.store.backend)
+    backend: KeyValueBackend  # the store (warmd.store.backend), and how it is
     stats: StoreStats
     node: str
     target: Target | None
@@ -77,7 +75,7 @@ class Session:
 
     def __post_init__(self) -> None:
         self.cluster_key = ClusterKey(self.backend, self.signing_key, self.warn_once,
-                                      self.transport.display_url)
+                                      self.backend.display_url)
 
     def fingerprint(self, adapter: CacheAdapter) -> Fingerprint:
         """The adapter's fingerprint, computed once (the adapter is kept so its id stays
@@ -124,7 +122,7 @@ class Session:
     def note_read_only(self, failed: StoreFailed) -> None:
         self.read_only = True
         self.warn_once("read_only", "shared cache %s refuses this user's writes (%s): "
-                       "reading only, nothing will be published", self.transport.display_url,
+                       "reading only, nothing will be published", self.backend.display_url,
                        failed.kind)
 
     def holds_cluster_key(self) -> bool:

@@ -6,11 +6,14 @@ One table, key -> (value, expiry in wall-clock milliseconds or NULL). An expired
 absent to every read and write, and rows past their expiry are deleted now and then. Every
 write runs in an IMMEDIATE transaction (the file's write lock taken first), so a
 compare-and-set is atomic across threads and processes; a busy file is waited on for
-`timeout` seconds, then it is "down"."""
+`timeout` seconds, then it is "down". A file that is down opens the circuit breaker (calls
+fail as "open" at once until a probe answers), counted like the Redis transport's failures
+(store_errors, store_skipped). No pub/sub: a shared cache over it polls (open_sqlite)."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import sqlite3
 import threading
 import time
@@ -20,7 +23,14 @@ from urllib.parse import unquote, urlsplit
 
 from warmd.errors import WarmdInputError
 from warmd.store.api import StoreFailed
-from warmd.store.backend import NO_EXPIRY, KeyValueBackend, check_prefix_reads, check_ttl
+from warmd.store.backend import (
+    NO_EXPIRY,
+    KeyValueBackend,
+    StoreBackends,
+    check_prefix_reads,
+    check_ttl,
+)
+from warmd.store.breaker import CircuitBreaker
 
 SCHEME = "sqlite"
 PURGE_EVERY = 1000  # writes between two deletions of expired rows
@@ -46,12 +56,46 @@ def sqlite_path(url: str) -> Path:
     return Path(unquote(parts.path))
 
 
+def is_sqlite_url(url: str) -> bool:
+    return url.partition(":")[0].lower() == SCHEME
+
+
+def usable_sqlite_path(url: str) -> Path:
+    """The file of a sqlite:/// URL, its directory made; WarmdInputError when the URL is
+    malformed or the file cannot be written there (bad input, not a store that is down)."""
+    path = sqlite_path(url)
+    problem = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        problem = exc.strerror or type(exc).__name__
+    if problem is None and path.is_dir():
+        problem = "a directory"
+    elif problem is None and not os.access(path if path.exists() else path.parent, os.W_OK):
+        problem = "not writable"
+    if problem:
+        raise WarmdInputError(f"SQLite store {path}: cannot write there ({problem})")
+    return path
+
+
+def open_sqlite(url: str, *, count: Callable[[str], None], timeout: float,
+                breaker: CircuitBreaker | None = None) -> StoreBackends:
+    """A shared cache's store in one SQLite file: one backend for every use, waiters poll."""
+    return StoreBackends.one(SqliteBackend(usable_sqlite_path(url), timeout=timeout,
+                                           count=count, breaker=breaker))
+
+
 class SqliteBackend(KeyValueBackend):
     def __init__(self, path: Path | str, *, timeout: float = 5.0,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 count: Callable[[str], None] = lambda _name: None,
+                 breaker: CircuitBreaker | None = None) -> None:
         self.path = Path(path)
         self.timeout = timeout
         self._clock = clock  # wall clock: expiries are shared between processes
+        self._count = count  # the store's counters (store_errors, store_skipped)
+        self.breaker = breaker or CircuitBreaker()
+        self._last_error: str | None = None
         self._lock = threading.Lock()
         self._conn: sqlite3.Connection | None = None
         self._closed = False
@@ -60,6 +104,28 @@ class SqliteBackend(KeyValueBackend):
     @classmethod
     def from_url(cls, url: str, **kw) -> SqliteBackend:
         return cls(sqlite_path(url), **kw)
+
+    @property
+    def display_url(self) -> str:
+        return f"{SCHEME}://{self.path}"
+
+    @property
+    def last_error(self) -> str | None:
+        return self._last_error
+
+    @property
+    def reachable(self) -> bool:
+        return not self.breaker.is_open
+
+    def _failed(self, exc: BaseException, what: str) -> StoreFailed:
+        failed = _failure(exc, self.path, what)
+        self._last_error = str(failed)
+        if failed.kind == "down":
+            self.breaker.failure()
+            self._count("store_errors")
+        else:
+            self.breaker.success()
+        return failed
 
     def _now(self) -> int:
         return int(self._clock() * 1000)
@@ -85,12 +151,15 @@ class SqliteBackend(KeyValueBackend):
     def _transaction(self, what: str, write: bool = False) -> Iterator[sqlite3.Connection]:
         """One transaction (IMMEDIATE for writes), this process's threads one at a time;
         a sqlite3 or file error becomes StoreFailed."""
+        if not self._closed and not self.breaker.allow():
+            self._count("store_skipped")
+            raise StoreFailed("open", f"{self.path}: circuit breaker open")
         with self._lock:
             try:
                 conn = self._connection()
                 conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
             except (sqlite3.Error, OSError) as exc:
-                raise _failure(exc, self.path, what) from None
+                raise self._failed(exc, what) from None
             try:
                 yield conn
                 if write:
@@ -102,8 +171,9 @@ class SqliteBackend(KeyValueBackend):
                 with contextlib.suppress(sqlite3.Error):
                     conn.execute("ROLLBACK")
                 if isinstance(exc, sqlite3.Error):
-                    raise _failure(exc, self.path, what) from None
+                    raise self._failed(exc, what) from None
                 raise
+            self.breaker.success()
 
     def _expiry(self, ttl_ms: int | None) -> int | None:
         return None if ttl_ms is None else self._now() + ttl_ms
@@ -199,6 +269,15 @@ class SqliteBackend(KeyValueBackend):
         with self._transaction("scan") as conn:
             found = [row[0] for row in conn.execute(query, (args[0], self._now(), *args[1:]))]
         yield from found
+
+    def server_size(self) -> dict | None:
+        """The file's bytes (with its write-ahead log) and live keys; no limit, no eviction."""
+        with self._transaction("size") as conn:
+            keys = conn.execute(f"SELECT COUNT(*) FROM kv WHERE {_LIVE}",
+                                (self._now(),)).fetchone()[0]
+        files = (self.path, self.path.with_name(self.path.name + "-wal"))
+        used = sum(f.stat().st_size for f in files if f.exists())
+        return {"used_memory": used, "keys": int(keys), "maxmemory": 0, "maxmemory_policy": ""}
 
     def close(self) -> None:
         with self._lock:

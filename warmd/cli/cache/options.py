@@ -22,7 +22,8 @@ if TYPE_CHECKING:
     from warmd.store import SharedCache
 
 STORE_HELP = ("Shared cache URL: redis://[user:password@]host:port/db, rediss:// for TLS, "
-              "redis+cluster:// (or ?cluster=true) for Redis Cluster. Default: the store of "
+              "redis+cluster:// (or ?cluster=true) for Redis Cluster, sqlite:///path for one "
+              "SQLite file. Default: the store of "
               "--config, else WARMD_REDIS_URL, else WARMD_CONFIG's, else the one the running "
               "daemon (`warmd start`) uses, else the embedded server if it runs (never "
               "started by this command).")

@@ -8,10 +8,11 @@
     importing.py  an archive back, verified                          (warmd cache import)
     archive.py    the archive's format;  reads.py  what every command reads
 
-Everything runs through a RedisSharedCache's operator surface (`op`, `accept_manifest`,
+Everything runs through a StoreSharedCache's operator surface (`op`, `accept_manifest`,
 `accept_record`, its entries, publisher and stats: same connection, timeouts and
 verification as warmup's fetch) but lets store errors surface as StoreFailed: an operator
-asked. Keys come from warmd.store.layout only.
+asked. Keys come from warmd.store.layout only. `op` is Redis's client (the backend's
+client_op): on another store what needs it fails with one line saying it needs Redis.
 """
 
 from warmd.store.admin.archive import EXPORT_FORMAT, UnsafeArchive

@@ -20,11 +20,11 @@ from warmd.store.admin.reads import (
 )
 from warmd.store.chunking import size_batches
 from warmd.store.formats import StoredTaskRecord
-from warmd.store.redis_store import RedisSharedCache
+from warmd.store.shared import StoreSharedCache
 from warmd.store.validation import BadRecord
 
 
-def export_archive(cache: RedisSharedCache, path: Path, selected: Iterable[str] = ()) -> dict:
+def export_archive(cache: StoreSharedCache, path: Path, selected: Iterable[str] = ()) -> dict:
     """{"fingerprints", "entries", "tasks", "bytes", "skipped"} written to path."""
     fps = list(selected) or fingerprints(cache)
     meta = fingerprint_meta(cache, fps)
@@ -40,7 +40,7 @@ def export_archive(cache: RedisSharedCache, path: Path, selected: Iterable[str] 
     return counts
 
 
-def _write(cache: RedisSharedCache, tmp: Path, fps: list[str], meta: dict,
+def _write(cache: StoreSharedCache, tmp: Path, fps: list[str], meta: dict,
            counts: dict) -> None:
     with tarfile.open(tmp, "w", format=tarfile.PAX_FORMAT) as tar:
         archive.add(tar, archive.HEADER, archive.header(cache.display_url))
@@ -56,7 +56,7 @@ def _write(cache: RedisSharedCache, tmp: Path, fps: list[str], meta: dict,
             _export_tasks(cache, tar, fp, exported, counts)
 
 
-def _export_entries(cache: RedisSharedCache, tar: tarfile.TarFile, fp: str,
+def _export_entries(cache: StoreSharedCache, tar: tarfile.TarFile, fp: str,
                     counts: dict) -> set[str]:
     good = []
     for item in entries(cache, fp):
@@ -86,7 +86,7 @@ def _export_entries(cache: RedisSharedCache, tar: tarfile.TarFile, fp: str,
     return exported
 
 
-def _export_tasks(cache: RedisSharedCache, tar: tarfile.TarFile, fp: str, exported: set[str],
+def _export_tasks(cache: StoreSharedCache, tar: tarfile.TarFile, fp: str, exported: set[str],
                   counts: dict) -> None:
     keys = scan(cache, layout.task_keys_pattern(fp), "export")
     raws = cache.op(lambda c: get_many(c, keys, strict=False), "export") if keys else []

@@ -15,11 +15,11 @@ from warmd.store.admin.verify import unsafe_artifact
 from warmd.store.chunking import verify_blob
 from warmd.store.fingerprint import Fingerprint, digest_of
 from warmd.store.formats import StoredTaskRecord
-from warmd.store.redis_store import RedisSharedCache
+from warmd.store.shared import StoreSharedCache
 from warmd.store.validation import BadRecord, RefusedHere
 
 
-def import_archive(cache: RedisSharedCache, path: Path) -> dict:
+def import_archive(cache: StoreSharedCache, path: Path) -> dict:
     """{"imported", "already_present", "tasks", "tasks_skipped", and each refusal counter}.
     Raises UnsafeArchive (nothing written) when the archive itself is malformed or unsafe."""
     try:
@@ -46,7 +46,7 @@ def import_archive(cache: RedisSharedCache, path: Path) -> dict:
     return counts
 
 
-def _refuse(cache: RedisSharedCache, counts: dict, fp: str, what: str,
+def _refuse(cache: StoreSharedCache, counts: dict, fp: str, what: str,
             problem: BadRecord) -> None:
     counts[problem.counter] += 1
     if isinstance(problem, RefusedHere):
@@ -55,7 +55,7 @@ def _refuse(cache: RedisSharedCache, counts: dict, fp: str, what: str,
         cache.refusals.reject(problem.counter, fp, what, str(problem))
 
 
-def _import_entry(cache: RedisSharedCache, tar: tarfile.TarFile, fp: str, name: str,
+def _import_entry(cache: StoreSharedCache, tar: tarfile.TarFile, fp: str, name: str,
                   member: tarfile.TarInfo, fp_meta: dict | None, blobs: dict,
                   counts: dict) -> bool:
     raw = tar.extractfile(member).read()
@@ -83,7 +83,7 @@ def _import_entry(cache: RedisSharedCache, tar: tarfile.TarFile, fp: str, name: 
     return True
 
 
-def _import_task(cache: RedisSharedCache, tar: tarfile.TarFile, fp: str,
+def _import_task(cache: StoreSharedCache, tar: tarfile.TarFile, fp: str,
                  member: tarfile.TarInfo, accepted: set[str], counts: dict) -> None:
     raw = tar.extractfile(member).read()
     try:

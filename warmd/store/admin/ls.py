@@ -12,10 +12,10 @@ from warmd.store.admin.reads import (
     fingerprints,
 )
 from warmd.store.formats import Manifest
-from warmd.store.redis_store import RedisSharedCache
+from warmd.store.shared import StoreSharedCache
 
 
-def listing(cache: RedisSharedCache, selected: Iterable[str] = ()) -> list[dict]:
+def listing(cache: StoreSharedCache, selected: Iterable[str] = ()) -> list[dict]:
     """Fingerprints with entry counts and bytes (all, or the selected ones)."""
     fps = list(selected) or fingerprints(cache)
     meta = fingerprint_meta(cache, fps)
@@ -37,7 +37,7 @@ def entry_json(item: dict) -> dict:
     return data
 
 
-def learned_indexes(cache: RedisSharedCache, plan_key: str | None = None) -> list[dict]:
+def learned_indexes(cache: StoreSharedCache, plan_key: str | None = None) -> list[dict]:
     """Every learned index (warmd.capture), or those of one plan, under any fingerprint:
     {"fingerprint", "plan", "library", "entries": [the newest layout.MAX_LEARNED names],
     "total"}, by plan then library (a value that is no index: no names)."""

@@ -22,7 +22,7 @@ from warmd.store.admin.reads import (
     wrong_types,
 )
 from warmd.store.formats import Manifest, StoredTaskRecord
-from warmd.store.redis_store import RedisSharedCache
+from warmd.store.shared import StoreSharedCache
 from warmd.store.validation import BadRecord, RefusedHere
 
 ORPHAN_GRACE_MS = 10 * 60 * 1000  # chunks younger than this may belong to a publish in flight
@@ -43,7 +43,7 @@ class PruneReport:
         return dict(self.__dict__)
 
 
-def select_fingerprints(cache: RedisSharedCache, fps: Iterable[str] = (),
+def select_fingerprints(cache: StoreSharedCache, fps: Iterable[str] = (),
                         namespaces: Iterable[str] = ()) -> list[str]:
     """The fingerprints named, plus those whose inputs carry one of the namespaces."""
     wanted, spaces = list(fps), set(namespaces)
@@ -54,7 +54,7 @@ def select_fingerprints(cache: RedisSharedCache, fps: Iterable[str] = (),
     return list(dict.fromkeys(wanted))
 
 
-def prune(cache: RedisSharedCache, *, older_than: float | None = None,
+def prune(cache: StoreSharedCache, *, older_than: float | None = None,
           selected: Iterable[str] = (), everything: bool = False,
           dry_run: bool = False) -> PruneReport:
     """Remove entries unused for older_than seconds (or every entry of the selected
@@ -97,7 +97,7 @@ def prune(cache: RedisSharedCache, *, older_than: float | None = None,
     return report
 
 
-def _remove_wrong_types(cache: RedisSharedCache, dry_run: bool) -> int:
+def _remove_wrong_types(cache: StoreSharedCache, dry_run: bool) -> int:
     """Delete the lists warmd keeps (stats' node list; the fingerprint list and indexes
     older warmd wrote) where they hold another Redis type: garbage nobody can read, which
     the next writes rebuild. Returns how many."""
@@ -110,7 +110,7 @@ def _remove_wrong_types(cache: RedisSharedCache, dry_run: bool) -> int:
     return len(doomed)
 
 
-def _prune_tasks(cache: RedisSharedCache, fp: str, removed: set[str], everything: bool,
+def _prune_tasks(cache: StoreSharedCache, fp: str, removed: set[str], everything: bool,
                  dry_run: bool) -> int:
     if not removed and not everything:
         return 0
@@ -132,7 +132,7 @@ def _prune_tasks(cache: RedisSharedCache, fp: str, removed: set[str], everything
     return len(doomed)
 
 
-def _remove_fingerprint(cache: RedisSharedCache, fp: str) -> None:
+def _remove_fingerprint(cache: StoreSharedCache, fp: str) -> None:
     def run(client):
         pipe = client.pipeline(transaction=False)
         pipe.delete(layout.index_key(fp))
@@ -143,7 +143,7 @@ def _remove_fingerprint(cache: RedisSharedCache, fp: str) -> None:
     cache.op(run, "prune")
 
 
-def _referenced_digests(cache: RedisSharedCache) -> set[str]:
+def _referenced_digests(cache: StoreSharedCache) -> set[str]:
     """The blob digest of every manifest in the store, found by SCAN rather than through the
     fingerprint list and indexes (which a writer may have deleted or retyped: chunks that
     manifests still use must never look orphaned)."""
@@ -160,7 +160,7 @@ def _referenced_digests(cache: RedisSharedCache) -> set[str]:
     return digests
 
 
-def _prune_blobs(cache: RedisSharedCache, dry_run: bool) -> int:
+def _prune_blobs(cache: StoreSharedCache, dry_run: bool) -> int:
     """Delete chunks of blobs that no manifest references (and that are old enough not to
     belong to a publication in flight). Returns how many blobs went."""
     referenced = _referenced_digests(cache)

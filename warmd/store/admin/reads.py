@@ -9,7 +9,7 @@ from warmd.store.api import StoreFailed
 from warmd.store.connection import classify
 from warmd.store.formats import Manifest
 from warmd.store.layout import text
-from warmd.store.redis_store import RedisSharedCache
+from warmd.store.shared import StoreSharedCache
 from warmd.store.validation import WRONG_TYPE, BadRecord, load_record
 
 # Listing and pruning read every manifest whatever this node's own size limit: an entry too
@@ -37,7 +37,7 @@ def list_reply(reply):
     return reply
 
 
-def wrong_types(cache: RedisSharedCache, expected: dict[str, str], what: str) -> list[str]:
+def wrong_types(cache: StoreSharedCache, expected: dict[str, str], what: str) -> list[str]:
     """The keys of `expected` (key -> the Redis type warmd writes there) that hold another
     type: written by something else, never readable as warmd's."""
     keys = list(expected)
@@ -67,12 +67,12 @@ def delete_many(client, keys: list) -> list:
     return pipe.execute()
 
 
-def scan(cache: RedisSharedCache, pattern: str, what: str) -> list:
+def scan(cache: StoreSharedCache, pattern: str, what: str) -> list:
     """Every key matching a layout pattern."""
     return cache.op(lambda c: list(c.scan_iter(match=pattern, count=500)), what)
 
 
-def indexed(cache: RedisSharedCache, fp: str | None = None) -> dict[str, list[str]]:
+def indexed(cache: StoreSharedCache, fp: str | None = None) -> dict[str, list[str]]:
     """fp -> the names of its entries with a used key (of fp, or of every fingerprint),
     sorted: one scan."""
     found: dict[str, list[str]] = {}
@@ -83,13 +83,13 @@ def indexed(cache: RedisSharedCache, fp: str | None = None) -> dict[str, list[st
     return {f: sorted(names) for f, names in found.items()}
 
 
-def fingerprints(cache: RedisSharedCache) -> list[str]:
+def fingerprints(cache: StoreSharedCache) -> list[str]:
     """Every fingerprint whose inputs are stored or that has indexed entries, sorted."""
     fps = {layout.parse_fp_meta_key(key) for key in cache.backend.scan(layout.FP_META_PREFIX)}
     return sorted({fp for fp in fps if fp} | set(indexed(cache)))
 
 
-def fingerprint_meta(cache: RedisSharedCache, fps: list[str]) -> dict[str, dict]:
+def fingerprint_meta(cache: StoreSharedCache, fps: list[str]) -> dict[str, dict]:
     """fp -> {"fingerprint", "library", "inputs", "entries"} ("malformed": True when its
     stored inputs are not a JSON object with a dict of inputs)."""
     counts = {fp: len(names) for fp, names in indexed(cache).items()} if fps else {}
@@ -112,7 +112,7 @@ def _meta_fields(raw: bytes | Exception | None) -> dict:
     return {"library": str(meta.get("library", "?")), "inputs": meta.get("inputs", {})}
 
 
-def entries(cache: RedisSharedCache, fp: str) -> list[dict]:
+def entries(cache: StoreSharedCache, fp: str) -> list[dict]:
     """Every entry indexed under fp: {"name", "last_used", "raw", "manifest", "problem",
     "index_ok"}, the manifest None when it expired or was evicted (raw None), or cannot be
     decoded (problem says why). A manifest key holding another Redis type reads as b""
@@ -147,6 +147,6 @@ def _time(raw: bytes | None) -> float | None:
         return None
 
 
-def accepted(cache: RedisSharedCache, fp: str, item: dict) -> Manifest | None:
+def accepted(cache: StoreSharedCache, fp: str, item: dict) -> Manifest | None:
     """An indexed entry's manifest if a fetch here would accept it (None: absent)."""
     return cache.accept_manifest(item["raw"], fp, item["name"]) if item["raw"] else None

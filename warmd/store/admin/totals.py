@@ -6,11 +6,11 @@ from warmd.stats import hit_rate
 from warmd.store import layout
 from warmd.store.admin.reads import fingerprint_meta, fingerprints
 from warmd.store.counters import read_counts, read_nodes
-from warmd.store.redis_store import RedisSharedCache
+from warmd.store.shared import StoreSharedCache
 from warmd.store.signing import proof_json
 
 
-def read_stats(cache: RedisSharedCache) -> dict:
+def read_stats(cache: StoreSharedCache) -> dict:
     """{"store", "nodes": node -> counters, "fingerprints": fp -> {"library", "entries",
     "namespace", "counters"}, "totals" (over nodes), "hit_rate"}."""
     cache.stats.flush()  # counters spooled while the store was away count now

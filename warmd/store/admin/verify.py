@@ -12,7 +12,7 @@ from warmd.cache.base import UnsafeArtifact
 from warmd.store.admin.reads import entries, fingerprints
 from warmd.store.chunking import size_batches
 from warmd.store.entries import unpacks_over
-from warmd.store.redis_store import RedisSharedCache
+from warmd.store.shared import StoreSharedCache
 from warmd.store.validation import BadRecord, RefusedHere, SignatureRefused
 
 
@@ -28,7 +28,7 @@ class VerifyReport:
                 "quarantined": self.quarantined}
 
 
-def verify(cache: RedisSharedCache, selected: Iterable[str] = (),
+def verify(cache: StoreSharedCache, selected: Iterable[str] = (),
            quarantine: bool = False) -> VerifyReport:
     """Check every entry (of the selected fingerprints); with quarantine, move aside what
     is corrupt (never what is only unsigned, or what this node alone cannot use)."""
@@ -68,7 +68,7 @@ def unsafe_artifact(blob: bytes) -> BadRecord | None:
     return None
 
 
-def _bad(cache: RedisSharedCache, report: VerifyReport, fp: str, name: str, raw: bytes,
+def _bad(cache: StoreSharedCache, report: VerifyReport, fp: str, name: str, raw: bytes,
          problem: BadRecord, quarantine: bool) -> None:
     report.bad.append({"fingerprint": fp, "name": name, "reason": str(problem),
                        "kind": problem.counter})

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from warmd.store import layout
 from warmd.store.admin.reads import fingerprint_meta, fingerprints
 from warmd.store.fingerprint import COMMON_INPUTS, Fingerprint
-from warmd.store.redis_store import RedisSharedCache
+from warmd.store.shared import StoreSharedCache
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ def differences(here: dict, there: dict,
     return out
 
 
-def why(cache: RedisSharedCache, mine: Fingerprint, name: str,
+def why(cache: StoreSharedCache, mine: Fingerprint, name: str,
         reasons: dict[str, tuple[str, str]]) -> Why:
     """Where `name` (a task key or an entry name) is published, compared with this node's
     fingerprint `mine`."""
@@ -72,7 +72,7 @@ def why(cache: RedisSharedCache, mine: Fingerprint, name: str,
     return found
 
 
-def _holds(cache: RedisSharedCache, fp: str, name: str) -> bool:
+def _holds(cache: StoreSharedCache, fp: str, name: str) -> bool:
     """Whether fp has a task record of that key or an indexed entry of that name."""
     found = cache.backend.get_many([layout.task_key(fp, name), layout.used_key(fp, name)])
     return any(value is not None for value in found)

@@ -1,6 +1,6 @@
-"""The shared compiled-kernel cache over Redis: SharedCache composed of its parts.
+"""The shared compiled-kernel cache over any store: SharedCache composed of its parts, each
+on the narrow store interface (warmd.store.backend), none knowing which store it is.
 
-    transport.py  connection, circuit breaker, the op wrapper, failure classification
     entries.py    fetch: task records and manifests, verified; entries installed
     blobs.py      blobs read in bounded windows (from peers first) and verified
     refusals.py   refused records and entries counted, remembered, quarantined
@@ -8,17 +8,15 @@
     leases.py     single flight, and claims on units of cluster work
     publish.py    pack and publish a task's entries and record
     counters.py   this process's counters and the per-node / per-fingerprint stats
-    session.py    what the parts share (settings, fingerprints, learnt state)
+    session.py    what the parts share (settings, backend, fingerprints, learnt state)
     keyproof.py   whether this node may quarantine, replace and publish (the key proof)
 
-The parts ported to the narrow store interface (warmd.store.backend) take `backend`, a
-RedisBackend over the same transport, and know no Redis: kernel_lists.py, history.py,
-entries.py, blobs.py, refusals.py, publish.py (the fetching parts also a RedisBackend whose
-reads may go to replicas, when the URL asks), pending.py, keyproof.py (through the session),
-counters.py (over its own RedisBackend, whose calls are never retried: stats are best
-effort), leases.py (over one whose calls are never retried either: a claim retried after a
-timeout that took the lease would find its own and wait for itself), renewal.py (the
-session's). Pub/sub wake-ups for waiters are no part of that interface: redis_wakeups.py.
+It runs over a StoreBackends (warmd.store.backend): `main` for most parts, the fetching
+parts also `replicas` (reads replicas may answer, when the store has them), the leases and
+claims `claims` (a claim retried after a timeout that took the lease would find its own and
+wait for itself), the counters `stats` (best effort); and its `wakeups`, notices to waiters
+sent after the writes (Redis pub/sub, or none: waiters poll). warmd.store.open_shared_cache
+builds them from the URL (redis_backend.open_redis, sqlite_backend.open_sqlite).
 
 Every public method degrades instead of raising: a store that is down, slow, out of memory,
 read-only or refusing this user's writes turns into misses and skipped publications, counted
@@ -39,9 +37,8 @@ from warmd.context import NodeContext
 from warmd.coordination import Claim, KernelList, WorkKind
 from warmd.store import claimid, formats, history, json_values, layout
 from warmd.store.api import BlobPeers, Publication, SharedCache, StoreFailed
+from warmd.store.backend import StoreBackends
 from warmd.store.blobs import Blobs
-from warmd.store.breaker import CircuitBreaker, JoinBudget
-from warmd.store.connection import CONNECT_TIMEOUT, StoreURL
 from warmd.store.counters import StoreStats
 from warmd.store.entries import Entries
 from warmd.store.fingerprint import Fingerprint, discovery_digest
@@ -49,12 +46,9 @@ from warmd.store.kernel_lists import KernelLists
 from warmd.store.leases import KERNEL_LEASE_SECONDS, Leases, WorkClaims, spread_start
 from warmd.store.pending import PendingCapture, PendingCaptures
 from warmd.store.publish import Publisher
-from warmd.store.redis_backend import RedisBackend
-from warmd.store.redis_wakeups import RedisWakeUps
 from warmd.store.refusals import Refusals
 from warmd.store.session import Session, StaleRecords
 from warmd.store.signing import KeyProof
-from warmd.store.transport import RedisTransport
 from warmd.store.validation import is_entry_name
 from warmd.targets import Target
 
@@ -69,50 +63,38 @@ def _lease_ms(seconds: float) -> int:
     return max(1, min(int(seconds * 1000), claimid.MAX_CLAIM_TTL_MS))
 
 
-class RedisSharedCache(SharedCache):
-    """SharedCache over one Redis (or Redis Cluster) URL; url=None gives a disabled cache
-    (every call a miss) that says why in `disabled_reason`."""
+class StoreSharedCache(SharedCache):
+    """SharedCache over a store (StoreBackends); a store that is disabled (NoStore) gives a
+    cache whose every call is a miss and that says why in `disabled_reason`. `stats` counts
+    for the node it names (the store's failures count there too)."""
 
-    def __init__(self, store_url: StoreURL | None, *, target: Target | None = None,
-                 signing_key: bytes | None = None, node: str | None = None,
-                 ttl_seconds: int | None = None, connect_timeout: float = CONNECT_TIMEOUT,
-                 socket_timeout: float | None = None, lease_seconds: float = 30.0,
+    def __init__(self, store: StoreBackends, stats: StoreStats, *,
+                 target: Target | None = None, signing_key: bytes | None = None,
+                 ttl_seconds: int | None = None, lease_seconds: float = 30.0,
                  poll_interval: float = 0.5, max_artifact_bytes: int | None = None,
-                 breaker: CircuitBreaker | None = None, disabled_reason: str | None = None,
-                 embedded: Any = None, join_budget: float | None = None,
-                 peers: BlobPeers | None = None,
+                 embedded: Any = None, peers: BlobPeers | None = None,
                  kernel_lease_seconds: float = KERNEL_LEASE_SECONDS,
                  context: NodeContext | None = None) -> None:
         # the node's settings (default: this process's environment); an argument wins
-        context = context or NodeContext.of()
-        store = context.store
-        node = node or context.node_name()
-        self.stats = StoreStats(node, context.state_dir)
-        self.transport = RedisTransport(
-            store_url, connect_timeout=connect_timeout,
-            socket_timeout=socket_timeout or store.timeout, breaker=breaker,
-            disabled_reason=disabled_reason, count=self.stats.count,
-            budget=JoinBudget(join_budget or store.join_budget))
-        self.stats.backend = RedisBackend(self.transport, what="stats")  # never retried
-        self.backend = RedisBackend(self.transport)  # the parts ported to the narrow interface
+        store_settings = (context or NodeContext.of()).store
+        self.stats = stats
+        self.stats.backend = store.stats  # never retried
+        self.backend = store.main
         self.session = Session(
-            self.transport, self.backend, self.stats, node, target, signing_key,
-            ttl_ms=int((ttl_seconds or store.ttl_seconds) * 1000),
+            self.backend, self.stats, stats.node, target, signing_key,
+            ttl_ms=int((ttl_seconds or store_settings.ttl_seconds) * 1000),
             lease_ms=_lease_ms(lease_seconds), poll_interval=poll_interval,
-            max_artifact_bytes=max_artifact_bytes or store.max_artifact_bytes,
-            namespace=store.namespace)
+            max_artifact_bytes=max_artifact_bytes or store_settings.max_artifact_bytes,
+            namespace=store_settings.namespace)
         stale = StaleRecords()  # Entries notes them, Leases reads them, Publisher clears them
-        replicas = (RedisBackend(self.transport, replicas=True)
-                    if self.transport.replica_reads else None)
-        claims = RedisBackend(self.transport, what="lease")  # a claim is never retried
-        self.wakeups = RedisWakeUps(self.transport)  # notices to waiters, beside the backend
+        self.wakeups = store.wakeups  # notices to waiters, beside the backend
         self.refusals = Refusals(self.session, self.backend)
-        self.blobs = Blobs(self.session, self.backend, replicas, peers)
+        self.blobs = Blobs(self.session, self.backend, store.replicas, peers)
         self.entries = Entries(self.session, stale, self.refusals, self.blobs, self.backend,
-                               replicas)
-        self.leases = Leases(self.session, claims, stale, self.wakeups)
+                               store.replicas)
+        self.leases = Leases(self.session, store.claims, stale, self.wakeups)
         self.publisher = Publisher(self.session, stale, self.backend)
-        self.work_claims = WorkClaims(self.session, claims, stale, self.wakeups,
+        self.work_claims = WorkClaims(self.session, store.claims, stale, self.wakeups,
                                       _lease_ms(kernel_lease_seconds))
         self.captures = PendingCaptures(self.session, self.backend)
         self.kernel_lists = KernelLists(self.session, self.backend, self.stats)
@@ -229,7 +211,7 @@ class RedisSharedCache(SharedCache):
     def claim_work(self, adapter: CacheAdapter, unit: str,
                    kind: WorkKind = WorkKind.ENTRY) -> Claim:
         fp = self._fp(adapter)
-        if fp is None or self.transport.disabled_reason:
+        if fp is None or self.backend.disabled_reason:
             return super().claim_work(adapter, unit, kind)
         if kind is WorkKind.TASK:
             self.session.task_fp[unit] = fp
@@ -252,7 +234,7 @@ class RedisSharedCache(SharedCache):
 
     def wait_for_claims(self, adapter: CacheAdapter, seconds: float) -> None:
         fp = self._fp(adapter)
-        if fp is None or self.transport.disabled_reason or not self.reachable:
+        if fp is None or self.backend.disabled_reason or not self.reachable:
             time.sleep(seconds)
             return
         self.work_claims.wait(fp, seconds)
@@ -284,7 +266,7 @@ class RedisSharedCache(SharedCache):
                             also: dict[str, list[str]] | None = None) -> bool:
         fp, list_fp = self._fp(adapter), self._discovery_fp(adapter)
         if fp is None or list_fp is None or self.session.read_only \
-                or self.transport.disabled_reason:
+                or self.backend.disabled_reason:
             return False
         if not self.kernel_lists.publish(list_fp, digest, tasks, jobs, also or {}):
             return False
@@ -296,11 +278,11 @@ class RedisSharedCache(SharedCache):
         self.stats.record_outcomes(counts)
 
     def record_compile_times(self, times: dict[str, tuple[int, float]]) -> None:
-        if times and not self.transport.disabled_reason:
+        if times and not self.backend.disabled_reason:
             history.write(self.backend, times)
 
     def compile_times(self, families: list[str]) -> dict[str, float]:
-        if not families or self.transport.disabled_reason:
+        if not families or self.backend.disabled_reason:
             return {}
         return history.read(self.backend, families)
 
@@ -310,36 +292,34 @@ class RedisSharedCache(SharedCache):
 
     @property
     def display_url(self) -> str:
-        return self.transport.display_url
+        return self.backend.display_url
 
     @property
     def disabled_reason(self) -> str | None:
-        return self.transport.disabled_reason
+        return self.backend.disabled_reason
 
     @property
     def last_error(self) -> str | None:
-        return self.transport.last_error
+        return self.backend.last_error
 
     def ping(self) -> bool:
-        try:
-            answered = bool(self.transport.op(lambda c: c.ping(), "connect"))
-        except StoreFailed:
+        if not self.backend.ping():
             return False
         with contextlib.suppress(StoreFailed):
             self.stats.learn_store_id()  # where counters it cannot flush will wait
         self.session.key_state()  # read (kept recently used) and, when missing, re-asserted
-        return answered
+        return True
 
     @property
     def key_proof(self) -> KeyProof:
         """The store's key proof as this node finds it (warmd.store.keyproof)."""
-        if self.transport.disabled_reason:
+        if self.backend.disabled_reason:
             return KeyProof.UNKNOWN
         return self.session.key_state()
 
     @property
     def reachable(self) -> bool:
-        return not self.transport.breaker.is_open
+        return self.backend.reachable
 
     def close(self) -> None:
         self.work_claims.close()
@@ -348,7 +328,7 @@ class RedisSharedCache(SharedCache):
             self.stats.spool()  # kept locally for the next process that reaches the store
         self.backend.close()
 
-    # -- Redis backend only ------------------------------------------------------------------
+    # -- beyond SharedCache ------------------------------------------------------------------
 
     @property
     def read_only(self) -> bool:
@@ -361,8 +341,9 @@ class RedisSharedCache(SharedCache):
     # -- the operator surface (warmd.store.admin): store errors raise StoreFailed ------------
 
     def op(self, fn: Callable[[Any], Any], what: str) -> Any:
-        """fn(client) through the transport (timeouts, breaker, classification)."""
-        return self.transport.op(fn, what)
+        """fn(client) on a Redis store's client (timeouts, breaker, classification); on
+        another store it raises StoreFailed saying it needs Redis (KeyValueBackend.client_op)."""
+        return self.backend.client_op(fn, what)
 
     def accept_manifest(self, raw: bytes, fp: str, name: str) -> formats.Manifest:
         """The manifest stored for (fp, name) if a fetch here would use it (this node's
