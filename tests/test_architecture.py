@@ -220,6 +220,7 @@ JOIN_PATH = [
     ("warmd/warmup/scheduler.py", "prefetch", "warmd/store/shared.py"),
     ("warmd/store/shared.py", "prefetch", "warmd/store/entries.py"),
     ("warmd/store/entries.py", "fetch", "warmd/store/blobs.py"),
+    ("warmd/store/blobs.py", "get_prefixes", "warmd/store/redis_backend.py"),
     ("warmd/store/entries.py", "install", "warmd/libraries/deep_gemm/cache.py"),
     ("warmd/libraries/deep_gemm/cache.py", "install_atomically", "warmd/cache/install.py"),
     ("warmd/cache/install.py", "unpack_written", "warmd/cache/artifacts.py"),
