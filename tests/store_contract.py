@@ -43,7 +43,7 @@ class Node:
 
 def publish(cache: SharedCache, adapter: DirAdapter, task: str, names: list[str],
             seconds: float = 2.0) -> None:
-    cache.publish_task(adapter, task, [compile_entry(adapter, n, 30_000) for n in names],
+    cache.entries.publish_task(adapter, task, [compile_entry(adapter, n, 30_000) for n in names],
                        seconds)
 
 
@@ -54,12 +54,12 @@ def same_files(a: DirAdapter, b: DirAdapter, name: str) -> bool:
 
 def wait_in_thread(cache: SharedCache, task: str, settle: float
                    ) -> tuple[threading.Thread, dict]:
-    """Enter cache.single_flight(task) in a thread (seen["mine"] once it answers), then
+    """Enter cache.claims.single_flight(task) in a thread (seen["mine"] once it answers), then
     give it `settle` seconds to start waiting."""
     seen: dict = {}
 
     def wait() -> None:
-        with cache.single_flight(task, 20) as mine:
+        with cache.claims.single_flight(task, 20) as mine:
             seen["mine"] = mine
 
     thread = threading.Thread(target=wait)
@@ -75,31 +75,32 @@ class StoreContract:
         a, b = DirAdapter(tmp_path / "a"), DirAdapter(tmp_path / "b")
         writer, reader = backend.open(), backend.open()
         publish(writer, a, "testlib/t1", ["kernel.x.0001", "kernel.y.0001"])
-        assert reader.fetch_task(b, "testlib/t1") == ["kernel.x.0001", "kernel.y.0001"]
+        assert reader.entries.fetch_task(b, "testlib/t1") == ["kernel.x.0001", "kernel.y.0001"]
         assert all(same_files(a, b, n) for n in ("kernel.x.0001", "kernel.y.0001"))
-        assert reader.counters["remote_hits"] == 2
-        assert reader.counters["compile_seconds_saved"] == pytest.approx(2.0)
+        assert reader.stats.counters["remote_hits"] == 2
+        assert reader.stats.counters["compile_seconds_saved"] == pytest.approx(2.0)
         # each installed entry's recorded compile time, for the node's report and records
-        assert sum(reader.installed_seconds(b.library, n) for n in ("kernel.x.0001",
+        assert sum(reader.entries.installed_seconds(b.library, n) for n in ("kernel.x.0001",
                                                                     "kernel.y.0001")) \
             == pytest.approx(2.0)
-        assert writer.installed_seconds(a.library, "kernel.x.0001") is None  # not installed
+        assert writer.entries.installed_seconds(a.library, "kernel.x.0001") is None  # not installed
         # where the fetch spent its time: reading the store, writing the local cache
-        assert reader.counters["fetch_seconds"] > 0 and reader.counters["install_seconds"] > 0
-        assert writer.counters["published"] == 2
-        assert "fetch_seconds" not in writer.counters  # publishing fetches nothing
+        assert reader.stats.counters["fetch_seconds"] > 0
+        assert reader.stats.counters["install_seconds"] > 0
+        assert writer.stats.counters["published"] == 2
+        assert "fetch_seconds" not in writer.stats.counters  # publishing fetches nothing
 
     def test_a_task_nobody_published_is_a_miss(self, backend: Backend, tmp_path: Path):
         cache = backend.open()
-        assert cache.fetch_task(DirAdapter(tmp_path / "a"), "testlib/unknown") is None
-        assert "remote_hits" not in cache.counters
+        assert cache.entries.fetch_task(DirAdapter(tmp_path / "a"), "testlib/unknown") is None
+        assert "remote_hits" not in cache.stats.counters
 
     def test_entries_already_here_are_local_hits(self, backend: Backend, tmp_path: Path):
         a = DirAdapter(tmp_path / "a")
         cache = backend.open()
         publish(cache, a, "testlib/t", ["kernel.x.0001"])
-        assert cache.fetch_task(a, "testlib/t") == ["kernel.x.0001"]
-        assert cache.counters["local_hits"] == 1 and "remote_hits" not in cache.counters
+        assert cache.entries.fetch_task(a, "testlib/t") == ["kernel.x.0001"]
+        assert cache.stats.counters["local_hits"] == 1 and "remote_hits" not in cache.stats.counters
 
     def test_prefetch_answers_like_fetch_per_task(self, backend: Backend, tmp_path: Path):
         a = DirAdapter(tmp_path / "a")
@@ -107,7 +108,7 @@ class StoreContract:
         plan = task_entries(4)
         for task, names in list(plan.items())[:3]:
             publish(writer, a, task, names)
-        got = backend.open().prefetch(DirAdapter(tmp_path / "b"), list(plan))
+        got = backend.open().entries.prefetch(DirAdapter(tmp_path / "b"), list(plan))
         expected = {t: (names if i < 3 else None) for i, (t, names) in enumerate(plan.items())}
         assert got == expected
 
@@ -115,7 +116,7 @@ class StoreContract:
         one, two = backend.open(), backend.open()
         publish(one, DirAdapter(tmp_path / "a"), "testlib/t", ["kernel.same.0001"])
         publish(two, DirAdapter(tmp_path / "b"), "testlib/t", ["kernel.same.0001"])
-        assert one.counters["published"] == 1 and two.counters["already_published"] == 1
+        assert one.stats.counters["published"] == 1 and two.stats.counters["already_published"] == 1
 
     # ------------------------------------------------------------------- single flight
 
@@ -123,34 +124,35 @@ class StoreContract:
             self, backend: Backend, tmp_path: Path):
         holder, waiter = backend.open(), backend.open()
         a, b = DirAdapter(tmp_path / "a"), DirAdapter(tmp_path / "b")
-        assert holder.fetch_task(a, "testlib/sf") is None
-        assert waiter.fetch_task(b, "testlib/sf") is None
-        with holder.single_flight("testlib/sf", 20) as mine:
+        assert holder.entries.fetch_task(a, "testlib/sf") is None
+        assert waiter.entries.fetch_task(b, "testlib/sf") is None
+        with holder.claims.single_flight("testlib/sf", 20) as mine:
             assert mine
             thread, seen = wait_in_thread(waiter, "testlib/sf", 0.5)
             assert "mine" not in seen  # waiting for the holder
             publish(holder, a, "testlib/sf", ["kernel.sf.0001"])
         thread.join(10)
         assert seen["mine"] is False
-        assert waiter.fetch_task(b, "testlib/sf") == ["kernel.sf.0001"]
-        assert waiter.counters["lease_waits"] == 1
-        assert waiter.counters["lease_waits_satisfied"] == 1
+        assert waiter.entries.fetch_task(b, "testlib/sf") == ["kernel.sf.0001"]
+        assert waiter.stats.counters["lease_waits"] == 1
+        assert waiter.stats.counters["lease_waits_satisfied"] == 1
 
     def test_single_flight_is_taken_over_when_the_holder_publishes_nothing(
             self, backend: Backend, tmp_path: Path):
         holder, waiter = backend.open(), backend.open()
         a = DirAdapter(tmp_path / "a")
-        holder.fetch_task(a, "testlib/fail")
-        waiter.fetch_task(a, "testlib/fail")
-        with holder.single_flight("testlib/fail", 20) as mine:
+        holder.entries.fetch_task(a, "testlib/fail")
+        waiter.entries.fetch_task(a, "testlib/fail")
+        with holder.claims.single_flight("testlib/fail", 20) as mine:
             assert mine
             thread, seen = wait_in_thread(waiter, "testlib/fail", 0.3)
         thread.join(10)
-        assert seen["mine"] is True and waiter.counters["lease_takeovers"] == 1
+        assert seen["mine"] is True and waiter.stats.counters["lease_takeovers"] == 1
 
     def test_shard_order_is_a_rotation_that_differs_per_arrival(self, backend: Backend):
         keys = [f"testlib/t{i:02d}" for i in range(20)]
-        first, second = backend.open().shard_order(keys), backend.open().shard_order(keys)
+        first = backend.open().claims.shard_order(keys)
+        second = backend.open().claims.shard_order(keys)
         for order in (first, second):
             start = keys.index(order[0])
             assert order == keys[start:] + keys[:start]
@@ -162,11 +164,11 @@ class StoreContract:
                                                            tmp_path: Path):
         cache = backend.open()
         publish(cache, DirAdapter(tmp_path / "a"), "testlib/t", ["kernel.x.0001"])
-        copy = cache.counters
+        copy = cache.stats.counters
         copy["published"] = 99
-        assert cache.counters["published"] == 1
-        cache.record_outcomes({"compiled": 1, "testlib.compiled": 1, "bytes_fetched": 5})
-        assert "bytes_fetched" not in cache.counters  # only the store counts bytes it moved
+        assert cache.stats.counters["published"] == 1
+        cache.stats.record_outcomes({"compiled": 1, "testlib.compiled": 1, "bytes_fetched": 5})
+        assert "bytes_fetched" not in cache.stats.counters  # only the store counts bytes it moved
 
     def test_health_of_a_reachable_store(self, backend: Backend):
         with backend.open() as cache:
@@ -179,29 +181,29 @@ class StoreContract:
         a = DirAdapter(tmp_path / "a")
         started = time.monotonic()
         assert not cache.ping() and not cache.reachable
-        assert cache.fetch_task(a, "testlib/t") is None
-        assert cache.prefetch(a, ["testlib/t", "testlib/u"]) == {"testlib/t": None,
+        assert cache.entries.fetch_task(a, "testlib/t") is None
+        assert cache.entries.prefetch(a, ["testlib/t", "testlib/u"]) == {"testlib/t": None,
                                                                  "testlib/u": None}
-        with cache.single_flight("testlib/t", 30) as mine:
+        with cache.claims.single_flight("testlib/t", 30) as mine:
             assert mine
         publish(cache, a, "testlib/t", ["kernel.x.0001"])
-        assert cache.shard_order(["b", "a"]) == ["b", "a"]
-        cache.record_outcomes({"compiled": 1})
+        assert cache.claims.shard_order(["b", "a"]) == ["b", "a"]
+        cache.stats.record_outcomes({"compiled": 1})
         cache.close()
         assert time.monotonic() - started < 5
         assert cache.last_error and backend.secret not in cache.last_error
-        assert cache.counters["store_errors"] >= 1 and "published" not in cache.counters
+        assert cache.stats.counters["store_errors"] >= 1 and "published" not in cache.stats.counters
         assert backend.secret not in cache.display_url
 
     def test_a_store_turned_off_misses_and_says_why(self, backend: Backend, tmp_path: Path):
         cache = backend.open_off()
         a = DirAdapter(tmp_path / "a")
         assert cache.disabled_reason
-        assert cache.fetch_task(a, "testlib/t") is None
-        with cache.single_flight("testlib/t", 30) as mine:
+        assert cache.entries.fetch_task(a, "testlib/t") is None
+        with cache.claims.single_flight("testlib/t", 30) as mine:
             assert mine
         publish(cache, a, "testlib/t", ["kernel.x.0001"])
-        assert cache.counters["publish_skipped"] == 1
+        assert cache.stats.counters["publish_skipped"] == 1
         cache.close()
 
     # ------------------------------------------------------------------- node records

@@ -21,7 +21,7 @@ def main() -> None:
     adapter = DirAdapter(Path(args["root"]))
     counts = warm(cache, adapter, args["plan"], Path(args["log"]), args.get("seconds", 0.0))
     cache.close()
-    print(json.dumps({"counts": counts, "store": cache.counters}))
+    print(json.dumps({"counts": counts, "store": cache.stats.counters}))
 
 
 if __name__ == "__main__":

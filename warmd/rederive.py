@@ -1,7 +1,7 @@
 """The trusted producer's side of capture: pending captures rebuilt and published as signed,
 installable learned entries.
 
-A capture (warmd.capture, ``SharedCache.submit_capture``) is what a serving node's cache held:
+A capture (warmd.capture, ``SharedCache.captures.submit``) is what a serving node's cache held:
 bytes nothing vouches for. A node the operator trusts to produce code (warmd.yaml
 ``capture.rederive_nodes``) reads the captures under each fingerprint it can build for,
 hands each to its library's plugin (``LibraryPlugin.rederive``: Triton compiles this node's
@@ -137,9 +137,9 @@ def rederive_capture(shared: SharedCache, adapter: CacheAdapter, name: str, cont
 
     library = adapter.library
     try:
-        found = shared.read_capture(adapter, name)
+        found = shared.captures.read(adapter, name)
     except BadRecord as exc:
-        shared.drop_capture(adapter, name)
+        shared.captures.drop(adapter, name)
         return CaptureResult(library, name, "refused", why=f"malformed capture: {exc}")
     except Exception as exc:  # the store degrades; anything else is a bug, not fatal
         return CaptureResult(library, name, "failed", why=f"{type(exc).__name__}: {exc}")
@@ -154,10 +154,10 @@ def rederive_capture(shared: SharedCache, adapter: CacheAdapter, name: str, cont
     except CannotRederiveHere as exc:
         return CaptureResult(library, name, "kept", why=str(exc))
     except RederiveMismatch as exc:
-        shared.drop_capture(adapter, name, claim.chunks)
+        shared.captures.drop(adapter, name, claim.chunks)
         return CaptureResult(library, name, "quarantined", why=str(exc))
     except UnsafeArtifact as exc:  # RederiveRefused among them
-        shared.drop_capture(adapter, name, claim.chunks)
+        shared.captures.drop(adapter, name, claim.chunks)
         return CaptureResult(library, name, "refused", why=str(exc))
     except Exception as exc:  # a rebuild step's surprise: this capture only, left pending
         return CaptureResult(library, name, "failed", why=f"{type(exc).__name__}: {exc}")
@@ -169,7 +169,7 @@ def rederive_capture(shared: SharedCache, adapter: CacheAdapter, name: str, cont
     if not taken:
         return CaptureResult(library, name, "failed", rebuilt.identical,
                            why="the store did not take the re-derived entry")
-    shared.drop_capture(adapter, name, claim.chunks)
+    shared.captures.drop(adapter, name, claim.chunks)
     return CaptureResult(library, name, "rederived", rebuilt.identical,
                        ", ".join(rebuilt.differs))
 
@@ -178,7 +178,7 @@ def rederive_pending(shared: SharedCache, adapter: CacheAdapter, context: NodeCo
                      skip: set[str] | None = None) -> list[CaptureResult]:
     """Every pending capture under the adapter's fingerprint (but those in skip)."""
     return [rederive_capture(shared, adapter, name, context)
-            for name in shared.pending_captures(adapter) if name not in (skip or set())]
+            for name in shared.captures.pending(adapter) if name not in (skip or set())]
 
 
 CountCallback = Callable[[str, str, int], None]  # (counter, library, amount)

@@ -64,7 +64,7 @@ def publish(url: str, base: Path, plan: dict[str, list[str]], size: int) -> dict
         for task, names in plan.items():
             entries = [compile_entry(adapter, n, size) for n in names]
             packed.update({e.name: adapter.pack(e) for e in entries})
-            cache.publish_task(adapter, task, entries, 1.0)
+            cache.entries.publish_task(adapter, task, entries, 1.0)
     return packed
 
 
@@ -84,7 +84,7 @@ def join(url: str, root: Path, node: str, plan: dict[str, list[str]], size: int,
     with open_shared_cache(url, node=node, **extra) as cache:
         report = run_warmup(dataclasses.replace(warmup_plan(plan, size=size)), options,
                             shared=cache)
-        counters = dict(cache.counters)
+        counters = dict(cache.stats.counters)
     kernels = report.counters.kernel_counts()
     return {"node": node, "seconds": round(time.monotonic() - began, 3),
             "compiled": kernels["compiled"], "remote_hits": kernels["remote_hits"],

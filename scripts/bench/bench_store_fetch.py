@@ -7,7 +7,7 @@ the sizes measured on the H200) through warmd's store into a loopback Redis, the
 * fetch+verify: task records, manifests and blobs in warmd's pipelined round trips, with every
   blob's SHA-256 checked (what a node does before installing);
 * fetch+verify+install: the same plus DeepGemmCacheAdapter.install (atomic, fsynced) into a
-  fresh cache root, i.e. ``StoreSharedCache.prefetch``;
+  fresh cache root, i.e. ``StoreSharedCache.entries.prefetch``;
 
 and compares entries/s with ``redis-benchmark -t get -d <mean artifact size>`` requests/s on the
 same server (one connection, pipelined like warmd's fetch; also redis-benchmark's default of
@@ -57,7 +57,7 @@ def publish(cache, root: Path, tasks: dict[str, list]) -> tuple[DeepGemmCacheAda
     total = 0
     for task, names in tasks.items():
         total += sum(len(adapter.pack(entries[n])) for n in names)
-        cache.publish_task(adapter, task, [entries[n] for n in names], 3.0)
+        cache.entries.publish_task(adapter, task, [entries[n] for n in names], 3.0)
     return adapter, total
 
 
@@ -77,7 +77,7 @@ def time_fetch_verify(cache, adapter, tasks: dict[str, list]) -> float:
 def time_prefetch(cache, tmp: Path, tasks: dict[str, list], run: int) -> float:
     dest = DeepGemmCacheAdapter(tmp / f"dest{run}", arch="9.0a", sms=132)
     start = time.perf_counter()
-    got = cache.prefetch(dest, list(tasks))
+    got = cache.entries.prefetch(dest, list(tasks))
     elapsed = time.perf_counter() - start
     assert all(got[t] == names for t, names in tasks.items()), "prefetch missed entries"
     shutil.rmtree(dest.root)

@@ -310,7 +310,7 @@ class Bench(BenchRun):
         root = self.out / "work" / f"builder-{model}"
         adapter = DeepGemmCacheAdapter(root).for_gpu(gpu.arch, gpu.sms)
         shared = open_shared_cache(self.url, node="builder")
-        listing = shared.kernel_list(adapter, [task_digest(t) for t in tasks])
+        listing = shared.lists.kernel_list(adapter, [task_digest(t) for t in tasks])
         shared.close()
         jobs = [ListedJob.from_json(j) for j in listing.jobs.values()][:limit]
         found = resolve()

@@ -75,9 +75,9 @@ def test_a_kernel_compiled_after_ready_is_counted_published_and_installed_elsewh
     b_root = tmp_path / "b" / "triton"
     adapter = TritonCacheAdapter(b_root, arch="9.0a")
     with open_shared_cache(server.url, target=preset("h200"), node="node-b") as shared:
-        assert shared.learned(adapter, PLAN) == [event.entry]
+        assert shared.lists.learned(adapter, PLAN) == [event.entry]
         assert install_learned(shared, adapter, PLAN) == [event.entry]
-        assert shared.counters["remote_hits"] == 1
+        assert shared.stats.counters["remote_hits"] == 1
     shutil.rmtree(tmp_path / "a")  # the first node's paths are gone: only b's copy is there
     before = snapshot(b_root)
     compile_add(b_root)
@@ -115,7 +115,7 @@ def test_watcher_sees_a_compile_within_seconds_and_partial_entries_never(server,
     finally:
         a.stop()
     with open_shared_cache(server.url, target=preset("h200"), node="x") as shared:
-        assert shared.learned(TritonCacheAdapter(root, "9.0a"), PLAN) == [a.seen[0].entry]
+        assert shared.lists.learned(TritonCacheAdapter(root, "9.0a"), PLAN) == [a.seen[0].entry]
 
 
 def test_unsafe_entries_are_refused_and_counted_never_published(server, tmp_path,
@@ -141,8 +141,8 @@ def test_unsafe_entries_are_refused_and_counted_never_published(server, tmp_path
     finally:
         a.stop()
     with open_shared_cache(server.url, target=preset("h200"), node="x") as shared:
-        assert shared.learned(TritonCacheAdapter(root), PLAN) == []
-        assert shared.fetch_task(TritonCacheAdapter(tmp_path / "c"),
+        assert shared.lists.learned(TritonCacheAdapter(root), PLAN) == []
+        assert shared.entries.fetch_task(TritonCacheAdapter(tmp_path / "c"),
                                  learned_task(PLAN, entry.name)) is None
 
 
@@ -178,7 +178,7 @@ def test_learned_entries_are_signed_when_signing_is_on(server, tmp_path):
         with open_shared_cache(server.url, target=preset("h200"), node="node-b",
                                signing_key=key) as shared:
             assert install_learned(shared, dest, PLAN) == installed
-            refused = shared.counters.get("signature_rejected", 0)
+            refused = shared.stats.counters.get("signature_rejected", 0)
         assert [e.name for e in dest.list_entries()] == installed
         assert refused == (0 if installed else 1)
 

@@ -219,12 +219,12 @@ def test_deep_json_in_a_stored_triton_entry_is_refused_and_quarantined(server, t
         TritonCacheAdapter(tmp_path / "unit", arch="9.0a").install(entry.name, forged)
     target = preset("h200")
     with open_shared_cache(server.url, target=target, node="writer") as writer:
-        writer.publish_task(_Writer(root, forged), "task", [entry], 1.0)
+        writer.entries.publish_task(_Writer(root, forged), "task", [entry], 1.0)
         fp = writer.fingerprint(source).digest
     dest = TritonCacheAdapter(tmp_path / "b" / "triton", arch="9.0a")
     with open_shared_cache(server.url, target=target, node="reader") as reader:
-        assert reader.fetch_task(dest, "task") is None
-        counts = dict(reader.counters)
+        assert reader.entries.fetch_task(dest, "task") is None
+        counts = dict(reader.stats.counters)
     assert counts.get("unsafe_rejected") == 1 and counts.get("quarantined") == 1, counts
     assert "install_failed" not in counts
     assert dest.list_entries() == []

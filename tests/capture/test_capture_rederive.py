@@ -539,7 +539,7 @@ def submit(server, base: Path, name: str, artifact: bytes) -> None:
 
     adapter = adapters_for(scope(base))["flashinfer"]
     with opener(server, "node-a")(preset("h200")) as shared:
-        assert shared.submit_capture(adapter, [PLAN], name, artifact)
+        assert shared.captures.submit(adapter, [PLAN], name, artifact)
 
 
 def published_values(server) -> list[bytes]:

@@ -63,7 +63,7 @@ def test_shared_cache_warmup_shows_the_module_being_built_at_80_columns(tmp_path
     server = start_test_server(tmp_path)
     workspace = tmp_path / "ws"
     seeded = open_shared_cache(server.url)  # the cluster compiled this family before
-    seeded.record_compile_times({"flashinfer/act_and_mul": (2, 84.0)})
+    seeded.stats.record_compile_times({"flashinfer/act_and_mul": (2, 84.0)})
     seeded.close()
     env = {**os.environ, "WARMD_STATE_DIR": str(tmp_path / "state"),
            "FLASHINFER_WORKSPACE_BASE": str(workspace), "WARMD_REDIS_URL": server.url,

@@ -97,7 +97,7 @@ class Joiner:
         options = WarmupOptions(workers=1, gpu_ids=(), cache_roots={NAME: self.root})
         with open_shared_cache(self.url, node=self.node, peers=self.peers) as cache:
             report = run_warmup(warmup_plan(self.plan, size=50_000), options, shared=cache)
-            counters = dict(cache.counters)
+            counters = dict(cache.stats.counters)
         return {"kernels": report.counters.kernel_counts(), "failed": len(report.failed),
                 "counters": counters,
                 "installed": {e.name: entry_digest(e.path)

@@ -101,8 +101,8 @@ def test_two_nodes_warming_at_once_in_one_process_each_use_only_their_own(server
             try:
                 adapter = DirAdapter(tmp_path / f"read-{name}")
                 assert reader.fingerprint(adapter).inputs["namespace"] == f"ns-{name}"
-                assert all(reader.fetch_task(adapter, key) for key in plan), name
-                assert stranger.fetch_task(DirAdapter(tmp_path / "read-c"),
+                assert all(reader.entries.fetch_task(adapter, key) for key in plan), name
+                assert stranger.entries.fetch_task(DirAdapter(tmp_path / "read-c"),
                                            next(iter(plan))) is None
             finally:
                 reader.close()

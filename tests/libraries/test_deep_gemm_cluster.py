@@ -91,7 +91,7 @@ def _publish_list(server, root: Path, job: ListedJob) -> None:
     plan = _any_plan()
     adapter = DeepGemmCacheAdapter(root).for_gpu(plan.env.target.arch, plan.env.target.sms)
     digest = task_digest(TASK)
-    assert shared.publish_kernel_list(adapter, digest, {digest: [job.entry]},
+    assert shared.lists.publish_kernel_list(adapter, digest, {digest: [job.entry]},
                                       {job.entry: job.to_json()})
     shared.close()
 
@@ -146,15 +146,15 @@ def test_a_badly_signed_kernel_list_is_refused(server, tmp_path, monkeypatch):
     adapter = DeepGemmCacheAdapter(tmp_path).for_gpu("9.0a", 132)
     writer = open_shared_cache(server.url, node="w", signing_key=b"k1" * 16)
     job = recorded_job()
-    assert writer.publish_kernel_list(adapter, "d" * 32, {"t" * 32: [job.entry]},
+    assert writer.lists.publish_kernel_list(adapter, "d" * 32, {"t" * 32: [job.entry]},
                                       {job.entry: job.to_json()})
-    assert writer.kernel_list(adapter, ["t" * 32]).tasks == {"t" * 32: (job.entry,)}
+    assert writer.lists.kernel_list(adapter, ["t" * 32]).tasks == {"t" * 32: (job.entry,)}
     reader = open_shared_cache(server.url, node="r", signing_key=b"k2" * 16)
-    listing = reader.kernel_list(adapter, ["t" * 32])
+    listing = reader.lists.kernel_list(adapter, ["t" * 32])
     assert listing.refused and not listing.tasks
     unsigned = open_shared_cache(server.url, node="u", signing_key=None)
     monkeypatch.delenv("WARMD_SIGNING_KEY_FILE", raising=False)
-    assert unsigned.kernel_list(adapter, ["t" * 32]).tasks  # no key here: taken as is
+    assert unsigned.lists.kernel_list(adapter, ["t" * 32]).tasks  # no key here: taken as is
     for cache in (writer, reader, unsigned):
         cache.close()
 

@@ -375,12 +375,12 @@ def test_a_build_ninja_including_a_node_file_is_quarantined_and_never_echoed(
     try:
         with open_shared_cache(server.url, node="writer") as writer:
             publisher = _Publisher(tmp_path / "writer", forged)
-            writer.publish_task(publisher, "task", [publisher.entry(MODULE)], 1.0)
+            writer.entries.publish_task(publisher, "task", [publisher.entry(MODULE)], 1.0)
             fp = writer.fingerprint(publisher).digest
         reader_adapter = FlashInferCacheAdapter(tmp_path / "reader", "9.0a")
         with open_shared_cache(server.url, node="reader") as reader:
-            assert reader.fetch_task(reader_adapter, "task") is None
-            counts = dict(reader.counters)
+            assert reader.entries.fetch_task(reader_adapter, "task") is None
+            counts = dict(reader.stats.counters)
         assert counts.get("unsafe_rejected") == 1 and counts.get("quarantined") == 1, counts
         assert "refused_here" not in counts and "install_failed" not in counts
         assert not (reader_adapter.root / MODULE).exists()

@@ -30,9 +30,9 @@ adapter = DirAdapter(args["root"])
 cache.fingerprint(adapter)
 cache.ping()
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-got = cache.fetch_task(adapter, args["task"])
+got = cache.entries.fetch_task(adapter, args["task"])
 after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-print(json.dumps({"got": got, "before": before, "after": after, "counters": cache.counters}))
+print(json.dumps({"got": got, "before": before, "after": after, "counters": cache.stats.counters}))
 cache.close()
 """
 
@@ -74,5 +74,6 @@ def test_oversized_chunks_are_refused_without_being_read(where, server, rclient,
     # the next publish rewrites the chunks: every later node installs the entries
     assert warm(caches(server.url, node="healer"), DirAdapter(tmp_path / "c"), plan,
                 size=3 << 20)["compiled"] == 2
-    assert caches(server.url, node="late").fetch_task(DirAdapter(tmp_path / "d"), task) == names
+    assert caches(server.url, node="late").entries.fetch_task(
+        DirAdapter(tmp_path / "d"), task) == names
     assert rclient.strlen(layout.blob_key(man.digest, index)) <= 1 << 20

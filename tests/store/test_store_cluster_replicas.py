@@ -133,7 +133,7 @@ def test_a_lagging_replica_never_quarantines_nor_compiles(cluster, tmp_path):
         counts = warm(reader, DirAdapter(tmp_path / "r"), plan, size=SIZE)
         assert counts == {"local_hits": 0, "remote_hits": 12, "compiled": 0}
         assert cluster.reads_on_replicas() > before  # replicas did answer reads
-        counters = reader.counters
+        counters = reader.stats.counters
         assert "corrupt_rejected" not in counters and "quarantined" not in counters
         assert cluster.quarantined() == []
         reader.close()
@@ -168,7 +168,7 @@ def test_entries_published_while_nodes_join_are_never_quarantined(cluster, tmp_p
             ready = list(published)
             counts = warm(reader, DirAdapter(tmp_path / f"j{len(joins)}"), plan_of(
                 int(k.rsplit("/", 1)[1]) for k in ready), size=SIZE) if ready else {}
-            joins.append((counts, dict(reader.counters)))
+            joins.append((counts, dict(reader.stats.counters)))
             reader.close()
     finally:
         stop.set()

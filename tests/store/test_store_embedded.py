@@ -48,7 +48,7 @@ def test_embedded_server_is_started_reused_persistent_and_stopped(state_dir, tmp
     assert json.loads(state.read_text())["pid"] == server.pid
     assert "appendonly yes" in (embedded_dir(state_dir) / "redis.conf").read_text()
     adapter = DirAdapter(tmp_path / "a")
-    cache.publish_task(adapter, "testlib/e", [compile_entry(adapter, "kernel.e.0001")], 1.0)
+    cache.entries.publish_task(adapter, "testlib/e", [compile_entry(adapter, "kernel.e.0001")], 1.0)
     cache.close()
 
     # Another process finds and reuses the same server.
@@ -65,7 +65,7 @@ def test_embedded_server_is_started_reused_persistent_and_stopped(state_dir, tmp
     again = open_shared_cache(None)
     assert again.embedded.pid != server.pid
     fresh = DirAdapter(tmp_path / "b")
-    assert again.fetch_task(fresh, "testlib/e") == ["kernel.e.0001"]
+    assert again.entries.fetch_task(fresh, "testlib/e") == ["kernel.e.0001"]
     again.close()
 
 
@@ -98,9 +98,9 @@ def test_no_server_means_local_only_never_a_failure(state_dir, monkeypatch, tmp_
     assert cache.disabled_reason and "did not start" in cache.disabled_reason
     adapter = DirAdapter(tmp_path / "a")
     assert warm(cache, adapter, task_entries(2))["compiled"] == 4
-    assert cache.counters["store_skipped"] >= 2
+    assert cache.stats.counters["store_skipped"] >= 2
     off = open_shared_cache("off")
-    assert off.disabled_reason and off.fetch_task(adapter, "testlib/gemm/0") is None
+    assert off.disabled_reason and off.entries.fetch_task(adapter, "testlib/gemm/0") is None
 
 
 def test_redis_cluster_url(tmp_path):
@@ -118,7 +118,7 @@ def test_redis_cluster_url(tmp_path):
         plan = task_entries(4)
         assert warm(one, DirAdapter(tmp_path / "a"), plan)["compiled"] == 8
         assert warm(two, DirAdapter(tmp_path / "b"), plan)["remote_hits"] == 8
-        with one.single_flight("testlib/gemm/0", 5) as mine:
+        with one.claims.single_flight("testlib/gemm/0", 5) as mine:
             assert mine is False  # published already
         assert admin.read_stats(one)["totals"]["remote_hits"] == 8
         assert admin.verify(one).ok == 8

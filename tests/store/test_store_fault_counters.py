@@ -48,12 +48,12 @@ def test_counters_of_a_paused_store_reach_cache_stats_when_it_returns(tmp_path, 
         warm(cache, DirAdapter(tmp_path / "a"), PLAN)  # publishes and flushes: store known
         os.kill(srv.pid, signal.SIGSTOP)
         try:
-            assert cache.fetch_task(DirAdapter(tmp_path / "b"), next(iter(PLAN))) is None
-            cache.record_outcomes({"compiled": 3})
+            assert cache.entries.fetch_task(DirAdapter(tmp_path / "b"), next(iter(PLAN))) is None
+            cache.stats.record_outcomes({"compiled": 3})
             cache.close()
         finally:
             os.kill(srv.pid, signal.SIGCONT)
-        assert cache.counters["store_errors"] == 1
+        assert cache.stats.counters["store_errors"] == 1
         assert len(_spooled(state)) == 1  # kept locally, not dropped
         totals = _node_totals(srv.url, "paused")
         assert totals["store_errors"] == 1 and totals["compiled"] == 4 + 3
@@ -74,7 +74,7 @@ def test_counters_of_a_full_store_are_kept_until_it_has_room(tmp_path, caches, s
         cache = caches(srv.url, node="full")
         counts = warm(cache, DirAdapter(tmp_path / "b"), PLAN)
         # each of the 4 entries as it was built, then the 2 tasks' records
-        assert counts["compiled"] == 4 and cache.counters["publish_failed"] == 6
+        assert counts["compiled"] == 4 and cache.stats.counters["publish_failed"] == 6
         cache.close()
         assert len(_spooled(state)) == 1
         client.config_set("maxmemory", "0")
@@ -94,11 +94,11 @@ def test_an_installed_entry_is_one_hit(server, rclient, caches, tmp_path):
     fp = writer.fingerprint(DirAdapter(tmp_path / "a")).digest
     reader = caches(server.url, node="r")
     adapter = DirAdapter(tmp_path / "b")
-    reader.prefetch(adapter, list(PLAN))  # what warmup does first, then task by task:
+    reader.entries.prefetch(adapter, list(PLAN))  # what warmup does first, then task by task:
     for task in PLAN:
-        assert reader.fetch_task(adapter, task) == PLAN[task]
-    assert reader.counters["remote_hits"] == 4 and reader.counters["tasks_hit"] == 2
-    assert "local_hits" not in reader.counters
+        assert reader.entries.fetch_task(adapter, task) == PLAN[task]
+    assert reader.stats.counters["remote_hits"] == 4 and reader.stats.counters["tasks_hit"] == 2
+    assert "local_hits" not in reader.stats.counters
     reader.close()
     stats = json.loads(rclient.get(layout.fp_stats_key(fp)))
     assert stats["remote_hits"] == 4 and stats["tasks_hit"] == 2
@@ -124,12 +124,12 @@ def test_a_node_local_refusal_is_remembered_for_the_process(server, rclient, cac
     CountingIncompatibleAdapter.installs = 0
     reader = caches(server.url, node="r")
     adapter = CountingIncompatibleAdapter(tmp_path / "b")
-    assert all(reader.fetch_task(adapter, task) is None for task in PLAN)
+    assert all(reader.entries.fetch_task(adapter, task) is None for task in PLAN)
     assert CountingIncompatibleAdapter.installs == 4  # once per entry, not once per look
-    assert reader.counters["refused_here"] == 4 and "quarantined" not in reader.counters
+    assert reader.stats.counters["refused_here"] == 4 and "quarantined" not in reader.stats.counters
     task = next(iter(PLAN))
     fresh = CountingIncompatibleAdapter(tmp_path / "c")
-    assert reader.fetch_task(fresh, task) is None
+    assert reader.entries.fetch_task(fresh, task) is None
     assert CountingIncompatibleAdapter.installs == 4  # not fetched nor tried again
     assert rclient.exists(layout.manifest_key(writer.fingerprint(adapter).digest, PLAN[task][0]))
 

@@ -73,8 +73,9 @@ def test_a_store_that_answers_late_is_waited_for_not_compiled_around(tmp_path, c
             resume.join()
             os.kill(srv.pid, signal.SIGCONT)
         assert counts == {"local_hits": 0, "remote_hits": 12, "compiled": 0}
-        assert cache.counters["store_retries"] >= 1
-        assert "store_unreachable" not in cache.counters and "store_errors" not in cache.counters
+        assert cache.stats.counters["store_retries"] >= 1
+        assert "store_unreachable" not in cache.stats.counters
+        assert "store_errors" not in cache.stats.counters
     finally:
         srv.stop()
 
@@ -95,7 +96,8 @@ def test_reads_fit_a_small_reply_buffer(server, rclient, caches, tmp_path):
     finally:
         rclient.config_set("client-output-buffer-limit", before)
     assert counts["remote_hits"] == 12 and counts["compiled"] == 0
-    assert "store_errors" not in reader.counters and "store_retries" not in reader.counters
+    assert "store_errors" not in reader.stats.counters
+    assert "store_retries" not in reader.stats.counters
 
 
 # --- reads stay reads -----------------------------------------------------------------------
@@ -138,17 +140,17 @@ def test_what_a_plan_used_is_renewed_once_per_interval(server, rclient, caches, 
     key = layout.manifest_key(fp, plan["testlib/fleet/0"][0])
     rclient.pexpire(key, 5000)
     first = caches(server.url, ttl_seconds=3600, node="first")
-    assert first.prefetch(DirAdapter(tmp_path / "b"), list(plan))["testlib/fleet/0"]
+    assert first.entries.prefetch(DirAdapter(tmp_path / "b"), list(plan))["testlib/fleet/0"]
     assert rclient.pttl(key) > 3_000_000  # renewed by the first reader
     rclient.pexpire(key, 5000)
     second = caches(server.url, ttl_seconds=3600, node="second")
-    assert second.prefetch(DirAdapter(tmp_path / "c"), list(plan))["testlib/fleet/0"]
+    assert second.entries.prefetch(DirAdapter(tmp_path / "c"), list(plan))["testlib/fleet/0"]
     assert rclient.pttl(key) <= 5000  # within the interval: nobody renews again
     (marker,) = rclient.scan_iter(match=layout.PREFIX + "renewed:*")
     assert 0 < rclient.pttl(marker) <= 360_000  # a tenth of the TTL
     rclient.delete(marker)  # the interval is over
     third = caches(server.url, ttl_seconds=3600, node="third")
-    assert third.prefetch(DirAdapter(tmp_path / "d"), list(plan))["testlib/fleet/0"]
+    assert third.entries.prefetch(DirAdapter(tmp_path / "d"), list(plan))["testlib/fleet/0"]
     assert rclient.pttl(key) > 3_000_000
 
 

@@ -54,7 +54,7 @@ def warms(caches, url, root, key, node):
     log = root.parent / f"{root.name}.log"
     cache = caches(url, signing_key=key, node=node)
     counts = warm(cache, DirAdapter(root), PLAN, log=log)
-    return counts, cache.counters, compiles(log)
+    return counts, cache.stats.counters, compiles(log)
 
 
 @pytest.fixture
@@ -93,8 +93,8 @@ def test_a_wrong_key_node_never_heals_what_it_refuses_while_the_proof_is_missing
     fp = wrong.fingerprint(adapter)
     assert wrong.entries.read_manifests(fp, list(NAMES)) == {}
     assert wrong.key_proof is KeyProof.MISSING
-    assert "quarantined" not in wrong.counters
-    assert wrong.counters["signature_rejected"] == len(NAMES)
+    assert "quarantined" not in wrong.stats.counters
+    assert wrong.stats.counters["signature_rejected"] == len(NAMES)
     assert entries_state(rclient) == before
 
 
@@ -174,8 +174,8 @@ def test_kernels_built_without_the_clusters_key_are_never_published(proof, serve
     cache = caches(server.url, signing_key=key, node=proof)
     counts = warm(cache, DirAdapter(tmp_path / proof), fresh)
     assert counts["compiled"] == len(names)
-    assert "published" not in cache.counters
-    assert cache.counters["publish_blocked"] == len(names) + 1  # its kernels, its record
+    assert "published" not in cache.stats.counters
+    assert cache.stats.counters["publish_blocked"] == len(names) + 1  # its kernels, its record
     assert entries_state(rclient) == before
 
 
@@ -202,15 +202,16 @@ def test_a_node_without_a_key_never_heals_a_signed_cluster(server, rclient, cach
     keyless = caches(server.url, node="keyless")
     assert keyless.key_proof is KeyProof.KEYLESS
     task = next(t for t, names in PLAN.items() if entry in names)
-    assert keyless.fetch_task(DirAdapter(tmp_path / "k"), task) is None
-    assert keyless.counters["corrupt_rejected"] == 1 and "quarantined" not in keyless.counters
+    assert keyless.entries.fetch_task(DirAdapter(tmp_path / "k"), task) is None
+    assert keyless.stats.counters["corrupt_rejected"] == 1
+    assert "quarantined" not in keyless.stats.counters
     adapter = DirAdapter(tmp_path / "k2")
-    publication = keyless.publish_task(adapter, task, [compile_entry(adapter, entry)], 1.0)
+    publication = keyless.entries.publish_task(adapter, task, [compile_entry(adapter, entry)], 1.0)
     assert publication.skipped == "key proof keyless"
     assert entries_state(rclient) == before
     keyed = caches(server.url, signing_key=KEY, node="keyed")
-    assert keyed.fetch_task(DirAdapter(tmp_path / "r"), task) is None
-    assert keyed.counters["quarantined"] == 1
+    assert keyed.entries.fetch_task(DirAdapter(tmp_path / "r"), task) is None
+    assert keyed.stats.counters["quarantined"] == 1
 
 
 def test_the_first_keyed_node_of_a_new_store_writes_the_proof(server, rclient, caches,

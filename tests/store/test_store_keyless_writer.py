@@ -68,12 +68,12 @@ def test_admin_commands_and_publications_survive_keys_of_another_type(
     # every publication cluster-wide), and so do its counters
     other = caches(url, node="other")
     more = DirAdapter(tmp_path / "b")
-    publication = other.publish_task(more, "t-new", [compile_entry(more, "kernel.new.0001")],
-                                      1.0)
-    assert publication.written == 1 and "publish_failed" not in other.counters
+    publication = other.entries.publish_task(
+        more, "t-new", [compile_entry(more, "kernel.new.0001")], 1.0)
+    assert publication.written == 1 and "publish_failed" not in other.stats.counters
     assert other.stats.flush()
     reader = caches(url, node="reader")
-    assert reader.fetch_task(DirAdapter(tmp_path / "c"), "t-new") == ["kernel.new.0001"]
+    assert reader.entries.fetch_task(DirAdapter(tmp_path / "c"), "t-new") == ["kernel.new.0001"]
     # prune removes the planted key (the next writes rebuild it) and nothing else
     pruned = json.loads(cli("cache", "prune", "--json", "--redis", url).output)
     assert pruned["malformed_removed"] == 1 and pruned["orphan_blobs_removed"] == 0
@@ -109,10 +109,10 @@ def test_a_flooded_learned_index_is_read_bounded_newest_first(server, rclient, c
     rclient.set(key, json.dumps(index))
     node_c = caches(server.url, node="c")
     dest = DirAdapter(tmp_path / "c")
-    names = node_c.learned(dest, "plan")
+    names = node_c.lists.learned(dest, "plan")
     assert len(names) == layout.MAX_LEARNED and names[0] == entry.name
     assert not any("future" in n for n in names)
-    assert node_c.counters["learned_cut"] == 25_001 - layout.MAX_LEARNED
+    assert node_c.stats.counters["learned_cut"] == 25_001 - layout.MAX_LEARNED
     assert install_learned(node_c, dest, "plan") == [entry.name]
     assert [e.name for e in dest.list_entries()] == [entry.name]
     rows = json.loads(cli("cache", "ls", "--learned", "--json", "--redis", server.url).output)
@@ -120,7 +120,7 @@ def test_a_flooded_learned_index_is_read_bounded_newest_first(server, rclient, c
     # An index past the byte bound is not read at all: nothing learned, nothing installed.
     rclient.set(key, json.dumps({f"kernel.x{i:07d}.0001": 1.0 for i in range(200_000)}))
     assert len(rclient.get(key)) > json_values.MAX_INDEX_BYTES
-    assert node_c.learned(DirAdapter(tmp_path / "d"), "plan") == []
+    assert node_c.lists.learned(DirAdapter(tmp_path / "d"), "plan") == []
 
 
 def test_adding_to_a_learned_index_keeps_its_newest_names(server, rclient, caches, tmp_path):
@@ -129,7 +129,7 @@ def test_adding_to_a_learned_index_keeps_its_newest_names(server, rclient, cache
     key = layout.learned_key(node.fingerprint(adapter).digest, "plan")
     rclient.set(key, json.dumps({f"kernel.old{i}.0001": 1.0 + i
                                  for i in range(layout.MAX_LEARNED)}))
-    assert node.add_learned(adapter, "plan", ["kernel.fresh.0001"])
+    assert node.lists.add_learned(adapter, "plan", ["kernel.fresh.0001"])
     index = json.loads(rclient.get(key))
     assert len(index) == layout.MAX_LEARNED
     assert "kernel.fresh.0001" in index and "kernel.old0.0001" not in index
@@ -153,8 +153,8 @@ def test_an_empty_or_inconsistent_task_record_is_refused_like_any_bad_record(
     rclient.set(key, json_bytes({**json.loads(rclient.get(key)), **edit}))
     node = caches(server.url, node="b")
     dest = DirAdapter(tmp_path / "b")
-    assert node.prefetch(dest, list(PLAN))[task] is None
-    assert node.counters["corrupt_rejected"] == 1
+    assert node.entries.prefetch(dest, list(PLAN))[task] is None
+    assert node.stats.counters["corrupt_rejected"] == 1
     counts = warm(caches(server.url, node="c"), DirAdapter(tmp_path / "c"), PLAN)
     # its entries are still published one by one: installed, nothing compiled again, and
     # the task's record written anew
@@ -180,11 +180,11 @@ def test_content_an_adapter_cannot_parse_is_quarantined_not_an_install_failure(
     source = UnboundedJsonAdapter(tmp_path / "a")
     entry = compile_entry(source, "kernel.deep.0001")
     (entry.path / "config.json").write_bytes(b"[" * 100_000 + b"]" * 100_000)
-    assert writer.publish_task(source, "t", [entry], 1.0).written == 1
+    assert writer.entries.publish_task(source, "t", [entry], 1.0).written == 1
     fp = writer.fingerprint(source).digest
     reader = caches(server.url, node="reader")
-    assert reader.fetch_task(UnboundedJsonAdapter(tmp_path / "b"), "t") is None
-    counters = reader.counters
+    assert reader.entries.fetch_task(UnboundedJsonAdapter(tmp_path / "b"), "t") is None
+    counters = reader.stats.counters
     assert counters["unsafe_rejected"] == 1 and counters["quarantined"] == 1, counters
     assert "install_failed" not in counters
     assert not rclient.exists(layout.manifest_key(fp, entry.name))

@@ -51,12 +51,12 @@ def test_a_foreign_claim_is_taken_over_at_once_and_counted(server, caches, tmp_p
     adapter = DirAdapter(tmp_path / "a")
     lease = _kernel_lease(cache, adapter, "kernel.p.0001")
     PLANTS[plant](client, lease)
-    claim = cache.claim_work(adapter, "kernel.p.0001")
+    claim = cache.claims.claim(adapter, "kernel.p.0001")
     assert claim.state == ClaimState.MINE
-    assert cache.counters["claims_taken_over"] == 1
+    assert cache.stats.counters["claims_taken_over"] == 1
     assert client.get(lease).decode().startswith("c1|victim|")  # ours now, with our TTL
     assert 0 < client.pttl(lease) <= claimid.MAX_CLAIM_TTL_MS
-    cache.release_work(adapter, "kernel.p.0001")
+    cache.claims.release(adapter, "kernel.p.0001")
     assert client.exists(lease) == 0
 
 
@@ -67,14 +67,14 @@ def test_a_keyless_writer_s_claim_is_foreign_in_a_signed_cluster(server, caches,
     adapter = DirAdapter(tmp_path / "a")
     lease = _kernel_lease(signed, adapter, "kernel.s.0001")
     client.set(lease, _forged(), px=20_000)  # the right shape and TTL, no MAC
-    assert signed.claim_work(adapter, "kernel.s.0001").state == ClaimState.MINE
-    assert signed.counters["claims_taken_over"] == 1
+    assert signed.claims.claim(adapter, "kernel.s.0001").state == ClaimState.MINE
+    assert signed.stats.counters["claims_taken_over"] == 1
     # a record whose MAC was made for another key (moved here from another claim) is too
     other = _kernel_lease(signed, adapter, "kernel.s.0002")
     client.set(other, claimid.make_record("signed", lease, claimid.claim_key(KEY)),
                px=20_000)
-    assert signed.claim_work(adapter, "kernel.s.0002").state == ClaimState.MINE
-    assert signed.counters["claims_taken_over"] == 2
+    assert signed.claims.claim(adapter, "kernel.s.0002").state == ClaimState.MINE
+    assert signed.stats.counters["claims_taken_over"] == 2
 
 
 def test_warmd_s_own_claims_are_honoured_signed_or_not(server, caches, tmp_path):
@@ -84,11 +84,11 @@ def test_warmd_s_own_claims_are_honoured_signed_or_not(server, caches, tmp_path)
         two = caches(server.url, node="two", signing_key=key)
         a, b = DirAdapter(tmp_path / "a"), DirAdapter(tmp_path / "b")
         name = f"kernel.h{1 if key else 0}.0001"
-        assert one.claim_work(a, name).state == ClaimState.MINE
-        held = two.claim_work(b, name)
+        assert one.claims.claim(a, name).state == ClaimState.MINE
+        held = two.claims.claim(b, name)
         assert held.state == ClaimState.HELD and held.holder.startswith("one:")
-        assert two.counters.get("claims_taken_over", 0) == 0
-        one.release_work(a, name)
+        assert two.stats.counters.get("claims_taken_over", 0) == 0
+        one.claims.release(a, name)
 
 
 def _warm_in_thread(cache, adapter, plan, log, timeout: float) -> tuple[threading.Thread, dict]:
@@ -123,8 +123,8 @@ def test_a_planted_claim_does_not_hold_a_warmup(server, caches, tmp_path, plant)
     thread.join(120)
     assert not thread.is_alive(), "the warmup is still waiting on the planted claims"
     assert out["counts"]["compiled"] == 4
-    assert cache.counters["claims_taken_over"] == 4
-    assert cache.counters.get("lease_timeouts", 0) == 0
+    assert cache.stats.counters["claims_taken_over"] == 4
+    assert cache.stats.counters.get("lease_timeouts", 0) == 0
     cache.close()  # its counters reach the store: `warmd cache stats` shows them
     shown = CliRunner().invoke(main, ["cache", "stats", "--redis", server.url])
     assert shown.exit_code == 0, shown.output
@@ -161,8 +161,8 @@ def test_a_claim_that_looks_right_holds_a_warmup_no_longer_than_the_timeout(
         planter.join()
     assert not thread.is_alive(), "the warmup is still waiting past the single-flight timeout"
     assert out["counts"]["compiled"] == 1
-    assert cache.counters["lease_timeouts"] == 1
-    assert cache.counters.get("claims_taken_over", 0) == 0
+    assert cache.stats.counters["lease_timeouts"] == 1
+    assert cache.stats.counters.get("claims_taken_over", 0) == 0
     assert out["seconds"] >= 3.0  # it did honour the claim for the timeout
 
 
@@ -178,12 +178,12 @@ def test_names_planted_in_the_pending_index_cannot_hold_real_captures_out(server
     client.flushall()
     cache = caches(server.url, node="producer")
     adapter = DirAdapter(tmp_path / "a")
-    assert cache.submit_capture(adapter, ["plan"], "kernel.real.0001", b"artifact")
+    assert cache.captures.submit(adapter, ["plan"], "kernel.real.0001", b"artifact")
     key = layout.captures_key(cache.fingerprint(adapter).digest)
     index = {f"kernel.fake{i}.0001": 0 for i in range(MAX_PENDING_LISTED)}
     client.set(key, json.dumps({**json.loads(client.get(key)), **index}))
     # held out by the planted names
-    assert "kernel.real.0001" not in cache.pending_captures(adapter)
+    assert "kernel.real.0001" not in cache.captures.pending(adapter)
     results = rederive_pending(cache, adapter, NodeContext.of())
     assert sum(r.outcome == "refused" for r in results) == MAX_PENDING_LISTED
-    assert cache.pending_captures(adapter) == ["kernel.real.0001"]
+    assert cache.captures.pending(adapter) == ["kernel.real.0001"]

@@ -48,7 +48,7 @@ def node_warms(caches, url, root, key=None, node=None):
     log = root.parent / f"{root.name}.log"
     cache = caches(url, signing_key=key, **({"node": node} if node else {}))
     counts = warm(cache, DirAdapter(root), PLAN, log=log)
-    return counts, cache.counters, compiles(log)
+    return counts, cache.stats.counters, compiles(log)
 
 
 def poison_manifest(rclient, fp: str, name: str, edit) -> bytes:
@@ -244,7 +244,7 @@ def test_a_refused_manifest_found_before_building_is_quarantined_then_healed(
                           "digest": "0" * 64, "size": 1, "producer": "mallory"})
     rclient.set(layout.manifest_key(fp, NAMES[0]), planted)
     assert warm(writer, adapter, PLAN)["compiled"] == 2
-    assert writer.counters["quarantined"] == 1 and writer.counters["published"] == 2
+    assert writer.stats.counters["quarantined"] == 1 and writer.stats.counters["published"] == 2
     assert json.loads(rclient.get(layout.quarantine_key(fp, NAMES[0])))["manifest"][
         "producer"] == "mallory"
     counts, _counters, built = node_warms(caches, server.url, tmp_path / "c", key=KEY)
@@ -278,8 +278,8 @@ def test_refused_reads_renew_no_ttl(server, rclient, caches, tmp_path):
     keys = [layout.task_key(fp, TASK), *(layout.manifest_key(fp, n) for n in NAMES)]
     for key in keys:
         rclient.pexpire(key, 40_000)
-    caches(server.url, signing_key=b"wrong").fetch_task(DirAdapter(tmp_path / "w"), TASK)
+    caches(server.url, signing_key=b"wrong").entries.fetch_task(DirAdapter(tmp_path / "w"), TASK)
     assert all(0 < rclient.pttl(k) <= 40_000 for k in keys)
     reader = caches(server.url, signing_key=KEY)
-    assert reader.fetch_task(DirAdapter(tmp_path / "r"), TASK) == NAMES
+    assert reader.entries.fetch_task(DirAdapter(tmp_path / "r"), TASK) == NAMES
     assert all(rclient.pttl(k) > 40_000 for k in keys)  # a verified read renews them

@@ -32,7 +32,7 @@ CACHE_DEFAULTS = {"poll_interval": 0.1}
 
 def _publish(cache, adapter, task: str, names: list[str], size: int = 120_000):
     entries = [compile_entry(adapter, n, size) for n in names]
-    cache.publish_task(adapter, task, entries, 2.0)
+    cache.entries.publish_task(adapter, task, entries, 2.0)
     return entries
 
 
@@ -56,23 +56,23 @@ def test_publish_then_fetch_installs_verified_entries(server, rclient, caches, t
     assert man.chunks == 3 and man.producer == "node0" and man.compile_seconds == 1.0
     assert all(len(rclient.get(layout.blob_key(man.digest, i))) <= 1 << 20 for i in range(3))
 
-    assert reader.fetch_task(b, "testlib/t1") == ["kernel.x.0001", big]
+    assert reader.entries.fetch_task(b, "testlib/t1") == ["kernel.x.0001", big]
     for name in ("kernel.x.0001", big):
         assert (b.root / name / "kernel.bin").read_bytes() == \
             (a.root / name / "kernel.bin").read_bytes()
-    counters = reader.counters
+    counters = reader.stats.counters
     assert counters["remote_hits"] == 2 and counters["tasks_hit"] == 1
     assert counters["bytes_fetched"] > 2_500_000 and counters["compile_seconds_saved"] == 2.0
-    assert reader.fetch_task(b, "testlib/unknown") is None
+    assert reader.entries.fetch_task(b, "testlib/unknown") is None
     # Already installed by this process: nothing fetched again, and not counted
     # again either: one installed entry is one remote hit, not also a local hit.
-    assert reader.fetch_task(b, "testlib/t1") == ["kernel.x.0001", big]
-    assert "local_hits" not in reader.counters and reader.counters["remote_hits"] == 2
-    assert reader.counters["tasks_hit"] == 1
+    assert reader.entries.fetch_task(b, "testlib/t1") == ["kernel.x.0001", big]
+    assert "local_hits" not in reader.stats.counters and reader.stats.counters["remote_hits"] == 2
+    assert reader.stats.counters["tasks_hit"] == 1
     # Present before this process looked: a local hit.
     other = caches(server.url)
-    assert other.fetch_task(b, "testlib/t1") == ["kernel.x.0001", big]
-    assert other.counters["local_hits"] == 2 and "remote_hits" not in other.counters
+    assert other.entries.fetch_task(b, "testlib/t1") == ["kernel.x.0001", big]
+    assert other.stats.counters["local_hits"] == 2 and "remote_hits" not in other.stats.counters
 
 
 def test_prefetch_a_plan_and_ttl_refresh(server, rclient, caches, tmp_path):
@@ -86,7 +86,7 @@ def test_prefetch_a_plan_and_ttl_refresh(server, rclient, caches, tmp_path):
     assert 3_500_000 < rclient.pttl(key) <= 3_600_000
     rclient.pexpire(key, 5000)
     reader = caches(server.url, ttl_seconds=3600)
-    got = reader.prefetch(b, list(plan) + ["testlib/missing"])
+    got = reader.entries.prefetch(b, list(plan) + ["testlib/missing"])
     assert got["testlib/missing"] is None
     assert all(got[t] == names for t, names in plan.items())
     assert len(b.list_entries()) == 24
@@ -98,8 +98,8 @@ def test_same_entry_published_twice_is_stored_once(server, rclient, caches, tmp_
     a, b = DirAdapter(tmp_path / "a"), DirAdapter(tmp_path / "b")
     _publish(one, a, "testlib/t", ["kernel.same.0001"])
     _publish(two, b, "testlib/t", ["kernel.same.0001"])
-    assert one.counters["published"] == 1 and two.counters["already_published"] == 1
-    assert "published" not in two.counters
+    assert one.stats.counters["published"] == 1 and two.stats.counters["already_published"] == 1
+    assert "published" not in two.stats.counters
 
 
 def test_kernels_published_as_built_count_once(server, rclient, caches, tmp_path):
@@ -108,7 +108,8 @@ def test_kernels_published_as_built_count_once(server, rclient, caches, tmp_path
     plan = task_entries(2, per_task=2)
     cache = caches(server.url)
     assert warm(cache, DirAdapter(tmp_path / "a"), plan)["compiled"] == 4
-    assert cache.counters["published"] == 4 and "already_published" not in cache.counters
+    assert cache.stats.counters["published"] == 4
+    assert "already_published" not in cache.stats.counters
 
 
 def test_an_entry_built_here_while_a_fetch_runs_is_no_remote_hit(server, caches, tmp_path):
@@ -119,14 +120,14 @@ def test_an_entry_built_here_while_a_fetch_runs_is_no_remote_hit(server, caches,
 
     writer = caches(server.url, node="other")
     source = DirAdapter(tmp_path / "other")
-    writer.publish_entries(source, [compile_entry(source, "kernel.theirs.0001")], 1.0)
+    writer.entries.publish_entries(source, [compile_entry(source, "kernel.theirs.0001")], 1.0)
     here = DirAdapter(tmp_path / "here")
     library = LibraryState(here.library, here)
     reader = caches(server.url, node="here")
 
     def install_while_building(adapter):
         compile_entry(adapter, "kernel.mine.0001")  # a compile thread's, meanwhile
-        return reader.install_entries(adapter, ["kernel.theirs.0001"])
+        return reader.entries.install_entries(adapter, ["kernel.theirs.0001"])
 
     assert "kernel.theirs.0001" in library.installing(reader, install_while_building)
     assert library.installed() == {"kernel.theirs.0001"}
@@ -171,19 +172,20 @@ def test_damaged_entries_are_refused_quarantined_and_rebuilt(server, rclient, ca
 
     b = DirAdapter(tmp_path / "b")
     reader = caches(server.url)
-    assert reader.fetch_task(b, "testlib/bad") is None
+    assert reader.entries.fetch_task(b, "testlib/bad") is None
     assert not (b.root / "kernel.victim.0001").exists()
-    assert reader.counters["corrupt_rejected"] == 1 and reader.counters["quarantined"] == 1
+    assert reader.stats.counters["corrupt_rejected"] == 1
+    assert reader.stats.counters["quarantined"] == 1
     assert rclient.get(layout.manifest_key(fp, "kernel.victim.0001")) is None
     assert rclient.exists(layout.quarantine_key(fp, "kernel.victim.0001"))
     # Nothing valid lost: the other entry still installs (its blob survived).
-    assert reader.fetch_task(b, "testlib/good") == ["kernel.other.0001"]
+    assert reader.entries.fetch_task(b, "testlib/good") == ["kernel.other.0001"]
     # The next compile republishes the victim, and it hits again.
-    with reader.single_flight("testlib/bad", 5) as mine:
+    with reader.claims.single_flight("testlib/bad", 5) as mine:
         assert mine
         _publish(reader, b, "testlib/bad", ["kernel.victim.0001"])
     c = DirAdapter(tmp_path / "c")
-    assert caches(server.url).fetch_task(c, "testlib/bad") == ["kernel.victim.0001"]
+    assert caches(server.url).entries.fetch_task(c, "testlib/bad") == ["kernel.victim.0001"]
     assert (c.root / "kernel.victim.0001" / "kernel.bin").read_bytes() == \
         (a.root / "kernel.victim.0001" / "kernel.bin").read_bytes()
 
@@ -197,15 +199,16 @@ def test_signatures_are_required_when_a_key_is_configured(server, rclient, cache
 
     wrong = caches(server.url, signing_key=b"another-key")
     b = DirAdapter(tmp_path / "b")
-    assert wrong.fetch_task(b, "testlib/signed") is None
-    assert wrong.counters["signature_rejected"] == 1 and wrong.counters["corrupt_rejected"] == 1
+    assert wrong.entries.fetch_task(b, "testlib/signed") is None
+    assert wrong.stats.counters["signature_rejected"] == 1
+    assert wrong.stats.counters["corrupt_rejected"] == 1
     strict = caches(server.url, signing_key=b"cluster-key")
-    assert strict.fetch_task(b, "testlib/unsigned") is None
-    assert strict.counters["signature_rejected"] == 1
+    assert strict.entries.fetch_task(b, "testlib/unsigned") is None
+    assert strict.stats.counters["signature_rejected"] == 1
     assert b.list_entries() == []
     # Refused, not quarantined: a node with a wrong key cannot wipe valid entries.
-    assert "quarantined" not in wrong.counters
-    assert strict.fetch_task(b, "testlib/signed") == ["kernel.s.0001"]
+    assert "quarantined" not in wrong.stats.counters
+    assert strict.entries.fetch_task(b, "testlib/signed") == ["kernel.s.0001"]
 
     # A manifest re-signed with the wrong key over a tampered digest is refused too.
     fp = _fp(strict, a)
@@ -215,7 +218,7 @@ def test_signatures_are_required_when_a_key_is_configured(server, rclient, cache
 
     rclient.set(key, json_bytes(sign(dict(forged, producer="mallory"), b"guess")))
     c = DirAdapter(tmp_path / "c")
-    assert caches(server.url, signing_key=b"cluster-key").fetch_task(c, "testlib/signed") \
+    assert caches(server.url, signing_key=b"cluster-key").entries.fetch_task(c, "testlib/signed") \
         is None
     assert c.list_entries() == []
 
@@ -243,8 +246,9 @@ def test_unsafe_artifact_is_refused_and_writes_nothing_outside(server, rclient, 
     b = DirAdapter(tmp_path / "b")
     reader = caches(server.url, signing_key=b"k")
     before = _outside_files(tmp_path, a.root, b.root)
-    assert reader.fetch_task(b, "testlib/t") is None
-    assert reader.counters["unsafe_rejected"] == 1 and reader.counters["quarantined"] == 1
+    assert reader.entries.fetch_task(b, "testlib/t") is None
+    assert reader.stats.counters["unsafe_rejected"] == 1
+    assert reader.stats.counters["quarantined"] == 1
     assert _outside_files(tmp_path, a.root, b.root) == before
     assert not list(tmp_path.rglob("escaped.txt")) and b.list_entries() == []
 
@@ -267,18 +271,18 @@ def test_acl_reader_reads_but_cannot_publish(server, rclient, caches, tmp_path):
     reader = caches(f"redis://reader:reader-pw@127.0.0.1:{port}/0")
     a, b = DirAdapter(tmp_path / "a"), DirAdapter(tmp_path / "b")
     _publish(writer, a, "testlib/w", ["kernel.w.0001"])
-    assert writer.counters["published"] == 1
-    assert reader.fetch_task(b, "testlib/w") == ["kernel.w.0001"]
+    assert writer.stats.counters["published"] == 1
+    assert reader.entries.fetch_task(b, "testlib/w") == ["kernel.w.0001"]
 
     keys_before = set(rclient.keys("warmd:v1:*"))
     _publish(reader, b, "testlib/r", ["kernel.r.0001"])  # no exception
-    assert reader.counters["publish_denied"] == 1 and reader.read_only
+    assert reader.stats.counters["publish_denied"] == 1 and reader.read_only
     _publish(reader, b, "testlib/r2", ["kernel.r.0002"])
-    assert reader.counters["publish_skipped"] == 1  # it stops trying
+    assert reader.stats.counters["publish_skipped"] == 1  # it stops trying
     assert {k for k in rclient.keys("warmd:v1:*")} - keys_before <= {
         k for k in rclient.keys("warmd:v1:stats:*")}
     # A reader takes no lease: nobody holds one, so it compiles right away.
-    with reader.single_flight("testlib/r3", 5) as mine:
+    with reader.claims.single_flight("testlib/r3", 5) as mine:
         assert mine
     assert not rclient.keys("warmd:v1:lease:*")
 
@@ -301,13 +305,13 @@ def test_tls_with_auth(tmp_path, caches):
         assert srv.url.startswith("rediss://")
         a, b = DirAdapter(tmp_path / "a"), DirAdapter(tmp_path / "b")
         _publish(caches(srv.url), a, "testlib/tls", ["kernel.t.0001"])
-        assert caches(srv.url).fetch_task(b, "testlib/tls") == ["kernel.t.0001"]
+        assert caches(srv.url).entries.fetch_task(b, "testlib/tls") == ["kernel.t.0001"]
         # Without the CA the certificate is not trusted: a miss, never an exception.
         untrusted = caches(srv.url.split("?")[0])
         began = time.monotonic()
-        assert untrusted.fetch_task(DirAdapter(tmp_path / "c"), "testlib/tls") is None
+        assert untrusted.entries.fetch_task(DirAdapter(tmp_path / "c"), "testlib/tls") is None
         assert time.monotonic() - began < 15  # not retried for the join budget (60 s)
-        assert untrusted.counters["store_errors"] >= 1
+        assert untrusted.stats.counters["store_errors"] >= 1
     finally:
         srv.stop()
 
@@ -323,8 +327,8 @@ def test_store_down_before_warmup(tmp_path, caches):
     counts = warm(cache, adapter, task_entries(5))
     assert time.monotonic() - start < 3
     assert counts["compiled"] == 10 and len(adapter.list_entries()) == 10
-    assert cache.counters["store_errors"] >= 1 and cache.counters["store_skipped"] >= 5
-    assert "published" not in cache.counters
+    assert cache.stats.counters["store_errors"] >= 1 and cache.stats.counters["store_skipped"] >= 5
+    assert "published" not in cache.stats.counters
 
 
 def test_store_lost_mid_run_then_back(tmp_path, caches):
@@ -336,12 +340,12 @@ def test_store_lost_mid_run_then_back(tmp_path, caches):
         plan = task_entries(6)
         first = dict(list(plan.items())[:3])
         assert warm(cache, adapter, first)["compiled"] == 6
-        assert cache.counters["published"] == 6
+        assert cache.stats.counters["published"] == 6
         srv.stop()
         rest = dict(list(plan.items())[3:])
         assert warm(cache, adapter, rest)["compiled"] == 6  # local compiles, no exception
-        assert cache.counters["store_errors"] >= 1
-        assert cache.counters["published"] == 6
+        assert cache.stats.counters["store_errors"] >= 1
+        assert cache.stats.counters["published"] == 6
         # Back (same data dir, same port): the breaker re-probes and sharing resumes.
         srv2 = start_test_server(tmp_path / "s1", password="pw", port=srv.port)
         try:
@@ -349,7 +353,7 @@ def test_store_lost_mid_run_then_back(tmp_path, caches):
             fresh = DirAdapter(tmp_path / "b")
             extra = task_entries(2, prefix="later")
             warm(cache, fresh, extra)
-            assert cache.counters["published"] == 10
+            assert cache.stats.counters["published"] == 10
         finally:
             srv2.stop()
     finally:
@@ -366,22 +370,23 @@ def test_paused_server_is_retried_for_the_join_budget_then_degrades(tmp_path, ca
     os.kill(srv.pid, signal.SIGSTOP)
     try:
         start = time.monotonic()
-        assert cache.fetch_task(b, "testlib/p") is None
+        assert cache.entries.fetch_task(b, "testlib/p") is None
         for i in range(5):
-            assert cache.fetch_task(b, f"testlib/q{i}") is None
-        with cache.single_flight("testlib/p", 30) as mine:
+            assert cache.entries.fetch_task(b, f"testlib/q{i}") is None
+        with cache.claims.single_flight("testlib/p", 30) as mine:
             assert mine
         _publish(cache, b, "testlib/q", ["kernel.q.0001"])
         # timeouts retried (backoff, jitter) for the 1 s budget, then the breaker answers
         assert 1.0 <= time.monotonic() - start < 3.0
-        assert cache.counters["store_retries"] >= 1
-        assert cache.counters["store_unreachable"] == 1
-        assert cache.counters["store_errors"] == 1 and cache.counters["store_skipped"] >= 6
+        assert cache.stats.counters["store_retries"] >= 1
+        assert cache.stats.counters["store_unreachable"] == 1
+        assert cache.stats.counters["store_errors"] == 1
+        assert cache.stats.counters["store_skipped"] >= 6
     finally:
         os.kill(srv.pid, signal.SIGCONT)
     try:
         time.sleep(1.6)
-        assert cache.fetch_task(b, "testlib/p") == ["kernel.p.0001"]
+        assert cache.entries.fetch_task(b, "testlib/p") == ["kernel.p.0001"]
     finally:
         srv.stop()
 
@@ -398,8 +403,8 @@ def test_out_of_memory_and_read_only_stores_keep_reads_working(tmp_path, caches)
         client.config_set("maxmemory", "1")
         full = caches(srv.url)
         assert warm(full, b, task_entries(2))["compiled"] == 4
-        assert full.counters["publish_failed"] >= 1 and "published" not in full.counters
-        assert full.fetch_task(b, "testlib/old") == ["kernel.old.0001"]
+        assert full.stats.counters["publish_failed"] >= 1 and "published" not in full.stats.counters
+        assert full.entries.fetch_task(b, "testlib/old") == ["kernel.old.0001"]
         client.config_set("maxmemory", "0")
         client.replicaof("127.0.0.1", free_port())  # a replica is read-only
         replica = caches(srv.url)
@@ -407,8 +412,8 @@ def test_out_of_memory_and_read_only_stores_keep_reads_working(tmp_path, caches)
         assert warm(replica, c, task_entries(2, prefix="ro"))["compiled"] == 4
         # Learnt from the refused claim: nothing is even tried to publish (each of the 4
         # entries as it is built, then the 2 tasks' records).
-        assert replica.read_only and replica.counters["publish_skipped"] == 6
-        assert replica.fetch_task(c, "testlib/old") == ["kernel.old.0001"]
+        assert replica.read_only and replica.stats.counters["publish_skipped"] == 6
+        assert replica.entries.fetch_task(c, "testlib/old") == ["kernel.old.0001"]
         client.replicaof("NO", "ONE")
         client.close()
     finally:
@@ -420,16 +425,16 @@ def test_out_of_memory_and_read_only_stores_keep_reads_working(tmp_path, caches)
 def test_single_flight_waiter_gets_the_publication(server, rclient, caches, tmp_path):
     holder, waiter = caches(server.url), caches(server.url)
     a, b = DirAdapter(tmp_path / "a"), DirAdapter(tmp_path / "b")
-    assert holder.fetch_task(a, "testlib/sf") is None
-    assert waiter.fetch_task(b, "testlib/sf") is None
+    assert holder.entries.fetch_task(a, "testlib/sf") is None
+    assert waiter.entries.fetch_task(b, "testlib/sf") is None
     seen = {}
 
     def wait():
         start = time.monotonic()
-        with waiter.single_flight("testlib/sf", 20) as mine:
+        with waiter.claims.single_flight("testlib/sf", 20) as mine:
             seen["mine"], seen["waited"] = mine, time.monotonic() - start
 
-    with holder.single_flight("testlib/sf", 20) as mine:
+    with holder.claims.single_flight("testlib/sf", 20) as mine:
         assert mine
         thread = threading.Thread(target=wait)
         thread.start()
@@ -438,8 +443,9 @@ def test_single_flight_waiter_gets_the_publication(server, rclient, caches, tmp_
         _publish(holder, a, "testlib/sf", ["kernel.sf.0001"])
     thread.join(10)
     assert seen["mine"] is False and 0.4 < seen["waited"] < 5
-    assert waiter.fetch_task(b, "testlib/sf") == ["kernel.sf.0001"]
-    assert waiter.counters["lease_waits"] == 1 and waiter.counters["lease_waits_satisfied"] == 1
+    assert waiter.entries.fetch_task(b, "testlib/sf") == ["kernel.sf.0001"]
+    assert waiter.stats.counters["lease_waits"] == 1
+    assert waiter.stats.counters["lease_waits_satisfied"] == 1
     assert not rclient.keys("warmd:v1:lease:*")
 
 
@@ -448,11 +454,11 @@ def test_single_flight_waiter_times_out(server, rclient, caches, tmp_path):
     # test_store_contract.py).
     holder, waiter = caches(server.url), caches(server.url, lease_seconds=1.0)
     # A holder that never finishes: the waiter gives up after its timeout and compiles.
-    with holder.single_flight("testlib/slow", 20):
+    with holder.claims.single_flight("testlib/slow", 20):
         start = time.monotonic()
-        with waiter.single_flight("testlib/slow", 0.5) as mine:
+        with waiter.claims.single_flight("testlib/slow", 0.5) as mine:
             assert mine and time.monotonic() - start < 2
-    assert waiter.counters["lease_timeouts"] == 1
+    assert waiter.stats.counters["lease_timeouts"] == 1
 
 
 # ----------------------------------------------------------------------------- stats
@@ -462,7 +468,7 @@ def test_stats_per_node_and_fingerprint(server, rclient, caches, tmp_path):
     plan = task_entries(3)
     warm(one, DirAdapter(tmp_path / "a"), plan)
     warm(two, DirAdapter(tmp_path / "b"), plan)
-    one.record_outcomes({"failed": 1, "testlib.failed": 1, "corrupt_rejected": 99})
+    one.stats.record_outcomes({"failed": 1, "testlib.failed": 1, "corrupt_rejected": 99})
     data = admin.read_stats(one)
     alpha, beta = data["nodes"]["alpha"], data["nodes"]["beta"]
     assert alpha["compiled"] == 6 and alpha["failed"] == 1 and alpha["published"] == 6
@@ -522,16 +528,16 @@ def test_deep_gemm_entries_roundtrip_through_the_store(server, rclient, caches, 
         (path / "kernel.cu").write_text(f"// {name}\n")
         (path / "kernel.cubin").write_bytes(os.urandom(60_000 + 30_000 * i))
     writer = caches(server.url)
-    writer.publish_task(src, "deep_gemm/fp8_gemm_nt/4096x7168/x", src.list_entries(), 12.0)
+    writer.entries.publish_task(src, "deep_gemm/fp8_gemm_nt/4096x7168/x", src.list_entries(), 12.0)
     dest = DeepGemmCacheAdapter(tmp_path / "dest", arch="9.0a", sms=132)
-    assert caches(server.url).fetch_task(dest, "deep_gemm/fp8_gemm_nt/4096x7168/x") == names
+    assert caches(server.url).entries.fetch_task(dest, "deep_gemm/fp8_gemm_nt/4096x7168/x") == names
     for name in names:
         for part in ("kernel.cu", "kernel.cubin"):
             assert (dest.entries_dir / name / part).read_bytes() == \
                 (src.entries_dir / name / part).read_bytes()
     # Another SM count is another fingerprint: nothing to take.
     h20 = DeepGemmCacheAdapter(tmp_path / "h20", arch="9.0a", sms=78)
-    assert caches(server.url).fetch_task(h20, "deep_gemm/fp8_gemm_nt/4096x7168/x") is None
+    assert caches(server.url).entries.fetch_task(h20, "deep_gemm/fp8_gemm_nt/4096x7168/x") is None
 
 
 def test_compile_time_history_is_kept_per_family_and_bounded(tmp_path):
@@ -545,22 +551,23 @@ def test_compile_time_history_is_kept_per_family_and_bounded(tmp_path):
     server = start_test_server(tmp_path)
     try:
         one, two = open_shared_cache(server.url), open_shared_cache(server.url)
-        one.record_compile_times({"flashinfer/act_and_mul": (1, 30.0)})
-        two.record_compile_times({"flashinfer/act_and_mul": (3, 90.0), "deep_gemm/x": (1, 5.0)})
-        assert one.compile_times(["flashinfer/act_and_mul", "deep_gemm/x", "nope/y"]) == {
+        one.stats.record_compile_times({"flashinfer/act_and_mul": (1, 30.0)})
+        two.stats.record_compile_times({"flashinfer/act_and_mul": (3, 90.0),
+                                        "deep_gemm/x": (1, 5.0)})
+        assert one.stats.compile_times(["flashinfer/act_and_mul", "deep_gemm/x", "nope/y"]) == {
             "flashinfer/act_and_mul": 30.0, "deep_gemm/x": 5.0}
         client = server.client()
         client.set(history.HISTORY_KEY, json.dumps({
             "planted/a": ["x", 1], "planted/b": [1, "inf"], "planted/c": [0, 5],
             "planted/d": [1, -1], "planted/e": [2.5, 1], "ok/f": [2, 10]}))
-        assert one.compile_times(["planted/a", "planted/b", "planted/c", "planted/d",
+        assert one.stats.compile_times(["planted/a", "planted/b", "planted/c", "planted/d",
                                   "planted/e", "ok/f"]) == {"ok/f": 5.0}
         client.set(history.HISTORY_KEY, b"\xff not json")
-        assert one.compile_times(["ok/f"]) == {}
-        two.record_compile_times({"ok/f": (1, 1.0)})
-        assert one.compile_times(["ok/f"]) == {"ok/f": 1.0}
+        assert one.stats.compile_times(["ok/f"]) == {}
+        two.stats.record_compile_times({"ok/f": (1, 1.0)})
+        assert one.stats.compile_times(["ok/f"]) == {"ok/f": 1.0}
         many = {f"lib/k{i}": (1, 1.0) for i in range(history.MAX_FAMILIES + 50)}
-        one.record_compile_times(many)
+        one.stats.record_compile_times(many)
         assert len(json.loads(client.get(history.HISTORY_KEY))) == history.MAX_FAMILIES
         one.close()
         two.close()
@@ -579,7 +586,7 @@ def test_compile_time_history_loses_no_writer_racing_another(tmp_path):
     try:
         def record(cache) -> None:
             for _ in range(10):
-                cache.record_compile_times({"lib/k": (1, 2.0), "lib/other": (2, 2.0)})
+                cache.stats.record_compile_times({"lib/k": (1, 2.0), "lib/other": (2, 2.0)})
 
         threads = [threading.Thread(target=record, args=(c,)) for c in caches]
         for thread in threads:

@@ -65,15 +65,17 @@ def _manifest(rclient, fp: str, name: str) -> Manifest:
 def test_too_large_manifest_here_is_a_miss_not_a_quarantine(server, rclient, caches, tmp_path):
     a = DirAdapter(tmp_path / "a")
     writer = caches(server.url)
-    writer.publish_task(a, "t", [compile_entry(a, "kernel.big.0001", 300_000)], 1.0)
+    writer.entries.publish_task(a, "t", [compile_entry(a, "kernel.big.0001", 300_000)], 1.0)
     fp = writer.fingerprint(a).digest
     small = caches(server.url, max_artifact_bytes=100_000)
-    assert small.fetch_task(DirAdapter(tmp_path / "b"), "t") is None
-    assert small.counters.get("refused_here") == 1
-    assert "quarantined" not in small.counters and "corrupt_rejected" not in small.counters
+    assert small.entries.fetch_task(DirAdapter(tmp_path / "b"), "t") is None
+    assert small.stats.counters.get("refused_here") == 1
+    assert "quarantined" not in small.stats.counters
+    assert "corrupt_rejected" not in small.stats.counters
     assert rclient.exists(layout.manifest_key(fp, "kernel.big.0001"))
     assert not rclient.exists(layout.quarantine_key(fp, "kernel.big.0001"))
-    assert caches(server.url).fetch_task(DirAdapter(tmp_path / "c"), "t") == ["kernel.big.0001"]
+    assert caches(server.url).entries.fetch_task(
+        DirAdapter(tmp_path / "c"), "t") == ["kernel.big.0001"]
     # ls and prune on the small node see the entry and keep its chunks
     listed = admin.entries(small, fp)
     assert listed[0]["manifest"] is not None
@@ -86,33 +88,36 @@ def test_unpack_limit_here_keeps_shared_blob_for_other_fingerprints(server, rcli
     one, two = DirAdapter(tmp_path / "src", "1.0"), DirAdapter(tmp_path / "src", "2.0")
     entry = _zeros_entry(one, "kernel.zeros.0001", 600_000)
     for adapter in (one, two):  # the same bytes under two fingerprints share one blob
-        caches(server.url).publish_task(adapter, "t", [entry], 1.0)
+        caches(server.url).entries.publish_task(adapter, "t", [entry], 1.0)
     fp1 = caches(server.url).fingerprint(one).digest
     digest = _manifest(rclient, fp1, entry.name).digest
     monkeypatch.setenv("WARMD_MAX_ARTIFACT_BYTES", "100000")
     small = caches(server.url)
-    assert small.fetch_task(DirAdapter(tmp_path / "b", "1.0"), "t") is None
-    assert small.counters.get("refused_here") == 1 and "quarantined" not in small.counters
+    assert small.entries.fetch_task(DirAdapter(tmp_path / "b", "1.0"), "t") is None
+    assert small.stats.counters.get("refused_here") == 1
+    assert "quarantined" not in small.stats.counters
     assert rclient.exists(layout.manifest_key(fp1, entry.name), layout.blob_key(digest, 0)) == 2
     monkeypatch.delenv("WARMD_MAX_ARTIFACT_BYTES")
-    assert caches(server.url).fetch_task(DirAdapter(tmp_path / "c", "2.0"), "t") == [entry.name]
+    assert caches(server.url).entries.fetch_task(
+        DirAdapter(tmp_path / "c", "2.0"), "t") == [entry.name]
 
 
 def test_quarantine_leaves_chunks_another_fingerprint_uses(server, rclient, caches, tmp_path):
     one, two = DirAdapter(tmp_path / "src", "1.0"), DirAdapter(tmp_path / "src", "2.0")
     entry = compile_entry(one, "kernel.shared.0001", 50_000)
     for adapter in (one, two):
-        caches(server.url).publish_task(adapter, "t", [entry], 1.0)
+        caches(server.url).entries.publish_task(adapter, "t", [entry], 1.0)
     fp1 = caches(server.url).fingerprint(one).digest
     man = _manifest(rclient, fp1, entry.name)
     # fp1's manifest alone is damaged (a wrong size): its blob check fails there only
     data = dict(man.to_json(), size=man.size + 1)
     rclient.set(layout.manifest_key(fp1, entry.name), json_bytes(data))
     reader = caches(server.url)
-    assert reader.fetch_task(DirAdapter(tmp_path / "b", "1.0"), "t") is None
-    assert reader.counters["quarantined"] == 1
+    assert reader.entries.fetch_task(DirAdapter(tmp_path / "b", "1.0"), "t") is None
+    assert reader.stats.counters["quarantined"] == 1
     assert rclient.exists(layout.blob_key(man.digest, 0))
-    assert caches(server.url).fetch_task(DirAdapter(tmp_path / "c", "2.0"), "t") == [entry.name]
+    assert caches(server.url).entries.fetch_task(
+        DirAdapter(tmp_path / "c", "2.0"), "t") == [entry.name]
 
 
 class IncompatibleHereAdapter(DirAdapter):
@@ -126,11 +131,12 @@ class IncompatibleHereAdapter(DirAdapter):
 def test_incompatible_entry_is_refused_here_only(server, rclient, caches, tmp_path):
     a = DirAdapter(tmp_path / "a")
     writer = caches(server.url)
-    writer.publish_task(a, "t", [compile_entry(a, "kernel.x.0001", 10_000)], 1.0)
+    writer.entries.publish_task(a, "t", [compile_entry(a, "kernel.x.0001", 10_000)], 1.0)
     fp = writer.fingerprint(a).digest
     reader = caches(server.url)
-    assert reader.fetch_task(IncompatibleHereAdapter(tmp_path / "b"), "t") is None
-    assert reader.counters.get("refused_here") == 1 and "quarantined" not in reader.counters
+    assert reader.entries.fetch_task(IncompatibleHereAdapter(tmp_path / "b"), "t") is None
+    assert reader.stats.counters.get("refused_here") == 1
+    assert "quarantined" not in reader.stats.counters
     assert rclient.exists(layout.manifest_key(fp, "kernel.x.0001"))
 
 
@@ -140,24 +146,26 @@ def test_unsigned_garbage_under_a_key_is_quarantined_only_by_the_clusters_key(
     # for good. A node with another key still leaves it alone.
     a = DirAdapter(tmp_path / "a")
     writer = caches(server.url, signing_key=b"k")
-    writer.publish_task(a, "t", [compile_entry(a, "kernel.x.0001", 10_000)], 1.0)
+    writer.entries.publish_task(a, "t", [compile_entry(a, "kernel.x.0001", 10_000)], 1.0)
     fp = writer.fingerprint(a).digest
     rclient.set(layout.manifest_key(fp, "kernel.x.0001"), b"not json")
     other = caches(server.url, signing_key=b"other")
-    assert other.fetch_task(DirAdapter(tmp_path / "c"), "t") is None
-    assert other.counters["signature_rejected"] == 1 and "quarantined" not in other.counters
+    assert other.entries.fetch_task(DirAdapter(tmp_path / "c"), "t") is None
+    assert other.stats.counters["signature_rejected"] == 1
+    assert "quarantined" not in other.stats.counters
     assert rclient.get(layout.manifest_key(fp, "kernel.x.0001")) == b"not json"
     reader = caches(server.url, signing_key=b"k")
-    assert reader.fetch_task(DirAdapter(tmp_path / "b"), "t") is None
-    assert reader.counters["signature_rejected"] == 1 and reader.counters["quarantined"] == 1
+    assert reader.entries.fetch_task(DirAdapter(tmp_path / "b"), "t") is None
+    assert reader.stats.counters["signature_rejected"] == 1
+    assert reader.stats.counters["quarantined"] == 1
     assert not rclient.exists(layout.manifest_key(fp, "kernel.x.0001"))
 
 
 def test_wrong_type_chunk_is_a_bad_entry_not_a_failed_fetch(server, rclient, caches, tmp_path):
     a = DirAdapter(tmp_path / "a")
     writer = caches(server.url)
-    writer.publish_task(a, "t1", [compile_entry(a, "kernel.x.0001", 10_000)], 1.0)
-    writer.publish_task(a, "t2", [compile_entry(a, "kernel.y.0001", 10_000)], 1.0)
+    writer.entries.publish_task(a, "t1", [compile_entry(a, "kernel.x.0001", 10_000)], 1.0)
+    writer.entries.publish_task(a, "t2", [compile_entry(a, "kernel.y.0001", 10_000)], 1.0)
     fp = writer.fingerprint(a).digest
     key = layout.blob_key(_manifest(rclient, fp, "kernel.x.0001").digest, 0)
     rclient.delete(key)
@@ -167,9 +175,9 @@ def test_wrong_type_chunk_is_a_bad_entry_not_a_failed_fetch(server, rclient, cac
                             server.url).output)
     assert counts["entries"] == 1 and counts["skipped"] == 1
     reader = caches(server.url)
-    assert reader.prefetch(DirAdapter(tmp_path / "b"), ["t1", "t2"]) == {
+    assert reader.entries.prefetch(DirAdapter(tmp_path / "b"), ["t1", "t2"]) == {
         "t1": None, "t2": ["kernel.y.0001"]}
-    assert reader.counters["quarantined"] == 1 and reader.counters["remote_hits"] == 1
+    assert reader.stats.counters["quarantined"] == 1 and reader.stats.counters["remote_hits"] == 1
 
 
 # ----------------------------------------------------------------------------- URLs
@@ -179,9 +187,9 @@ def test_unix_socket_url_works(served, rclient, caches, tmp_path):
     a = DirAdapter(tmp_path / "a")
     writer = caches(url)
     assert writer.ping()
-    writer.publish_task(a, "t", [compile_entry(a, "kernel.x.0001", 10_000)], 1.0)
-    assert writer.counters["published"] == 1
-    assert caches(url).fetch_task(DirAdapter(tmp_path / "b"), "t") == ["kernel.x.0001"]
+    writer.entries.publish_task(a, "t", [compile_entry(a, "kernel.x.0001", 10_000)], 1.0)
+    assert writer.stats.counters["published"] == 1
+    assert caches(url).entries.fetch_task(DirAdapter(tmp_path / "b"), "t") == ["kernel.x.0001"]
     assert json.loads(run("cache", "ls", "--json", "--redis", url).output)[0]["entries"] == 1
     assert "refusal-pw" not in writer.display_url
 
@@ -217,7 +225,7 @@ def test_passwords_with_url_delimiters_never_shown(password, caplog):
 def test_malformed_fingerprint_keys_do_not_break_admin(server, rclient, caches, tmp_path):
     a = DirAdapter(tmp_path / "a")
     writer = caches(server.url)
-    writer.publish_task(a, "t", [compile_entry(a, "kernel.x.0001", 10_000)], 1.0)
+    writer.entries.publish_task(a, "t", [compile_entry(a, "kernel.x.0001", 10_000)], 1.0)
     good = writer.fingerprint(a).digest
     for i, raw in enumerate([b"not json", b"[1, 2]", b'{"library": "x", "inputs": "ab"}']):
         fp = f"{i:064x}"
@@ -238,7 +246,7 @@ def test_export_skips_odd_task_keys_and_leaves_no_partial_on_error(server, rclie
                                                                      tmp_path):
     a = DirAdapter(tmp_path / "a")
     writer = caches(server.url)
-    writer.publish_task(a, "t", [compile_entry(a, "kernel.x.0001", 10_000)], 1.0)
+    writer.entries.publish_task(a, "t", [compile_entry(a, "kernel.x.0001", 10_000)], 1.0)
     fp = writer.fingerprint(a).digest
     rclient.hset(layout.task_key(fp, "odd"), "x", "y")  # not a string: skipped
     out = tmp_path / "out.tar"

@@ -40,7 +40,7 @@ class FlavouredAdapter(DirAdapter):
 
 
 def publish(cache, adapter: FlavouredAdapter):
-    return cache.publish_task(adapter, "t", [adapter.build(NAME)], 1.0)
+    return cache.entries.publish_task(adapter, "t", [adapter.build(NAME)], 1.0)
 
 
 def test_an_entry_that_does_not_work_here_is_replaced_by_this_nodes_build(
@@ -50,13 +50,13 @@ def test_an_entry_that_does_not_work_here_is_replaced_by_this_nodes_build(
     fp = caches(server.url).fingerprint(a).digest
     b_node = caches(server.url, node="b")
     b = FlavouredAdapter(tmp_path / "b", "b")
-    assert b_node.fetch_task(b, "t") is None and b_node.counters["refused_here"] == 1
+    assert b_node.entries.fetch_task(b, "t") is None and b_node.stats.counters["refused_here"] == 1
     assert publish(b_node, b).written == 1  # compiled here, and replaces a's
-    assert b_node.counters["replaced"] == 1
+    assert b_node.stats.counters["replaced"] == 1
     note = json.loads(rclient.get(layout.quarantine_key(fp, NAME)))
     assert note["manifest"]["producer"] == "a"
     another_b = caches(server.url, node="b2")
-    assert another_b.fetch_task(FlavouredAdapter(tmp_path / "b2", "b"), "t") == [NAME]
+    assert another_b.entries.fetch_task(FlavouredAdapter(tmp_path / "b2", "b"), "t") == [NAME]
 
 
 def test_an_entry_over_this_nodes_limit_is_never_replaced(server, rclient, caches, tmp_path,
@@ -69,14 +69,14 @@ def test_an_entry_over_this_nodes_limit_is_never_replaced(server, rclient, cache
         return entry
 
     a = FlavouredAdapter(tmp_path / "a", "a")
-    assert caches(server.url, node="a").publish_task(a, "t", [zeros_build(a)], 1.0).written
+    assert caches(server.url, node="a").entries.publish_task(a, "t", [zeros_build(a)], 1.0).written
     fp = caches(server.url).fingerprint(a).digest
     stored = rclient.get(layout.manifest_key(fp, NAME))
     monkeypatch.setenv("WARMD_MAX_ARTIFACT_BYTES", "100000")
     small = caches(server.url, node="small")
     s = FlavouredAdapter(tmp_path / "s", "s")
-    assert small.fetch_task(s, "t") is None and small.counters["refused_here"] == 1
+    assert small.entries.fetch_task(s, "t") is None and small.stats.counters["refused_here"] == 1
     monkeypatch.delenv("WARMD_MAX_ARTIFACT_BYTES")  # so that this node can pack its own
-    assert small.publish_task(s, "t", [zeros_build(s)], 1.0).already_published == 1
+    assert small.entries.publish_task(s, "t", [zeros_build(s)], 1.0).already_published == 1
     assert rclient.get(layout.manifest_key(fp, NAME)) == stored
-    assert "replaced" not in small.counters
+    assert "replaced" not in small.stats.counters

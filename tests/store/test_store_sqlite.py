@@ -28,7 +28,7 @@ def test_a_warmup_over_sqlite_publishes_once_and_installs_on_another_node(tmp_pa
     cold = caches(url, signing_key=KEY)
     assert warm(cold, DirAdapter(tmp_path / "a"), plan, log) == {
         "local_hits": 0, "remote_hits": 0, "compiled": 6}
-    assert cold.counters["published"] == 6
+    assert cold.stats.counters["published"] == 6
     joining = caches(url, signing_key=KEY)
     assert warm(joining, DirAdapter(tmp_path / "b"), plan, log) == {
         "local_hits": 0, "remote_hits": 6, "compiled": 0}
@@ -54,7 +54,7 @@ def test_the_redis_only_operator_reads_say_they_need_redis(tmp_path, caches):
     with pytest.raises(StoreFailed) as failed:
         cache.op(lambda client: client.ping(), "prune")
     assert str(failed.value) == "prune works on a Redis store only"
-    assert cache.learned(DirAdapter(tmp_path / "a"), "0" * 16) == []  # a miss, not a failure
+    assert cache.lists.learned(DirAdapter(tmp_path / "a"), "0" * 16) == []  # a miss, not a failure
 
 
 def test_warmd_warmup_with_a_sqlite_store_twice_hits_every_entry_the_second_time(

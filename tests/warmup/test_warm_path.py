@@ -64,7 +64,7 @@ def cluster(tmp_path_factory):
             shutil.copytree(DATA, base / "a" / "dg" / "cache")
             adapter = DeepGemmCacheAdapter(base / "a" / "dg")
             dense = [e for e in adapter.list_entries() if "grouped" not in e.name]
-            node_a.publish_task(adapter, dg_key, dense, 12.0)
+            node_a.entries.publish_task(adapter, dg_key, dense, 12.0)
             node_a.close()
         yield {"url": server.url, "base": base, "fi": fi_key, "dg": dg_key,
                "dg_entries": sorted(e.name for e in dense)}

@@ -12,7 +12,7 @@ nodes' caches hold (``CaptureTrust``, warmd.yaml ``capture.trust``):
 - ``rederive`` (the default): what a node captured is a *pending capture*, not code. It is verified
   (its adapter packs it: complete entries only, no links, no odd names; the archive check
   refuses traversal, devices and oversize) and stored unsigned in the pending tier
-  (``SharedCache.submit_capture``), which no node installs. A trusted producer rebuilds it
+  (``SharedCache.captures.submit``), which no node installs. A trusted producer rebuilds it
   from its recorded source and flags (warmd.rederive) and publishes what *it* built, signed,
   as a *learned* entry of every plan the capture names.
 - ``own-nodes``: the capturing node publishes the verified entry itself, signed with the
@@ -22,7 +22,7 @@ nodes' caches hold (``CaptureTrust``, warmd.yaml ``capture.trust``):
 
 A learned entry is published through the shared cache's task path (``publish_task``): one
 task record per entry, ``learned_task(plan, entry)``, its manifest once per fingerprint; its
-name joins the plan's learned index (``SharedCache.add_learned``, a set, so nodes capturing
+name joins the plan's learned index (``SharedCache.lists.add_learned``, a set, so nodes capturing
 at once lose nothing). Every node that warms the plan installs it before READY
 (``install_learned``, through ``prefetch``: the same verification as any task).
 

@@ -52,10 +52,10 @@ def learned_rows(indexes: list[dict]) -> list[dict]:
 def install_learned(shared: SharedCache, adapter: CacheAdapter, plan_key: str) -> list[str]:
     """Install every learned entry of the plan (verified like any task); returns the names
     now present."""
-    names = shared.learned(adapter, plan_key)
+    names = shared.lists.learned(adapter, plan_key)
     if not names:
         return []
-    fetched = shared.prefetch(adapter, [learned_task(plan_key, n) for n in names])
+    fetched = shared.entries.prefetch(adapter, [learned_task(plan_key, n) for n in names])
     present = sorted({n for got in fetched.values() if got for n in got})
     record_learned(adapter, plan_key, present)
     return present
@@ -92,13 +92,14 @@ def publish_learned(shared: SharedCache, adapter: CacheAdapter, plan_keys: list[
     own nodes."""
     taken = []
     for entry in entries:
-        done = [shared.publish_task(adapter, learned_task(plan, entry.name), [entry], seconds)
+        done = [shared.entries.publish_task(adapter, learned_task(plan, entry.name), [entry],
+                                            seconds)
                 for plan in plan_keys]
         if any(publication.stored for publication in done):
             taken.append(entry.name)
     if taken:
         for plan in plan_keys:
-            shared.add_learned(adapter, plan, taken)
+            shared.lists.add_learned(adapter, plan, taken)
     return taken
 
 
@@ -107,7 +108,7 @@ def submit_captures(shared: SharedCache, adapter: CacheAdapter, plan_keys: list[
     """Store verified entries' artifacts as pending captures (unsigned, installed by no
     node); returns the names the store took."""
     return [name for name, artifact in artifacts.items()
-            if shared.submit_capture(adapter, plan_keys, name, artifact)]
+            if shared.captures.submit(adapter, plan_keys, name, artifact)]
 
 
 def verified_artifact(adapter: CacheAdapter, entry: CacheEntry) -> bytes:

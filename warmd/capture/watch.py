@@ -222,9 +222,9 @@ class Capture:
             return
         shared_already: set[str] = set()
         for plan in watched.plans:  # also fixes the cache's fingerprint
-            shared_already.update(watched.shared.learned(watched.adapter, plan))
+            shared_already.update(watched.shared.lists.learned(watched.adapter, plan))
         if self.trust is CaptureTrust.REDERIVE:
-            shared_already.update(watched.shared.pending_captures(watched.adapter))
+            shared_already.update(watched.shared.captures.pending(watched.adapter))
         try:
             recorded = recorded_entries(watched.adapter.root)
         except Exception as exc:  # this node's own records unreadable: judge nothing now

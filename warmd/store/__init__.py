@@ -6,11 +6,11 @@ warmd.store.api and exported here; everything else in the package is the store's
 business.
 
     cache = open_shared_cache(url, target=plan.env.target)   # None: WARMD_REDIS_URL or embedded
-    names = cache.fetch_task(adapter, task.key)               # or cache.prefetch(adapter, keys)
-    with cache.single_flight(task.key, timeout=600) as mine:
-        ...compile when mine, else fetch_task again...
-    cache.publish_task(adapter, task.key, entries, seconds)
-    cache.record_outcomes({"compiled": 1, "flashinfer.compiled": 1})
+    names = cache.entries.fetch_task(adapter, task.key)  # or cache.entries.prefetch(...)
+    with cache.claims.single_flight(task.key, timeout=600) as mine:
+        ...compile when mine, else entries.fetch_task again...
+    cache.entries.publish_task(adapter, task.key, entries, seconds)
+    cache.stats.record_outcomes({"compiled": 1, "flashinfer.compiled": 1})
     cache.close()
 """
 

@@ -27,8 +27,8 @@ from pathlib import Path
 
 from warmd import boundedjson, settings
 from warmd.stats import BY_ID, CounterFlag, ids
-from warmd.store import json_values, layout
-from warmd.store.api import StoreFailed
+from warmd.store import history, json_values, layout
+from warmd.store.api import SharedStats, StoreFailed
 from warmd.store.backend import KeyValueBackend
 
 FLUSH_INTERVAL = 10.0
@@ -56,11 +56,12 @@ Tally = tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]
 log = logging.getLogger("warmd.store")
 
 
-class StoreStats:
+class StoreStats(SharedStats):
     def __init__(self, node: str, state_dir: Path | None = None) -> None:
         self.node = node
         self.state_dir = state_dir  # where unflushed counters are kept (None: this process's)
         self.backend: KeyValueBackend | None = None  # set once the store's backend exists
+        self.history: KeyValueBackend | None = None  # where compile times are (the main one)
         self._lock = threading.Lock()
         self._counts: dict[str, float] = {}
         self._pending_node: dict[str, float] = {}
@@ -114,6 +115,17 @@ class StoreStats:
                 elif not dot:
                     _add(self._pending_node, name, float(value))
         self.flush()
+
+    def record_compile_times(self, times: dict[str, tuple[int, float]]) -> None:
+        """Add (tasks compiled, seconds) per kernel family to the cluster's history."""
+        if times and self.history is not None and not self.history.disabled_reason:
+            history.write(self.history, times)
+
+    def compile_times(self, families: list[str]) -> dict[str, float]:
+        """Mean compile seconds per task of each family with a history (none: {})."""
+        if not families or self.history is None or self.history.disabled_reason:
+            return {}
+        return history.read(self.history, families)
 
     def maybe_flush(self) -> None:
         if time.monotonic() - self._last_flush > FLUSH_INTERVAL:

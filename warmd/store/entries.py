@@ -24,19 +24,21 @@ from contextvars import copy_context
 
 from warmd import boundedjson, settings
 from warmd.cache.artifacts import TooLargeHere
-from warmd.cache.base import CacheAdapter, IncompatibleHere, UnsafeArtifact
+from warmd.cache.base import CacheAdapter, CacheEntry, IncompatibleHere, UnsafeArtifact
 from warmd.cache.install import install_batch
 from warmd.store import layout
-from warmd.store.api import StoreFailed
+from warmd.store.api import Publication, SharedEntries, StoreFailed
 from warmd.store.backend import KeyValueBackend
 from warmd.store.blobs import Blobs
 from warmd.store.chunking import size_batches
 from warmd.store.fingerprint import Fingerprint
 from warmd.store.formats import Manifest, StoredTaskRecord, accept_manifest, accept_record
+from warmd.store.publish import Publisher
 from warmd.store.refusals import Refusals
 from warmd.store.renewal import Renewal, Used
 from warmd.store.session import Session, StaleRecords
 from warmd.store.validation import BadRecord, RefusedHere
+from warmd.store.wakeups import WakeUps
 
 log = logging.getLogger("warmd.store")
 
@@ -45,16 +47,19 @@ KEYS_PER_WINDOW = 128  # records or manifests one round trip asks for
 INSTALL_THREADS = 8
 
 
-class Entries:
-    """backend: the store; replicas: the same store read from replicas that may lag (None:
-    reads go to backend), whose misses and refusals are read again from backend. A key
-    the interface cannot read (on Redis, of another type) reads as absent: a miss, never
-    installed; the publication that meets it replaces it (publish.py)."""
+class Entries(SharedEntries):
+    """The cache's entries (SharedEntries): fetched here, published by `publisher` (its
+    waiters woken through `wakeups`). backend: the store; replicas: the same store read
+    from replicas that may lag (None: reads go to backend), whose misses and refusals are
+    read again from backend. A key the interface cannot read (on Redis, of another type)
+    reads as absent: a miss, never installed; the publication that meets it replaces it
+    (publish.py)."""
 
     def __init__(self, session: Session, stale: StaleRecords, refusals: Refusals,
-                 blobs: Blobs, backend: KeyValueBackend,
-                 replicas: KeyValueBackend | None = None) -> None:
+                 blobs: Blobs, backend: KeyValueBackend, publisher: Publisher,
+                 wakeups: WakeUps, replicas: KeyValueBackend | None = None) -> None:
         self.session = session
+        self.publisher, self.wakeups = publisher, wakeups
         self.stale = stale  # written here: records found but not usable
         self.refusals = refusals
         self.blobs = blobs
@@ -66,9 +71,43 @@ class Entries:
         # installed: the warmup's saved time and the node's task record take them.
         self.installed: dict[tuple[str, str], float] = {}
 
+    def fetch_task(self, adapter: CacheAdapter, task_key: str) -> list[str] | None:
+        return self.prefetch(adapter, [task_key]).get(task_key)
+
+    def installed_seconds(self, library: str, name: str) -> float | None:
+        return self.installed.get((library, name))
+
+    def publish_task(self, adapter: CacheAdapter, task_key: str, entries: list[CacheEntry],
+                     compile_seconds: float) -> Publication:
+        publication = self.publisher.publish_task(adapter, task_key, entries, compile_seconds)
+        fp = self.session.digest(adapter)
+        if publication.skipped is None and fp is not None:
+            # wake the nodes waiting on the task (best effort: they wait a bounded time)
+            self.wakeups.notify({layout.channel(fp, task_key): b"published"})
+        return publication
+
+    def publish_entries(self, adapter: CacheAdapter, entries: list[CacheEntry],
+                        compile_seconds: float) -> Publication:
+        return self.publisher.publish_entries(adapter, entries, compile_seconds)
+
+    def install_entries(self, adapter: CacheAdapter, names: list[str]) -> list[str]:
+        try:
+            fp = self.session.fingerprint(adapter)
+            present = {e.name for e in adapter.list_entries()}
+            wanted = sorted(set(names) - present)
+            installed = self.install_named(adapter, fp, wanted) if wanted else set()
+        except StoreFailed:
+            return []
+        except Exception as exc:  # a bug or an unforeseen value: a miss, never a failure
+            self.count("fetch_failed")
+            log.warning("shared cache: installing %s entries failed (%s: %s)",
+                        adapter.library, type(exc).__name__, exc)
+            return []
+        return sorted((set(names) & present) | installed)
+
     def prefetch(self, adapter: CacheAdapter, task_keys: Iterable[str]
                  ) -> dict[str, list[str] | None]:
-        """SharedCache.prefetch in bounded round trips: task records, then
+        """SharedEntries.prefetch in bounded round trips: task records, then
         manifests, then blobs (from peers first when there are any); then one renewal of
         what verified, when no node renewed this plan lately."""
         tasks = list(dict.fromkeys(task_keys))

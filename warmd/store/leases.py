@@ -214,7 +214,7 @@ KERNEL_LEASE_SECONDS = 3.0  # a dead claimer's work is free again this soon
 
 
 class WorkClaims:
-    """Claims on units of cluster work (SharedCache.claim): taken without waiting, renewed
+    """Claims on units of cluster work (SharedCache.claims.claim): taken without waiting, renewed
     by one thread every third of a short TTL while held, released compare-and-delete with a
     notice on the fingerprint's channel. A node that dies stops renewing: its units are
     free again within the TTL."""

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from warmd.cache.base import CacheAdapter
 from warmd.store import json_values, layout
-from warmd.store.api import StoreFailed
+from warmd.store.api import SharedCaptures, StoreFailed
 from warmd.store.backend import KeyValueBackend
 from warmd.store.chunking import CHUNK_SIZE, check_blob, chunk_lengths, split_chunks
 from warmd.store.formats import ArtifactRecord
@@ -72,7 +72,9 @@ class PendingCapture(ArtifactRecord):
                    f.integer("v", 0, 1 << 31, 1)).checked("capture", max_size)
 
 
-class PendingCaptures:
+class PendingCaptures(SharedCaptures):
+    """The cache's pending tier (SharedCaptures)."""
+
     def __init__(self, session: Session, backend: KeyValueBackend) -> None:
         self.session, self.backend = session, backend
 
@@ -104,7 +106,7 @@ class PendingCaptures:
                 self.session.note_read_only(failed)
             return False
 
-    def names(self, adapter: CacheAdapter) -> list[str]:
+    def pending(self, adapter: CacheAdapter) -> list[str]:
         """The pending captures of the adapter's fingerprint, oldest first (at most
         MAX_PENDING_LISTED); empty when none or unreachable."""
         try:

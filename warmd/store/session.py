@@ -13,7 +13,7 @@ from warmd.cache.base import CacheAdapter
 from warmd.store.api import StoreFailed
 from warmd.store.backend import KeyValueBackend
 from warmd.store.counters import StoreStats
-from warmd.store.fingerprint import Fingerprint, compute_fingerprint
+from warmd.store.fingerprint import Fingerprint, compute_fingerprint, discovery_digest
 from warmd.store.keyproof import ClusterKey
 from warmd.store.signing import KeyProof
 from warmd.targets import Target
@@ -87,6 +87,22 @@ class Session:
             self.stats.library_fingerprint(adapter.library, fp.digest)
             return fp
         return found[1]
+
+    def digest(self, adapter: CacheAdapter) -> str | None:
+        """The adapter's fingerprint digest; None when it could not describe itself (then
+        nothing of it is shared)."""
+        try:
+            return self.fingerprint(adapter).digest
+        except Exception:  # the adapter could not describe itself: nothing is shared
+            return None
+
+    def discovery_digest(self, adapter: CacheAdapter) -> str | None:
+        """The digest kernel lists live under (warmd.store.fingerprint.discovery_digest);
+        None when the adapter could not describe itself."""
+        try:
+            return discovery_digest(self.fingerprint(adapter))
+        except Exception:  # the adapter could not describe itself: nothing is shared
+            return None
 
     def first_hits(self, fp: str, names: Iterable[str]) -> list[str]:
         """The names not counted as hits by this process before (now they are)."""

@@ -4,8 +4,8 @@ Per task (warmd/warmup/task.py): a task whose every entry is here and verified (
 from the shared cache in this run, or complete on disk with this node's record of the task
 and its digests, warmd.cache.records) finishes without a library: no worker process starts
 and no torch is imported (mode "verified"); ``verify_load`` replays it through the library
-instead. Otherwise ``shared.fetch_task`` installs what the cluster already has; on a miss,
-``shared.single_flight`` lets one node compile while the others wait and fetch; the task
+instead. Otherwise ``shared.entries.fetch_task`` installs what the cluster already has; on a miss,
+``shared.claims.single_flight`` lets one node compile while the others wait and fetch; the task
 then runs through its library's executor (in a worker process), so what is counted is what
 the library did (mode "library"); a task that succeeded where the cluster had no record is
 published. Kernels are counted per entry: compiled, local hit, remote hit (installed from

@@ -97,7 +97,7 @@ def store_order(shared: SharedCache | None, names: list[str]) -> list[str]:
     if shared is None:
         return names
     try:
-        return shared.shard_order(names)
+        return shared.claims.shard_order(names)
     except Exception:  # an optimisation only
         return names
 
@@ -201,7 +201,7 @@ class ClaimLoop(Generic[C]):
     def _one(self, unit: Unit, context: C) -> None:
         state = ClaimState.MINE
         if not unit.claimed and not unit.local_only and self.shared is not None:
-            state = self.shared.claim_work(unit.adapter, unit.name, unit.kind).state
+            state = self.shared.claims.claim(unit.adapter, unit.name, unit.kind).state
         if state is not ClaimState.MINE:
             if state is ClaimState.HELD and unit.waited_since is None:
                 unit.waited_since = time.monotonic()
@@ -220,7 +220,7 @@ class ClaimLoop(Generic[C]):
             built = self.build(unit, context)
         finally:
             if self.shared is not None and not unit.local_only:
-                self.shared.release_work(unit.adapter, unit.name, unit.kind)
+                self.shared.claims.release(unit.adapter, unit.name, unit.kind)
         ended = time.monotonic()
         with self._cond:
             self.timeline.last_compile_end = ended
@@ -283,20 +283,20 @@ class ClaimLoop(Generic[C]):
                 self._busy -= len(waiting)
                 self._cond.notify_all()
             if left and len(left) == len(waiting) and self.shared is not None:
-                self.shared.wait_for_claims(left[0].adapter, self.poll)  # nothing moved
+                self.shared.claims.wait(left[0].adapter, self.poll)  # nothing moved
 
     def _collect(self, waiting: list[Unit]) -> list[Unit]:
         """Install what is published, hand back what is free again; the units still held."""
         assert self.shared is not None
         held, published = [], []
         for unit in waiting:
-            state = self.shared.claim_work(unit.adapter, unit.name, unit.kind).state
+            state = self.shared.claims.claim(unit.adapter, unit.name, unit.kind).state
             if state is ClaimState.PUBLISHED:
                 published.append(unit)
             elif state is ClaimState.MINE:  # its claimer gave up or died: ours now
                 self._take_back(unit)
             elif self._waited(unit, time.monotonic()) >= self.wait_limit:
-                self.shared.stop_waiting(unit.adapter, unit.name, self._waited(
+                self.shared.claims.stop_waiting(unit.adapter, unit.name, self._waited(
                     unit, time.monotonic()))
                 self._take_back(unit)
             else:

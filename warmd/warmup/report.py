@@ -168,7 +168,7 @@ def store_health(shared: SharedCache) -> StoreHealth:
     if shared.disabled_reason:
         return StoreHealth(False, f"shared cache disabled: {shared.disabled_reason}")
     url = shared.display_url
-    counts = shared.counters
+    counts = shared.stats.counters
     trouble = {k: int(counts[k]) for k in ids(CounterFlag.TROUBLE) if counts.get(k)}
     if not trouble:
         return StoreHealth(True, "", url)
@@ -182,5 +182,5 @@ def store_health(shared: SharedCache) -> StoreHealth:
 
 def store_counters(shared: SharedCache) -> dict:
     """What only the store can count (bytes moved, entries refused)."""
-    counts = shared.counters
+    counts = shared.stats.counters
     return {k: counts[k] for k in STORE_COUNTERS if k in counts}

@@ -88,9 +88,9 @@ def run_warmup(plan: Plan, options: WarmupOptions, shared: SharedCache | None = 
     if shared is not None:
         # stats are best effort; the store counts its own failures
         with contextlib.suppress(Exception):
-            shared.record_outcomes(counters.to_json())
+            shared.stats.record_outcomes(counters.to_json())
         with contextlib.suppress(Exception):
-            shared.record_compile_times(compile_times(handout.reports))
+            shared.stats.record_compile_times(compile_times(handout.reports))
         counters.add(store_counters(shared))
     reports = sorted(handout.reports, key=lambda r: r.task.key)
     for stage in stages:
@@ -99,7 +99,7 @@ def run_warmup(plan: Plan, options: WarmupOptions, shared: SharedCache | None = 
     return WarmupReport(plan.key, len(tasks), reports, counters, time.monotonic() - began,
                         interrupted, shared is not None,
                         store_health(shared) if shared is not None else None,
-                        dict(shared.counters) if shared is not None else {},
+                        dict(shared.stats.counters) if shared is not None else {},
                         sum(w.started for w in workers) + sum(
                             s.workers_started for s in stages), stages,
                         boot=boot if shared is not None else None, phases=phases.seconds)
@@ -127,7 +127,7 @@ def estimate(shared: SharedCache | None, tasks: list[Task]) -> tuple[float, int]
     if shared is None or not tasks:
         return 0.0, 0
     try:
-        means = shared.compile_times(sorted({family(t) for t in tasks}))
+        means = shared.stats.compile_times(sorted({family(t) for t in tasks}))
     except Exception:  # only an estimate
         return 0.0, 0
     known = [means[family(t)] for t in tasks if family(t) in means]
@@ -160,7 +160,7 @@ def _prefetch(run: RunState) -> list[TaskState]:
         keys = [s.task.key for s in mine]
         try:
             found = library.installing(
-                shared, lambda adapter, keys=keys: shared.prefetch(adapter, keys))
+                shared, lambda adapter, keys=keys: shared.entries.prefetch(adapter, keys))
         except Exception as exc:  # per-task fetches retry; the store counts faults
             log.warning("shared cache prefetch for %s failed: %s", library.name, exc)
             continue
@@ -169,7 +169,7 @@ def _prefetch(run: RunState) -> list[TaskState]:
             state.answer = StoreAnswer(tuple(entries) if entries is not None else None)
     by_key = {s.task.key: s for s in run.tasks}
     try:
-        order = shared.shard_order(list(by_key))
+        order = shared.claims.shard_order(list(by_key))
     except Exception:  # ordering is an optimisation; never fail the warmup for it
         return list(run.tasks)
     return [by_key[k] for k in order if k in by_key] + \

@@ -37,15 +37,15 @@ class StageWork:
         self.wait_limit = run.options.single_flight_timeout
 
     def kernel_list(self, tasks: list[str]) -> KernelList:
-        return self.shared.kernel_list(self.adapter, tasks)
+        return self.shared.lists.kernel_list(self.adapter, tasks)
 
     def publish_kernel_list(self, digest: str, tasks: dict[str, list[str]],
                             jobs: dict[str, dict],
                             also: dict[str, list[str]] | None = None) -> bool:
-        return self.shared.publish_kernel_list(self.adapter, digest, tasks, jobs, also)
+        return self.shared.lists.publish_kernel_list(self.adapter, digest, tasks, jobs, also)
 
     def wait(self, seconds: float) -> None:
-        self.shared.wait_for_claims(self.adapter, seconds)
+        self.shared.claims.wait(self.adapter, seconds)
 
     def run_kernels(self, build: Callable[[str], tuple[bool, float, str]], threads: int,
                     expected: Callable[[str], float] | None = None) -> KernelRun:
@@ -91,7 +91,7 @@ class KernelRun:
         ok, seconds, error = self.build_one(unit.name)
         if ok and not unit.local_only:
             entries = [e for e in adapter.list_entries() if e.name == unit.name]
-            self.work.shared.publish_entries(adapter, entries, seconds)
+            self.work.shared.entries.publish_entries(adapter, entries, seconds)
         return Built(ok, seconds, error)
 
     def _begun(self, unit: Unit) -> None:
@@ -105,7 +105,7 @@ class KernelRun:
         names = [u.name for u in units]
         shared = self.work.shared
         return set(self.work.library.installing(
-            shared, lambda a: shared.install_entries(a, names)))
+            shared, lambda a: shared.entries.install_entries(a, names)))
 
 
 class SliceRun:

@@ -63,8 +63,9 @@ class LibraryState:
         assert adapter is not None
         before = {e.name for e in adapter.list_entries()}
         result = fetch(adapter)
+        installed_here = shared.entries.installed_seconds
         for name in sorted(e.name for e in adapter.list_entries() if e.name not in before
-                           and shared.installed_seconds(adapter.library, e.name) is not None):
+                           and installed_here(adapter.library, e.name) is not None):
             self.events.add(Event(KernelEvent.INSTALLED, adapter.library, name))
         return result
 

@@ -72,7 +72,7 @@ def fetch(run: RunState, state: TaskState) -> StoreAnswer:
     """Install what the shared cache has of the task."""
     assert run.shared is not None
     shared = run.shared
-    found = state.library.installing(shared, lambda adapter: shared.fetch_task(adapter,
+    found = state.library.installing(shared, lambda adapter: shared.entries.fetch_task(adapter,
                                                                        state.task.key))
     state.answer = StoreAnswer(tuple(found) if found is not None else None)
     return state.answer
@@ -115,7 +115,7 @@ def _steps(run: RunState, state: TaskState, worker: Worker) -> TaskReport:
     if state.found is not None:
         report = TaskReport(state.task, compile_task(worker, state), list(state.found))
         return finish(run, state, report)
-    with run.shared.single_flight(state.task.key, run.options.single_flight_timeout) as mine:
+    with run.shared.claims.single_flight(state.task.key, run.options.single_flight_timeout) as mine:
         if not mine and fetch(run, state).found:
             warm = check(run, state)
             if warm is not None:
@@ -167,7 +167,7 @@ def finish(run: RunState, state: TaskState, report: TaskReport,
     seen = {k.name for k in result.kernels}
     if run.shared is not None:  # installed from the store this run: what a hit saved
         for name in (seen & installed) - set(recorded):  # is its manifest's compile time
-            seconds = run.shared.installed_seconds(library.name, name)
+            seconds = run.shared.entries.installed_seconds(library.name, name)
             if seconds is not None:
                 recorded[name] = seconds
     complete = {e.name: e for e in adapter.list_entries()} if result.ok else {}
@@ -230,6 +230,6 @@ def publish(run: RunState, state: TaskState, report: TaskReport,
     if seconds is None:
         seconds = sum(k.seconds for k in report.result.kernels
                       if k.outcome == Outcome.COMPILED)
-    run.shared.publish_task(adapter, report.task.key, entries, seconds)
+    run.shared.entries.publish_task(adapter, report.task.key, entries, seconds)
     report.published = bool(entries)
     return len(entries)

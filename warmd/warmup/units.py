@@ -132,7 +132,7 @@ class TaskWork:
             return Built(False, result.seconds, result.error or f"{unit.name} not built")
         seconds = sum(k.seconds for k in result.kernels if k.outcome == Outcome.COMPILED)
         if self.shared is not None and not unit.local_only:
-            self.shared.publish_entries(unit.adapter, [entry], seconds)
+            self.shared.entries.publish_entries(unit.adapter, [entry], seconds)
         return Built(True, seconds or result.seconds)
 
     def _build_task(self, task: TaskUnits, worker: Worker) -> Built:
@@ -152,7 +152,7 @@ class TaskWork:
         if entries:
             library = self._library_of(units)
             present |= set(library.installing(
-                shared, lambda a: shared.install_entries(a, entries)))
+                shared, lambda a: shared.entries.install_entries(a, entries)))
         for unit in (u for u in units if u.kind is WorkKind.TASK):
             task: TaskUnits = unit.payload  # type: ignore[assignment]
             if fetch(self.run, task.state).found:
