@@ -55,6 +55,11 @@ class KeyValueBackend(ABC):
         """Store value (ttl_ms None: no expiry); False only when if_absent and key exists."""
 
     @abstractmethod
+    def increment(self, key: str, ttl_ms: int | None = None) -> int | None:
+        """Atomically add one to the count at key (decimal text; absent: 0) and let it live
+        ttl_ms from now: the new count; None when the key holds what is not a count."""
+
+    @abstractmethod
     def compare_and_set(self, key: str, expected: bytes | None, value: bytes | None,
                         ttl_ms: int | None = None) -> bool:
         """Atomically, if key holds expected (None: is absent), store value (None: delete
@@ -135,7 +140,8 @@ class NoStore(KeyValueBackend):
         self._count("store_skipped")
         raise StoreFailed("disabled", self.reason)
 
-    get_many = get_prefixes = put = compare_and_set = expire = ttl_ms = delete = _refuse
+    get_many = get_prefixes = put = increment = compare_and_set = expire = ttl_ms = delete = \
+        _refuse
 
     def scan(self, prefix: str) -> Iterator[str]:
         return self._refuse()

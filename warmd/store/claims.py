@@ -10,15 +10,14 @@ import time
 
 from warmd.cache.base import CacheAdapter
 from warmd.coordination import Claim, ClaimState, WorkKind
-from warmd.store import json_values, layout
+from warmd.store import layout
 from warmd.store.api import SharedClaims, StoreFailed
 from warmd.store.backend import KeyValueBackend
 from warmd.store.leases import Leases, WorkClaims, spread_start
 from warmd.store.session import Session
 
 ARRIVALS_MS = 3_600_000  # how long a plan's count of arrivals lives after the last one
-# compare-and-set rounds an arrival may lose: nodes joining together arrive together
-ARRIVAL_TRIES = 64
+MAX_ARRIVALS = 10**12  # a count past this (or below 1) was planted: the plan's own order
 
 
 class StoreClaims(SharedClaims):
@@ -66,19 +65,18 @@ class StoreClaims(SharedClaims):
 
     def shard_order(self, task_keys: list[str]) -> list[str]:
         """The order in which this node should try a plan's tasks so that N nodes warming the
-        same plan start on different tasks: each arrival gets a counter value i (added to
-        by compare-and-set, json_values.count_up) and starts at the van der Corput point of
-        i (leases.spread_start). Unchanged when the store is down or the count is lost."""
+        same plan start on different tasks: each arrival gets a counter value i (the store's
+        atomic increment) and starts at the van der Corput point of i
+        (leases.spread_start). Unchanged when the store is down or the count is not one."""
         keys = list(task_keys)
         if len(keys) < 2 or self.session.all_hit(keys):
             return keys  # (every task installed: nothing to spread, nothing to write)
         plan = layout.sha256("\n".join(sorted(keys)).encode())[:16]
         try:
-            arrival = json_values.count_up(self.backend, layout.arrivals_key(plan),
-                                           ARRIVALS_MS, ARRIVAL_TRIES)
+            arrival = self.backend.increment(layout.arrivals_key(plan), ARRIVALS_MS)
         except StoreFailed:
             return keys
-        if arrival is None:  # (lost to other arrivals every time, or not a count's key)
+        if arrival is None or not 0 < arrival <= MAX_ARRIVALS:  # planted: not a count of ours
             return keys
         start = spread_start(arrival - 1, len(keys))
         return keys[start:] + keys[:start]

@@ -1,6 +1,6 @@
 """Values the narrow store interface (warmd.store.backend) keeps as JSON (or decimal text)
 and changes by compare-and-set, where Redis had a type of its own: `update` (read, change,
-write only if unchanged, a bounded number of rounds), counters (`count_up`, for INCR), and
+write only if unchanged, a bounded number of rounds), and
 name indexes, {name: unix time added}, for sorted sets of names scored by time (the pending
 captures, the learned entries of a plan, the daemon's node list).
 
@@ -50,21 +50,6 @@ def update(backend: KeyValueBackend, key: str, change: Change, ttl_ms: int | Non
             return False  # present (the write saw it) yet unreadable: not warmd's to replace
         raw = fresh
     return False
-
-
-def count_up(backend: KeyValueBackend, key: str, ttl_ms: int | None = None,
-             tries: int = MAX_TRIES) -> int | None:
-    """Add one to the counter at key (decimal text, as Redis INCR keeps it; a value that is
-    not a count from 0 to 10^18 starts again from 0) and let it live ttl_ms from now: the
-    new count, None when other writers kept winning or the key cannot be read. Raises
-    StoreFailed."""
-    counted: list[int] = []
-
-    def change(raw: bytes | None) -> bytes:
-        counted[:] = [int(raw) + 1 if raw and raw.isdigit() and len(raw) <= 18 else 1]
-        return str(counted[0]).encode()
-
-    return counted[0] if update(backend, key, change, ttl_ms, tries) else None
 
 
 def read_index(raw: bytes | None, max_bytes: int = MAX_INDEX_BYTES) -> dict[str, float]:

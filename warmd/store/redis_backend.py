@@ -15,6 +15,8 @@ import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import redis
+
 from warmd.store.api import StoreFailed
 from warmd.store.backend import (
     NO_EXPIRY,
@@ -31,6 +33,9 @@ from warmd.store.transport import RedisTransport
 SCAN_COUNT = 1000  # keys per SCAN step
 _GLOB = re.compile(r"([*?\[\]\\])")
 
+
+# What Redis answers an INCR of a value that is no count (another type, text, too large)
+_NOT_A_COUNT = re.compile(r"WRONGTYPE|not an integer|out of range")
 
 class RedisBackend(KeyValueBackend):
     """what: the name every call goes through transport.op under (None: each its own, e.g.
@@ -83,6 +88,23 @@ class RedisBackend(KeyValueBackend):
         what = self._as("put-if-absent" if if_absent else "put")
         return bool(self.transport.op(lambda c: c.set(key, value, px=ttl_ms, nx=if_absent),
                                       what))
+
+    def increment(self, key: str, ttl_ms: int | None = None) -> int | None:
+        check_ttl(ttl_ms)
+
+        def run(client):
+            pipe = client.pipeline(transaction=False)  # the count and its TTL, one trip
+            pipe.incr(key)
+            if ttl_ms is not None:
+                pipe.pexpire(key, ttl_ms)
+            return pipe.execute(raise_on_error=False)[0]
+
+        reply = self.transport.op(run, self._as("increment"))
+        if isinstance(reply, redis.ResponseError) and _NOT_A_COUNT.search(str(reply)):
+            return None  # not a count of ours: nothing counted
+        if isinstance(reply, Exception):
+            raise self.transport.failure(reply, "increment")
+        return int(reply)
 
     def compare_and_set(self, key: str, expected: bytes | None, value: bytes | None,
                         ttl_ms: int | None = None) -> bool:

@@ -219,6 +219,17 @@ class SqliteBackend(KeyValueBackend):
             self._write(conn, key, value, ttl_ms)
         return True
 
+    def increment(self, key: str, ttl_ms: int | None = None) -> int | None:
+        check_ttl(ttl_ms)
+        with self._transaction("increment", write=True) as conn:
+            current = self._live_value(conn, key)
+            text = b"0" if current is None else bytes(current)
+            if not text.lstrip(b"-").isdigit() or len(text) > 19:
+                return None  # not a count: nothing counted
+            count = int(text) + 1
+            self._write(conn, key, str(count).encode(), ttl_ms)
+        return count
+
     def compare_and_set(self, key: str, expected: bytes | None, value: bytes | None,
                         ttl_ms: int | None = None) -> bool:
         check_ttl(ttl_ms)

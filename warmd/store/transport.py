@@ -51,7 +51,8 @@ return 1
 # took the lease would find its own token and wait for itself) and, for the same reason, the
 # backend's conditional writes (warmd.store.redis_backend: a retried one that had applied
 # would answer False).
-NOT_RETRIED = frozenset({"expire", "stats", "lease", "put-if-absent", "compare-and-set"})
+NOT_RETRIED = frozenset({"expire", "stats", "lease", "put-if-absent", "compare-and-set",
+                         "increment"})
 
 
 class RedisTransport:
