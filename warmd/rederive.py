@@ -145,7 +145,7 @@ def rederive_capture(shared: SharedCache, adapter: CacheAdapter, name: str, cont
         return CaptureResult(library, name, "failed", why=f"{type(exc).__name__}: {exc}")
     if found is None:
         return CaptureResult(library, name, "kept", why="capture not readable now")
-    claim, artifact = found
+    capture, artifact = found
     scratch = private_dir("warmd-rederive-", scratch_root)
     try:
         check_artifact(artifact, context.store.max_artifact_bytes)
@@ -154,22 +154,22 @@ def rederive_capture(shared: SharedCache, adapter: CacheAdapter, name: str, cont
     except CannotRederiveHere as exc:
         return CaptureResult(library, name, "kept", why=str(exc))
     except RederiveMismatch as exc:
-        shared.captures.drop(adapter, name, claim.chunks)
+        shared.captures.drop(adapter, name, capture.chunks)
         return CaptureResult(library, name, "quarantined", why=str(exc))
     except UnsafeArtifact as exc:  # RederiveRefused among them
-        shared.captures.drop(adapter, name, claim.chunks)
+        shared.captures.drop(adapter, name, capture.chunks)
         return CaptureResult(library, name, "refused", why=str(exc))
     except Exception as exc:  # a rebuild step's surprise: this capture only, left pending
         return CaptureResult(library, name, "failed", why=f"{type(exc).__name__}: {exc}")
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     entry = CacheEntry(library, name, adapter.root / name)
-    taken = publish_learned(shared, _Prebuilt(adapter, rebuilt.artifact), list(claim.plans),
-                            [entry], claim.compile_seconds)
+    taken = publish_learned(shared, _Prebuilt(adapter, rebuilt.artifact), list(capture.plans),
+                            [entry], capture.compile_seconds)
     if not taken:
         return CaptureResult(library, name, "failed", rebuilt.identical,
                            why="the store did not take the re-derived entry")
-    shared.captures.drop(adapter, name, claim.chunks)
+    shared.captures.drop(adapter, name, capture.chunks)
     return CaptureResult(library, name, "rederived", rebuilt.identical,
                        ", ".join(rebuilt.differs))
 

@@ -17,10 +17,10 @@ template per kernel, compiled into its extension (``_C.so`` in sgl-deep-gemm 0.1
     }};
 
 ``library_templates`` reads those templates from the installed extension's bytes (never
-loading it). A claim contributes only the parameters: its entry name (the kernel's name,
+loading it). A capture contributes only the parameters: its entry name (the kernel's name,
 which must be one the library's extension holds) and the template arguments, each a
 literal (a number, true/false, a qualified name, a name with literal template arguments)
-read by matching the claim's ``kernel.cu`` against the library's template for its kernel
+read by matching the capture's ``kernel.cu`` against the library's template for its kernel
 (whitespace and ``//`` comment lines aside). The source compiled is the library's template
 filled with them; its includes must resolve inside the library's include tree
 (``confine_sources``). A kernel.cu that fits no template of the library, or an argument that
@@ -30,7 +30,7 @@ reading ``kernel.cu`` by a relative path with ``-frandom-seed=<job key>`` as the
 shim does, so the cubin is the bytes a builder makes.
 
 The re-derived entry is the regenerated ``kernel.cu`` and this node's cubin (a 2.8 entry
-also its ``.committed`` marker; the claim's ``meta.json`` is not kept). Not re-derived: the
+also its ``.committed`` marker; the capture's ``meta.json`` is not kept). Not re-derived: the
 key's digest (DeepGEMM's C++ takes it over its version, nvcc's, the flags and the source).
 """
 
@@ -84,7 +84,7 @@ def flags_file(generation: Generation, fingerprint: str) -> Path:
 
 def record_flags(template: list[str], generation: Generation, fingerprint: str) -> Path:
     """Keep the argument template this node's DeepGEMM gave its compiler (a job's
-    ``args.json``, recorded through the nvcc shim) for re-deriving claims."""
+    ``args.json``, recorded through the nvcc shim) for re-deriving captures."""
     if template.count(SOURCE) != 1 or template.count(OUTPUT) != 1:
         raise ValueError("an nvcc argument template names {source} and {output} once each")
     path = flags_file(generation, fingerprint)
@@ -124,7 +124,7 @@ def _fmt_parts(template: str) -> list[str]:
 
 
 def _pattern(template: str) -> re.Pattern:
-    """A claim's kernel.cu made from this template: its literal text (any whitespace where
+    """A capture's kernel.cu made from this template: its literal text (any whitespace where
     it has some, optional ``//`` comment lines first), a literal for each ``{}``."""
     def literal(text: str) -> str:
         return r"\s*".join(re.escape(w) for w in re.split(r"\s+", text))
@@ -133,10 +133,10 @@ def _pattern(template: str) -> re.Pattern:
     return re.compile(r"\s*(?://[^\n]*\n\s*)*" + body + r"\s*", re.S)
 
 
-def regenerate(location: Path, name: str, claimed: str) -> str:
-    """The kernel.cu this node's DeepGEMM generates for the claim's kernel and template
-    arguments; RederiveMismatch when the claim fits no template of the library."""
-    parsed = parse_kernel_source(claimed)
+def regenerate(location: Path, name: str, captured: str) -> str:
+    """The kernel.cu this node's DeepGEMM generates for the capture's kernel and template
+    arguments; RederiveMismatch when the capture fits no template of the library."""
+    parsed = parse_kernel_source(captured)
     if parsed is None:
         raise RederiveMismatch("kernel.cu instantiates no DeepGEMM kernel")
     kernel = name.split(".")[-2]
@@ -145,7 +145,7 @@ def regenerate(location: Path, name: str, claimed: str) -> str:
                       _extension_bytes(location)) is None:
         raise RederiveMismatch(f"this node's DeepGEMM has no kernel named {kernel}")
     for template in library_templates(location).get(parsed.impl, []):
-        found = _pattern(template).fullmatch(claimed)
+        found = _pattern(template).fullmatch(captured)
         if found is not None:
             parts = _fmt_parts(template)
             return "".join(p + (found.group(i + 1) if i < len(parts) - 1 else "")
@@ -164,15 +164,15 @@ def rederive(adapter: DeepGemmCacheAdapter, name: str, artifact: bytes, scratch:
     if layout is None:
         raise RederiveRefused(f"not a DeepGEMM cache entry name: {name!r}")
     location = library or _library(layout.generation)
-    claim = scratch / "claim" / name
-    unpack_safely(artifact, claim)
+    capture = scratch / "capture" / name
+    unpack_safely(artifact, capture)
     try:
-        claimed = (claim / "kernel.cu").read_bytes()
+        captured = (capture / "kernel.cu").read_bytes()
     except FileNotFoundError:
         raise RederiveRefused("the entry has no kernel.cu to rebuild from") from None
-    if len(claimed) > MAX_SOURCE_BYTES:
+    if len(captured) > MAX_SOURCE_BYTES:
         raise RederiveRefused("kernel.cu is larger than any DeepGEMM generates")
-    source = regenerate(location, name, claimed.decode(errors="replace")).encode()
+    source = regenerate(location, name, captured.decode(errors="replace")).encode()
     template = template or _recorded(adapter, layout.generation)
     run = scratch / "run"  # private: the scratch is a fresh 0700 directory
     run.mkdir()
@@ -192,7 +192,7 @@ def rederive(adapter: DeepGemmCacheAdapter, name: str, artifact: bytes, scratch:
         (entry / COMMITTED).write_bytes(b"")
     packed = pack_directory(entry)
     differs = tuple(f for f, ours in (("kernel.cu", source), ("kernel.cubin", cubin))
-                    if not (claim / f).is_file() or (claim / f).read_bytes() != ours)
+                    if not (capture / f).is_file() or (capture / f).read_bytes() != ours)
     return Rederived(packed, packed == artifact, differs)
 
 

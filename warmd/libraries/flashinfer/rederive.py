@@ -6,16 +6,16 @@ arguments that make it. A process of its own, in a sandbox where bubblewrap can 
 (``warmd.cache.rederived.run_rebuild``), calls that generator with a fresh, private
 workspace: FlashInfer writes the sources and its build.ninja there, and builds the module
 (``spec.build()``, the way any warmup does; FlashInfer's EXTRA_*FLAGS and launcher variables
-are not passed). The generator's spec must be named the claim's URI. Nothing of the claim
+are not passed). The generator's spec must be named the capture's URI. Nothing of the capture
 is compiled or read as a build input: no source, flag, path or build file.
 
-The claim's recorded generated sources are then compared with the ones FlashInfer wrote (the
-workspace path taken out): a claim whose sources differ, or that records sources FlashInfer
+The capture's recorded generated sources are then compared with the ones FlashInfer wrote (the
+workspace path taken out): a capture whose sources differ, or that records sources FlashInfer
 did not write, is quarantined (``RederiveMismatch``: dropped, counted, never published).
 A URI no generator makes is refused: that module stays local to the node that built it.
 
 Identical means the built code (the module's ``.so`` and objects) is byte for byte the
-claim's; ninja's logs and the build file name the scratch workspace, so the artifact
+capture's; ninja's logs and the build file name the scratch workspace, so the artifact
 itself always differs, and the rebuilt one is what is published.
 """
 
@@ -105,9 +105,9 @@ def rederive(adapter: FlashInferCacheAdapter, name: str, artifact: bytes,
     if made is None:
         raise RederiveRefused(f"no FlashInfer generator warmd knows makes module {name}: "
                               "it stays local to the node that built it")
-    claim = scratch / "claim"
-    unpack_safely(artifact, claim)
-    module = _check_layout(claim, name)
+    capture = scratch / "capture"
+    unpack_safely(artifact, capture)
+    module = _check_layout(capture, name)
     old_ws = workspace_of(module, name)
     work = scratch / "work"  # the only place the build process may write
     work.mkdir()
@@ -121,7 +121,7 @@ def rederive(adapter: FlashInferCacheAdapter, name: str, artifact: bytes,
     run_rebuild([*step, "generate"], env=env, cwd=str(work))
     generated = sorted(p for p in ours.generated_dir.rglob("*") if p.is_file())
     confine_sources(generated, [ours.generated_dir, *_include_roots()])
-    _compare_sources(claim / "generated", ours.generated_dir, old_ws,
+    _compare_sources(capture / "generated", ours.generated_dir, old_ws,
                      str(ours.workspace_dir.resolve()))
     run_rebuild([*step, "build"], env=env, cwd=str(work))
     built = ours.root / name
@@ -161,16 +161,16 @@ def _include_roots() -> list[Path]:
     return [Path(p) for p in spec.submodule_search_locations]
 
 
-def _compare_sources(claimed: Path, ours: Path, old_ws: str, new_ws: str) -> None:
-    """RederiveMismatch when a generated source the claim records is not FlashInfer's."""
-    if not claimed.is_dir():
+def _compare_sources(captured: Path, ours: Path, old_ws: str, new_ws: str) -> None:
+    """RederiveMismatch when a generated source the capture records is not FlashInfer's."""
+    if not captured.is_dir():
         return
-    for src in sorted(p for p in claimed.rglob("*") if p.is_file()):
-        rel = src.relative_to(claimed)
+    for src in sorted(p for p in captured.rglob("*") if p.is_file()):
+        rel = src.relative_to(captured)
         mine = ours / rel
         text = src.read_bytes().replace(old_ws.encode(), new_ws.encode())
         if not mine.is_file() or mine.read_bytes() != text:
-            raise RederiveMismatch(f"the claim's generated source {rel} is not what this "
+            raise RederiveMismatch(f"the capture's generated source {rel} is not what this "
                                    "node's FlashInfer generates for the module")
 
 

@@ -1,5 +1,5 @@
 """Re-deriving a captured FlashInfer autotune result: nothing to rebuild (it is a
-measurement), so the claim's values must pass FlashInfer's own checks and bounds: bounded
+measurement), so the capture's values must pass FlashInfer's own checks and bounds: bounded
 JSON in the files the entry kind has, a v2 entry's environment and operation hashes the
 digests of what it holds (``_check_contents``, what every install checks too). What passes
 is installed into a scratch cache and packed again by this node: that artifact is the one

@@ -5,7 +5,7 @@ A Triton cache entry is named by its key: a hash of the kernel function's source
 (signature, constexpr values, argument attributes), the options and Triton's own code
 (``triton.compile``: ``get_cache_key(ASTSource(fn, signature, constexprs, attrs), backend,
 options, env)``; the metadata ``<kernel>.json`` holds that hash, the target and the options,
-not the signature or the constexprs). A claim contributes parameters only:
+not the signature or the constexprs). A capture contributes parameters only:
 
 - the kernel's name (the metadata's ``name``), looked up as a module-level ``@triton.jit``
   function (an autotuner or heuristics wrapper is followed to it) in this node's own
@@ -23,9 +23,9 @@ not the signature or the constexprs). A claim contributes parameters only:
 The rebuild process (``rebuild.py``, started by ``run_rebuild``: reduced environment,
 sandboxed where bubblewrap can) imports the function, searches the specialisations those
 literals allow (at most MAX_SPECIALIZATIONS keys, each a hash, nothing compiled) for the one
-whose key is the claim's, and compiles ``ASTSource(fn=<this node's function>, …)`` with it:
-never the claim's IR or source. No specialisation of this node's function gives the claim's
-key: the claim's code is not the library's (tampering, or another version), and it is
+whose key is the capture's, and compiles ``ASTSource(fn=<this node's function>, …)`` with it:
+never the capture's IR or source. No specialisation of this node's function gives the capture's
+key: the capture's code is not the library's (tampering, or another version), and it is
 quarantined (``RederiveMismatch``). The re-derived entry is what this node's Triton wrote
 for that key, every stage and the metadata.
 
@@ -117,9 +117,9 @@ def rederive(adapter: TritonCacheAdapter, name: str, artifact: bytes,
     context = context or NodeContext.of()
     if not ENTRY_RE.match(name):
         raise RederiveRefused(f"not a Triton cache entry name: {name!r}")
-    claim = scratch / "claim" / name
-    unpack_safely(artifact, claim)
-    tree = CacheTree(claim.parent)
+    capture = scratch / "capture" / name
+    unpack_safely(artifact, capture)
+    tree = CacheTree(capture.parent)
     if host_module(tree, name) is not None:
         raise RederiveRefused("a Triton host module (launcher, cuda_utils) records no "
                               "source to rebuild it from")
@@ -139,7 +139,7 @@ def rederive(adapter: TritonCacheAdapter, name: str, artifact: bytes,
                 env=_rebuild_env(meta, scratch / "triton-cache", context),
                 cwd=str(scratch))
     _outcome(out, kernel)
-    return _entry(adapter, name, kernel, out, claim, files, artifact, scratch / "entry")
+    return _entry(adapter, name, kernel, out, capture, files, artifact, scratch / "entry")
 
 
 def _outcome(out: Path, kernel: str) -> None:
@@ -151,13 +151,13 @@ def _outcome(out: Path, kernel: str) -> None:
     if outcome == "built":
         return
     if outcome == "mismatch":
-        raise RederiveMismatch(f"no specialisation of this node's {kernel} has the claim's "
+        raise RederiveMismatch(f"no specialisation of this node's {kernel} has the capture's "
                                f"key: {why}")
     raise RederiveRefused(f"{why or 'the rebuild made nothing'}: {kernel} stays local to "
                           "the node that built it")
 
 
-def _entry(adapter: TritonCacheAdapter, name: str, kernel: str, out: Path, claim: Path,
+def _entry(adapter: TritonCacheAdapter, name: str, kernel: str, out: Path, capture: Path,
            files: list[str], artifact: bytes, entry_root: Path) -> Rederived:
     """The entry as this node's Triton wrote it (the group file with bare names)."""
     entry = entry_root / name
@@ -172,8 +172,8 @@ def _entry(adapter: TritonCacheAdapter, name: str, kernel: str, out: Path, claim
     packed = TritonCacheAdapter(entry_root, adapter.arch).pack(
         CacheEntry(adapter.library, name, entry))
     differs = tuple(child for child in sorted(set(files) | set(built))
-                    if not (claim / child).is_file() or not (entry / child).is_file()
-                    or (entry / child).read_bytes() != (claim / child).read_bytes())
+                    if not (capture / child).is_file() or not (entry / child).is_file()
+                    or (entry / child).read_bytes() != (capture / child).read_bytes())
     return Rederived(packed, packed == artifact, differs)
 
 
@@ -272,7 +272,7 @@ def _options(meta: dict) -> dict:
 
 def _rebuild_env(meta: dict, cache: Path, context: NodeContext) -> dict[str, str]:
     """This node's environment (this node's own Triton knobs too: line info, for one,
-    is not in a kernel's metadata and changes its cubin), the claim's cache-invalidating
+    is not in a kernel's metadata and changes its cubin), the capture's cache-invalidating
     knobs (as Triton records them: short strings) over it, and a scratch cache (the
     libraries' too: importing FlashInfer creates its workspace, and the sandbox lets the
     process write only its scratch); never the knobs that dump, override or relocate what
