@@ -77,20 +77,6 @@ def _fresh_probes():
     probe_library.cache_clear()
 
 
-@pytest.fixture(autouse=True)
-def _no_test_server_outlives_its_test():
-    """Stop the Redis-protocol servers a test started (store_support.start_test_server) when
-    it ends, whatever it did: a test that fails before its own stop leaves none running."""
-    import store_support
-
-    before = len(store_support.STARTED)
-    yield
-    started = store_support.STARTED[before:]
-    del store_support.STARTED[before:]
-    for server in started:
-        server.stop()
-
-
 @pytest.fixture
 def rclient(server):
     """A client of the test module's `server` fixture, on an emptied database."""

@@ -99,16 +99,8 @@ def task_entries(tasks: int, per_task: int = 2, prefix: str = "k") -> dict[str, 
                                   for i in range(per_task)] for t in range(tasks)}
 
 
-# Every server start_test_server started, in order: conftest's autouse fixture stops those a
-# test started (in its body or a function-scoped fixture) when the test ends, even a test
-# that failed before its own stop; a module's server, started before the test, is left.
-STARTED: list[ServerProcess] = []
-
-
 def start_test_server(tmp: Path, **kw) -> ServerProcess:
-    server = start_server(tmp / "redis", appendonly=kw.pop("appendonly", False), **kw)
-    STARTED.append(server)
-    return server
+    return start_server(tmp / "redis", appendonly=kw.pop("appendonly", False), **kw)
 
 
 def module_server(password: str | None = None):

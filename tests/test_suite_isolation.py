@@ -121,25 +121,3 @@ def test_no_test_directory_is_named_like_a_library_warmd_looks_for():
     dirs = {p.name for p in TESTS.rglob("*")
             if p.is_dir() and "data" not in p.relative_to(TESTS).parts}
     assert dirs.isdisjoint({*libraries.names(), "vllm", "sglang", "sgl_kernel", "torch"})
-
-
-def test_a_server_a_failing_test_left_running_is_stopped_when_it_ends(tmp_path):
-    """A test that starts a Redis-protocol server and fails before stopping it leaves no
-    server running (tests/conftest.py stops what start_test_server started)."""
-    pid_file = tmp_path / "pid"
-    (tmp_path / "test_leaks_a_server.py").write_text(
-        "from store_support import start_test_server\n"
-        "def test_fails_with_its_server_running(tmp_path):\n"
-        f"    server = start_test_server(tmp_path)\n"
-        f"    open({str(pid_file)!r}, 'w').write(str(server.pid))\n"
-        "    assert False\n")
-    # the file is outside tests/: the suite's conftest is loaded as a plugin by name
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           "-p", "conftest", "-n", "0", str(tmp_path / "test_leaks_a_server.py")],
-                          cwd=TESTS, capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS),
-                                                                           str(ROOT)])})
-    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
-    pid = int(pid_file.read_text())
-    assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(
-        f"/proc/{pid}/status").read_text()
