@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,30 +14,22 @@ from warmd.libraries.deep_gemm.costs import (
     expected_seconds,
 )
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts" / "tools"))
+from fit_compile_costs import spearman  # noqa: E402  (the fit's own measure of the order)
+
 MEASURED = sorted((Path(__file__).parents[1] / "data" / "deep_gemm" / "compile_times")
                   .glob("*.json"))
-
-
-def _ranks(values: list[float]) -> list[float]:
-    order = sorted(range(len(values)), key=values.__getitem__)
-    ranks = [0.0] * len(values)
-    for rank, i in enumerate(order):
-        ranks[i] = rank
-    return ranks
 
 
 @pytest.mark.parametrize("path", MEASURED, ids=lambda p: p.stem)
 def test_the_expected_times_rank_measured_kernels_of_both_generations(path):
     kernels = json.loads(path.read_text())["kernels"]
     assert len(kernels) >= 40
-    predicted = _ranks([expected_seconds(k["source"]) for k in kernels.values()])
-    measured = _ranks([k["seconds"] for k in kernels.values()])
-    n = len(kernels)
-    rho = 1 - 6 * sum((a - b) ** 2 for a, b in zip(predicted, measured, strict=True)) / (
-        n * (n * n - 1))
+    rho = spearman([expected_seconds(k["source"]) for k in kernels.values()],
+                   [k["seconds"] for k in kernels.values()])
     assert rho >= 0.8, rho
     # the five kernels expected longest are all among the slowest third measured
-    slowest = sorted(kernels.values(), key=lambda k: -k["seconds"])[: n // 3]
+    slowest = sorted(kernels.values(), key=lambda k: -k["seconds"])[: len(kernels) // 3]
     longest = sorted(kernels.values(), key=lambda k: -expected_seconds(k["source"]))[:5]
     assert all(k in slowest for k in longest)
 

@@ -29,14 +29,7 @@ _BLOCK_M_AT, _BLOCK_N_AT = 5, 6
 def gemm_blocks(source: str) -> tuple[int, int] | None:
     """(BLOCK_M, BLOCK_N) of an SM90 GEMM kernel's generated source; None for a kernel that
     is not a GEMM or a source not of that form."""
-    found = _INSTANCE.search(source)
-    if found is None or "gemm" not in found.group(1):
-        return None
-    args = found.group(2).split(",")
-    try:
-        return int(args[_BLOCK_M_AT]), int(args[_BLOCK_N_AT])
-    except (IndexError, ValueError):
-        return None
+    return _blocks(_INSTANCE.search(source))
 
 
 def expected_seconds(source: str) -> float:
@@ -44,9 +37,20 @@ def expected_seconds(source: str) -> float:
     found = _INSTANCE.search(source)
     if found is not None and "gemm" not in found.group(1):
         return OTHER_KERNEL_SECONDS
-    blocks = gemm_blocks(source)
+    blocks = _blocks(found)
     if blocks is None:
         return TYPICAL_SECONDS
     block_m, block_n = blocks
     seconds = SECONDS_BY_BLOCK_N.get(block_n, TYPICAL_SECONDS)
     return seconds + (WIDE_BLOCK_M_SECONDS if block_m >= 256 else 0.0)
+
+
+def _blocks(found: re.Match | None) -> tuple[int, int] | None:
+    """(BLOCK_M, BLOCK_N) of a GEMM's instantiation (the _INSTANCE match of its source)."""
+    if found is None or "gemm" not in found.group(1):
+        return None
+    args = found.group(2).split(",")
+    try:
+        return int(args[_BLOCK_M_AT]), int(args[_BLOCK_N_AT])
+    except (IndexError, ValueError):
+        return None
