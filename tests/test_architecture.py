@@ -222,8 +222,11 @@ JOIN_PATH = [
     ("warmd/store/blobs.py", "get_prefixes", "warmd/store/redis_backend.py"),
     ("warmd/store/entries.py", "install", "warmd/libraries/deep_gemm/cache.py"),
     ("warmd/libraries/deep_gemm/cache.py", "install_atomically", "warmd/cache/install.py"),
-    ("warmd/cache/install.py", "unpack_written", "warmd/cache/artifacts.py"),
+    ("warmd/cache/install.py", "unpack_written", "warmd/cache/install.py"),
 ]
+# what the agent builds for each call of warm_node, from the config (its input, with it)
+JOIN_INPUTS = {"warmd/context.py"}
+JOIN_LIMIT = 10  # issue 28: modules crossed from warm_node to an installed entry
 
 
 def test_the_join_path_is_the_drawn_one():
@@ -240,6 +243,11 @@ def test_the_join_path_is_the_drawn_one():
                    if isinstance(n, ast.FunctionDef | ast.ClassDef)}
         assert name in defined, f"{callee} does not define {name}"
         assert callee.removeprefix("warmd/").replace("deep_gemm", "<lib>") in drawing, callee
+
+
+def test_the_join_path_crosses_at_most_ten_modules():
+    crossed = {m for hop in JOIN_PATH for m in (hop[0], hop[2])} - {"warmd/cluster/agent.py"}
+    assert len(crossed - JOIN_INPUTS) <= JOIN_LIMIT, sorted(crossed)
 
 
 # The store's Redis side: the backend, its transport and connection, its wake-ups, the embedded

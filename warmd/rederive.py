@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from warmd.cache.artifacts import check_artifact
 from warmd.cache.base import CacheAdapter, CacheEntry, UnsafeArtifact
+from warmd.cache.install import check_artifact
 from warmd.cache.rederived import (
     CannotRederiveHere,
     Rederived,

@@ -1,4 +1,4 @@
-"""Safe, deterministic, atomic cache artifacts (warmd.cache.artifacts)."""
+"""Safe, deterministic, atomic cache artifacts (warmd.cache.packing, warmd.cache.install)."""
 
 from __future__ import annotations
 
@@ -18,9 +18,15 @@ from pathlib import Path
 
 import pytest
 
-from warmd.cache.artifacts import check_artifact, pack_directory, pack_members, unpack_safely
 from warmd.cache.base import UnsafeArtifact
-from warmd.cache.install import STAGING_DIR, clean_staging, install_atomically
+from warmd.cache.install import (
+    STAGING_DIR,
+    check_artifact,
+    clean_staging,
+    install_atomically,
+    unpack_safely,
+)
+from warmd.cache.packing import pack_directory, pack_members
 from warmd.cache.safe_fs import CacheTree
 
 

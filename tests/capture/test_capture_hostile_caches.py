@@ -21,8 +21,9 @@ from pathlib import Path
 import pytest
 from store_support import SRC, isolate_capture, module_server
 
-from warmd.cache.artifacts import pack_directory, unpack_safely
 from warmd.cache.base import CacheEntry, UnsafeArtifact
+from warmd.cache.install import unpack_safely
+from warmd.cache.packing import pack_directory
 from warmd.capture.scope import CaptureScope, adapters_for
 from warmd.capture.sharing import verify_for_publishing
 from warmd.capture.watch import Capture

@@ -515,7 +515,7 @@ def planted_module(tmp_path: Path, name: str, code: str) -> bytes:
 
     from store_support import SRC
 
-    from warmd.cache.artifacts import pack_directory
+    from warmd.cache.packing import pack_directory
 
     base = tmp_path / "attacker"
     done = subprocess.run([sys.executable, "-c", _CRAFT, str(base), name, code], cwd=SRC,

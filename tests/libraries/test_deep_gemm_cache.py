@@ -25,9 +25,9 @@ from pathlib import Path
 import hardware
 import pytest
 
-from warmd.cache.artifacts import pack_directory
 from warmd.cache.base import UnsafeArtifact
 from warmd.cache.install import STAGING_DIR
+from warmd.cache.packing import pack_directory
 from warmd.libraries.deep_gemm import accounting
 from warmd.libraries.deep_gemm import cache as dgc
 from warmd.libraries.deep_gemm.accounting import Accounting, StdoutCapture

@@ -16,8 +16,9 @@ from types import SimpleNamespace
 import pytest
 from flashinfer_support import act_and_mul_built, warm_act_and_mul
 
-from warmd.cache.artifacts import pack_directory, unpack_safely
 from warmd.cache.base import IncompatibleHere, UnsafeArtifact
+from warmd.cache.install import unpack_safely
+from warmd.cache.packing import pack_directory
 from warmd.libraries.flashinfer.cache import FlashInferCacheAdapter
 from warmd.libraries.flashinfer.ninja import (
     ninja_commands,

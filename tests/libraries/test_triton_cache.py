@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from warmd.cache.artifacts import pack_members
 from warmd.cache.base import UnsafeArtifact
+from warmd.cache.packing import pack_members
 from warmd.libraries.triton.cache import ENTRY_RE, TritonCacheAdapter, entry_state
 
 pytest.importorskip("triton")

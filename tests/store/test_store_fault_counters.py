@@ -16,8 +16,9 @@ import pytest
 from click.testing import CliRunner
 from store_support import DirAdapter, module_server, start_test_server, task_entries, warm
 
-from warmd.cache.artifacts import MAX_MEMBERS, check_artifact, pack_members
 from warmd.cache.base import CacheEntry, IncompatibleHere, UnsafeArtifact
+from warmd.cache.install import MAX_MEMBERS, check_artifact
+from warmd.cache.packing import pack_members
 from warmd.cli import main
 from warmd.store import layout
 

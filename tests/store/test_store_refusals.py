@@ -15,8 +15,8 @@ import pytest
 from click.testing import CliRunner
 from store_support import DirAdapter, compile_entry, start_test_server
 
-from warmd.cache.artifacts import pack_directory
 from warmd.cache.base import CacheEntry, IncompatibleHere
+from warmd.cache.packing import pack_directory
 from warmd.cli import main
 from warmd.store import admin, digest_of, free_port, layout
 from warmd.store.formats import Manifest, json_bytes

@@ -4,7 +4,7 @@ and ``WARMD_LIBRARY_PACKAGES=testlib.library`` for warmup's worker processes).
 
 Its executor "compiles" a task's entries (``spec["entries"]``) into its cache root, one
 directory of real files each, and its cache adapter packs and installs those directories
-(warmd.cache.artifacts, like the real adapters). No GPU is needed, so warmd's real warmup
+(warmd.cache.packing and install, like the real adapters). No GPU is needed, so warmd's real warmup
 loop (fetch, single flight, compile in a worker, publish) runs end to end in the tests.
 
 The LIBRARY is in testlib/library.py, which only the registry imports: a module that

@@ -1,5 +1,5 @@
 """testlib's cache: an entry is a directory of real files, complete once its `done`
-marker is written; packed and installed by warmd.cache.artifacts like the real adapters.
+marker is written; packed and installed by warmd.cache.packing and install like the real adapters.
 Its 'compiler' writes an entry of a realistic size and logs each compile to a file, so tests
 can count compiles across processes."""
 
@@ -10,9 +10,9 @@ import os
 import time
 from pathlib import Path
 
-from warmd.cache.artifacts import pack_directory
 from warmd.cache.base import CacheAdapter, CacheEntry
 from warmd.cache.install import install_atomically
+from warmd.cache.packing import pack_directory
 
 DEFAULT_SIZE = 120_000
 

@@ -114,7 +114,7 @@ def submit_captures(shared: SharedCache, adapter: CacheAdapter, plan_keys: list[
 def verified_artifact(adapter: CacheAdapter, entry: CacheEntry) -> bytes:
     """The entry's artifact if it may be shared; raises UnsafeArtifact (never shared) or
     OSError/ValueError (changed while packing)."""
-    from warmd.cache.artifacts import check_artifact
+    from warmd.cache.install import check_artifact
 
     artifact = adapter.pack(entry)
     check_artifact(artifact, settings.max_artifact_bytes())

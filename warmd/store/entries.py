@@ -23,9 +23,8 @@ from concurrent.futures import ThreadPoolExecutor
 from contextvars import copy_context
 
 from warmd import boundedjson, settings
-from warmd.cache.artifacts import TooLargeHere
 from warmd.cache.base import CacheAdapter, CacheEntry, IncompatibleHere, UnsafeArtifact
-from warmd.cache.install import install_batch
+from warmd.cache.install import TooLargeHere, install_batch
 from warmd.store import layout
 from warmd.store.api import Publication, SharedEntries, StoreFailed
 from warmd.store.backend import KeyValueBackend

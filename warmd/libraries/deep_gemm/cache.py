@@ -45,9 +45,9 @@ from functools import cache
 from pathlib import Path
 
 from warmd import settings
-from warmd.cache.artifacts import pack_directory
 from warmd.cache.base import CacheAdapter, CacheEntry, UnsafeArtifact
 from warmd.cache.install import install_atomically
+from warmd.cache.packing import pack_directory
 from warmd.cache.safe_fs import CacheTree
 from warmd.libraries.deep_gemm.deep_jit import KEYED_ENV
 from warmd.libraries.deep_gemm.install import (

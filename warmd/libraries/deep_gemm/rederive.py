@@ -44,8 +44,9 @@ import re
 from pathlib import Path
 
 from warmd import settings
-from warmd.cache.artifacts import pack_directory, unpack_safely
 from warmd.cache.base import UnsafeArtifact
+from warmd.cache.install import unpack_safely
+from warmd.cache.packing import pack_directory
 from warmd.cache.rederived import (
     CannotRederiveHere,
     Rederived,

@@ -35,10 +35,10 @@ from importlib import metadata
 from pathlib import Path, PurePosixPath
 
 from warmd import settings
-from warmd.cache.artifacts import pack_members, unpack_safely
 from warmd.cache.base import CacheAdapter, CacheEntry, IncompatibleHere, UnsafeArtifact
 from warmd.cache.durable import fsync_dir, fsync_tree, rename_noreplace
-from warmd.cache.install import staging
+from warmd.cache.install import staging, unpack_safely
+from warmd.cache.packing import pack_members
 from warmd.cache.safe_fs import CacheTree, FileContent, parts_of
 from warmd.libraries.flashinfer.fingerprint import (
     FINGERPRINT_INPUTS,

@@ -27,8 +27,8 @@ import re
 import sys
 from pathlib import Path
 
-from warmd.cache.artifacts import unpack_safely
 from warmd.cache.base import CacheEntry
+from warmd.cache.install import unpack_safely
 from warmd.cache.rederived import (
     CannotRederiveHere,
     Rederived,

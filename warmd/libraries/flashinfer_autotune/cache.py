@@ -36,9 +36,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from warmd import boundedjson, settings
-from warmd.cache.artifacts import pack_members, unpack_safely
 from warmd.cache.base import CacheAdapter, CacheEntry, UnsafeArtifact
-from warmd.cache.install import staging
+from warmd.cache.install import staging, unpack_safely
+from warmd.cache.packing import pack_members
 from warmd.cache.safe_fs import CacheTree, FileContent, load_json
 from warmd.libraries.flashinfer.cache import arch_dir, flashinfer_version
 

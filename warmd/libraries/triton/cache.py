@@ -42,9 +42,9 @@ from pathlib import Path
 
 from warmd import settings
 from warmd.boundedjson import NotJson
-from warmd.cache.artifacts import pack_members
 from warmd.cache.base import CacheAdapter, CacheEntry, UnsafeArtifact
 from warmd.cache.install import install_atomically
+from warmd.cache.packing import pack_members
 from warmd.cache.safe_fs import CacheTree, FileContent, load_json
 from warmd.probes import dist_version
 

@@ -7,8 +7,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from warmd import settings
-from warmd.cache.artifacts import check_artifact
 from warmd.cache.base import UnsafeArtifact
+from warmd.cache.install import check_artifact
 from warmd.store.admin.reads import entries, fingerprints
 from warmd.store.chunking import size_batches
 from warmd.store.entries import unpacks_over
