@@ -22,6 +22,13 @@ C. Checks, per K run, besides the counts above: wall / (alone / K) within PINNED
 the spread of the nodes' READY (each one's exit, from the common start) within SPREAD_LIMIT
 of the wall; each node sized its compile jobs to its C cores (warmd's sizing reads the
 affinity); every node holds every entry the node alone holds. No builder build.
+
+--loaded (with --pinned): for each K also K nodes alone at once, each pinned to its own C
+cores and each with its own store, so that none shares work with another: the node alone
+measured on a box whose other cores are as busy as in the K run (the K emulated machines
+share one socket, its clock and memory; K real machines would not). The K run is then
+also judged against their mean READY (``ratio_to_loaded_alone_over_k``), beside the node
+alone on a quiet box, which stays the check of record.
 """
 
 from __future__ import annotations
@@ -213,24 +220,42 @@ class Bench(BenchRun):
                                        "builder": {}})
         self.url = url
         self.held: dict[str, list[set[str]]] = {}  # run label -> each node's entry names
+        self.servers: list = []  # the stores of --loaded's nodes alone, beside url's
 
-    def flush(self) -> None:
+    def own_stores(self, k: int) -> list[str]:
+        """k stores: the bench's own and k - 1 more servers (started once, kept)."""
+        from warmd.store import start_server
+
+        while len(self.servers) < k - 1:
+            path = self.out / "work" / f"redis-{len(self.servers) + 1}"
+            self.servers.append(start_server(path, appendonly=False))
+        return [self.url, *(s.url for s in self.servers[:k - 1])]
+
+    def close(self) -> None:
+        for server in self.servers:
+            server.stop()
+
+    def flush(self, url: str) -> None:
         import redis
 
-        client = redis.Redis.from_url(self.url)
+        client = redis.Redis.from_url(url)
         client.flushall()
         client.close()
 
     def nodes(self, model: str, placement: list[list[int] | None], label: str,
-              need: float, extra_env: dict[str, str] | None = None) -> dict | None:
+              need: float, extra_env: dict[str, str] | None = None,
+              urls: list[str] | None = None) -> dict | None:
         """One node per placement (the cores it is pinned to; None: not pinned) of one model,
-        cold at once; None when the budget has not the need seconds left (said and kept)."""
+        cold at once, node i on store urls[i] (default: all on the bench's one); None when
+        the budget has not the need seconds left (said and kept)."""
         if self.left() < need:
             self.log(f"SKIP {label}: {self.left():.0f}s of the budget left, needs ~{need:.0f}s")
             self.results["runs"][label] = {"skipped": f"needs ~{need:.0f}s, "
                                                       f"{self.left():.0f}s left"}
             return None
-        self.flush()
+        urls = urls or [self.url] * len(placement)
+        for url in sorted(set(urls)):
+            self.flush(url)
         work = self.out / "work" / label
         procs = []
         began = time.monotonic()
@@ -241,7 +266,7 @@ class Bench(BenchRun):
                    "WARMD_STATE_DIR": str(node / "state"), "WARMD_NODE_NAME": f"{label}-{i}",
                    **(extra_env or {})}
             argv = [sys.executable, "-m", "warmd", "warmup", *PLANS[model], *PLAN_ARGS,
-                    "--redis", self.url, "--json"]
+                    "--redis", urls[i], "--json"]
             # the node's process and all it starts (workers, discovery, nvcc) keep its cores
             pin = partial(os.sched_setaffinity, 0, cores) if cores is not None else None
             proc = subprocess.Popen(argv, env=env, cwd=ROOT, text=True, stdout=subprocess.PIPE,
@@ -334,17 +359,21 @@ class Bench(BenchRun):
 
 
 def run(out: Path, budget: float, models: list[str], ks: list[int], url: str,
-        builder_jobs: int, pinned: bool = False, discovery: list[int] | None = None) -> int:
+        builder_jobs: int, pinned: bool = False, discovery: list[int] | None = None,
+        loaded: bool = False) -> int:
     out.mkdir(parents=True, exist_ok=True)
     bench = Bench(out, budget, url)
-    for model in models:
-        if discovery:
-            run_discovery_sweep(bench, model, discovery)
-        elif pinned:
-            run_pinned(bench, model, ks)
-        else:
-            run_shared(bench, model, ks, out, builder_jobs)
-        bench.save()
+    try:
+        for model in models:
+            if discovery:
+                run_discovery_sweep(bench, model, discovery)
+            elif pinned:
+                run_pinned(bench, model, ks, loaded)
+            else:
+                run_shared(bench, model, ks, out, builder_jobs)
+            bench.save()
+    finally:
+        bench.close()
     checks = [ok for r in bench.results["runs"].values() for ok in
               (r.get("checks") or {}).values()]
     checks += [b.get("identical", False) for b in bench.results["builder"].values()
@@ -378,9 +407,10 @@ def run_shared(bench: Bench, model: str, ks: list[int], out: Path, builder_jobs:
             bench.builder(model, out / "work" / f"{model}-k{k}" / "n0" / "dg", builder_jobs)
 
 
-def run_pinned(bench: Bench, model: str, ks: list[int]) -> None:
+def run_pinned(bench: Bench, model: str, ks: list[int], loaded: bool = False) -> None:
     """For each K: one node alone pinned to the first C = cores // K cores (once per C), then
-    K nodes each pinned to its own C cores, at once."""
+    K nodes each pinned to its own C cores, at once; with loaded, then K nodes alone at once
+    (run_loaded_alone)."""
     cpus = sorted(os.sched_getaffinity(0))
     alone_by_cores: dict[int, dict | None] = {}
     for k in ks:
@@ -410,6 +440,42 @@ def run_pinned(bench: Bench, model: str, ks: list[int]) -> None:
         row["checks"].update(pinned.pop("checks"))
         row.update(pinned)
         log_pinned(bench, f"{model} K={k} x {per_node} cores", row)
+        if loaded:
+            run_loaded_alone(bench, model, slices, row, alone["wall"])
+
+
+def run_loaded_alone(bench: Bench, model: str, slices: list[list[int]], row: dict,
+                     alone_wall: float) -> None:
+    """K nodes alone at once, node i pinned to slices[i] with its own store (none shares
+    work): the node alone on a box as busy as the K run's; the K run judged against their
+    mean READY too (loaded_ratio)."""
+    k, per_node = len(slices), len(slices[0])
+    label = f"{model}-alone-c{per_node}-x{k}"
+    alone = bench.nodes(model, slices, label, need=pinned_need(1, per_node, alone_wall),
+                        urls=bench.own_stores(k))
+    if alone is None:
+        return
+    alone.update(judge_run(alone, None, per_node))
+    for check in ("compiles_equal_distinct", "nvcc_runs_equal_distinct"):
+        alone["checks"].pop(check)  # K nodes alone: each compiles every entry
+    alone["checks"]["each_compiled_every_entry"] = all(
+        n["compiled"] == alone["distinct_entries"] for n in alone["nodes"])
+    alone["checks"]["jobs_equal_pinned_cores"] = pinned_sizing_holds(alone["nodes"], per_node)
+    row.update(loaded_ratio(row["wall"], [n["ready"] for n in alone["nodes"]], k))
+    bench.save()
+    bench.log(f"{model} {k} nodes alone at once, {per_node} cores each: READY "
+              f"{min(n['ready'] for n in alone['nodes'])}-"
+              f"{max(n['ready'] for n in alone['nodes'])} s (mean {row['loaded_alone']} s, "
+              f"quiet alone {alone_wall} s); K={k} run {row['wall']} s = "
+              f"{row['ratio_to_loaded_alone_over_k']}x of their mean / K (limit "
+              f"{row['limit']}); checks {alone['checks']}")
+
+
+def loaded_ratio(wall: float, alone_ready: list[float], k: int) -> dict:
+    """The K run's wall against the mean READY of K nodes alone at once, over K."""
+    mean = sum(alone_ready) / len(alone_ready)
+    return {"loaded_alone": round(mean, 3),
+            "ratio_to_loaded_alone_over_k": round(wall / (mean / k), 3)}
 
 
 def run_discovery_sweep(bench: Bench, model: str, counts: list[int]) -> None:
@@ -493,6 +559,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pinned", action="store_true",
                         help="K machines of cores // K cores: each node pinned to its own "
                              "cores, against one node alone on as many")
+    parser.add_argument("--loaded", action="store_true",
+                        help="with --pinned: also K nodes alone at once, each on its own "
+                             "cores and store, as a baseline on an equally busy box")
     parser.add_argument("--discovery", default="",
                         help="counts of discovery processes (1,2,4,8): one node alone on "
                              "every core per count, instead of the K runs")
@@ -500,6 +569,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         models, ks = parse_models(opts.models), parse_nodes(opts.nodes)
         discovery = parse_counts(opts.discovery) if opts.discovery else []
+        if opts.loaded and not opts.pinned:
+            raise ValueError("--loaded goes with --pinned")
         if opts.pinned:
             for k in ks:
                 core_slices(sorted(os.sched_getaffinity(0)), k)
@@ -519,7 +590,7 @@ def main(argv: list[str] | None = None) -> int:
         url = server.url
     try:
         return run(opts.out, opts.budget, models, ks, url, opts.builder_jobs,
-                   opts.pinned, discovery)
+                   opts.pinned, discovery, opts.loaded)
     finally:
         if server is not None:
             server.stop()

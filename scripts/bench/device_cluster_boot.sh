@@ -13,7 +13,9 @@
 # name other carries. DISCOVERY=2,1,4,8: `--discovery` (one node alone on every core per
 # count of discovery processes; the first run's kernel sources and nvcc seconds go to
 # $OUT/compile_times.json). PINNED=1: `--pinned` (each node pinned to its own cores; see
-# scripts/bench/device_cluster_boot.py). The whole call must end within one device call
+# scripts/bench/device_cluster_boot.py); LOADED=1 adds `--loaded` (K nodes alone at once, each
+# on its own cores and store: the node alone on a box as busy as the K run's). STARTUP=1
+# first times a discovery process's start on 4 pinned cores: Python, torch, CUDA, DeepGEMM. The whole call must end within one device call
 # (600 s): the runs' budget is what is left of DEADLINE (default 540) seconds after the
 # setup, unless BUDGET is given; a run that would not fit is not started, and the log says
 # so. Steps and checks: scripts/bench/device_cluster_boot.py. One Redis-protocol server it
@@ -52,9 +54,22 @@ DG_MODULE=deep_gemm
 [ "${GENERATION:-014}" = 281 ] && DG_MODULE=vllm.third_party.deep_gemm
 python3 -c "import torch; torch.cuda.init(); import $DG_MODULE" >>"$LOG" 2>&1
 python3 -m warmd --help >/dev/null 2>&1
+if [ "${STARTUP:-0}" = 1 ]; then
+    for i in 1 2 3; do
+        taskset -c 0-3 python3 -c "
+import time; t0 = time.time()
+import torch; t1 = time.time()
+torch.cuda.init(); torch.cuda.get_device_capability(0); t2 = time.time()
+import $DG_MODULE; t3 = time.time()
+from warmd.libraries import probe_library; probe_library('deep_gemm'); t4 = time.time()
+print(f'startup on 4 cores: import torch {t1-t0:.2f} s, CUDA init {t2-t1:.2f} s, '
+      f'import DeepGEMM {t3-t2:.2f} s, probe {t4-t3:.2f} s')" 2>&1 | tail -1 | tee -a "$LOG"
+    done
+fi
 BUDGET=${BUDGET:-$((${DEADLINE:-540} - SECONDS))}
 PIN=
 if [ "${PINNED:-0}" = 1 ]; then PIN=--pinned; fi
+if [ "${LOADED:-0}" = 1 ]; then PIN="$PIN --loaded"; fi
 echo "setup took ${SECONDS}s; budget for the runs: ${BUDGET}s" | tee -a "$LOG"
 SWEEP=
 if [ -n "${DISCOVERY:-}" ]; then SWEEP="--discovery $DISCOVERY"; fi

@@ -109,6 +109,18 @@ def test_pinned_runs_are_judged_against_the_node_alone_over_k():
     assert not judged["checks"]["every_node_holds_every_plan_entry"]
 
 
+def test_a_loaded_baseline_is_the_mean_ready_of_k_nodes_alone_at_once():
+    # 26.5 s at K = 4 against four nodes alone at once that were ready at 80-86 s
+    judged = device.loaded_ratio(26.5, [80.0, 82.0, 84.0, 86.0], 4)
+    assert judged == {"loaded_alone": 83.0, "ratio_to_loaded_alone_over_k": 1.277}
+    assert device.loaded_ratio(20.0, [30.0, 34.0], 2)["ratio_to_loaded_alone_over_k"] == 1.25
+    proc = subprocess.run([sys.executable, str(SCRIPTS / "device_cluster_boot.py"),
+                           "run", "--out", "/tmp/unused", "--loaded"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip() == "device_cluster_boot: --loaded goes with --pinned"
+
+
 def test_a_pinned_run_starts_only_with_its_expected_time_left():
     assert device.ready_spread([10.0], 10.0) == 0.0
     assert device.ready_spread([8.0, 10.0], 10.0) == 0.2
