@@ -254,10 +254,6 @@ class DeepEPDeepGemmExperts(DeepGemmExperts):
         return super().is_supported(env)
 
     @classmethod
-    def can_implement(cls, layer: Layer, env: Environment) -> Check:
-        return _experts_aligned(layer)
-
-    @classmethod
     def jit_work(cls, layer: Layer, env: Environment, mspec: MSpec, m_range: MRange):
         work = _contiguous_work(layer, env, mspec, m_range)
         expected = clip(mspec.values(layer.n, env.target.sms), *m_range)
