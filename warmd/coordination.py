@@ -9,7 +9,7 @@ import enum
 from dataclasses import dataclass, field, fields
 
 
-class ClaimState(str, enum.Enum):
+class ClaimState(enum.StrEnum):
     """What a claim on one unit of cluster work (an entry, or a task) found."""
 
     MINE = "mine"  # this process holds it now: compile it, publish it, release it
@@ -18,9 +18,6 @@ class ClaimState(str, enum.Enum):
     # nobody holds it and this node may not claim it (a read-only store user): build it
     # here, publish nothing (per-task leases only; work claims never answer it)
     FREE = "free"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 @dataclass(frozen=True)
@@ -42,15 +39,12 @@ class KernelList:
     refused: str | None = None  # a record failed verification: none of it is used
 
 
-class WorkKind(str, enum.Enum):
+class WorkKind(enum.StrEnum):
     """What a unit of cluster work is; one claim protocol serves every kind."""
 
     ENTRY = "entry"  # one cache entry (a kernel), published when built
     TASK = "task"  # a task whose entries are not known before it runs, with its record
     DISCOVERY = "discovery"  # finding the kernels of a slice of tasks, published as a list
-
-    def __str__(self) -> str:
-        return self.value
 
 
 def discovery_unit(digest: str) -> str:

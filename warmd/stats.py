@@ -12,7 +12,7 @@ import enum
 from dataclasses import asdict, dataclass, field, fields, make_dataclass
 
 
-class Outcome(str, enum.Enum):
+class Outcome(enum.StrEnum):
     """How a kernel (cache entry) a task touched was obtained; the value is its JSON."""
 
     LOCAL_HIT = "local_hit"  # already in this node's cache
@@ -20,8 +20,6 @@ class Outcome(str, enum.Enum):
     COMPILED = "compiled"
     FAILED = "failed"
 
-    def __str__(self) -> str:
-        return self.value
 
     @property
     def is_hit(self) -> bool:

@@ -34,16 +34,13 @@ MAX_EVENTS = 50  # runtime JIT events kept in the node record (the count keeps c
 MAX_TRIES = 5  # scans an entry that cannot be packed yet (mid-rewrite) is tried again
 
 
-class CaptureTrust(str, enum.Enum):
+class CaptureTrust(enum.StrEnum):
     """What a cluster does with what its serving nodes' caches hold (warmd.yaml
     ``capture.trust``)."""
 
     REDERIVE = "rederive"  # pending, until a trusted producer rebuilds it (warmd.rederive)
     OWN_NODES = "own-nodes"  # published signed by the capturing node itself
     OFF = "off"  # counted, never shared
-
-    def __str__(self) -> str:
-        return self.value
 
 
 @dataclass(frozen=True)

@@ -24,8 +24,7 @@ if TYPE_CHECKING:
     from warmd.store import NodeRecords
 
 
-
-class NodeStatus(str, enum.Enum):
+class NodeStatus(enum.StrEnum):
     """A node's state (its value is what records, JSON and the tables show)."""
 
     PENDING = "PENDING"
@@ -33,9 +32,6 @@ class NodeStatus(str, enum.Enum):
     READY = "READY"
     DEGRADED = "DEGRADED"
     FAILED = "FAILED"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 # The members by their short names (the state machine below reads them so).

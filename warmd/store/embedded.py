@@ -27,7 +27,7 @@ import socket
 import subprocess
 import time
 from dataclasses import dataclass, field, replace
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 
 import redis
@@ -47,7 +47,7 @@ class EmbeddedServerError(RuntimeError):
     """No server binary, or the server would not start."""
 
 
-class StartedBy(str, Enum):
+class StartedBy(StrEnum):
     """What started the embedded server. `warmd stop` stops one that the daemon or a warmup
     started; one that `warmd cache server start` started stays up until `cache server stop`."""
 

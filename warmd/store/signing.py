@@ -53,7 +53,7 @@ def key_proof(key: bytes) -> bytes:
     return hmac.new(key, b"warmd:v1:keyproof", hashlib.sha256).hexdigest().encode()
 
 
-class KeyProof(str, enum.Enum):
+class KeyProof(enum.StrEnum):
     """The store's key proof as a node with (or without) a signing key finds it."""
 
     OK = "ok"  # written with this node's key: the node may heal what it refuses
@@ -63,8 +63,6 @@ class KeyProof(str, enum.Enum):
     KEYLESS = "keyless"  # a signed cluster (a proof) and no key here
     UNKNOWN = "unknown"  # the store could not be read
 
-    def __str__(self) -> str:
-        return self.value
 
     @property
     def alarm(self) -> bool:

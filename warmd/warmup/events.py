@@ -41,7 +41,7 @@ from warmd.executors.base import KernelOutcome
 from warmd.stats import Outcome
 
 
-class KernelEvent(str, enum.Enum):
+class KernelEvent(enum.StrEnum):
     """What happened to a kernel (or a unit of cluster work) in a run; see the module."""
 
     CLAIMED = "claimed"
@@ -52,9 +52,6 @@ class KernelEvent(str, enum.Enum):
     FAILED = "failed"
     COMPILED = "compiled"
     NAMED = "named"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 # what ends a unit of cluster work here

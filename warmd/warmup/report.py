@@ -20,14 +20,11 @@ if TYPE_CHECKING:  # the interface only: warming without a store imports no stor
 STORE_COUNTERS = ids(CounterFlag.RUN | CounterFlag.STORE)
 
 
-class Mode(str, enum.Enum):
+class Mode(enum.StrEnum):
     """How a task's hits were counted; the value is its JSON."""
 
     VERIFIED = "verified"  # from entries verified here alone: no library ran
     LIBRARY = "library"  # by running its library
-
-    def __str__(self) -> str:
-        return self.value
 
 
 @dataclass
