@@ -13,6 +13,7 @@ from pathlib import Path
 
 import private_home
 import pytest
+import started_servers
 from cluster_support import RAY_CLUSTER_GROUPS
 
 HOME = private_home.enter()
@@ -51,6 +52,22 @@ def pytest_collection_modifyitems(config, items):
     the short ones fill the gaps."""
     slow = {_module(item.nodeid) for item in items if item.get_closest_marker("slow")}
     items.sort(key=lambda item: _module(item.nodeid) not in slow)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_fixture_setup(fixturedef, request):
+    with started_servers.fixture_setup(fixturedef.scope):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """After a test's teardown (its own stops, its fixtures'), stop the Redis-protocol
+    servers it started and left running (tests/started_servers.py)."""
+    try:
+        return (yield)
+    finally:
+        started_servers.stop_the_tests()
 
 
 @pytest.fixture

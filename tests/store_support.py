@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import started_servers
 from testlib import LIBRARY_MODULE, NAME
 from testlib.cache import DEFAULT_SIZE, DirAdapter, compile_entry, entry_bytes
 
@@ -100,7 +101,11 @@ def task_entries(tasks: int, per_task: int = 2, prefix: str = "k") -> dict[str, 
 
 
 def start_test_server(tmp: Path, **kw) -> ServerProcess:
-    return start_server(tmp / "redis", appendonly=kw.pop("appendonly", False), **kw)
+    """A server under tmp/redis; one a test (not a module's fixture) started is stopped when
+    the test ends, even when the test failed before its own stop (conftest.py)."""
+    server = start_server(tmp / "redis", appendonly=kw.pop("appendonly", False), **kw)
+    started_servers.started(server)
+    return server
 
 
 def module_server(password: str | None = None):

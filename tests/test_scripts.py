@@ -108,12 +108,12 @@ def test_store_fetch_bench_runs_against_a_real_server(tmp_path):
     import argparse
     import shutil
 
-    from warmd.store import start_server
+    from store_support import start_test_server
 
     if not shutil.which("redis-benchmark"):
         pytest.skip("redis-benchmark is not installed")
     bench = _script("bench_store_fetch")
-    server = start_server(tmp_path / "redis", appendonly=False, password="bench")
+    server = start_test_server(tmp_path, password="bench")
     try:
         result = bench.run(server.url, tmp_path, argparse.Namespace(entries=6, per_task=3,
                                                                     repeat=1))

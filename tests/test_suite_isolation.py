@@ -5,6 +5,7 @@ changes the real HOME's caches fails."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -121,3 +122,43 @@ def test_no_test_directory_is_named_like_a_library_warmd_looks_for():
     dirs = {p.name for p in TESTS.rglob("*")
             if p.is_dir() and "data" not in p.relative_to(TESTS).parts}
     assert dirs.isdisjoint({*libraries.names(), "vllm", "sglang", "sgl_kernel", "torch"})
+
+
+def test_a_server_a_test_started_is_stopped_when_it_ends_and_a_modules_server_is_not(tmp_path):
+    """A server started in a test's body or function-scoped fixture is stopped when the test
+    ends, even when the test failed before its own stop; the module's server, which a test's
+    fixture asked for first, answers every test of the module (tests/started_servers.py)."""
+    from warmd.processes import pid_alive
+
+    pids = tmp_path / "pids"
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "test_servers.py").write_text(
+        "import pytest\n"
+        "from store_support import module_server, start_test_server\n"
+        "server = module_server()\n"
+        "@pytest.fixture\n"
+        "def lazily(request):\n"
+        "    return request.getfixturevalue('server')\n"
+        "@pytest.fixture\n"
+        "def unstopped(tmp_path):\n"
+        "    return start_test_server(tmp_path / 'fixture')\n"
+        "def _record(server):\n"
+        f"    open({str(pids)!r}, 'a').write(f'{{server.pid}}\\n')\n"
+        "def test_the_modules_server_asked_for_by_a_tests_fixture(lazily):\n"
+        "    assert lazily.ping()\n"
+        "def test_fails_before_stopping_its_servers(tmp_path, unstopped):\n"
+        "    _record(unstopped)\n"
+        "    _record(start_test_server(tmp_path / 'body'))\n"
+        "    raise AssertionError('failed before its stop')\n"
+        "def test_the_modules_server_still_answers(lazily):\n"
+        "    assert lazily.ping()\n")
+    try:
+        done = _pytest(tmp_path / "home", tmp_path / "t", "-p", "conftest", "test_servers.py")
+        assert done.returncode == pytest.ExitCode.TESTS_FAILED, done.stdout + done.stderr
+        assert "1 failed, 2 passed" in done.stdout, done.stdout
+        left = [pid for pid in map(int, pids.read_text().split()) if pid_alive(pid)]
+        assert left == []
+    finally:  # without the guard, the servers this test made its child leave
+        for pid in map(int, pids.read_text().split() if pids.exists() else []):
+            if pid_alive(pid):
+                os.kill(pid, signal.SIGKILL)

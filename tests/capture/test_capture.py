@@ -9,13 +9,13 @@ import time
 from pathlib import Path
 
 import pytest
-from store_support import isolate_capture
+from store_support import isolate_capture, start_test_server
 
 from warmd.capture.scope import CaptureScope, adapters_for
 from warmd.capture.sharing import install_learned, learned_task
 from warmd.capture.watch import Capture, CaptureTrust
 from warmd.libraries.triton.cache import TritonCacheAdapter
-from warmd.store import open_shared_cache, start_server
+from warmd.store import open_shared_cache
 from warmd.targets import preset
 
 pytest.importorskip("triton")
@@ -27,7 +27,7 @@ PLAN = "plan-llama-0123456789abcdef"
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    server = start_server(tmp_path_factory.mktemp("redis"))
+    server = start_test_server(tmp_path_factory.mktemp("redis"))
     yield server
     server.stop()
 

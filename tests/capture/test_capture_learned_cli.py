@@ -7,11 +7,12 @@ from __future__ import annotations
 import json
 
 import pytest
+from store_support import start_test_server
 
 from tests.cluster_support import private_machine, warmd
 from warmd.capture.scope import CaptureScope
 from warmd.capture.watch import Capture, CaptureTrust
-from warmd.store import open_shared_cache, start_server
+from warmd.store import open_shared_cache
 from warmd.targets import preset
 
 pytest.importorskip("triton")
@@ -22,7 +23,7 @@ PLAN_ARGS = ("--model", "llama-3.1-8b", "--target", "h200", "--with", "flashinfe
 
 
 def test_plan_and_cache_ls_list_learned_entries(tmp_path, monkeypatch):
-    server = start_server(tmp_path / "redis")
+    server = start_test_server(tmp_path)
     try:
         with private_machine(tmp_path / "home") as env:
             planned = warmd(env, "plan", *PLAN_ARGS, "--json")

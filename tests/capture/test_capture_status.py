@@ -6,10 +6,11 @@ from __future__ import annotations
 import json
 import time
 
+from store_support import start_test_server
+
 from tests.cluster_support import private_machine, warmd
 from warmd.cluster import state as st
 from warmd.cluster.state import NodeState, node_records
-from warmd.store import start_server
 
 EVENT = {"library": "triton", "entry": "A" * 52, "node": "gpu-1", "at": time.time(),
          "seconds": None}
@@ -52,7 +53,7 @@ def test_status_shows_runtime_jit_per_node_and_in_total():
 def test_fail_on_runtime_jit_says_why_from_the_records_in_redis(tmp_path):
     """Without Ray, status reads the node records from Redis (and exits 1: no controller);
     the exit 0 of a clean cluster is in tests/capture/test_capture_cluster.py."""
-    server = start_server(tmp_path / "redis")
+    server = start_test_server(tmp_path)
     try:
         store = node_records(server.url, "canary")
         jit, clean = records()

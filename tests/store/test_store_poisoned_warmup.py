@@ -12,9 +12,10 @@ import sys
 
 import pytest
 from flashinfer_support import FLASHINFER_PLAN_ARGS, flashinfer_plan
+from store_support import start_test_server
 
 from warmd.libraries.flashinfer.cache import FlashInferCacheAdapter
-from warmd.store import layout, open_shared_cache, start_server
+from warmd.store import layout, open_shared_cache
 from warmd.warmup import WarmupOptions, run_warmup
 
 pytestmark = pytest.mark.slow  # real FlashInfer builds
@@ -29,7 +30,7 @@ def _options(workspace) -> WarmupOptions:
 
 def test_poisoned_manifest_degrades_warmup_then_heals(tmp_path, monkeypatch):
     monkeypatch.setenv("WARMD_STATE_DIR", str(tmp_path / "state"))
-    server = start_server(tmp_path / "redis", appendonly=False)
+    server = start_test_server(tmp_path)
     client = server.client()
     try:
         plan = flashinfer_plan()

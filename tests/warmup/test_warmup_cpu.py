@@ -263,10 +263,12 @@ def test_sigterm_stops_compilers_even_with_sigint_ignored(env, tmp_path):
 
 def test_second_node_installs_from_shared_cache_and_compiles_nothing(warm, tmp_path,
                                                                      monkeypatch):
-    from warmd.store import open_shared_cache, start_server
+    from store_support import start_test_server
+
+    from warmd.store import open_shared_cache
 
     monkeypatch.setenv("WARMD_STATE_DIR", str(warm.base / "state"))
-    server = start_server(tmp_path / "redis", appendonly=False)
+    server = start_test_server(tmp_path)
     try:
         options = _options(warm.ws, task_filter="act_and_mul")
         node_a = open_shared_cache(server.url, target=warm.plan.env.target, node="a")
