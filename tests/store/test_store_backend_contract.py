@@ -15,7 +15,7 @@ from store_support import module_server, start_test_server
 from warmd.errors import WarmdInputError
 from warmd.store import history, json_values, layout
 from warmd.store.api import StoreFailed
-from warmd.store.backend import NO_EXPIRY, KeyValueBackend
+from warmd.store.backend import NO_EXPIRY, KeyValueBackend, Put
 from warmd.store.breaker import JoinBudget
 from warmd.store.connection import parse_store_url
 from warmd.store.counters import StoreStats, read_counts, read_nodes
@@ -83,6 +83,27 @@ def test_put_replaces_a_value_and_if_absent_never_does(store):
     assert store.get("k") == b"third"
     assert store.put("new", b"x", if_absent=True) is True
     assert store.get("new") == b"x"
+
+
+def test_many_puts_are_each_a_put_answered_in_order(store):
+    store.put("held", b"theirs")
+    stored = store.put_many([Put("a", b"1"), Put("held", b"mine", if_absent=True),
+                             Put("b", b"2", ttl_ms=60_000), Put("c", b"3", if_absent=True)])
+    assert stored == [True, False, True, True]
+    assert store.get_many(["a", "held", "b", "c"]) == [b"1", b"theirs", b"2", b"3"]
+    assert store.ttl_ms("a") == NO_EXPIRY and 0 < store.ttl_ms("b") <= 60_000
+    assert store.put_many([]) == []
+    with pytest.raises(ValueError):  # a TTL under a millisecond is the caller's bug
+        store.put_many([Put("d", b"4"), Put("e", b"5", ttl_ms=0)])
+    assert store.get("d") is None  # refused before anything was written
+
+
+def test_many_expires_say_which_keys_were_there(store):
+    store.put_many([Put("a", b"1"), Put("b", b"2", ttl_ms=60_000)])
+    assert store.expire_many(["a", "gone", "b"], 150) == [True, False, True]
+    assert 0 < store.ttl_ms("a") <= 150 and 0 < store.ttl_ms("b") <= 150
+    assert store.expire_many([], 150) == []
+    assert gone_within(store, "a") and gone_within(store, "b")
 
 
 def test_compare_and_set_writes_only_over_the_expected_value(store):

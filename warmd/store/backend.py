@@ -32,6 +32,17 @@ NO_EXPIRY = -1  # what ttl_ms says of a key that lives until it is deleted
 PING_KEY = "warmd:v1:ping"  # read (never written) by the default ping
 
 
+@dataclass(frozen=True)
+class Put:
+    """One value for put_many: key, value, its time to live (None: none), and whether it is
+    stored only where the key is absent."""
+
+    key: str
+    value: bytes
+    ttl_ms: int | None = None
+    if_absent: bool = False
+
+
 class KeyValueBackend(ABC):
     """Bytes values under str keys, each with an optional time to live in milliseconds."""
 
@@ -49,10 +60,17 @@ class KeyValueBackend(ABC):
         b"" where the key is absent, expired or unreadable. What a reader gets back is
         bounded by what it asked for, whatever a writer stored (get reads a whole value)."""
 
-    @abstractmethod
     def put(self, key: str, value: bytes, ttl_ms: int | None = None, *,
             if_absent: bool = False) -> bool:
         """Store value (ttl_ms None: no expiry); False only when if_absent and key exists."""
+        return self.put_many([Put(key, value, ttl_ms, if_absent)])[0]
+
+    @abstractmethod
+    def put_many(self, puts: list[Put]) -> list[bool]:
+        """Each put as ``put`` does it, all in one round trip: each one atomic, not all of
+        them together, and in no order among them that a reader could rely on (a value
+        that must be visible only after another is put by a later call). Raises
+        StoreFailed when any one fails."""
 
     @abstractmethod
     def increment(self, key: str, ttl_ms: int | None = None) -> int | None:
@@ -65,9 +83,13 @@ class KeyValueBackend(ABC):
         """Atomically, if key holds expected (None: is absent), store value (None: delete
         it); False when it does not."""
 
-    @abstractmethod
     def expire(self, key: str, ttl_ms: int) -> bool:
         """Let key live ttl_ms from now; False when the key is gone."""
+        return self.expire_many([key], ttl_ms)[0]
+
+    @abstractmethod
+    def expire_many(self, keys: list[str], ttl_ms: int) -> list[bool]:
+        """``expire`` of each key, in one round trip."""
 
     @abstractmethod
     def ttl_ms(self, key: str) -> int | None:
@@ -140,8 +162,8 @@ class NoStore(KeyValueBackend):
         self._count("store_skipped")
         raise StoreFailed("disabled", self.reason)
 
-    get_many = get_prefixes = put = increment = compare_and_set = expire = ttl_ms = delete = \
-        _refuse
+    get_many = get_prefixes = put_many = increment = compare_and_set = expire_many = ttl_ms = \
+        delete = _refuse
 
     def scan(self, prefix: str) -> Iterator[str]:
         return self._refuse()

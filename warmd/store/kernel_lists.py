@@ -18,7 +18,7 @@ from warmd.cache.base import CacheAdapter
 from warmd.coordination import KernelList
 from warmd.store import formats, json_values, layout
 from warmd.store.api import SharedKernelLists, StoreFailed
-from warmd.store.backend import KeyValueBackend
+from warmd.store.backend import KeyValueBackend, Put
 from warmd.store.counters import StoreStats
 from warmd.store.session import Session
 from warmd.store.signing import check as check_signature
@@ -131,13 +131,12 @@ class KernelLists(SharedKernelLists):
             return formats.json_bytes(sign({**record, "fingerprint": list_fp}, key))
 
         try:
-            for name, job in jobs.items():
-                self.backend.put(layout.kernel_job_key(list_fp, name), signed(job), ttl,
-                                 if_absent=True)
-            for task, entries in tasks.items():
-                self.backend.put(layout.kernel_task_key(list_fp, task),
-                                 signed({"task": task, "entries": sorted(entries),
-                                         "also": sorted(also.get(task, ()))}), ttl)
+            self.backend.put_many([Put(layout.kernel_job_key(list_fp, name), signed(job), ttl,
+                                       if_absent=True) for name, job in jobs.items()])
+            self.backend.put_many([Put(layout.kernel_task_key(list_fp, task),
+                                       signed({"task": task, "entries": sorted(entries),
+                                               "also": sorted(also.get(task, ()))}), ttl)
+                                   for task, entries in tasks.items()])
             self.backend.put(layout.kernel_list_key(list_fp, digest),
                              signed({"digest": digest, "tasks": sorted(tasks),
                                      "producer": self.session.node, "created": time.time()}),

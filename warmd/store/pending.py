@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from warmd.cache.base import CacheAdapter
 from warmd.store import json_values, layout
 from warmd.store.api import SharedCaptures, StoreFailed
-from warmd.store.backend import KeyValueBackend
+from warmd.store.backend import KeyValueBackend, Put
 from warmd.store.chunking import CHUNK_SIZE, check_blob, chunk_lengths, split_chunks
 from warmd.store.formats import ArtifactRecord
 from warmd.store.session import Session
@@ -96,8 +96,9 @@ class PendingCaptures(SharedCaptures):
                                  tuple(plans[:MAX_CAPTURE_PLANS]), float(compile_seconds))
         ttl = self.session.ttl_ms
         try:
-            for i, chunk in enumerate(split_chunks(artifact, capture.chunk_size)):
-                self.backend.put(layout.capture_blob_key(fp, name, i), chunk, ttl)
+            self.backend.put_many([Put(layout.capture_blob_key(fp, name, i), chunk, ttl)
+                                   for i, chunk in enumerate(split_chunks(artifact,
+                                                                          capture.chunk_size))])
             self.backend.put(layout.capture_key(fp, name), capture.encode(), ttl)
             return json_values.add_names(self.backend, layout.captures_key(fp),
                                          {name: time.time()}, MAX_PENDING_INDEXED, ttl)

@@ -12,7 +12,7 @@ import time
 from warmd.cache.base import CacheAdapter, CacheEntry
 from warmd.store import layout
 from warmd.store.api import Publication, StoreFailed
-from warmd.store.backend import KeyValueBackend
+from warmd.store.backend import KeyValueBackend, Put
 from warmd.store.chunking import split_chunks
 from warmd.store.fingerprint import Fingerprint
 from warmd.store.formats import (
@@ -174,15 +174,19 @@ class Publisher:
                 new.append((man, blob))
                 replaced[man.name] = raw
         ttl_ms = self.session.ttl_ms
-        for man, blob in new:
-            for i, chunk in enumerate(split_chunks(blob, man.chunk_size)):
-                self.backend.put(layout.blob_key(man.digest, i), chunk, ttl_ms)
+        self.backend.put_many([Put(layout.blob_key(man.digest, i), chunk, ttl_ms)
+                               for man, blob in new
+                               for i, chunk in enumerate(split_chunks(blob, man.chunk_size))])
+        fresh = [man for man, _blob in new if man.name not in replaced]
+        stored = dict(zip((man.name for man in fresh), self.backend.put_many(
+            [Put(layout.manifest_key(fp.digest, man.name), man.encode(), ttl_ms,
+                 if_absent=True) for man in fresh]), strict=True))
         written = []
         for man, blob in new:
             key = layout.manifest_key(fp.digest, man.name)
             if man.name in replaced:
                 self._swap(key, replaced[man.name], man.encode())
-            elif not self.backend.put(key, man.encode(), ttl_ms, if_absent=True) \
+            elif not stored[man.name] \
                     and self._unreadable(fp.digest, key):  # (else published meanwhile)
                 if not self._replaceable(fp.digest, man.name, WRONG_TYPE, "entry"):
                     continue
@@ -190,9 +194,10 @@ class Publisher:
                 replaced[man.name] = WRONG_TYPE
             written.append((man, blob))
         now = f"{time.time():.3f}".encode()
-        for man, _blob in packed:
-            self.backend.put(layout.used_key(fp.digest, man.name), now)
-        self.backend.put(layout.fp_meta_key(fp.digest), json_bytes(fp.to_json()), ttl_ms)
+        self.backend.put_many([*(Put(layout.used_key(fp.digest, man.name), now)
+                                 for man, _blob in packed),
+                               Put(layout.fp_meta_key(fp.digest), json_bytes(fp.to_json()),
+                                   ttl_ms)])
         for name, raw in replaced.items():
             self._note_replaced(fp.digest, name, raw)
         return written

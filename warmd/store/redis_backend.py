@@ -21,6 +21,7 @@ from warmd.store.api import StoreFailed
 from warmd.store.backend import (
     NO_EXPIRY,
     KeyValueBackend,
+    Put,
     StoreBackends,
     check_prefix_reads,
     check_ttl,
@@ -54,26 +55,36 @@ class RedisBackend(KeyValueBackend):
 
     def get_many(self, keys: list[str]) -> list[bytes | None]:
         what = self._as("fetch")
-        replies = self._pipelined([("get", key) for key in keys], what)
+        replies = self._pipelined([("get", (key,), {}) for key in keys], what, read=True)
         return [self._value(reply, what) for reply in replies]
 
     def get_prefixes(self, reads: list[tuple[str, int]]) -> list[bytes]:
         """GETRANGE: an absent key reads b"" (as Redis answers), one of another type too."""
         check_prefix_reads(reads)
         what = self._as("fetch")
-        replies = self._pipelined([("getrange", key, 0, size - 1) for key, size in reads],
-                                  what)
+        replies = self._pipelined([("getrange", (key, 0, size - 1), {}) for key, size in reads],
+                                  what, read=True)
         return [self._value(reply, what) or b"" for reply in replies]
 
-    def _pipelined(self, commands: list[tuple], what: str) -> list:
-        """One round trip of read commands (name, *args), each reply or error in place."""
+    def _pipelined(self, commands: list[tuple[str, tuple, dict]], what: str,
+                   read: bool = False) -> list:
+        """One round trip of commands (name, args, keyword args), each reply or error in
+        place; reads go to replicas when this backend's do, writes never."""
         def run(client):
             pipe = client.pipeline(transaction=False)
-            for name, *args in commands:
-                getattr(pipe, name)(*args)
+            for name, args, kwargs in commands:
+                getattr(pipe, name)(*args, **kwargs)
             return pipe.execute(raise_on_error=False)
 
-        return self.transport.op(run, what, replicas=self.replicas) if commands else []
+        if not commands:
+            return []
+        return self.transport.op(run, what, replicas=read and self.replicas)
+
+    def _reply(self, reply: object, what: str) -> object:
+        """A pipelined write's reply; its error as StoreFailed."""
+        if isinstance(reply, Exception):
+            raise self.transport.failure(reply, what)
+        return reply
 
     def _value(self, reply: object, what: str) -> bytes | None:
         if isinstance(reply, Exception):
@@ -82,12 +93,15 @@ class RedisBackend(KeyValueBackend):
             raise self.transport.failure(reply, what)
         return reply  # type: ignore[return-value]
 
-    def put(self, key: str, value: bytes, ttl_ms: int | None = None, *,
-            if_absent: bool = False) -> bool:
-        check_ttl(ttl_ms)
-        what = self._as("put-if-absent" if if_absent else "put")
-        return bool(self.transport.op(lambda c: c.set(key, value, px=ttl_ms, nx=if_absent),
-                                      what))
+    def put_many(self, puts: list[Put]) -> list[bool]:
+        """SETs (PX, NX) in one pipeline; never retried when one is if_absent (a retry of a
+        SET NX that landed would read as refused)."""
+        for put in puts:
+            check_ttl(put.ttl_ms)
+        what = self._as("put-if-absent" if any(p.if_absent for p in puts) else "put")
+        replies = self._pipelined([("set", (p.key, p.value), {"px": p.ttl_ms, "nx": p.if_absent})
+                                   for p in puts], what)
+        return [self._reply(reply, what) is not None for reply in replies]
 
     def increment(self, key: str, ttl_ms: int | None = None) -> int | None:
         check_ttl(ttl_ms)
@@ -114,9 +128,11 @@ class RedisBackend(KeyValueBackend):
         return bool(self.transport.op(
             lambda c: self.transport.script("cas", c, [key], args), self._as("compare-and-set")))
 
-    def expire(self, key: str, ttl_ms: int) -> bool:
+    def expire_many(self, keys: list[str], ttl_ms: int) -> list[bool]:
         check_ttl(ttl_ms)
-        return bool(self.transport.op(lambda c: c.pexpire(key, ttl_ms), self._as("expire")))
+        what = self._as("expire")
+        replies = self._pipelined([("pexpire", (key, ttl_ms), {}) for key in keys], what)
+        return [bool(self._reply(reply, what)) for reply in replies]
 
     def ttl_ms(self, key: str) -> int | None:
         left = int(self.transport.op(lambda c: c.pttl(key), self._as("ttl")))

@@ -11,6 +11,7 @@ import time
 
 from warmd.store import layout
 from warmd.store.api import StoreFailed
+from warmd.store.backend import Put
 from warmd.store.session import Session
 
 RENEW_MAX_INTERVAL = 86400.0  # seconds: the TTL of what a plan used is renewed this often
@@ -60,15 +61,13 @@ class Renewal:
                                 if_absent=True)
 
     def _touch(self, used: Used) -> None:
-        """One expire per key, and the time now put at each used key that is there (the
-        index is refreshed, never added to; its values are not read, whatever size a
-        writer gave them). A call per key: the interface has no batch of either, and this
-        runs once per interval, on one node."""
-        ttl = self.session.ttl_ms
-        for key in (*used.keys, layout.fp_meta_key(used.fp)):
-            self.backend.expire(key, ttl)
+        """Every key's TTL renewed, and the time now put at each used key that is there
+        (the index is refreshed, never added to; of its values one byte is read, whatever
+        size a writer gave them): three round trips, whatever the number of keys."""
+        self.backend.expire_many([*used.keys, layout.fp_meta_key(used.fp)],
+                                 self.session.ttl_ms)
+        used_keys = [layout.used_key(used.fp, name) for name in used.names]
+        there = self.backend.get_prefixes([(key, 1) for key in used_keys])
         now = f"{time.time():.3f}".encode()
-        for name in used.names:
-            key = layout.used_key(used.fp, name)
-            if self.backend.ttl_ms(key) is not None:
-                self.backend.put(key, now)
+        self.backend.put_many([Put(key, now) for key, found in zip(used_keys, there,
+                                                                   strict=True) if found])

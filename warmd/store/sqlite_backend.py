@@ -26,6 +26,7 @@ from warmd.store.api import StoreFailed
 from warmd.store.backend import (
     NO_EXPIRY,
     KeyValueBackend,
+    Put,
     StoreBackends,
     check_prefix_reads,
     check_ttl,
@@ -210,14 +211,17 @@ class SqliteBackend(KeyValueBackend):
         conn.execute("INSERT OR REPLACE INTO kv (key, value, expires) VALUES (?, ?, ?)",
                      (key, bytes(value), self._expiry(ttl_ms)))
 
-    def put(self, key: str, value: bytes, ttl_ms: int | None = None, *,
-            if_absent: bool = False) -> bool:
-        check_ttl(ttl_ms)
+    def put_many(self, puts: list[Put]) -> list[bool]:
+        for put in puts:
+            check_ttl(put.ttl_ms)
+        stored = []
         with self._transaction("put", write=True) as conn:
-            if if_absent and self._live_value(conn, key) is not None:
-                return False
-            self._write(conn, key, value, ttl_ms)
-        return True
+            for put in puts:
+                refused = put.if_absent and self._live_value(conn, put.key) is not None
+                if not refused:
+                    self._write(conn, put.key, put.value, put.ttl_ms)
+                stored.append(not refused)
+        return stored
 
     def increment(self, key: str, ttl_ms: int | None = None) -> int | None:
         check_ttl(ttl_ms)
@@ -243,12 +247,12 @@ class SqliteBackend(KeyValueBackend):
                 self._write(conn, key, value, ttl_ms)
         return True
 
-    def expire(self, key: str, ttl_ms: int) -> bool:
+    def expire_many(self, keys: list[str], ttl_ms: int) -> list[bool]:
         check_ttl(ttl_ms)
         with self._transaction("expire", write=True) as conn:
             now = self._now()
-            return conn.execute(f"UPDATE kv SET expires = ? WHERE key = ? AND {_LIVE}",
-                                (now + ttl_ms, key, now)).rowcount > 0
+            return [conn.execute(f"UPDATE kv SET expires = ? WHERE key = ? AND {_LIVE}",
+                                 (now + ttl_ms, key, now)).rowcount > 0 for key in keys]
 
     def ttl_ms(self, key: str) -> int | None:
         with self._transaction("ttl") as conn:
