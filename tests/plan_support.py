@@ -1,15 +1,19 @@
 """What the planner's tests read of a plan: one layer's kernel selection and the reasons it
 gives for the kernels it rejected, its MoE experts and FlashInfer modules; how they plan a
-serve command or its equivalent flags over the published configs in tests/data/models; and
-how they check that the CLI refuses a serve command."""
+serve command or its equivalent flags over the published configs in tests/data/models, or
+run `warmd plan --json`; and how they check that the CLI refuses a serve command."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+from click.testing import CliRunner
+
+from warmd.cli import main
 from warmd.engines.launch import launch_request
 from warmd.kernels.selection import Selection
 from warmd.plan import Plan, PlanRequest, make_plan
@@ -56,6 +60,13 @@ def picked(plan: Plan, layer: str, kernel: str) -> dict[str, str]:
     assert sel.kernel is not None and sel.kernel.name == kernel, \
         f"{layer} runs {sel.kernel and sel.kernel.name}, not {kernel}"
     return rejections(sel)
+
+
+def plan_json(*args: str) -> dict:
+    """`warmd plan --json <args>`'s plan, in this process."""
+    result = CliRunner().invoke(main, ["plan", "--json", *args])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)  # notes go to stderr
 
 
 def assert_refused_in_one_line(tmp_path: Path, command: str, serve: list[str],
