@@ -7,15 +7,16 @@ own parser would.
 
     python scripts/tools/engine_flags.py /work/engines/vllm-0.34.0 /work/engines/sglang-0.5.23
 
-vLLM (vllm_flags.py; vllm/entrypoints/common/cli_args.py make_arg_parser): the explicit add_argument calls,
-FrontendArgs' fields (BaseFrontendArgs.add_cli_args: one --field per dataclass field) and
-EngineArgs.add_cli_args / AsyncEngineArgs.add_cli_args, whose `**x_kwargs["field"]` take
-their action from the config dataclass field's type (vllm/engine/arg_utils.py
-_compute_kwargs: bool -> BooleanOptionalAction, which FlexibleArgumentParser registers as
-EnableDisableAction; bool | str | None -> nargs '?'; list/set/tuple[..., ...] -> nargs '+').
+vLLM (read in vllm_flags.py; vllm/entrypoints/common/cli_args.py make_arg_parser): the
+explicit add_argument calls, FrontendArgs' fields (BaseFrontendArgs.add_cli_args: one
+--field per dataclass field) and EngineArgs.add_cli_args / AsyncEngineArgs.add_cli_args,
+whose `**x_kwargs["field"]` take their action from the config dataclass field's type
+(vllm/engine/arg_utils.py _compute_kwargs: bool -> BooleanOptionalAction, which
+FlexibleArgumentParser registers as EnableDisableAction; bool | str | None -> nargs '?';
+list/set/tuple[..., ...] -> nargs '+').
 
-SGLang (sglang_flags.py; python/sglang/srt/server_args.py ServerArgs.add_cli_args): every field of the
-_INPUT_NAMESPACES classes annotated A[T, help] or A[T, Arg(...)]
+SGLang (read in sglang_flags.py; python/sglang/srt/server_args.py ServerArgs.add_cli_args):
+every field of the _INPUT_NAMESPACES classes annotated A[T, help] or A[T, Arg(...)]
 (arg_groups/arg_utils.py add_cli_args_from_dataclass), then the explicit add_argument calls.
 """
 
