@@ -11,8 +11,9 @@ SWITCH_ACTIONS = ("store_true", "store_false", "store_const", "count", "help", "
                    "DeprecatedStoreTrueAction")
 
 
-def argparse_option(strings: list[str], dest: str, nargs, choices=None, negatives=(),
-            enable_disable: bool = False) -> dict:
+def option_of(strings: list[str], dest: str, nargs, choices=None, negatives=(),
+              enable_disable: bool = False) -> dict:
+    """An option as warmd.engines.cli_args reads it (a bool one with its negative strings)."""
     strings = list(strings)
     known = choices.get("known") if isinstance(choices, dict) else None
     choices = None if known is not None else choices
@@ -39,18 +40,21 @@ def argparse_option(strings: list[str], dest: str, nargs, choices=None, negative
     return out
 
 
-def literal_value(node):
+def value_of(node):
+    """The node's literal value; None when it is no literal."""
     try:
         return ast.literal_eval(node)
     except (ValueError, SyntaxError, TypeError):
         return None
 
 
-def keyword_arg(call: ast.Call, name: str):
+def kwarg(call: ast.Call, name: str):
+    """The value node of the call's keyword argument `name`, if given."""
     return next((k.value for k in call.keywords if k.arg == name), None)
 
 
-def action_name(node) -> str | None:
+def action_of(node) -> str | None:
+    """An action's name: a string, or the last name of an attribute or a name."""
     if node is None:
         return None
     if isinstance(node, ast.Constant):
@@ -62,5 +66,5 @@ def action_name(node) -> str | None:
     return None
 
 
-def method_named(cls: ast.ClassDef, name: str) -> ast.FunctionDef:
+def method_of(cls: ast.ClassDef, name: str) -> ast.FunctionDef:
     return next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == name)

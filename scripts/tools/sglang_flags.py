@@ -6,15 +6,7 @@ from __future__ import annotations
 
 import ast
 
-from flag_ast import (
-    BOOL_ACTIONS,
-    SWITCH_ACTIONS,
-    action_name,
-    argparse_option,
-    keyword_arg,
-    literal_value,
-    method_named,
-)
+from flag_ast import BOOL_ACTIONS, SWITCH_ACTIONS, action_of, kwarg, method_of, option_of, value_of
 
 from warmd.engines.sources import SourceTree
 
@@ -27,7 +19,7 @@ def _constants(tree: SourceTree, prefixes: tuple[str, ...]) -> dict[str, list]:
             for node in tree.parse(path).body:
                 if isinstance(node, ast.Assign) and len(node.targets) == 1 and \
                         isinstance(node.targets[0], ast.Name):
-                    value = literal_value(node.value)
+                    value = value_of(node.value)
                     if isinstance(value, (list, tuple)):
                         out.setdefault(node.targets[0].id, list(value))
     return out
@@ -38,51 +30,49 @@ def _choices(node, constants: dict[str, list]):
         return None
     if isinstance(node, ast.Name):
         return constants.get(node.id)
-    value = literal_value(node)
+    value = value_of(node)
     return list(value) if isinstance(value, (list, tuple, set)) else None
 
 
 def _sglang_field(name: str, annotation: ast.expr, constants: dict) -> dict | None:
-    if not (isinstance(annotation, ast.Subscript) and action_name(annotation.value) == "A"):
+    if not (isinstance(annotation, ast.Subscript) and action_of(annotation.value) == "A"):
         return None
     parts = annotation.slice.elts if isinstance(annotation.slice, ast.Tuple) else []
     if len(parts) < 2:
         return None
     raw, meta = parts[0], parts[1]
     arg: dict = {}
-    if isinstance(meta, ast.Call) and action_name(meta.func) == "Arg":
+    if isinstance(meta, ast.Call) and action_of(meta.func) == "Arg":
         arg = {k.arg: k.value for k in meta.keywords}
     elif not (isinstance(meta, ast.Constant) and isinstance(meta.value, str)) and \
             not isinstance(meta, ast.JoinedStr) and not isinstance(meta, ast.BinOp):
         return None
-    if literal_value(arg.get("no_cli")):
+    if value_of(arg.get("no_cli")):
         return None
-    cli_name = literal_value(arg.get("cli_name")) or "--" + name.replace("_", "-")
-    strings = [cli_name, *(literal_value(arg.get("aliases")) or [])]
-    action = action_name(arg.get("action"))
+    cli_name = value_of(arg.get("cli_name")) or "--" + name.replace("_", "-")
+    strings = [cli_name, *(value_of(arg.get("aliases")) or [])]
+    action = action_of(arg.get("action"))
     if action is not None:
         if action in BOOL_ACTIONS:
-            return argparse_option(strings, name, "bool")
+            return option_of(strings, name, "bool")
         if action in SWITCH_ACTIONS:
-            return argparse_option(strings, name, 0)
-        kwargs = literal_value(arg.get("action_kwargs")) or {}
-        return argparse_option(strings, name,
-                               kwargs.get("nargs", literal_value(arg.get("nargs")) or "*"))
+            return option_of(strings, name, 0)
+        kwargs = value_of(arg.get("action_kwargs")) or {}
+        return option_of(strings, name, kwargs.get("nargs", value_of(arg.get("nargs")) or "*"))
     text = ast.unparse(raw)
     inner = text.removeprefix("Optional[").removesuffix("]") if text.startswith("Optional[") \
         else text.replace(" | None", "")
     choices = _choices(arg.get("choices"), constants)
-    nargs = literal_value(arg.get("nargs"))
+    nargs = value_of(arg.get("nargs"))
     if inner.startswith("Literal["):
         literal = ast.parse(inner, mode="eval").body
         values = literal.slice.elts if isinstance(literal.slice, ast.Tuple) else [literal.slice]
-        return argparse_option(strings, name, nargs or 1,
-                               choices or [literal_value(v) for v in values])
+        return option_of(strings, name, nargs or 1, choices or [value_of(v) for v in values])
     if (inner.startswith("List[") or inner.startswith("list[")) and "type_parser" not in arg:
-        return argparse_option(strings, name, nargs or "+", choices)
+        return option_of(strings, name, nargs or "+", choices)
     if inner == "bool":
-        return argparse_option(strings, name, 0)
-    return argparse_option(strings, name, nargs or 1, choices)
+        return option_of(strings, name, 0)
+    return option_of(strings, name, nargs or 1, choices)
 
 
 def sglang_flags(tree: SourceTree) -> dict:
@@ -105,26 +95,25 @@ def sglang_flags(tree: SourceTree) -> dict:
                     options.append(option)
     cls = next(n for n in server_args.body if isinstance(n, ast.ClassDef)
                and n.name == "ServerArgs")
-    for call in ast.walk(method_named(cls, "add_cli_args")):
-        if isinstance(call, ast.Call) and action_name(call.func) == "add_argument":
+    for call in ast.walk(method_of(cls, "add_cli_args")):
+        if isinstance(call, ast.Call) and action_of(call.func) == "add_argument":
             strings = [a.value for a in call.args if isinstance(a, ast.Constant)]
-            dest = (literal_value(keyword_arg(call, "dest"))
-                    or strings[0].lstrip("-").replace("-", "_"))
-            action = action_name(keyword_arg(call, "action"))
-            nargs = literal_value(keyword_arg(call, "nargs"))
-            choices = _choices(keyword_arg(call, "choices"), constants)
+            dest = value_of(kwarg(call, "dest")) or strings[0].lstrip("-").replace("-", "_")
+            action = action_of(kwarg(call, "action"))
+            nargs = value_of(kwarg(call, "nargs"))
+            choices = _choices(kwarg(call, "choices"), constants)
             if action in BOOL_ACTIONS:
-                options.append(argparse_option(strings, dest, "bool"))
+                options.append(option_of(strings, dest, "bool"))
             elif action in SWITCH_ACTIONS or (action and action.startswith("Deprecated")
                                                and nargs is None and choices is None):
-                options.append(argparse_option(strings, dest, 0))
+                options.append(option_of(strings, dest, 0))
             else:
-                options.append(argparse_option(strings, dest, nargs or 1, choices))
+                options.append(option_of(strings, dest, nargs or 1, choices))
     return {"positional": [], "options": options}
 
 
 def _const_names(node) -> list[str]:
-    return [action_name(e) for e in node.elts]
+    return [action_of(e) for e in node.elts]
 
 
 def _class_with_bases(classes: dict, name: str) -> list:
@@ -133,5 +122,5 @@ def _class_with_bases(classes: dict, name: str) -> list:
         return []
     body = []
     for base in cls.bases:
-        body += _class_with_bases(classes, action_name(base) or "")
+        body += _class_with_bases(classes, action_of(base) or "")
     return body + cls.body

@@ -7,15 +7,7 @@ from __future__ import annotations
 
 import ast
 
-from flag_ast import (
-    BOOL_ACTIONS,
-    SWITCH_ACTIONS,
-    action_name,
-    argparse_option,
-    keyword_arg,
-    literal_value,
-    method_named,
-)
+from flag_ast import BOOL_ACTIONS, SWITCH_ACTIONS, action_of, kwarg, method_of, option_of, value_of
 
 from warmd.engines.sources import SourceTree
 
@@ -45,7 +37,7 @@ class _Index:
             return False
         for dec in cls.decorator_list:
             target = dec.func if isinstance(dec, ast.Call) else dec
-            label = action_name(target)
+            label = action_of(target)
             if label in ("config", "dataclass"):
                 return True
         return False
@@ -57,7 +49,7 @@ class _Index:
             return {}
         out: dict[str, ast.expr] = {}
         for base in cls.bases:
-            base_name = action_name(base)
+            base_name = action_of(base)
             if base_name and base_name in self.classes:
                 out.update(self.fields(base_name))
         for node in cls.body:
@@ -73,7 +65,7 @@ class _Index:
         if isinstance(annotation, ast.BinOp) and isinstance(annotation.op, ast.BitOr):
             return self.members(annotation.left, depth) + self.members(annotation.right, depth)
         if isinstance(annotation, ast.Subscript):
-            head = action_name(annotation.value)
+            head = action_of(annotation.value)
             if head in ("Optional", "Union"):
                 inner = annotation.slice
                 parts = inner.elts if isinstance(inner, ast.Tuple) else [inner]
@@ -96,10 +88,10 @@ class _Index:
             if isinstance(elt, ast.Name) and depth < 5 and elt.id in self.aliases:
                 for inner in self.members(self.aliases[elt.id]):
                     if isinstance(inner, ast.Subscript) and \
-                            action_name(inner.value) == "Literal":
+                            action_of(inner.value) == "Literal":
                         out += self.literal_values(inner, depth + 1)
                 continue
-            value = literal_value(elt)
+            value = value_of(elt)
             if value is not None:
                 out.append(str(value))
         return out
@@ -112,9 +104,9 @@ class _Index:
             if isinstance(m, ast.Constant) and m.value is None:
                 heads.append("None")
             elif isinstance(m, ast.Subscript):
-                heads.append(action_name(m.value) or "?")
+                heads.append(action_of(m.value) or "?")
             else:
-                heads.append(action_name(m) or "?")
+                heads.append(action_of(m) or "?")
         if any(self.is_dataclass(h) for h in heads):
             return 1, None
         if set(heads) == {"bool", "str", "None"}:
@@ -123,13 +115,13 @@ class _Index:
             return "bool", None
         optional = ["None"] if "None" in heads else []  # optional_type: "None" -> None
         literals = [m for m in members if isinstance(m, ast.Subscript)
-                    and action_name(m.value) == "Literal"]
+                    and action_of(m.value) == "Literal"]
         if literals:
             choices = sorted({c for lit in literals for c in self.literal_values(lit)})
             # Literal | str: argparse takes any text (metavar); the config validates it later
             return 1, ({"known": choices} if "str" in heads else choices + optional)
         for m in members:
-            head = action_name(m.value) if isinstance(m, ast.Subscript) else None
+            head = action_of(m.value) if isinstance(m, ast.Subscript) else None
             if head in ("tuple", "Tuple"):
                 args = m.slice.elts if isinstance(m.slice, ast.Tuple) else [m.slice]
                 if any(isinstance(a, ast.Constant) and a.value is Ellipsis for a in args):
@@ -137,7 +129,7 @@ class _Index:
                 return len(args), None
             if head in ("list", "List", "set", "Set"):
                 inner = [i for i in self.members(m.slice) if isinstance(i, ast.Subscript)
-                         and action_name(i.value) == "Literal"]
+                         and action_of(i.value) == "Literal"]
                 values = sorted({c for lit in inner for c in self.literal_values(lit)})
                 return "+", (values + optional if values else None)
         return 1, None
@@ -154,25 +146,25 @@ def _vllm_calls(func: ast.FunctionDef, index: _Index) -> list[dict]:
         if isinstance(node, ast.Assign) and len(node.targets) == 1:
             target, value = node.targets[0], node.value
             if isinstance(target, ast.Name) and isinstance(value, ast.Call) and \
-                    action_name(value.func) == "get_kwargs":
-                kwargs_of[target.id] = action_name(value.args[0])
+                    action_of(value.func) == "get_kwargs":
+                kwargs_of[target.id] = action_of(value.args[0])
             elif isinstance(target, ast.Name) and isinstance(value, ast.Subscript) and \
                     isinstance(value.value, ast.Call) and \
-                    action_name(value.value.func) == "get_kwargs":
-                field_of[target.id] = (action_name(value.value.args[0]), literal_value(value.slice))
+                    action_of(value.value.func) == "get_kwargs":
+                field_of[target.id] = (action_of(value.value.args[0]), value_of(value.slice))
             elif isinstance(target, ast.Name) and isinstance(value, ast.Subscript) and \
                     isinstance(value.value, ast.Name) and value.value.id in kwargs_of:
-                field_of[target.id] = (kwargs_of[value.value.id], literal_value(value.slice))
-            elif isinstance(target, ast.Subscript) and literal_value(target.slice) == "type" and \
+                field_of[target.id] = (kwargs_of[value.value.id], value_of(value.slice))
+            elif isinstance(target, ast.Subscript) and value_of(target.slice) == "type" and \
                     isinstance(value, ast.Lambda) and ".lower()" in ast.unparse(value):
                 lowered.add(ast.unparse(target.value))
-            elif isinstance(target, ast.Subscript) and literal_value(target.slice) == "nargs":
+            elif isinstance(target, ast.Subscript) and value_of(target.slice) == "nargs":
                 inner = target.value
                 if isinstance(inner, ast.Subscript) and isinstance(inner.value, ast.Name):
-                    nargs_set[(inner.value.id, literal_value(inner.slice))] = literal_value(value)
+                    nargs_set[(inner.value.id, value_of(inner.slice))] = value_of(value)
     removed = _choice_removals(func, index)
     for node in ast.walk(func):
-        if not (isinstance(node, ast.Call) and action_name(node.func) == "add_argument"):
+        if not (isinstance(node, ast.Call) and action_of(node.func) == "add_argument"):
             continue
         strings = [a.value for a in node.args if isinstance(a, ast.Constant)]
         if not strings or not all(isinstance(s, str) for s in strings):
@@ -198,12 +190,12 @@ def _choice_removals(func: ast.FunctionDef, index: _Index) -> dict[str, set[str]
                 and node.func.attr == "remove" and node.args):
             continue
         target = node.func.value
-        if isinstance(target, ast.Subscript) and literal_value(target.slice) == "choices":
+        if isinstance(target, ast.Subscript) and value_of(target.slice) == "choices":
             value = node.args[0]
             if isinstance(value, ast.Name) and value.id in index.aliases:
                 value = index.aliases[value.id]
-            if literal_value(value) is not None:
-                out.setdefault(ast.unparse(target.value), set()).add(str(literal_value(value)))
+            if value_of(value) is not None:
+                out.setdefault(ast.unparse(target.value), set()).add(str(value_of(value)))
     return out
 
 
@@ -211,12 +203,12 @@ def _vllm_choices(node, index: _Index):
     """An add_argument's choices: a literal list, or get_args(SomeLiteral)."""
     if node is None:
         return None
-    if isinstance(node, ast.Call) and action_name(node.func) == "get_args" and \
+    if isinstance(node, ast.Call) and action_of(node.func) == "get_args" and \
             isinstance(node.args[0], ast.Name) and node.args[0].id in index.aliases:
         members = index.members(index.aliases[node.args[0].id])
         return [v for m in members if isinstance(m, ast.Subscript)
-                and action_name(m.value) == "Literal" for v in index.literal_values(m)]
-    return literal_value(node)
+                and action_of(m.value) == "Literal" for v in index.literal_values(m)]
+    return value_of(node)
 
 
 def _spread(call: ast.Call):
@@ -231,37 +223,37 @@ def _spread(call: ast.Call):
 def _vllm_option(call, strings, kwargs_of, field_of, nargs_set, index: _Index) -> dict:
     # argparse's own dest: the first long option string, else the first one
     first = next((s for s in strings if s.startswith("--")), strings[0])
-    dest = literal_value(keyword_arg(call, "dest")) or first.lstrip("-").replace("-", "_")
+    dest = value_of(kwarg(call, "dest")) or first.lstrip("-").replace("-", "_")
     if not strings[0].startswith("-"):
         return {"strings": [], "dest": strings[0], "positional": True,
-                "nargs": literal_value(keyword_arg(call, "nargs")) or 1}
+                "nargs": value_of(kwarg(call, "nargs")) or 1}
     spread = _spread(call)
     field_kind = None
     if spread is not None:
         if isinstance(spread, ast.Subscript) and isinstance(spread.value, ast.Name):
-            cls, name = kwargs_of.get(spread.value.id), literal_value(spread.slice)
+            cls, name = kwargs_of.get(spread.value.id), value_of(spread.slice)
             key = (spread.value.id, name)
         else:
-            cls, name = field_of.get(action_name(spread), (None, None))
+            cls, name = field_of.get(action_of(spread), (None, None))
             key = None
         annotation = index.fields(cls).get(name) if cls else None
         if annotation is not None:
             field_kind = index.kind(annotation)
         if key in nargs_set:
             field_kind = (nargs_set[key], None)
-    action = action_name(keyword_arg(call, "action"))
-    nargs = literal_value(keyword_arg(call, "nargs"))
-    choices = _vllm_choices(keyword_arg(call, "choices"), index)
+    action = action_of(kwarg(call, "action"))
+    nargs = value_of(kwarg(call, "nargs"))
+    choices = _vllm_choices(kwarg(call, "choices"), index)
     if action in BOOL_ACTIONS:
-        return argparse_option(strings, dest, "bool", enable_disable=True)
+        return option_of(strings, dest, "bool", enable_disable=True)
     if action in SWITCH_ACTIONS:
-        return argparse_option(strings, dest, 0)
+        return option_of(strings, dest, 0)
     if nargs is not None:
-        return argparse_option(strings, dest, nargs, choices)
+        return option_of(strings, dest, nargs, choices)
     if field_kind is not None:
         kind, field_choices = field_kind
-        return argparse_option(strings, dest, kind, choices or field_choices, enable_disable=True)
-    return argparse_option(strings, dest, 1, choices)
+        return option_of(strings, dest, kind, choices or field_choices, enable_disable=True)
+    return option_of(strings, dest, 1, choices)
 
 
 def _customized_single_values(index: _Index) -> set[str]:
@@ -278,9 +270,9 @@ def _customized_single_values(index: _Index) -> set[str]:
                 if not (isinstance(target, ast.Subscript) and
                         isinstance(target.value, ast.Subscript)):
                     continue
-                key, field = literal_value(target.slice), literal_value(target.value.slice)
+                key, field = value_of(target.slice), value_of(target.value.slice)
                 if key == "nargs" and isinstance(node, ast.Delete) or \
-                        key == "action" and literal_value(node.value) == "append":
+                        key == "action" and value_of(node.value) == "append":
                     out.add(field)
     return out
 
@@ -298,12 +290,12 @@ def vllm_flags(tree: SourceTree) -> dict:
         kind, choices = index.kind(annotation)
         if name in single:
             kind = 1
-        options.append(argparse_option(["--" + name.replace("_", "-")], name, kind, choices,
-                               enable_disable=True))
+        options.append(option_of(["--" + name.replace("_", "-")], name, kind, choices,
+                                 enable_disable=True))
     arg_utils = tree.parse("vllm/engine/arg_utils.py")
     classes = {n.name: n for n in arg_utils.body if isinstance(n, ast.ClassDef)}
-    options += _vllm_calls(method_named(classes["EngineArgs"], "add_cli_args"), index)
-    options += _vllm_calls(method_named(classes["AsyncEngineArgs"], "add_cli_args"), index)
+    options += _vllm_calls(method_of(classes["EngineArgs"], "add_cli_args"), index)
+    options += _vllm_calls(method_of(classes["AsyncEngineArgs"], "add_cli_args"), index)
     positional = [o for o in options if o.get("positional")]
     return {"positional": [{"dest": p["dest"], "nargs": p["nargs"]} for p in positional],
             "options": [o for o in options if not o.get("positional")]}
