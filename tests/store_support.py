@@ -100,6 +100,14 @@ def task_entries(tasks: int, per_task: int = 2, prefix: str = "k") -> dict[str, 
                                   for i in range(per_task)] for t in range(tasks)}
 
 
+def publish_entries(cache: SharedCache, adapter: DirAdapter, task: str, names: list[str],
+                    size: int = 120_000) -> list:
+    """Publish `names` (entries of `size` bytes the adapter compiles) as one task's entries."""
+    entries = [compile_entry(adapter, n, size) for n in names]
+    cache.entries.publish_task(adapter, task, entries, 2.0)
+    return entries
+
+
 def start_test_server(tmp: Path, **kw) -> ServerProcess:
     """A server under tmp/redis; one a test (not a module's fixture) started is stopped when
     the test ends, even when the test failed before its own stop (conftest.py)."""

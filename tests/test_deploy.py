@@ -1,13 +1,12 @@
 """deploy/: every manifest validates offline (Kubernetes' own schemas, KubeRay's RayCluster
 CRD), has what its system requires, references only what the repo creates, and every warmd
 command in it exists in the CLI with those flags; the image's Dockerfile installs the project
-as packaged; the Redis ACL users (shipped, and as deploy/kuberay/secrets.sh generates them)
-load into a real redis-server and get exactly the rights they are documented to have."""
+as packaged (deploy/'s Redis: test_deploy_redis.py; its systemd units:
+test_deploy_systemd.py)."""
 
 from __future__ import annotations
 
 import configparser
-import contextlib
 import json
 import os
 import re
@@ -15,66 +14,25 @@ import shlex
 import shutil
 import subprocess
 import sys
-import time
 import zipfile
 from pathlib import Path
 
 import jsonschema
 import kubernetes_validate
 import pytest
-import redis
 import yaml
-from redis.backoff import NoBackoff
-from redis.retry import Retry
+from deploy_support import (
+    DEPLOY,
+    ROOT,
+    SETTINGS,
+    check_cli,
+    containers,
+    generated_secrets,
+    kuberay_objects,
+    warmd_commands,
+)
 
-from warmd import settings
-from warmd.cli import main
-from warmd.cluster.state import NodeState, node_records
 from warmd.config.parse import parse_config
-from warmd.store import free_port
-
-ROOT = Path(__file__).resolve().parent.parent
-DEPLOY = ROOT / "deploy"
-SETTINGS = (ROOT / "warmd" / "knobs.py").read_text()
-_SEPARATORS = {";", "&&", "||", "|", "&", "then", "do", "else", "fi", "done", "(", ")"}
-
-
-def warmd_commands(text: str) -> list[list[str]]:
-    """Every `warmd ...` invocation in a shell snippet, as tokens up to the next operator."""
-    found = []
-    for line in text.splitlines():
-        lexer = shlex.shlex(line, posix=True, punctuation_chars=";&|()")
-        lexer.whitespace_split = True
-        tokens = list(lexer)
-        for i, token in enumerate(tokens):
-            if Path(token).name == "warmd":
-                cmd = []
-                for t in tokens[i:]:
-                    if t in _SEPARATORS:
-                        break
-                    cmd.append(t)
-                found.append(cmd)
-    return found
-
-
-def check_cli(tokens: list[str]) -> None:
-    """The subcommand exists and each --flag is one of its options (per click's tree); what
-    follows `--` is the engine's serve command (warmd's parser reads it: see the tests of
-    verify below)."""
-    assert len(tokens) >= 2, tokens
-    command = main.commands.get(tokens[1])
-    assert command is not None, f"no `warmd {tokens[1]}` subcommand"
-    options = {o for p in command.params for o in [*p.opts, *p.secondary_opts]}
-    if "--" in tokens:
-        tokens = tokens[:tokens.index("--")]
-    for token in tokens[2:]:
-        if token.startswith("-"):
-            assert token.split("=", 1)[0] in options, f"`warmd {tokens[1]}` has no {token}"
-
-
-def warmd_env_names(text: str) -> set[str]:
-    return set(re.findall(r"\bWARMD_[A-Z_]+\b", text))
-
 
 # --- KubeRay ---------------------------------------------------------------------------------
 
@@ -82,29 +40,6 @@ def warmd_env_names(text: str) -> set[str]:
 def kuberay():
     docs = list(yaml.safe_load_all((DEPLOY / "kuberay" / "raycluster.yaml").read_text()))
     return {d["kind"]: d for d in docs}
-
-
-def generated_secrets() -> list[dict]:
-    """What `bash deploy/kuberay/secrets.sh | kubectl create -f -` creates."""
-    out = subprocess.run(["bash", str(DEPLOY / "kuberay" / "secrets.sh")], capture_output=True,
-                         text=True, check=True, timeout=30).stdout
-    return list(yaml.safe_load_all(out))
-
-
-def kuberay_objects() -> list[dict]:
-    """Every object the deploy section of docs/daemon.md has you create, in its order."""
-    docs = []
-    for name in ("redis.yaml", "models-pvc.yaml", "raycluster.yaml"):
-        docs += [d for d in yaml.safe_load_all((DEPLOY / "kuberay" / name).read_text()) if d]
-    return docs + generated_secrets()
-
-
-def containers(cluster: dict) -> dict[str, dict]:
-    spec = cluster["spec"]
-    out = {"head": spec["headGroupSpec"]["template"]["spec"]}
-    for group in spec["workerGroupSpecs"]:
-        out[group["groupName"]] = group["template"]["spec"]
-    return out
 
 
 def test_kuberay_manifest_shape(kuberay):
@@ -452,242 +387,3 @@ def test_secrets_are_readable_by_the_pods_user_and_no_other(kuberay):
             assert secret["defaultMode"] == 0o440, secret
         context = pod["securityContext"]
         assert context["runAsUser"] != 0 and context["fsGroup"] == context["runAsGroup"]
-
-
-# --- Redis on Kubernetes ---------------------------------------------------------------------
-
-def redis_directives(text: str) -> dict[str, str]:
-    return dict(line.split(None, 1) for line in text.splitlines()
-                if line.strip() and not line.startswith("#"))
-
-
-def test_the_redis_statefulset_serves_what_the_secrets_point_at():
-    made = {(d["kind"], d["metadata"]["name"]): d for d in kuberay_objects()}
-    shipped = (DEPLOY / "redis" / "redis.conf").read_text()
-    assert made["ConfigMap", "warmd-redis-conf"]["data"]["redis.conf"] == shipped
-    conf = redis_directives(shipped)
-    statefulset = made["StatefulSet", "redis"]
-    pod = statefulset["spec"]["template"]["spec"]
-    [container] = pod["containers"]
-    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
-    volumes = {v["name"]: v for v in pod["volumes"]}
-    assert container["command"] == ["redis-server", f"{mounts['conf']}/redis.conf"]
-    [item] = volumes["acl"]["secret"]["items"]
-    assert f"{mounts['acl']}/{item['path']}" == conf["aclfile"]
-    assert mounts["data"] == conf["dir"]
-    assert [t["metadata"]["name"] for t in statefulset["spec"]["volumeClaimTemplates"]] == [
-        "data"]
-    assert container["ports"][0]["containerPort"] == int(conf["port"])
-    maxmemory = int(conf["maxmemory"].removesuffix("gb")) * 2**30
-    limit = container["resources"]["limits"]["memory"]
-    assert int(limit.removesuffix("Gi")) * 2**30 > maxmemory
-    service = made["Service", statefulset["spec"]["serviceName"]]
-    assert service["spec"]["selector"] == pod.get("metadata", statefulset["spec"]["template"][
-        "metadata"])["labels"]
-    host = f"{service['metadata']['name']}.{service['metadata']['namespace']}.svc:" \
-           f"{service['spec']['ports'][0]['port']}"
-    for name in ("warmd-redis", "warmd-redis-reader"):
-        assert f"@{host}/0" in made["Secret", name]["stringData"]["url"]
-
-
-def _local(url: str, port: int) -> str:
-    return re.sub(r"@[^/]+/", f"@127.0.0.1:{port}/", url)
-
-
-def test_generated_secrets_log_in_to_the_shipped_redis(tmp_path, monkeypatch):
-    """secrets.sh's ACL file (hashes only) loaded by a real redis-server with the shipped
-    redis.conf; warmd's URLs log in with their user's rights; the key signs."""
-    first, second = generated_secrets(), generated_secrets()
-    secrets = {d["metadata"]["name"]: d["stringData"] for d in first}
-    assert all(a["stringData"] != b["stringData"] for a, b in zip(first, second, strict=True))
-    writer_url, reader_url = secrets["warmd-redis"]["url"], secrets["warmd-redis-reader"]["url"]
-    acl = secrets["warmd-redis-acl"]["users.acl"]
-    for url in (writer_url, reader_url):
-        assert url.split(":")[2].split("@")[0] not in acl  # the ACL holds hashes only
-    with redis_with_deploy_config(tmp_path, acl) as port:
-        writer = node_records(_local(writer_url, port), "k8s")
-        assert writer.put(NodeState("n1")), writer.last_error
-        reader = node_records(_local(reader_url, port), "k8s")
-        assert not reader.put(NodeState("n2")) and "no permissions" in reader.last_error
-        assert [r.node_id for r in reader.get_all()] == ["n1"]
-        with pytest.raises(redis.exceptions.AuthenticationError):
-            client(port, username="warmd-writer", password="wrong").ping()
-    key_file = tmp_path / "key"
-    key_file.write_text(secrets["warmd-signing-key"]["key"])
-    monkeypatch.setenv("WARMD_SIGNING_KEY_FILE", str(key_file))
-    assert re.fullmatch(rb"[0-9a-f]{64}", settings.signing_key())
-
-
-# --- systemd ---------------------------------------------------------------------------------
-
-def systemd_unit(name: str) -> configparser.ConfigParser:
-    unit = configparser.ConfigParser(strict=False, interpolation=None)
-    unit.optionxform = str  # systemd keys are case-sensitive
-    unit.read_string((DEPLOY / "systemd" / name).read_text())
-    return unit
-
-
-def test_systemd_unit():
-    unit = systemd_unit("warmd.service")
-    assert {"Unit", "Service", "Install"} <= set(unit.sections())
-    service = unit["Service"]
-    assert service["Type"] == "oneshot" and service["RemainAfterExit"] == "yes"
-    assert unit["Install"]["WantedBy"] == "multi-user.target"
-    assert unit["Unit"]["Description"]
-    for key in ("ExecStart", "ExecStop"):
-        tokens = shlex.split(service[key])
-        assert Path(tokens[0]).is_absolute() and Path(tokens[0]).name == "warmd"
-        check_cli(tokens)
-    assert shlex.split(service["ExecStart"])[1] == "start"
-    assert shlex.split(service["ExecStop"])[1] == "stop"
-    for line in unit["Service"].get("Environment", "").splitlines() or [""]:
-        for name in warmd_env_names(line):
-            assert f'"{name}"' in SETTINGS
-
-
-def test_the_units_run_the_binaries_the_documented_install_creates():
-    """Each unit's comment says how to install (scripts/setup.sh into WARMD_VENV); the units
-    run warmd and ray from that virtualenv's bin/, where pip puts the project's console
-    script and Ray's (the cluster extra)."""
-    import tomllib
-
-    setup = (ROOT / "scripts" / "setup.sh").read_text()
-    assert 'VENV="${WARMD_VENV:-.venv}"' in setup
-    assert re.search(r'PIP=\("\$VENV/bin/python" -m pip install', setup)
-    assert re.search(r'"\$\{PIP\[@\]\}" -e "\.\[[^"]*cluster[^"]*\]"', setup)
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    assert project["scripts"]["warmd"] == "warmd.cli:main"
-    assert any(d.startswith("ray") for d in project["optional-dependencies"]["cluster"])
-    for name in ("warmd.service", "ray-head.service"):
-        text = (DEPLOY / "systemd" / name).read_text()
-        venv = re.search(r"sudo WARMD_VENV=(\S+) bash scripts/setup\.sh", text).group(1)
-        unit = systemd_unit(name)
-        for key in ("ExecStart", "ExecStop"):
-            binary = Path(shlex.split(unit["Service"][key])[0])
-            assert binary.parent == Path(venv) / "bin", (name, key, binary)
-
-
-def test_the_bare_metal_cache_environment_resolves_for_both_engines():
-    from warmd.engines.cache_dirs import resolve
-
-    env = dict(line.split("=", 1) for line in
-               (DEPLOY / "systemd" / "cache.env").read_text().splitlines()
-               if line and not line.startswith("#"))
-    for engine in ("vllm", "sglang"):
-        for directory in resolve(engine, env, None).directories().values():
-            assert directory.is_relative_to("/var/cache/warmd"), (engine, directory)
-
-
-def test_the_units_warmd_requires_are_shipped_and_run_ray_as_ray_takes_it():
-    """Requires=ray-head.service: shipped beside it, running `ray start`/`ray stop` with
-    flags Ray's own CLI has, in the foreground, as the same user as warmd."""
-    from ray.scripts.scripts import cli as ray_cli
-
-    warmd_unit = systemd_unit("warmd.service")
-    required = warmd_unit["Unit"]["Requires"].split()
-    assert required == ["ray-head.service"]
-    assert "ray-head.service" in warmd_unit["Unit"]["After"].split()
-    head = systemd_unit("ray-head.service")
-    service = head["Service"]
-    assert service["Type"] == "simple" and service["User"] == warmd_unit["Service"]["User"]
-    assert head["Install"]["WantedBy"] == "multi-user.target"
-    for key, subcommand in (("ExecStart", "start"), ("ExecStop", "stop")):
-        tokens = shlex.split(service[key])
-        assert Path(tokens[0]).is_absolute() and Path(tokens[0]).name == "ray"
-        assert tokens[1] == subcommand
-        command = ray_cli.commands[subcommand]
-        options = {o for p in command.params for o in [*p.opts, *p.secondary_opts]}
-        for token in tokens[2:]:
-            assert token.split("=", 1)[0] in options, f"`ray {subcommand}` has no {token}"
-    start = shlex.split(service["ExecStart"])
-    assert {"--head", "--block"} <= set(start)  # in the foreground: systemd supervises it
-    assert "--address auto" in warmd_unit["Service"]["ExecStart"]
-
-
-# --- Redis -----------------------------------------------------------------------------------
-
-@contextlib.contextmanager
-def redis_with_deploy_config(tmp_path, acl_text: str):
-    """A real redis-server running deploy/redis/redis.conf, with only what must differ on a
-    test machine overridden (later directives win): port, data dir, ACL file path."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.skip("redis-server is not installed")
-    acl = tmp_path / "users.acl"
-    acl.write_text(acl_text)
-    port = free_port()
-    conf = tmp_path / "redis.conf"
-    conf.write_text((DEPLOY / "redis" / "redis.conf").read_text()
-                    + f"\nbind 127.0.0.1\nport {port}\ndir {tmp_path}\naclfile {acl}\n"
-                    + "daemonize no\nappendonly no\n")
-    proc = subprocess.Popen([binary, str(conf)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 10
-        while not _answers(port):
-            if proc.poll() is not None:
-                pytest.fail(f"redis-server refused the config: {proc.stdout.read().decode()}")
-            assert time.monotonic() < deadline, "redis-server did not come up"
-            time.sleep(0.05)
-        yield port
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
-
-
-def client(port: int, **kw) -> redis.Redis:
-    """No hidden retries: redis-py would retry a refused login for seconds."""
-    return redis.Redis(port=port, socket_timeout=2, retry=Retry(NoBackoff(), 0), **kw)
-
-
-def _answers(port: int) -> bool:
-    try:
-        client(port).ping()
-    except redis.exceptions.AuthenticationError:
-        return True  # it answered: the default user is off
-    except redis.exceptions.ConnectionError:
-        return False
-    return True
-
-
-def with_passwords(text: str) -> str:
-    return "".join(line + (f" >{line.split()[1]}-pw" if line.startswith("user warmd-") else "")
-                   + "\n" for line in text.splitlines())
-
-
-def test_redis_acl_users_have_their_documented_rights(tmp_path):
-    shipped = (DEPLOY / "redis" / "users.acl").read_text()
-    with redis_with_deploy_config(tmp_path, with_passwords(shipped)) as port:
-        writer = client(port, username="warmd-writer", password="warmd-writer-pw")
-        reader = client(port, username="warmd-reader", password="warmd-reader-pw")
-        writer.set("warmd:v1:probe", b"x")
-        assert writer.eval("return redis.call('GET', KEYS[1])", 1, "warmd:v1:probe") == b"x"
-        writer.publish("warmd:v1:pub:{fp}:t", "done")
-        writer.info("memory")
-        assert reader.get("warmd:v1:probe") == b"x" and reader.info("memory")
-        pubsub = reader.pubsub()
-        pubsub.subscribe("warmd:v1:pub:{fp}:t")
-        pubsub.close()
-        for denied in (lambda: reader.set("warmd:v1:probe", b"y"),
-                       lambda: reader.publish("warmd:v1:pub:x", "y"),
-                       lambda: writer.set("other:key", b"y"),
-                       lambda: writer.flushall(),
-                       lambda: writer.config_get("*")):
-            with pytest.raises(redis.exceptions.NoPermissionError):
-                denied()
-        with pytest.raises(redis.exceptions.RedisError):  # the default user is off
-            client(port).get("warmd:v1:probe")
-
-        # warmd's own node records: the writer writes, the reader is refused and it is counted
-        url = f"redis://warmd-writer:warmd-writer-pw@127.0.0.1:{port}/0"
-        assert node_records(url, "acl").put(NodeState("n1"))
-        read_only = node_records(f"redis://warmd-reader:warmd-reader-pw@127.0.0.1:{port}/0", "acl")
-        assert not read_only.put(NodeState("n2")) and read_only.errors == 1
-        assert "NOPERM" in read_only.last_error or "permission" in read_only.last_error.lower()
-        assert [r.node_id for r in read_only.get_all()] == ["n1"]
-
-
-def test_shipped_acl_users_cannot_log_in_until_given_a_password(tmp_path):
-    with redis_with_deploy_config(tmp_path, (DEPLOY / "redis" / "users.acl").read_text()) as port:
-        for user in ("warmd-writer", "warmd-reader", "default"):
-            with pytest.raises(redis.exceptions.AuthenticationError):
-                client(port, username=user, password="").ping()

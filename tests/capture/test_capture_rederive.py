@@ -16,9 +16,9 @@ import time
 from pathlib import Path
 
 import pytest
-from store_support import isolate_capture, module_server
+from capture_support import KEY, PLAN, isolate_rederive, opener, published_values, scope
+from store_support import module_server
 
-from warmd.capture.scope import CaptureScope
 from warmd.capture.sharing import install_learned
 from warmd.capture.watch import Capture, CaptureTrust
 from warmd.context import NodeContext
@@ -33,27 +33,12 @@ pytest.importorskip("triton")
 
 from tests.triton_support import compile_add, snapshot  # noqa: E402
 
-PLAN = "plan-rederive-0123456789abcdef"
-KEY = b"cluster-key"
 server = module_server()
 
 
 @pytest.fixture(autouse=True)
 def _env(monkeypatch, server, tmp_path):
-    isolate_capture(monkeypatch, tmp_path, server)
-    # the producer looks Triton kernels up only in the library stand-in's module
-    monkeypatch.setenv("WARMD_TRITON_MODULES", "tests.triton_kernels")
-
-
-def scope(base: Path) -> CaptureScope:
-    return CaptureScope(PLAN, preset("h200").to_json(),
-                        {"triton": str(base / "triton"), "flashinfer": str(base / "fi"),
-                         "flashinfer_autotune": str(base / "vllm")})
-
-
-def opener(server, node: str):
-    return lambda target: open_shared_cache(server.url, target=target, node=node,
-                                            signing_key=KEY)
+    isolate_rederive(monkeypatch, tmp_path, server)
 
 
 def capture(server, base: Path, node: str = "node-a", **kw) -> Capture:
@@ -380,239 +365,6 @@ def test_real_compiles_after_ready_reach_the_next_node_through_the_re_derivation
     assert all(Manifest.decode(m, 1 << 30).producer == "node-b" for m in signed)
 
 
-TINY_IMPL = """#pragma once
-namespace deep_gemm {
-template <int kScale>
-__global__ void tiny_scale(float* x) { x[threadIdx.x] *= kScale; }
-}
-"""
-# The fmt template a DeepGEMM extension holds for the stand-in kernel, in the library's form
-# (csrc/jit_kernels/impls/*.hpp: include, using, one instantiation).
-TINY_TEMPLATE = ("#include <deep_gemm/impls/tiny.cuh>\n\nusing namespace deep_gemm;\n\n"
-                 "static void __instantiate_kernel() {{\n    auto ptr = reinterpret_cast<void*>"
-                 "(&tiny_scale<\n        {}\n    >);\n}};\n")
-
-
-def tiny_deep_gemm(base: Path) -> Path:
-    """A stand-in DeepGEMM package: its include tree (one kernel header) and an extension
-    built by gcc that holds the kernel's name and its source template as C strings, where
-    the real extensions (sgl-deep-gemm 0.1.4.post1's _C.so, DeepGEMM 2.8.1's
-    _C_extension.abi3.so) hold theirs."""
-    import subprocess
-
-    package = base / "deep_gemm"
-    (package / "include" / "deep_gemm" / "impls").mkdir(parents=True)
-    (package / "include" / "deep_gemm" / "impls" / "tiny.cuh").write_text(TINY_IMPL)
-    literal = TINY_TEMPLATE.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-    (base / "ext.c").write_text(f'const char* const kName = "tiny_scale";\n'
-                                f'const char* const kTemplate = "{literal}";\n')
-    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(package / "_C.so"),
-                    str(base / "ext.c")], check=True, capture_output=True, timeout=120)
-    return package
-
-
-def _dg_entry(root: Path, name: str, source: str, cubin: bytes) -> Path:
-    entry = root / "cache" / name
-    entry.mkdir(parents=True, exist_ok=True)
-    (entry / "kernel.cu").write_text(source)
-    (entry / "kernel.cubin").write_bytes(cubin)
-    return entry
-
-
-TINY_SOURCE = ("// Includes' hash value: 0123\n\n#include <deep_gemm/impls/tiny.cuh>\n\n"
-               "using namespace deep_gemm;\n\nstatic void __instantiate_kernel() {\n"
-               "    auto ptr = reinterpret_cast<void*>(&tiny_scale<\n        3\n    >);\n};\n")
-TINY_NAME = "kernel.tiny_scale." + "ab" * 16
-
-
-def _nvcc_template(package: Path) -> list[str]:
-    from warmd import settings
-    from warmd.libraries.deep_gemm.nvcc_shim import OUTPUT, SOURCE
-
-    if not (settings.cuda_home() / "bin" / "nvcc").exists():
-        pytest.skip("no nvcc")
-    return [SOURCE, "-cubin", "-o", OUTPUT, f"-I{package / 'include'}", "-std=c++17",
-            "--gpu-architecture=sm_90a"]
-
-
-def test_deep_gemm_kernels_are_regenerated_by_this_nodes_library_and_recompiled(tmp_path):
-    """Real nvcc (sm_90a cubins need no GPU) on the kernel.cu this node's (stand-in)
-    DeepGEMM generates from the capture's template arguments: the captured cubin is replaced
-    by this node's compile, which reproduces itself byte for byte."""
-    from warmd.libraries.deep_gemm.cache import DeepGemmCacheAdapter
-    from warmd.libraries.deep_gemm.rederive import rederive
-
-    package = tiny_deep_gemm(tmp_path / "lib")
-    template = _nvcc_template(package)
-    adapter = DeepGemmCacheAdapter(tmp_path / "a", arch="9.0a", sms=132)
-    _dg_entry(adapter.root, TINY_NAME, TINY_SOURCE, b"planted cubin")
-    (entry,) = adapter.list_entries()
-    got = rederive(adapter, TINY_NAME, adapter.pack(entry), tmp_path / "b", template, package)
-    assert not got.identical and "kernel.cubin" in got.differs
-    honest = DeepGemmCacheAdapter(tmp_path / "c", arch="9.0a", sms=132)
-    installed = honest.install(TINY_NAME, got.artifact)
-    source = (installed.path / "kernel.cu").read_text()
-    assert source == TINY_TEMPLATE.format("3").replace("{{", "{").replace("}}", "}")
-    cubin = (installed.path / "kernel.cubin").read_bytes()
-    assert cubin.startswith(b"\x7fELF") and cubin != b"planted cubin"
-    again = rederive(honest, TINY_NAME, honest.pack(installed), tmp_path / "d", template,
-                     package)
-    assert again.identical  # nvcc reproduces its own cubin byte for byte
-
-
-def test_a_deep_gemm_capture_cannot_include_outside_the_library_or_bring_code(tmp_path):
-    """What ae15aac compiled: a kernel.cu in DeepGEMM's include form whose include climbs
-    out of the library's tree (``#include <deep_gemm/../../x>``) to a header that holds a
-    kernel of the attacker's and an ``.incbin`` of a secret file, and template arguments
-    that are code. Each is quarantined before anything is compiled, and nothing the
-    producer built holds the secret."""
-    from warmd.cache.rederived import RederiveMismatch
-    from warmd.libraries.deep_gemm.cache import DeepGemmCacheAdapter
-    from warmd.libraries.deep_gemm.rederive import rederive
-
-    package = tiny_deep_gemm(tmp_path / "lib")
-    template = _nvcc_template(package)
-    (tmp_path / "evil.cuh").write_text(TINY_IMPL.replace("*= kScale", "= 1234567"))
-    climbing = TINY_SOURCE.replace("deep_gemm/impls/tiny.cuh",
-                                   "deep_gemm/../../../../evil.cuh")
-    code = TINY_SOURCE.replace(
-        "        3\n", '        3>); asm(".incbin"); auto q = (&tiny_scale<3\n')
-    for n, source in enumerate((climbing, code)):
-        planted = DeepGemmCacheAdapter(tmp_path / f"p{n}", arch="9.0a", sms=132)
-        _dg_entry(planted.root, TINY_NAME, source, b"cubin")
-        (bad,) = planted.list_entries()
-        with pytest.raises(RederiveMismatch):
-            rederive(planted, TINY_NAME, planted.pack(bad), tmp_path / f"s{n}", template,
-                     package)
-
-
-SECRET = b"SIGNING-KEY-0123456789abcdef"
-_CRAFT = """
-import os, sys
-from pathlib import Path
-from warmd.libraries.flashinfer.executor import worker_env
-os.environ.update(worker_env("9.0a", Path(sys.argv[1])))
-from flashinfer.jit import env as jit_env, gen_act_and_mul_module
-from flashinfer.jit.core import gen_jit_spec
-if sys.argv[2] == "gelu_tanh_and_mul":
-    spec = gen_act_and_mul_module("gelu_tanh")
-else:
-    source = jit_env.FLASHINFER_GEN_SRC_DIR / f"{sys.argv[2]}.cu"
-    source.parent.mkdir(parents=True, exist_ok=True)
-    source.write_text(sys.argv[3])
-    spec = gen_jit_spec(sys.argv[2], [source])
-spec.write_ninja()
-print(jit_env.FLASHINFER_WORKSPACE_DIR)
-"""
-
-
-def planted_module(tmp_path: Path, name: str, code: str) -> bytes:
-    """A FlashInfer capture as an attacker makes it with FlashInfer itself: the module's
-    generated sources and the build.ninja FlashInfer writes for them (so that ae15aac's
-    check of the build file passed), code of the attacker's in a source, stand-in outputs."""
-    import subprocess
-    import sys
-
-    from store_support import SRC
-
-    from warmd.cache.packing import pack_directory
-
-    base = tmp_path / "attacker"
-    done = subprocess.run([sys.executable, "-c", _CRAFT, str(base), name, code], cwd=SRC,
-                          check=True, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": SRC})
-    ws = Path(done.stdout.strip().splitlines()[-1])
-    art = tmp_path / "artifact"
-    shutil.copytree(ws / "generated", art / "generated")
-    for source in (art / "generated").rglob(f"{name}.cu"):
-        source.write_text(source.read_text() + code)
-    (art / "module").mkdir()
-    shutil.copy(ws / "cached_ops" / name / "build.ninja", art / "module" / "build.ninja")
-    (art / "module" / ".ninja_log").write_text("# ninja log v6\n")
-    (art / "module" / ".ninja_deps").write_bytes(b"")
-    (art / "module" / f"{name}.so").write_bytes(b"\x7fELF stand-in")
-    return pack_directory(art)
-
-
-def submit(server, base: Path, name: str, artifact: bytes) -> None:
-    from warmd.capture.scope import adapters_for
-
-    adapter = adapters_for(scope(base))["flashinfer"]
-    with opener(server, "node-a")(preset("h200")) as shared:
-        assert shared.captures.submit(adapter, [PLAN], name, artifact)
-
-
-def published_values(server) -> list[bytes]:
-    client = server.client()
-    return [client.dump(k) or b"" for k in client.scan_iter(match="warmd:*")]
-
-
-@pytest.mark.parametrize("name", ["gelu_tanh_and_mul", "warmd_exfil_module"])
-def test_a_flashinfer_capture_cannot_make_the_producer_embed_its_signing_key(
-        server, tmp_path, monkeypatch, name):
-    """A capture whose generated source holds an assembler ``.incbin`` of the producer's
-    signing-key file: for a module FlashInfer makes (its sources are not the library's:
-    quarantined before anything is built), and for a module of the attacker's own naming
-    (no FlashInfer generator makes it: refused). ae15aac built both from the capture's
-    sources and published the key inside a signed module."""
-    key_file = tmp_path / "secrets" / "signing.key"
-    key_file.parent.mkdir()
-    key_file.write_bytes(SECRET)
-    monkeypatch.setenv("WARMD_SIGNING_KEY_FILE", str(key_file))
-    code = (f'\nasm(".pushsection .rodata\\n.incbin \\"{key_file}\\"\\n.popsection");\n'
-            "extern \"C\" int warmd_planted() { return 1; }\n")
-    submit(server, tmp_path / "a", name, planted_module(tmp_path, name, code))
-    counts: list[tuple[str, str, int]] = []
-    producer = Rederiver([scope(tmp_path / "b")], opener(server, "node-b"), NodeContext.of(),
-                         on_count=lambda *c: counts.append(c))
-    (result,) = producer.run_once()
-    expected = "quarantined" if name == "gelu_tanh_and_mul" else "refused"
-    assert (result.name, result.outcome) == (name, expected), result
-    counter = "rederive_quarantined" if expected == "quarantined" else "rederive_refused"
-    assert counts == [(counter, "flashinfer", 1)]
-    assert not server.client().keys("warmd:v1:claim*")  # dropped: not tried again
-    assert not any(SECRET in value for value in published_values(server))
-    assert not list(server.client().scan_iter(match="warmd:v1:man:*"))  # nothing published
-
-
-def test_a_rebuild_step_sees_no_secret_in_its_environment_or_files(tmp_path, monkeypatch):
-    """What every re-derivation compile runs through (run_rebuild), in a producer holding
-    the key inline and in a file, and the store's URL with its password: the compile's
-    environment holds none of them (ae15aac passed its whole environment on); where
-    bubblewrap can sandbox it, the key's file cannot be read and nothing outside its
-    scratch, a private directory, is written."""
-    import stat
-    import sys
-
-    from warmd.cache.rederived import RederiveRefused, run_rebuild
-
-    key_file = tmp_path / "signing.key"
-    key_file.write_bytes(SECRET)
-    monkeypatch.setenv("WARMD_SIGNING_KEY_FILE", str(key_file))
-    monkeypatch.setenv("WARMD_SIGNING_KEY", SECRET.decode())
-    monkeypatch.setenv("WARMD_REDIS_URL", "redis://:pw@127.0.0.1:1/0")
-    probe = ("import os, sys\n"
-             "sys.exit(1 if any(k.startswith(('WARMD_SIGNING', 'WARMD_REDIS')) "
-             f"or {SECRET.decode()!r} in v for k, v in os.environ.items()) else 0)\n")
-    (tmp_path / "work").mkdir()
-    run_rebuild([sys.executable, "-c", probe], env=dict(os.environ),
-                cwd=str(tmp_path / "work"))
-
-    from warmd.cache.rederived import bwrap, private_dir
-
-    scratch = private_dir("warmd-test-", tmp_path)
-    assert stat.S_IMODE(scratch.stat().st_mode) == 0o700
-    if bwrap() is None:
-        pytest.skip("no usable bubblewrap here: the key file is not hidden")
-    read = ("import sys\ntry:\n    data = open(sys.argv[1], 'rb').read()\n"
-            "except OSError:\n    data = b''\nsys.exit(1 if data else 0)\n")
-    run_rebuild([sys.executable, "-c", read, str(key_file)], env=dict(os.environ),
-                cwd=str(scratch))
-    with pytest.raises(RederiveRefused):  # the scratch is writable, the rest is not
-        run_rebuild(["touch", str(tmp_path / "outside")], env=dict(os.environ),
-                    cwd=str(scratch))
-
-
 def test_the_plan_and_status_say_how_each_librarys_captures_are_re_derived():
     """`warmd plan` names, per library of its tasks, what a trusted producer regenerates a
     captured kernel from; a library with no re-derivation says its captures stay local."""
@@ -635,25 +387,3 @@ def test_the_plan_and_status_say_how_each_librarys_captures_are_re_derived():
     assert "triton: from the library's kernel function" in " ".join(text.split())
     assert "URI" in how_rederived("flashinfer")
     assert how_rederived("sgl_kernel") == NOT_REDERIVED  # a helper: nothing to re-derive
-
-
-def test_a_warmup_workers_compiles_inherit_no_secret(tmp_path):
-    """A real warmup worker process, started from a process holding the signing key and
-    the store's URL: what it starts (nvcc, ninja: here a stand-in child) gets neither."""
-    from warmd.executors.pool import Worker
-    from warmd.tasks import Task
-
-    out = tmp_path / "child-env.json"
-    secrets = {"WARMD_SIGNING_KEY": SECRET.decode(), "WARMD_SIGNING_KEY_FILE": "/k",
-               "WARMD_REDIS_URL": "redis://:pw@127.0.0.1:1/0"}
-    worker = Worker({**secrets, "PYTHONPATH": os.pathsep.join(sys.path)},
-                    {"flashinfer": "tests.env_executor:EnvExecutor"})
-    try:
-        result = worker.run(Task(key="env/probe", library="flashinfer", kernel=str(out)))
-    finally:
-        worker.stop()
-    assert result.ok, result.error
-    env = json.loads(out.read_text())
-    assert not set(secrets) & set(env)
-    assert not any(SECRET.decode() in value for value in env.values())
-    assert "PATH" in env

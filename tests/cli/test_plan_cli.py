@@ -1,8 +1,8 @@
-"""`warmd plan` end to end: JSON shape, text table, bad input, and agreement with FlashInfer."""
+"""`warmd plan` end to end: JSON shape, text table, bad input, and agreement with FlashInfer
+(for another GPU: test_plan_cli_targets.py; its tables: test_plan_cli_tables.py)."""
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import subprocess
@@ -12,20 +12,14 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from tests.plan_support import plan_json
 from warmd.cli import main
 from warmd.examples import example_names
-from warmd.tasks import Task
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "warmd", *args], capture_output=True,
                           text=True, timeout=120)
-
-
-def plan_json(*args: str) -> dict:
-    result = CliRunner().invoke(main, ["plan", "--json", *args])
-    assert result.exit_code == 0, result.output
-    return json.loads(result.stdout)  # notes go to stderr
 
 
 def test_plan_json_shape():
@@ -231,194 +225,6 @@ def test_plan_key_names_the_model_and_the_request(tmp_path):
     config["rope_theta"] = 1.0
     (copy / "config.json").write_text(json.dumps(config))
     assert plan_json("--model", str(copy), *none)["plan_key"] != base["plan_key"]
-
-
-# ----- planning for another GPU: no local GPU needed, missing libraries noted -----
-
-def _absent_here(monkeypatch, *names: str) -> None:
-    """This machine's probes, with `names` reported as not installed."""
-    import warmd.libraries as registry
-    from warmd.probes import LibraryProbe
-
-    real = registry.probe_library
-
-    def probe(name: str, engine: str | None = None) -> LibraryProbe:
-        if name in names:
-            return LibraryProbe(name, False, reason=f"{name} not installed (test)")
-        return real(name, engine)
-
-    monkeypatch.setattr(registry, "probe_library", probe)
-
-
-def test_plan_for_a_preset_assumes_the_libraries_the_engine_ships(monkeypatch):
-    """A plan for another GPU is for a node that runs the engine: vLLM 0.34.0 vendors
-    DeepGEMM 2.8.1 and pins FlashInfer 0.7.3, whatever this machine has."""
-    _absent_here(monkeypatch, "deep_gemm", "sgl_kernel")
-    args = ["plan", "--target", "h200", "--", "vllm", "serve", "deepseek-v3",
-            "--tensor-parallel-size", "8"]
-    result = CliRunner(env={"COLUMNS": "80"}).invoke(main, args)
-    assert result.exit_code == 0 and result.stderr == ""
-    assert "Summary: 10 tasks (8 deep_gemm, 2 flashinfer)" in result.stdout
-    assert _flat("vendored by vllm 0.34.0 (newest known): deep_gemm 2.8.1") in \
-        _flat(result.stdout)
-    data = json.loads(CliRunner().invoke(main, [*args[:3], "--json", *args[3:]]).stdout)
-    assert data["assumed_on_target"]["from_engine"]["deep_gemm"] == {
-        "version": "2.8.1", "why": "vendored by vllm 0.34.0 (newest known)"}
-    assert data["assumed_on_target"]["from_engine"]["flashinfer"]["version"] == "0.7.3"
-    assert data["libraries"]["deep_gemm"]["module"] == "vllm.third_party.deep_gemm"
-    given = json.loads(CliRunner().invoke(main, [*args[:3], "--json", "--engine-version",
-                                                 "0.34.0", *args[3:]]).stdout)
-    assert given["libraries"]["deep_gemm"]["assumed"] == "vendored by vllm 0.34.0"
-    # --without says otherwise: planned as if absent, as said
-    without = json.loads(CliRunner().invoke(main, [*args[:3], "--json", "--without",
-                                                   "deep_gemm", *args[3:]]).stdout)
-    assert len(without["tasks"]) == 1 and "deep_gemm" in without["assumed_on_target"]["absent"]
-    sglang = CliRunner().invoke(main, ["plan", "--model", "deepseek-v3", "--tp", "8",
-                                       "--target", "h200", "--engine", "sglang", "--json"])
-    assert sglang.stderr == ""
-    shipped = json.loads(sglang.stdout)["assumed_on_target"]["from_engine"]
-    assert shipped["deep_gemm"]["version"] == "0.2.3.post2"
-    assert shipped["sgl_kernel"]["why"] == "pinned by sglang 0.5.23 (newest known)"
-
-
-def test_plan_for_a_release_warmd_has_no_data_for_notes_missing_libraries(monkeypatch):
-    _absent_here(monkeypatch, "deep_gemm", "sgl_kernel")
-    args = ["plan", "--model", "deepseek-v3", "--tp", "8", "--target", "h200",
-            "--engine-version", "0.33.0"]
-    result = CliRunner().invoke(main, args)
-    assert result.exit_code == 0
-    assert result.stderr.splitlines() == [
-        "warmd: note: deep_gemm is not installed here; planning as if absent (pass --with "
-        "deep_gemm to plan for a node that has it, or --without deep_gemm to confirm)"]
-    assert "Summary: 1 tasks" in result.stdout  # planned as if absent
-    for flag in ("--with", "--without"):
-        quiet = CliRunner().invoke(main, [*args, flag, "deep_gemm", "--json"])
-        assert quiet.exit_code == 0 and quiet.stderr == ""
-    # sgl_kernel matters to SGLang's plan only
-    sglang = CliRunner().invoke(main, [*args[:-2], "--engine", "sglang", "--engine-version",
-                                       "0.5.22", "--json"])
-    assert "deep_gemm, sgl_kernel are not installed here" in sglang.stderr
-    assert "--with deep_gemm --with sgl_kernel" in sglang.stderr
-    assert len(sglang.stderr.splitlines()) == 1 and json.loads(sglang.stdout)["tasks"]
-
-
-def _flat(text: str) -> str:
-    return " ".join(text.split())
-
-
-def test_plan_for_the_local_gpu_notes_nothing(monkeypatch):
-    import warmd.targets as targets
-    from warmd.targets import Target
-
-    _absent_here(monkeypatch, "deep_gemm")
-    local = Target("NVIDIA H200", (9, 0), 132, source="nvml")
-    monkeypatch.setattr(targets, "detect_local_gpus", lambda: (local,))
-    result = CliRunner().invoke(main, ["plan", "--model", "deepseek-v3", "--tp", "8", "--json"])
-    assert result.exit_code == 0 and result.stderr == ""
-
-
-def test_planning_for_a_preset_never_looks_for_a_gpu(monkeypatch):
-    import warmd.targets as targets
-
-    def no_gpu_lookup():
-        raise AssertionError("a preset plan looked for a local GPU")
-
-    monkeypatch.setattr(targets, "detect_local_gpus", no_gpu_lookup)
-    for args in (["--target", "h200"], ["--capability", "9.0", "--sms", "78"]):
-        plan_json("--model", "deepseek-v3", "--tp", "8", *args)
-
-
-def test_without_a_gpu_and_without_target_one_line_suggests_target():
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # no GPU visible, whatever the machine
-    result = subprocess.run([sys.executable, "-m", "warmd", "plan", "--model", "llama-3.1-8b"],
-                            capture_output=True, text=True, timeout=120, env=env)
-    assert result.returncode == 2 and result.stdout == "" and "Traceback" not in result.stderr
-    (line,) = result.stderr.strip().splitlines()
-    assert line.startswith("warmd: error: no local GPU found") and "--target (a100" in line
-    ok = subprocess.run([sys.executable, "-m", "warmd", "plan", "--model", "llama-3.1-8b",
-                         "--target", "h200"], capture_output=True, text=True, timeout=120,
-                        env=env)
-    assert ok.returncode == 0 and "Target: NVIDIA H200" in ok.stdout
-
-
-# ----- tables follow the terminal; keys are never broken -----
-
-def _plan_text(width: int, *args: str) -> str:
-    result = CliRunner(env={"COLUMNS": str(width)}).invoke(main, ["plan", *args])
-    assert result.exit_code == 0, result.output
-    return result.stdout
-
-
-def _joined(text: str) -> str:
-    """The text with every line's indentation dropped and the lines joined: an identifier
-    wrapped after one of its separators reads whole here, one cut does not."""
-    return "".join(line.strip() for line in text.splitlines())
-
-
-@pytest.mark.parametrize("width", [60, 80, 100, 140, 240])
-def test_plan_tables_fit_the_terminal_and_keep_every_identifier_whole(width):
-    from warmd.cli.render import ELLIPSIS
-    from warmd.warmup import WarmupOptions
-
-    args = ("--model", "deepseek-v3", "--tp", "8", "--target", "h200", "--with", "deep_gemm",
-            "--with", "flashinfer", "--disable-kernel", "FlashMLABackend",
-            "--disable-kernel", "FlashAttnMLABackend", "--engine", "sglang")
-    text = _plan_text(width, *args)
-    lines = text.splitlines()
-    assert max(len(line) for line in lines) <= width
-    assert ELLIPSIS not in text  # nothing is shortened: narrow means stacked, not cut
-    for line in lines:  # a boxed table fits whole: none is cropped at the right edge
-        if line[:1] in "┏┃┡│└":
-            assert line.rstrip()[-1] in "┓┃┩│┘", line
-    data = plan_json(*args)
-    tasks = tuple(Task.from_json(t) for t in data["tasks"])
-    assert any(len(t["key"]) > 100 for t in data["tasks"])  # longer than some lines
-    joined = _joined(text)
-    for task in data["tasks"]:
-        key, digest = task["key"], task["key"].rsplit("/", 1)[1]
-        assert key in joined
-        # the digest is whole on one line, and what it says selects exactly this task
-        assert any(digest in line for line in lines)
-        assert [t.key for t in WarmupOptions(task_filter=digest).select(tasks)] == [key]
-        if len(key) + 4 <= width:
-            assert any(key in line for line in lines)  # on one line when it fits one
-    for layer in data["layers"]:
-        assert layer["name"] in text and (layer["kernel"] or "none") in text
-    if width <= 80:  # too narrow for the layer table: a block per layer
-        assert "┃ layer" not in text and "\nLayers\nself_attn.fused_qkv_a_proj" in text
-    if width >= 240:
-        assert "┃ layer" in text
-
-
-def test_narrow_tables_stack_rows_and_wrap_identifiers_after_separators():
-    from rich.console import Console
-
-    from warmd.cli.render import Col, fitted_table, fold
-
-    key = "flashinfer/batch_mla/batch_mla_attention_dtype_q_bf16_head_dim_512/89bc99a9801c"
-    assert fold(key, 40) == ["flashinfer/batch_mla/batch_mla_",
-                             "  attention_dtype_q_bf16_head_dim_512/", "  89bc99a9801c"]
-    assert "".join(line.strip() for line in fold(key, 40)) == key  # every character kept
-    assert fold("no-separator-needed", 40) == ["no-separator-needed"]
-    columns = (Col("key", "id"), Col("M"), Col("why", "text"))
-    rows = [[key, "-", "a reason that is long enough to need wrapping at this width"],
-            ["deep_gemm/fp8_gemm_nt/7168x256/b070ff64df8b", "8 M values (1..8)", "-"]]
-
-    def render(width: int) -> list[str]:
-        console = Console(width=width, color_system=None, file=io.StringIO())
-        console.print(fitted_table("Tasks", columns, rows, width))
-        return console.file.getvalue().splitlines()
-
-    wide = render(200)
-    assert wide[1].startswith("┏") and any(key in line for line in wide)
-    narrow = render(50)
-    assert narrow[0] == "Tasks" and all(len(line) <= 50 for line in narrow)
-    assert narrow[1:3] == ["flashinfer/batch_mla/batch_mla_attention_dtype_q_",
-                           "  bf16_head_dim_512/89bc99a9801c"]
-    assert narrow[3:5] == ["   why  a reason that is long enough to need",  # "-": left out
-                           "          wrapping at this width"]
-    assert "deep_gemm/fp8_gemm_nt/7168x256/b070ff64df8b" in narrow
-    assert "   M    8 M values (1..8)" in narrow
 
 
 # ----- warmup: empty selections, --from-config without --model -----

@@ -13,6 +13,7 @@ SCRIPTS = Path(__file__).resolve().parents[2] / "scripts" / "bench"
 sys.path.insert(0, str(SCRIPTS))
 
 import bench_cluster_boot as bench  # noqa: E402
+import cluster_boot_checks as checks  # noqa: E402
 import device_cluster_boot as device  # noqa: E402
 
 
@@ -122,8 +123,8 @@ def test_a_loaded_baseline_is_the_mean_ready_of_k_nodes_alone_at_once():
 
 
 def test_a_pinned_run_starts_only_with_its_expected_time_left():
-    assert device.ready_spread([10.0], 10.0) == 0.0
-    assert device.ready_spread([8.0, 10.0], 10.0) == 0.2
+    assert checks.ready_spread([10.0], 10.0) == 0.0
+    assert checks.ready_spread([8.0, 10.0], 10.0) == 0.2
     # the node alone from its cores, K nodes from the node alone measured
     assert device.pinned_need(1, 8, None) == round(300 / 8 * 1.3 + 10, 1)
     assert device.pinned_need(1, 4, None) == 107.5

@@ -7,9 +7,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_engine_launch import MODELS, from_command
 
-from tests.plan_support import rejections, selection
+from tests.plan_support import MODELS, from_command, rejections, selection
 from warmd.engines.triton_moe import moe_configs
 from warmd.errors import WarmdInputError
 from warmd.plan import engine_jit

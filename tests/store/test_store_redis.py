@@ -1,39 +1,33 @@
-"""The shared cache against a real redis-server: roundtrips, integrity, trust, faults, stats."""
+"""The shared cache against a real redis-server: roundtrips, integrity, trust, single flight
+(faults: test_store_redis_faults.py; stats: test_store_redis_stats.py)."""
 
 from __future__ import annotations
 
 import io
-import json
 import os
-import signal
 import tarfile
 import threading
 import time
 from pathlib import Path
 
 import pytest
-from store_support import DirAdapter, compile_entry, start_test_server, task_entries, warm
+from store_support import (
+    DirAdapter,
+    compile_entry,
+    module_server,
+    publish_entries,
+    start_test_server,
+    task_entries,
+    warm,
+)
 
-from warmd.store import admin, layout
-from warmd.store.breaker import CircuitBreaker
+from warmd.store import layout
 from warmd.store.formats import Manifest, json_bytes
 
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    srv = start_test_server(tmp_path_factory.mktemp("redis"), password="admin-pw")
-    yield srv
-    srv.stop()
-
+server = module_server("admin-pw")
 
 # Caches made by the shared `caches` fixture (tests/conftest.py) poll quickly here.
 CACHE_DEFAULTS = {"poll_interval": 0.1}
-
-
-def _publish(cache, adapter, task: str, names: list[str], size: int = 120_000):
-    entries = [compile_entry(adapter, n, size) for n in names]
-    cache.entries.publish_task(adapter, task, entries, 2.0)
-    return entries
 
 
 def _fp(cache, adapter) -> str:
@@ -50,7 +44,7 @@ def test_publish_then_fetch_installs_verified_entries(server, rclient, caches, t
     a, b = DirAdapter(tmp_path / "a"), DirAdapter(tmp_path / "b")
     writer, reader = caches(server.url), caches(server.url)
     big = "kernel.big.0001"
-    _publish(writer, a, "testlib/t1", ["kernel.x.0001", big], size=2_500_000)
+    publish_entries(writer, a, "testlib/t1", ["kernel.x.0001", big], size=2_500_000)
     fp = _fp(writer, a)
     man = Manifest.decode(rclient.get(layout.manifest_key(fp, big)), 1 << 30)
     assert man.chunks == 3 and man.producer == "node0" and man.compile_seconds == 1.0
@@ -80,7 +74,7 @@ def test_prefetch_a_plan_and_ttl_refresh(server, rclient, caches, tmp_path):
     writer = caches(server.url, ttl_seconds=3600)
     plan = task_entries(12)
     for task, names in plan.items():
-        _publish(writer, a, task, names, size=20_000)
+        publish_entries(writer, a, task, names, size=20_000)
     fp = _fp(writer, a)
     key = layout.manifest_key(fp, plan["testlib/gemm/3"][0])
     assert 3_500_000 < rclient.pttl(key) <= 3_600_000
@@ -96,8 +90,8 @@ def test_prefetch_a_plan_and_ttl_refresh(server, rclient, caches, tmp_path):
 def test_same_entry_published_twice_is_stored_once(server, rclient, caches, tmp_path):
     one, two = caches(server.url), caches(server.url)
     a, b = DirAdapter(tmp_path / "a"), DirAdapter(tmp_path / "b")
-    _publish(one, a, "testlib/t", ["kernel.same.0001"])
-    _publish(two, b, "testlib/t", ["kernel.same.0001"])
+    publish_entries(one, a, "testlib/t", ["kernel.same.0001"])
+    publish_entries(two, b, "testlib/t", ["kernel.same.0001"])
     assert one.stats.counters["published"] == 1 and two.stats.counters["already_published"] == 1
     assert "published" not in two.stats.counters
 
@@ -162,8 +156,8 @@ def test_damaged_entries_are_refused_quarantined_and_rebuilt(server, rclient, ca
                                                              tmp_path, case):
     a = DirAdapter(tmp_path / "a")
     writer = caches(server.url)
-    _publish(writer, a, "testlib/bad", ["kernel.victim.0001"])
-    _publish(writer, a, "testlib/good", ["kernel.other.0001"])
+    publish_entries(writer, a, "testlib/bad", ["kernel.victim.0001"])
+    publish_entries(writer, a, "testlib/good", ["kernel.other.0001"])
     fp = _fp(writer, a)
     read = lambda name: Manifest.decode(  # noqa: E731
         rclient.get(layout.manifest_key(fp, name)), 1 << 30)
@@ -183,7 +177,7 @@ def test_damaged_entries_are_refused_quarantined_and_rebuilt(server, rclient, ca
     # The next compile republishes the victim, and it hits again.
     with reader.claims.single_flight("testlib/bad", 5) as mine:
         assert mine
-        _publish(reader, b, "testlib/bad", ["kernel.victim.0001"])
+        publish_entries(reader, b, "testlib/bad", ["kernel.victim.0001"])
     c = DirAdapter(tmp_path / "c")
     assert caches(server.url).entries.fetch_task(c, "testlib/bad") == ["kernel.victim.0001"]
     assert (c.root / "kernel.victim.0001" / "kernel.bin").read_bytes() == \
@@ -193,8 +187,8 @@ def test_damaged_entries_are_refused_quarantined_and_rebuilt(server, rclient, ca
 def test_signatures_are_required_when_a_key_is_configured(server, rclient, caches, tmp_path):
     a = DirAdapter(tmp_path / "a")
     # unsigned first: once the key proof is there, a node without the key publishes nothing
-    _publish(caches(server.url), a, "testlib/unsigned", ["kernel.u.0001"])
-    _publish(caches(server.url, signing_key=b"cluster-key"), a, "testlib/signed",
+    publish_entries(caches(server.url), a, "testlib/unsigned", ["kernel.u.0001"])
+    publish_entries(caches(server.url, signing_key=b"cluster-key"), a, "testlib/signed",
              ["kernel.s.0001"])
 
     wrong = caches(server.url, signing_key=b"another-key")
@@ -227,7 +221,7 @@ def test_unsafe_artifact_is_refused_and_writes_nothing_outside(server, rclient, 
                                                                 tmp_path):
     a = DirAdapter(tmp_path / "a")
     writer = caches(server.url, signing_key=b"k")
-    _publish(writer, a, "testlib/t", ["kernel.evil.0001"])
+    publish_entries(writer, a, "testlib/t", ["kernel.evil.0001"])
     fp = _fp(writer, a)
     raw = io.BytesIO()
     with tarfile.open(fileobj=raw, mode="w:gz") as tar:
@@ -270,14 +264,14 @@ def test_acl_reader_reads_but_cannot_publish(server, rclient, caches, tmp_path):
     writer = caches(f"redis://writer:writer-pw@127.0.0.1:{port}/0")
     reader = caches(f"redis://reader:reader-pw@127.0.0.1:{port}/0")
     a, b = DirAdapter(tmp_path / "a"), DirAdapter(tmp_path / "b")
-    _publish(writer, a, "testlib/w", ["kernel.w.0001"])
+    publish_entries(writer, a, "testlib/w", ["kernel.w.0001"])
     assert writer.stats.counters["published"] == 1
     assert reader.entries.fetch_task(b, "testlib/w") == ["kernel.w.0001"]
 
     keys_before = set(rclient.keys("warmd:v1:*"))
-    _publish(reader, b, "testlib/r", ["kernel.r.0001"])  # no exception
+    publish_entries(reader, b, "testlib/r", ["kernel.r.0001"])  # no exception
     assert reader.stats.counters["publish_denied"] == 1 and reader.read_only
-    _publish(reader, b, "testlib/r2", ["kernel.r.0002"])
+    publish_entries(reader, b, "testlib/r2", ["kernel.r.0002"])
     assert reader.stats.counters["publish_skipped"] == 1  # it stops trying
     assert {k for k in rclient.keys("warmd:v1:*")} - keys_before <= {
         k for k in rclient.keys("warmd:v1:stats:*")}
@@ -304,7 +298,7 @@ def test_tls_with_auth(tmp_path, caches):
     try:
         assert srv.url.startswith("rediss://")
         a, b = DirAdapter(tmp_path / "a"), DirAdapter(tmp_path / "b")
-        _publish(caches(srv.url), a, "testlib/tls", ["kernel.t.0001"])
+        publish_entries(caches(srv.url), a, "testlib/tls", ["kernel.t.0001"])
         assert caches(srv.url).entries.fetch_task(b, "testlib/tls") == ["kernel.t.0001"]
         # Without the CA the certificate is not trusted: a miss, never an exception.
         untrusted = caches(srv.url.split("?")[0])
@@ -312,110 +306,6 @@ def test_tls_with_auth(tmp_path, caches):
         assert untrusted.entries.fetch_task(DirAdapter(tmp_path / "c"), "testlib/tls") is None
         assert time.monotonic() - began < 15  # not retried for the join budget (60 s)
         assert untrusted.stats.counters["store_errors"] >= 1
-    finally:
-        srv.stop()
-
-
-# ----------------------------------------------------------------------------- faults
-
-def test_store_down_before_warmup(tmp_path, caches):
-    from warmd.store import free_port
-
-    cache = caches(f"redis://:secret-pw@127.0.0.1:{free_port()}/0")
-    adapter = DirAdapter(tmp_path / "a")
-    start = time.monotonic()
-    counts = warm(cache, adapter, task_entries(5))
-    assert time.monotonic() - start < 3
-    assert counts["compiled"] == 10 and len(adapter.list_entries()) == 10
-    assert cache.stats.counters["store_errors"] >= 1 and cache.stats.counters["store_skipped"] >= 5
-    assert "published" not in cache.stats.counters
-
-
-def test_store_lost_mid_run_then_back(tmp_path, caches):
-    srv = start_test_server(tmp_path / "s1", password="pw")
-    try:
-        # a store lost after it answered is retried for the join budget: kept short here
-        cache = caches(srv.url, breaker=CircuitBreaker(cooldown=0.3), join_budget=1.0)
-        adapter = DirAdapter(tmp_path / "a")
-        plan = task_entries(6)
-        first = dict(list(plan.items())[:3])
-        assert warm(cache, adapter, first)["compiled"] == 6
-        assert cache.stats.counters["published"] == 6
-        srv.stop()
-        rest = dict(list(plan.items())[3:])
-        assert warm(cache, adapter, rest)["compiled"] == 6  # local compiles, no exception
-        assert cache.stats.counters["store_errors"] >= 1
-        assert cache.stats.counters["published"] == 6
-        # Back (same data dir, same port): the breaker re-probes and sharing resumes.
-        srv2 = start_test_server(tmp_path / "s1", password="pw", port=srv.port)
-        try:
-            time.sleep(0.4)
-            fresh = DirAdapter(tmp_path / "b")
-            extra = task_entries(2, prefix="later")
-            warm(cache, fresh, extra)
-            assert cache.stats.counters["published"] == 10
-        finally:
-            srv2.stop()
-    finally:
-        srv.stop()
-
-
-def test_paused_server_is_retried_for_the_join_budget_then_degrades(tmp_path, caches):
-    srv = start_test_server(tmp_path, password="pw")
-    cache = caches(srv.url, socket_timeout=0.5, breaker=CircuitBreaker(cooldown=1.5),
-                   join_budget=1.0)
-    a = DirAdapter(tmp_path / "a")
-    _publish(cache, a, "testlib/p", ["kernel.p.0001"])
-    b = DirAdapter(tmp_path / "b")
-    os.kill(srv.pid, signal.SIGSTOP)
-    try:
-        start = time.monotonic()
-        assert cache.entries.fetch_task(b, "testlib/p") is None
-        for i in range(5):
-            assert cache.entries.fetch_task(b, f"testlib/q{i}") is None
-        with cache.claims.single_flight("testlib/p", 30) as mine:
-            assert mine
-        _publish(cache, b, "testlib/q", ["kernel.q.0001"])
-        # timeouts retried (backoff, jitter) for the 1 s budget, then the breaker answers
-        assert 1.0 <= time.monotonic() - start < 3.0
-        assert cache.stats.counters["store_retries"] >= 1
-        assert cache.stats.counters["store_unreachable"] == 1
-        assert cache.stats.counters["store_errors"] == 1
-        assert cache.stats.counters["store_skipped"] >= 6
-    finally:
-        os.kill(srv.pid, signal.SIGCONT)
-    try:
-        time.sleep(1.6)
-        assert cache.entries.fetch_task(b, "testlib/p") == ["kernel.p.0001"]
-    finally:
-        srv.stop()
-
-
-def test_out_of_memory_and_read_only_stores_keep_reads_working(tmp_path, caches):
-    from warmd.store import free_port
-
-    srv = start_test_server(tmp_path, password="pw")
-    try:
-        a, b = DirAdapter(tmp_path / "a"), DirAdapter(tmp_path / "b")
-        _publish(caches(srv.url), a, "testlib/old", ["kernel.old.0001"])
-        client = srv.client()
-        client.config_set("maxmemory-policy", "noeviction")
-        client.config_set("maxmemory", "1")
-        full = caches(srv.url)
-        assert warm(full, b, task_entries(2))["compiled"] == 4
-        assert full.stats.counters["publish_failed"] >= 1 and "published" not in full.stats.counters
-        assert full.entries.fetch_task(b, "testlib/old") == ["kernel.old.0001"]
-        client.config_set("maxmemory", "0")
-        client.replicaof("127.0.0.1", free_port())  # a replica is read-only
-        replica = caches(srv.url)
-        c = DirAdapter(tmp_path / "c")
-        assert warm(replica, c, task_entries(2, prefix="ro"))["compiled"] == 4
-        # Learnt from the refused claim: nothing is even tried to publish (each of the 4
-        # entries as it is built, then the 2 tasks' records).
-        assert replica.read_only and replica.stats.counters["publish_skipped"] == 6
-        assert replica.entries.fetch_task(c, "testlib/old") == ["kernel.old.0001"]
-        client.replicaof("NO", "ONE")
-        client.close()
     finally:
         srv.stop()
 
@@ -440,7 +330,7 @@ def test_single_flight_waiter_gets_the_publication(server, rclient, caches, tmp_
         thread.start()
         time.sleep(0.5)
         assert "mine" not in seen  # still waiting for the holder
-        _publish(holder, a, "testlib/sf", ["kernel.sf.0001"])
+        publish_entries(holder, a, "testlib/sf", ["kernel.sf.0001"])
     thread.join(10)
     assert seen["mine"] is False and 0.4 < seen["waited"] < 5
     assert waiter.entries.fetch_task(b, "testlib/sf") == ["kernel.sf.0001"]
@@ -459,62 +349,6 @@ def test_single_flight_waiter_times_out(server, rclient, caches, tmp_path):
         with waiter.claims.single_flight("testlib/slow", 0.5) as mine:
             assert mine and time.monotonic() - start < 2
     assert waiter.stats.counters["lease_timeouts"] == 1
-
-
-# ----------------------------------------------------------------------------- stats
-
-def test_stats_per_node_and_fingerprint(server, rclient, caches, tmp_path):
-    one, two = caches(server.url, node="alpha"), caches(server.url, node="beta")
-    plan = task_entries(3)
-    warm(one, DirAdapter(tmp_path / "a"), plan)
-    warm(two, DirAdapter(tmp_path / "b"), plan)
-    one.stats.record_outcomes({"failed": 1, "testlib.failed": 1, "corrupt_rejected": 99})
-    data = admin.read_stats(one)
-    alpha, beta = data["nodes"]["alpha"], data["nodes"]["beta"]
-    assert alpha["compiled"] == 6 and alpha["failed"] == 1 and alpha["published"] == 6
-    assert beta["remote_hits"] == 6 and beta.get("compiled", 0) == 0
-    assert beta["bytes_fetched"] == alpha["bytes_published"] > 0
-    assert "corrupt_rejected" not in alpha  # only the store counts refusals
-    (fp_stats,) = data["fingerprints"].values()
-    assert fp_stats["counters"]["remote_hits"] == 6 and fp_stats["counters"]["published"] == 6
-    assert fp_stats["counters"]["failed"] == 1 and fp_stats["entries"] == 6
-    assert data["totals"]["remote_hits"] == 6 and data["hit_rate"] == pytest.approx(6 / 13)
-
-
-def test_stats_flushed_by_racing_nodes_add_up(server, rclient, caches):
-    """Each node's and each fingerprint's counters are one value added to by
-    compare-and-set: nodes flushing at once lose none of one another's counts."""
-    nodes = [caches(server.url, node=f"racer{i}") for i in range(4)]
-
-    def flush(cache) -> None:
-        for _ in range(10):
-            cache.stats.count("corrupt_rejected", 1, fp="f" * 64)
-            assert cache.stats.flush()
-
-    threads = [threading.Thread(target=flush, args=(c,)) for c in nodes]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
-    assert json.loads(rclient.get(layout.fp_stats_key("f" * 64)))["corrupt_rejected"] == 40
-    data = admin.read_stats(nodes[0])
-    assert {n: data["nodes"][n]["corrupt_rejected"] for n in data["nodes"]} == {
-        f"racer{i}": 10 for i in range(4)}
-
-
-def test_stats_values_that_are_not_counters_are_replaced_or_lose_only_their_own(
-        server, rclient, caches):
-    cache = caches(server.url, node="writer")
-    rclient.set(layout.NODES_KEY, b"not a list")
-    rclient.set(layout.node_stats_key("writer"), b'{"corrupt_rejected": "many"')
-    rclient.hset(layout.fp_stats_key("a" * 64), "planted", "1")
-    cache.stats.count("corrupt_rejected", 2, fp="a" * 64)
-    cache.stats.count("tasks_hit", 1, fp="b" * 64)
-    assert cache.stats.flush()
-    assert json.loads(rclient.get(layout.NODES_KEY)) == ["writer"]
-    assert json.loads(rclient.get(layout.node_stats_key("writer")))["corrupt_rejected"] == 2
-    assert rclient.hgetall(layout.fp_stats_key("a" * 64)) == {b"planted": b"1"}
-    assert json.loads(rclient.get(layout.fp_stats_key("b" * 64))) == {"tasks_hit": 1}
 
 
 def test_deep_gemm_entries_roundtrip_through_the_store(server, rclient, caches, tmp_path):
@@ -538,70 +372,3 @@ def test_deep_gemm_entries_roundtrip_through_the_store(server, rclient, caches, 
     # Another SM count is another fingerprint: nothing to take.
     h20 = DeepGemmCacheAdapter(tmp_path / "h20", arch="9.0a", sms=78)
     assert caches(server.url).entries.fetch_task(h20, "deep_gemm/fp8_gemm_nt/4096x7168/x") is None
-
-
-def test_compile_time_history_is_kept_per_family_and_bounded(tmp_path):
-    """The history a plan's estimate reads: mean seconds per task of each kernel family,
-    summed over writers; at most MAX_FAMILIES families; a planted value is ignored and
-    replaced by the next writer."""
-    from store_support import start_test_server
-
-    from warmd.store import history, open_shared_cache
-
-    server = start_test_server(tmp_path)
-    try:
-        one, two = open_shared_cache(server.url), open_shared_cache(server.url)
-        one.stats.record_compile_times({"flashinfer/act_and_mul": (1, 30.0)})
-        two.stats.record_compile_times({"flashinfer/act_and_mul": (3, 90.0),
-                                        "deep_gemm/x": (1, 5.0)})
-        assert one.stats.compile_times(["flashinfer/act_and_mul", "deep_gemm/x", "nope/y"]) == {
-            "flashinfer/act_and_mul": 30.0, "deep_gemm/x": 5.0}
-        client = server.client()
-        client.set(history.HISTORY_KEY, json.dumps({
-            "planted/a": ["x", 1], "planted/b": [1, "inf"], "planted/c": [0, 5],
-            "planted/d": [1, -1], "planted/e": [2.5, 1], "ok/f": [2, 10]}))
-        assert one.stats.compile_times(["planted/a", "planted/b", "planted/c", "planted/d",
-                                  "planted/e", "ok/f"]) == {"ok/f": 5.0}
-        client.set(history.HISTORY_KEY, b"\xff not json")
-        assert one.stats.compile_times(["ok/f"]) == {}
-        two.stats.record_compile_times({"ok/f": (1, 1.0)})
-        assert one.stats.compile_times(["ok/f"]) == {"ok/f": 1.0}
-        many = {f"lib/k{i}": (1, 1.0) for i in range(history.MAX_FAMILIES + 50)}
-        one.stats.record_compile_times(many)
-        assert len(json.loads(client.get(history.HISTORY_KEY))) == history.MAX_FAMILIES
-        one.close()
-        two.close()
-    finally:
-        server.stop()
-
-
-def test_compile_time_history_loses_no_writer_racing_another(tmp_path):
-    """Writers on several nodes at once: compare-and-set, so every task counts."""
-    from store_support import start_test_server
-
-    from warmd.store import history, open_shared_cache
-
-    server = start_test_server(tmp_path)
-    caches = [open_shared_cache(server.url) for _ in range(4)]
-    try:
-        def record(cache) -> None:
-            for _ in range(10):
-                cache.stats.record_compile_times({"lib/k": (1, 2.0), "lib/other": (2, 2.0)})
-
-        threads = [threading.Thread(target=record, args=(c,)) for c in caches]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(60)
-        assert history.read(caches[0].backend, ["lib/k", "lib/other"]) == {
-            "lib/k": 2.0, "lib/other": 1.0}
-        assert json_counts(server.client().get(history.HISTORY_KEY)) == {
-            "lib/k": 40, "lib/other": 80}
-    finally:
-        for cache in caches:
-            cache.close()
-        server.stop()
-
-
-def json_counts(raw: bytes) -> dict[str, int]:
-    return {family: value[0] for family, value in json.loads(raw).items()}
