@@ -42,6 +42,21 @@ VLLM_LINEAR_BACKENDS = {
 }
 
 
+# vLLM's variables that, set false, switch kernels off: (variable, what vLLM runs then,
+# where it reads it, the kernels off, the versions that read it; None: every one).
+_SWITCHES: tuple[tuple[str, str, str, tuple[str, ...], VersionRange | None], ...] = (
+    ("VLLM_USE_DEEP_GEMM", "no DeepGEMM kernels", "vllm/envs.py",
+     DEEP_GEMM_LINEAR + _VLLM_DEEP_GEMM_MOE, None),
+    ("VLLM_MOE_USE_DEEP_GEMM", "no DeepGEMM MoE", VLLM_DG_WARMUP, _VLLM_DEEP_GEMM_MOE,
+     VLLM_MOE_DEEP_GEMM_ENV),
+    ("VLLM_BLOCKSCALE_FP8_GEMM_FLASHINFER",
+     "no FlashInfer FP8 block GEMM: M < 32 goes to DeepGEMM too",
+     "vllm/model_executor/layers/quantization/utils/fp8_utils.py",
+     ("FlashInferFp8DeepGEMMDynamicBlockScaledKernel",), None),
+    ("VLLM_USE_FLASHINFER_SAMPLER", "PyTorch sampler", "vllm/v1/sample/ops/topk_topp_sampler.py",
+     ("FlashInferSampler",), None),
+)
+
 # vLLM read VLLM_FUSED_MOE_CHUNK_SIZE as the grouped GEMM token cap until 0.33.0 (0.33.0 and
 # 0.34.0 have no such variable in envs.py; rule vllm-grouped-m).
 VLLM_CHUNK_SIZE_VERSIONS = VersionRange(None, (0, 33, 0))
@@ -95,26 +110,11 @@ def decide_vllm(request, env: EngineEnv, target: Target) -> Decisions:
     if env.is_set("VLLM_FUSED_MOE_CHUNK_SIZE") and chunk is None:
         out.notes.append("VLLM_FUSED_MOE_CHUNK_SIZE is not read by this vLLM (gone from "
                          "vllm/envs.py in 0.33.0)")
-    if env.get("VLLM_USE_DEEP_GEMM") is False:
-        reason = explain(env, "VLLM_USE_DEEP_GEMM", False, "no DeepGEMM kernels", "vllm/envs.py")
-        out.disable(DEEP_GEMM_LINEAR + _VLLM_DEEP_GEMM_MOE, reason)
-        out.notes.append(reason)
-    if env.get("VLLM_MOE_USE_DEEP_GEMM") is False and VLLM_MOE_DEEP_GEMM_ENV.contains(env.version):
-        reason = explain(env, "VLLM_MOE_USE_DEEP_GEMM", False, "no DeepGEMM MoE",
-                          VLLM_DG_WARMUP)
-        out.disable(_VLLM_DEEP_GEMM_MOE, reason)
-        out.notes.append(reason)
-    if env.get("VLLM_BLOCKSCALE_FP8_GEMM_FLASHINFER") is False:
-        reason = explain(env, "VLLM_BLOCKSCALE_FP8_GEMM_FLASHINFER", False,
-                          "no FlashInfer FP8 block GEMM: M < 32 goes to DeepGEMM too",
-                          "vllm/model_executor/layers/quantization/utils/fp8_utils.py")
-        out.disable(("FlashInferFp8DeepGEMMDynamicBlockScaledKernel",), reason)
-        out.notes.append(reason)
-    if env.get("VLLM_USE_FLASHINFER_SAMPLER") is False:
-        reason = explain(env, "VLLM_USE_FLASHINFER_SAMPLER", False, "PyTorch sampler",
-                          "vllm/v1/sample/ops/topk_topp_sampler.py")
-        out.disable(("FlashInferSampler",), reason)
-        out.notes.append(reason)
+    for var, effect, where, kernels, read_in in _SWITCHES:
+        if env.get(var) is False and (read_in is None or read_in.contains(env.version)):
+            reason = explain(env, var, False, effect, where)
+            out.disable(kernels, reason)
+            out.notes.append(reason)
     if not env.get("VLLM_USE_DEEP_GEMM_E8M0"):
         out.notes.append(explain(env, "VLLM_USE_DEEP_GEMM_E8M0", False,
                                   "MoE below 128 rows runs Triton", "vllm/utils/deep_gemm.py"))
