@@ -18,10 +18,11 @@ CPU, no GPU used) into an empty root, compared with a GPU node's entries: names 
 --pinned (issue 30): K machines of C = cores // K cores each, emulated by pinning each node's
 process (its workers, discovery processes and nvcc inherit the affinity) to its own C cores;
 for each K, one node alone pinned to the first C cores, then the K nodes each pinned to their
-C. Checks, per K run, besides the counts above: wall / (alone / K) within PINNED_LIMITS[K];
-the spread of the nodes' READY (each one's exit, from the common start) within SPREAD_LIMIT
-of the wall; each node sized its compile jobs to its C cores (warmd's sizing reads the
-affinity); every node holds every entry the node alone holds. No builder build.
+C. Checks, per K run, besides the counts above (cluster_boot_checks.py): wall / (alone / K)
+within PINNED_LIMITS[K]; the spread of the nodes' READY (each one's exit, from the common
+start) within SPREAD_LIMIT of the wall; each node sized its compile jobs to its C cores
+(warmd's sizing reads the affinity); every node holds every entry the node alone holds. No
+builder build.
 
 --loaded (with --pinned): for each K also K nodes alone at once, each pinned to its own C
 cores and each with its own store, so that none shares work with another: the node alone

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from engine_support import CACHE_ENV, EXCERPT
 
 from warmd.config.parse import parse_config
 from warmd.engines.cache_dirs import UnresolvedCacheDir, resolve
@@ -19,12 +20,7 @@ from warmd.errors import WarmdInputError
 from warmd.plan import PlanRequest, make_plan
 from warmd.warmup import WarmupOptions
 
-ROOT = Path(__file__).resolve().parents[2]
-EXCERPT = ROOT / "tests" / "data" / "engine_src" / "sglang-0.5.23" / "cache_dirs_excerpt.txt"
 VARS = ("TRITON_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE", "DG_JIT_CACHE_DIR")
-CACHE_ENV = ("SGLANG_CACHE_DIR", "SGLANG_DG_CACHE_DIR", "TRITON_CACHE_DIR", "TRITON_HOME",
-             "FLASHINFER_WORKSPACE_BASE", "FLASHINFER_AUTOTUNE_CACHE_DIR", "DG_JIT_CACHE_DIR",
-             "VLLM_CACHE_ROOT", "VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR")
 
 
 def sglang_environment(home: Path, given: dict[str, str]) -> dict[str, str]:

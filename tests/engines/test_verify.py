@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import triton_support
-from test_cache_dirs import CACHE_ENV, EXCERPT
+from engine_support import CACHE_ENV, EXCERPT
 
 from warmd.capture.sharing import record_learned
 from warmd.engines.launch import launch_request
