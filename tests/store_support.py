@@ -26,13 +26,15 @@ from testlib.cache import DEFAULT_SIZE, DirAdapter, compile_entry, entry_bytes
 
 from warmd import libraries
 from warmd.plan import Plan, PlanRequest, make_plan
-from warmd.store import ServerProcess, start_server
+from warmd.store import ServerProcess, layout, start_server
 from warmd.store.api import SharedCache
+from warmd.store.counters import read_fp_counts, read_nodes
 from warmd.tasks import Task
 from warmd.warmup import WarmupOptions, run_warmup
 
 SRC = str(Path(__file__).resolve().parent.parent)
-__all__ = ["SRC", "DirAdapter", "compile_entry", "compiles", "entry_bytes", "isolate_capture",
+__all__ = ["SRC", "DirAdapter", "compile_entry", "compiles", "entry_bytes", "fp_counts",
+           "isolate_capture",
            "node_result", "registered_testlib", "run_worker", "spawn_node",
            "start_test_server", "task_entries", "warm"]
 
@@ -92,6 +94,13 @@ def warm(cache: SharedCache, adapter: DirAdapter, plan: dict[str, list[str]],
     assert len(report.reports) == len(plan)
     kernels = report.counters.kernel_counts()
     return {key: kernels[key] for key in ("local_hits", "remote_hits", "compiled")}
+
+
+def fp_counts(cache: SharedCache, fp: str) -> dict[str, float]:
+    """A fingerprint's counters over the nodes the store lists, as `warmd cache stats` reads
+    them (warmd.store.counters.read_fp_counts)."""
+    backend = cache.backend  # type: ignore[attr-defined]
+    return read_fp_counts(backend, [fp], read_nodes(backend.get(layout.NODES_KEY)))[fp]
 
 
 def task_entries(tasks: int, per_task: int = 2, prefix: str = "k") -> dict[str, list[str]]:

@@ -12,8 +12,12 @@ kernel.cubin of 100-150 KB: one chunk each):
   publish again  the same task and entries, all stored (node A, a second process's view)
   prefetch       the task on an empty node B: record, manifests, chunks, install, renewal
   prefetch warm  the same on node B again (nothing to install; the renewal marker is set)
+  flush x P      P nodes (threads, each its own cache) flushing counters of one fingerprint
+                 at once, three times each: every round trip of all of them, retries of
+                 lost compare-and-sets included (--nodes P, default 8)
 
-A count, not a timing: the same on every run and every machine.
+A count, not a timing: the same on every run and every machine, but for the flushes,
+whose lost compare-and-sets depend on the timing.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import argparse
 import json
 import sys
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -71,17 +76,18 @@ class RoundTrips:
             self.on = False
 
 
-def measure(entries: int, work: Path) -> dict[str, int]:
+def measure(entries: int, work: Path, nodes: int = 8) -> dict[str, int]:
     """Each operation's round trips (see the module), on a server of its own under work."""
     server = start_server(work / "redis", appendonly=False)
     try:
         with RoundTrips() as trips:
-            return _steps(trips, server.url, entries, work)
+            return _steps(trips, server.url, entries, work, nodes)
     finally:
         server.stop()
 
 
-def _steps(trips: RoundTrips, url: str, entries: int, work: Path) -> dict[str, int]:
+def _steps(trips: RoundTrips, url: str, entries: int, work: Path, nodes: int
+           ) -> dict[str, int]:
     out: dict[str, int] = {}
     (task, names), = make_entries(work / "a", entries, per_task=entries).items()
     writer = open_shared_cache(url, node="a")
@@ -101,19 +107,45 @@ def _steps(trips: RoundTrips, url: str, entries: int, work: Path) -> dict[str, i
         if got.get(task) is None or len(got[task]) != entries:
             raise SystemExit(f"store_round_trips: {step} found {got.get(task)!r}")
     reader.close()
+    out[f"flush x {nodes}"] = _flushes(trips, url, nodes)
     return out
+
+
+def _flushes(trips: RoundTrips, url: str, nodes: int, rounds: int = 3) -> int:
+    caches = [open_shared_cache(url, node=f"flusher{i}") for i in range(nodes)]
+    for cache in caches:  # each node's first flush lists it: not what is measured
+        cache.stats.count("tasks_hit", 1, fp="f" * 64)
+        cache.stats.flush()
+    start = threading.Barrier(nodes)
+
+    def flush(cache) -> None:
+        for _ in range(rounds):
+            start.wait()
+            cache.stats.count("tasks_hit", 1, fp="f" * 64)
+            cache.stats.flush()
+
+    with trips.counting() as count:
+        threads = [threading.Thread(target=flush, args=(c,)) for c in caches]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+    for cache in caches:
+        cache.close()
+    return count()
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--entries", type=int, default=4)
+    parser.add_argument("--nodes", type=int, default=8)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    if args.entries < 1:
-        print("store_round_trips: --entries must be 1 or more", file=sys.stderr)
+    if args.entries < 1 or args.nodes < 1:
+        print("store_round_trips: --entries and --nodes must be 1 or more", file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory(prefix="round-trips-") as tmp:
-        counts = measure(args.entries, Path(tmp))
+        counts = measure(args.entries, Path(tmp), args.nodes)
     if args.json:
         print(json.dumps({"entries": args.entries, "round_trips": counts}))
     else:

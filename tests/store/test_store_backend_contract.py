@@ -18,7 +18,7 @@ from warmd.store.api import StoreFailed
 from warmd.store.backend import NO_EXPIRY, KeyValueBackend, Put
 from warmd.store.breaker import JoinBudget
 from warmd.store.connection import parse_store_url
-from warmd.store.counters import StoreStats, read_counts, read_nodes
+from warmd.store.counters import StoreStats, read_counts, read_fp_counts, read_nodes
 from warmd.store.nodes import StoreNodeRecords
 from warmd.store.redis_backend import RedisBackend
 from warmd.store.sqlite_backend import SqliteBackend, sqlite_path
@@ -247,7 +247,9 @@ def test_the_ported_consumers_work_on_any_backend(store, tmp_path):
     assert stats.flush()
     stats.count("corrupt_rejected", 1, fp="f" * 64)
     assert stats.flush()
-    assert read_counts(store.get(layout.fp_stats_key("f" * 64))) == {"corrupt_rejected": 3}
+    assert read_fp_counts(store, ["f" * 64], ["node-a"]) == {"f" * 64: {"corrupt_rejected": 3}}
+    store.put(layout.fp_stats_key("f" * 64), b'{"corrupt_rejected": 4}')  # older warmd's
+    assert read_fp_counts(store, ["f" * 64], ["node-a"]) == {"f" * 64: {"corrupt_rejected": 7}}
     assert read_counts(store.get(layout.node_stats_key("node-a")))["corrupt_rejected"] == 3
     assert read_nodes(store.get(layout.NODES_KEY)) == ["node-a"]
     assert stats.store_id is not None

@@ -14,7 +14,14 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from store_support import DirAdapter, module_server, start_test_server, task_entries, warm
+from store_support import (
+    DirAdapter,
+    fp_counts,
+    module_server,
+    start_test_server,
+    task_entries,
+    warm,
+)
 
 from warmd.cache.base import CacheEntry, IncompatibleHere, UnsafeArtifact
 from warmd.cache.install import MAX_MEMBERS, check_artifact
@@ -100,8 +107,8 @@ def test_an_installed_entry_is_one_hit(server, rclient, caches, tmp_path):
         assert reader.entries.fetch_task(adapter, task) == PLAN[task]
     assert reader.stats.counters["remote_hits"] == 4 and reader.stats.counters["tasks_hit"] == 2
     assert "local_hits" not in reader.stats.counters
-    reader.close()
-    stats = json.loads(rclient.get(layout.fp_stats_key(fp)))
+    reader.close()  # its counters flushed
+    stats = fp_counts(writer, fp)
     assert stats["remote_hits"] == 4 and stats["tasks_hit"] == 2
     assert "local_hits" not in stats  # the writer had nothing present when it looked
 

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 from flashinfer_support import FLASHINFER_PLAN_ARGS, flashinfer_plan
-from store_support import start_test_server
+from store_support import fp_counts, start_test_server
 
 from warmd.libraries.flashinfer.cache import FlashInferCacheAdapter
 from warmd.store import layout, open_shared_cache
@@ -59,12 +59,14 @@ def test_poisoned_manifest_degrades_warmup_then_heals(tmp_path, monkeypatch):
 
         node_c = open_shared_cache(server.url, target=plan.env.target, node="c")
         third = run_warmup(plan, _options(tmp_path / "c"), shared=node_c)
-        node_c.close()
+        node_c.close()  # its counters flushed
+        looker = open_shared_cache(server.url, node="looker")
+        stats = fp_counts(looker, fp)
+        looker.close()
         c = third.counters
         assert (c.remote_hits, c.compiled, c.failed) == (1, 0, 0), third.to_json()
         adapter = FlashInferCacheAdapter(tmp_path / "c", "9.0a")
         assert [e.name for e in adapter.list_entries()] == ["silu_and_mul"]
-        stats = json.loads(client.get(layout.fp_stats_key(fp)))
         assert stats["remote_hits"] == 1 and stats["tasks_hit"] == 1, stats
         assert stats.get("local_hits", 0) == 0, stats  # one installed module: one hit
     finally:

@@ -7,7 +7,7 @@ import json
 import threading
 
 import pytest
-from store_support import DirAdapter, module_server, task_entries, warm
+from store_support import DirAdapter, fp_counts, module_server, task_entries, warm
 
 from warmd.store import admin, layout
 
@@ -35,8 +35,9 @@ def test_stats_per_node_and_fingerprint(server, rclient, caches, tmp_path):
 
 
 def test_stats_flushed_by_racing_nodes_add_up(server, rclient, caches):
-    """Each node's and each fingerprint's counters are one value added to by
-    compare-and-set: nodes flushing at once lose none of one another's counts."""
+    """A node's counters, overall and per fingerprint, are values only its own processes
+    add to (by compare-and-set): nodes flushing at once lose none of one another's counts,
+    and the fingerprint's counters are their sum."""
     nodes = [caches(server.url, node=f"racer{i}") for i in range(4)]
 
     def flush(cache) -> None:
@@ -49,7 +50,10 @@ def test_stats_flushed_by_racing_nodes_add_up(server, rclient, caches):
         thread.start()
     for thread in threads:
         thread.join(60)
-    assert json.loads(rclient.get(layout.fp_stats_key("f" * 64)))["corrupt_rejected"] == 40
+    assert fp_counts(nodes[0], "f" * 64)["corrupt_rejected"] == 40
+    for i in range(4):  # each node writes its own value: none races another's
+        own = json.loads(rclient.get(layout.fp_node_stats_key("f" * 64, f"racer{i}")))
+        assert own["corrupt_rejected"] == 10
     data = admin.read_stats(nodes[0])
     assert {n: data["nodes"][n]["corrupt_rejected"] for n in data["nodes"]} == {
         f"racer{i}": 10 for i in range(4)}
@@ -60,14 +64,16 @@ def test_stats_values_that_are_not_counters_are_replaced_or_lose_only_their_own(
     cache = caches(server.url, node="writer")
     rclient.set(layout.NODES_KEY, b"not a list")
     rclient.set(layout.node_stats_key("writer"), b'{"corrupt_rejected": "many"')
-    rclient.hset(layout.fp_stats_key("a" * 64), "planted", "1")
+    rclient.hset(layout.fp_node_stats_key("a" * 64, "writer"), "planted", "1")
     cache.stats.count("corrupt_rejected", 2, fp="a" * 64)
     cache.stats.count("tasks_hit", 1, fp="b" * 64)
     assert cache.stats.flush()
     assert json.loads(rclient.get(layout.NODES_KEY)) == ["writer"]
     assert json.loads(rclient.get(layout.node_stats_key("writer")))["corrupt_rejected"] == 2
-    assert rclient.hgetall(layout.fp_stats_key("a" * 64)) == {b"planted": b"1"}
-    assert json.loads(rclient.get(layout.fp_stats_key("b" * 64))) == {"tasks_hit": 1}
+    assert rclient.hgetall(layout.fp_node_stats_key("a" * 64, "writer")) == {b"planted": b"1"}
+    assert fp_counts(cache, "a" * 64) == {}  # the planted value is read as no counters
+    assert json.loads(rclient.get(layout.fp_node_stats_key("b" * 64, "writer"))) == {
+        "tasks_hit": 1}
 
 
 def test_compile_time_history_is_kept_per_family_and_bounded(tmp_path):

@@ -176,7 +176,10 @@ class StoreStats(SharedStats):
         nodes, fps = tally
         now = time.time()
         node_keys = {layout.node_stats_key(n): n for n in nodes}
-        fp_keys = {layout.fp_stats_key(fp): fp for fp, bucket in fps.items() if bucket}
+        # this node's own value per fingerprint: no other node ever writes it (a shared one
+        # would be compare-and-set by every node of a fleet at once)
+        fp_keys = {layout.fp_node_stats_key(fp, self.node): fp
+                   for fp, bucket in fps.items() if bucket}
         keys = [*node_keys, *fp_keys, layout.NODES_KEY]
         try:
             raws = dict(zip(keys, self.backend.get_many(keys), strict=True))
@@ -317,6 +320,19 @@ def read_counts(raw: bytes | None) -> dict[str, float]:
     return {name: float(value) for name, value in data.items()
             if isinstance(value, (int, float)) and not isinstance(value, bool)
             and math.isfinite(value)}
+
+
+def read_fp_counts(backend: KeyValueBackend, fps: list[str], nodes: list[str]
+                   ) -> dict[str, dict[str, float]]:
+    """Each fingerprint's counters over the nodes (and what older warmd kept in one value
+    for all of them), in one round trip."""
+    keys = [(fp, key) for fp in fps for key in
+            (layout.fp_stats_key(fp), *(layout.fp_node_stats_key(fp, n) for n in nodes))]
+    totals: dict[str, dict[str, float]] = {fp: {} for fp in fps}
+    for (fp, _key), raw in zip(keys, backend.get_many([k for _fp, k in keys]), strict=True):
+        for name, number in read_counts(raw).items():
+            _add(totals[fp], name, number)
+    return totals
 
 
 def read_nodes(raw: bytes | None) -> list[str]:

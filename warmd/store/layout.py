@@ -21,7 +21,10 @@ Keys that must live together in Redis Cluster share a hash tag: every chunk of o
     warmd:v1:keyproof                 HMAC of a constant under the cluster's signing key
     warmd:v1:store-id                 random id of this store (where unflushed stats spool)
     warmd:v1:counts:node:<node>       counters per node (JSON, compare-and-set)
-    warmd:v1:counts:fp:{<fp>}         counters per fingerprint (JSON, compare-and-set)
+    warmd:v1:counts:fp:{<fp>}:node:<node>  counters per fingerprint and node (JSON,
+                                      compare-and-set by that node's processes only)
+    warmd:v1:counts:fp:{<fp>}         counters per fingerprint, all nodes in one value: what
+                                      older warmd wrote (read and added, never written)
     warmd:v1:counts:nodes             the node names with counters (JSON list)
     warmd:v1:compile-times            compile seconds per kernel family (JSON, history.py)
     warmd:v1:nodes:<ns>:<node id>     the daemon's JSON node record (expires unless rewritten)
@@ -224,6 +227,10 @@ def node_stats_key(node: str) -> str:
 
 def fp_stats_key(fp: str) -> str:
     return f"{PREFIX}counts:fp:{{{fp}}}"
+
+
+def fp_node_stats_key(fp: str, node: str) -> str:
+    return f"{PREFIX}counts:fp:{{{fp}}}:node:{node}"
 
 
 def nodes_key(namespace: str) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from warmd.stats import hit_rate
 from warmd.store import layout
 from warmd.store.admin.reads import fingerprint_meta, fingerprints
-from warmd.store.counters import read_counts, read_nodes
+from warmd.store.counters import read_counts, read_fp_counts, read_nodes
 from warmd.store.shared import StoreSharedCache
 from warmd.store.signing import proof_json
 
@@ -16,15 +16,15 @@ def read_stats(cache: StoreSharedCache) -> dict:
     cache.stats.flush()  # counters spooled while the store was away count now
     nodes = sorted(set(read_nodes(cache.backend.get(layout.NODES_KEY))))
     fps = fingerprints(cache)
-    replies = cache.backend.get_many([*(layout.node_stats_key(n) for n in nodes),
-                                      *(layout.fp_stats_key(fp) for fp in fps)])
+    replies = cache.backend.get_many([layout.node_stats_key(n) for n in nodes])
+    per_fp = read_fp_counts(cache.backend, fps, nodes)
     meta = fingerprint_meta(cache, fps)
-    node_stats = {n: _counters(r) for n, r in zip(nodes, replies[:len(nodes)], strict=True)}
+    node_stats = {n: _counters(read_counts(r)) for n, r in zip(nodes, replies, strict=True)}
     fp_stats = {}
-    for fp, raw in zip(fps, replies[len(nodes):], strict=True):
+    for fp in fps:
         fp_stats[fp] = {"library": meta[fp]["library"], "entries": meta[fp]["entries"],
                         "namespace": meta[fp]["inputs"].get("namespace"),
-                        "counters": _counters(raw)}
+                        "counters": _counters(per_fp[fp])}
     totals: dict[str, float] = {}
     for counters in node_stats.values():
         for name, value in counters.items():
@@ -35,6 +35,6 @@ def read_stats(cache: StoreSharedCache) -> dict:
             "key_proof": proof_json(cache.key_proof, cache.session.signing_key)}
 
 
-def _counters(raw: bytes | None) -> dict[str, float]:
+def _counters(counts: dict[str, float]) -> dict[str, float]:
     return {name: int(number) if number.is_integer() and name != "last_seen" else number
-            for name, number in read_counts(raw).items()}
+            for name, number in counts.items()}
