@@ -46,23 +46,28 @@ class RoundTrips:
         self.count = 0
         self.on = False
         self._saved = (redis.Redis.execute_command, redis.client.Pipeline.execute)
+        self._lock = threading.Lock()
 
     def __enter__(self) -> RoundTrips:
         command, execute = self._saved
 
         def counted_command(client, *args, **kwargs):
             if self.on and not isinstance(client, redis.client.Pipeline):
-                self.count += 1
+                self._add()
             return command(client, *args, **kwargs)
 
         def counted_execute(pipe, *args, **kwargs):
             if self.on:
-                self.count += 1
+                self._add()
             return execute(pipe, *args, **kwargs)
 
         redis.Redis.execute_command = counted_command
         redis.client.Pipeline.execute = counted_execute
         return self
+
+    def _add(self) -> None:
+        with self._lock:  # flushing nodes count from several threads
+            self.count += 1
 
     def __exit__(self, *_exc) -> None:
         redis.Redis.execute_command, redis.client.Pipeline.execute = self._saved

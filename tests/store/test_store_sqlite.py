@@ -17,7 +17,8 @@ from testlib import ROOT_ENV
 from warmd.cli import main
 from warmd.errors import WarmdInputError
 from warmd.plan import Plan
-from warmd.store import StoreFailed, open_node_records, open_shared_cache
+from warmd.store import StoreFailed, open_node_records, open_shared_cache, sqlite_backend
+from warmd.store.backend import Put
 
 KEY = b"sqlite-test-signing-key-0123456789"
 
@@ -98,3 +99,28 @@ def test_the_cache_commands_on_a_sqlite_store(tmp_path):
     bad = CliRunner().invoke(main, ["cache", "stats", "--redis", "sqlite://host/s.db"])
     assert bad.exit_code == 2 and "invalid SQLite store URL" in bad.output
     assert len(bad.output.strip().splitlines()) == 1
+
+
+def test_many_large_puts_are_written_in_transactions_of_bounded_size(tmp_path, monkeypatch):
+    """A publication of large artifacts never holds SQLite's write lock for all of them:
+    put_many writes at most PUT_BATCH_BYTES of values per transaction, each put as put
+    would, answered in order."""
+    monkeypatch.setattr(sqlite_backend, "PUT_BATCH_BYTES", 1000)
+    store = sqlite_backend.SqliteBackend(tmp_path / "store.db")
+    writes: list[int] = []
+    transaction = store._transaction
+
+    def counted(what, write=False):
+        writes.append(write)
+        return transaction(what, write)
+
+    store._transaction = counted
+    store.put("held", b"theirs")
+    writes.clear()
+    puts = [Put("a", b"x" * 600), Put("b", b"y" * 600), Put("held", b"z" * 10, if_absent=True),
+            Put("c", b"w" * 2000), Put("d", b"v" * 10)]
+    assert store.put_many(puts) == [True, True, False, True, True]
+    assert writes == [True] * 4  # [a], [b, held], [c] (larger than a batch: alone), [d]
+    assert store.get_many(["a", "b", "held", "c", "d"]) == [
+        b"x" * 600, b"y" * 600, b"theirs", b"w" * 2000, b"v" * 10]
+    store.close()

@@ -27,7 +27,7 @@ from warmd.store.backend import (
     check_ttl,
 )
 from warmd.store.breaker import CircuitBreaker, JoinBudget
-from warmd.store.connection import StoreURL
+from warmd.store.connection import StoreURL, classify
 from warmd.store.redis_wakeups import RedisWakeUps
 from warmd.store.transport import RedisTransport
 
@@ -74,7 +74,14 @@ class RedisBackend(KeyValueBackend):
             pipe = client.pipeline(transaction=False)
             for name, args, kwargs in commands:
                 getattr(pipe, name)(*args, **kwargs)
-            return pipe.execute(raise_on_error=False)
+            replies = pipe.execute(raise_on_error=False)
+            # a cluster pipeline hands a lost connection back as a reply: raised, so that
+            # op's retry policy (and its failover handling) applies as to any one command
+            lost = next((r for r in replies if isinstance(r, Exception)
+                         and classify(r) == "down"), None)
+            if lost is not None:
+                raise lost
+            return replies
 
         if not commands:
             return []
@@ -95,10 +102,17 @@ class RedisBackend(KeyValueBackend):
 
     def put_many(self, puts: list[Put]) -> list[bool]:
         """SETs (PX, NX) in one pipeline; never retried when one is if_absent (a retry of a
-        SET NX that landed would read as refused)."""
+        SET NX that landed would read as refused). On a Redis Cluster, puts if absent go one
+        by one: its pipeline sends a command whose reply was lost again by itself, whatever
+        the client's retry settings."""
         for put in puts:
             check_ttl(put.ttl_ms)
-        what = self._as("put-if-absent" if any(p.if_absent for p in puts) else "put")
+        if_absent = any(p.if_absent for p in puts)
+        what = self._as("put-if-absent" if if_absent else "put")
+        if if_absent and self.transport.clustered:
+            return self.transport.op(lambda c: [c.set(p.key, p.value, px=p.ttl_ms,
+                                                      nx=p.if_absent) is not None
+                                                for p in puts], what)
         replies = self._pipelined([("set", (p.key, p.value), {"px": p.ttl_ms, "nx": p.if_absent})
                                    for p in puts], what)
         return [self._reply(reply, what) is not None for reply in replies]

@@ -63,7 +63,9 @@ class Renewal:
     def _touch(self, used: Used) -> None:
         """Every key's TTL renewed, and the time now put at each used key that is there
         (the index is refreshed, never added to; of its values one byte is read, whatever
-        size a writer gave them): three round trips, whatever the number of keys."""
+        size a writer gave them; one that reads as nothing, a planted key of another type
+        say, is left to the next publication's put): three round trips, whatever the
+        number of keys."""
         self.backend.expire_many([*used.keys, layout.fp_meta_key(used.fp)],
                                  self.session.ttl_ms)
         used_keys = [layout.used_key(used.fp, name) for name in used.names]

@@ -36,6 +36,7 @@ from warmd.store.breaker import CircuitBreaker
 SCHEME = "sqlite"
 PURGE_EVERY = 1000  # writes between two deletions of expired rows
 _CHUNK = 500  # keys per statement (SQLite bounds a statement's parameters)
+PUT_BATCH_BYTES = 4 << 20  # value bytes one put_many transaction writes at most
 _LIVE = "(expires IS NULL OR expires > ?)"
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS kv (key TEXT PRIMARY KEY NOT NULL, value BLOB NOT NULL,
@@ -212,15 +213,18 @@ class SqliteBackend(KeyValueBackend):
                      (key, bytes(value), self._expiry(ttl_ms)))
 
     def put_many(self, puts: list[Put]) -> list[bool]:
+        """One transaction per PUT_BATCH_BYTES of values: the write lock is never held for
+        a whole publication of large artifacts, which other processes would wait on."""
         for put in puts:
             check_ttl(put.ttl_ms)
-        stored = []
-        with self._transaction("put", write=True) as conn:
-            for put in puts:
-                refused = put.if_absent and self._live_value(conn, put.key) is not None
-                if not refused:
-                    self._write(conn, put.key, put.value, put.ttl_ms)
-                stored.append(not refused)
+        stored: list[bool] = []
+        for batch in _put_batches(puts):
+            with self._transaction("put", write=True) as conn:
+                for put in batch:
+                    refused = put.if_absent and self._live_value(conn, put.key) is not None
+                    if not refused:
+                        self._write(conn, put.key, put.value, put.ttl_ms)
+                    stored.append(not refused)
         return stored
 
     def increment(self, key: str, ttl_ms: int | None = None) -> int | None:
@@ -325,3 +329,18 @@ def _after_prefix(prefix: str) -> str | None:
             return prefix[:-1] + chr(0xE000 if 0xD800 <= last <= 0xDFFF else last)
         prefix = prefix[:-1]
     return None
+
+
+def _put_batches(puts: list[Put]) -> Iterator[list[Put]]:
+    """The puts in order, cut where a batch's values would pass PUT_BATCH_BYTES (a put
+    larger than that is a batch of its own)."""
+    batch: list[Put] = []
+    size = 0
+    for put in puts:
+        if batch and size + len(put.value) > PUT_BATCH_BYTES:
+            yield batch
+            batch, size = [], 0
+        batch.append(put)
+        size += len(put.value)
+    if batch:
+        yield batch

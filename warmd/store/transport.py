@@ -146,8 +146,13 @@ class RedisTransport:
                        self.budget.seconds)
         return wait
 
+    @property
+    def clustered(self) -> bool:
+        """Whether the store is a Redis Cluster."""
+        return self.store_url is not None and self.store_url.cluster
+
     def _drop_clients(self) -> None:
-        if self.store_url is not None and self.store_url.cluster:
+        if self.clustered:
             with self._lock:
                 self._clients.clear()
 
