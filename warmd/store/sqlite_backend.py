@@ -140,14 +140,28 @@ class SqliteBackend(KeyValueBackend):
             conn = sqlite3.connect(self.path, timeout=self.timeout, isolation_level=None,
                                    check_same_thread=False)
             try:
-                conn.execute("PRAGMA journal_mode=WAL")
-                conn.execute("PRAGMA synchronous=NORMAL")
-                conn.executescript(_SCHEMA)
+                self._set_up(conn)
             except BaseException:
                 conn.close()
                 raise
             self._conn = conn
         return self._conn
+
+    def _set_up(self, conn: sqlite3.Connection) -> None:
+        """WAL, and the table. Switching a new file to WAL answers "database is locked" at
+        once, without waiting, while another connection is setting it up too (the
+        processes of a node opening a new store together): tried again until timeout."""
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                conn.execute("PRAGMA journal_mode=WAL")
+                conn.execute("PRAGMA synchronous=NORMAL")
+                conn.executescript(_SCHEMA)
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.02)
 
     @contextlib.contextmanager
     def _transaction(self, what: str, write: bool = False) -> Iterator[sqlite3.Connection]:
