@@ -4,8 +4,8 @@ against its manifest (length, SHA-256)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, TypeVar
 
 from warmd.store.layout import sha256
 from warmd.store.validation import BadRecord
@@ -14,23 +14,25 @@ if TYPE_CHECKING:
     from warmd.store.formats import Manifest
 
 CHUNK_SIZE = 1 << 20
+T = TypeVar("T")
 
 
 def chunk_count(size: int, chunk_size: int = CHUNK_SIZE) -> int:
     return max(1, -(-size // chunk_size))
 
 
-def size_batches(items: list[tuple], limit: int = 64 << 20) -> Iterator[list[tuple]]:
-    """(Manifest, ...) tuples in batches whose blobs add up to at most limit bytes (or one
-    entry larger than that on its own)."""
-    batch: list[tuple] = []
-    size = 0
+def size_batches(items: list[T], limit: int = 64 << 20,
+                 size: Callable[[T], int] = lambda item: item[0].size) -> Iterator[list[T]]:
+    """Items in order, in batches whose sizes add up to at most limit bytes (or one item
+    larger than that on its own); by default (Manifest, ...) tuples, sized by their blob."""
+    batch: list[T] = []
+    total = 0
     for item in items:
-        if batch and size + item[0].size > limit:
+        if batch and total + size(item) > limit:
             yield batch
-            batch, size = [], 0
+            batch, total = [], 0
         batch.append(item)
-        size += item[0].size
+        total += size(item)
     if batch:
         yield batch
 

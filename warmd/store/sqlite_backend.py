@@ -32,6 +32,7 @@ from warmd.store.backend import (
     check_ttl,
 )
 from warmd.store.breaker import CircuitBreaker
+from warmd.store.chunking import size_batches
 
 SCHEME = "sqlite"
 PURGE_EVERY = 1000  # writes between two deletions of expired rows
@@ -232,7 +233,7 @@ class SqliteBackend(KeyValueBackend):
         for put in puts:
             check_ttl(put.ttl_ms)
         stored: list[bool] = []
-        for batch in _put_batches(puts):
+        for batch in size_batches(puts, PUT_BATCH_BYTES, size=lambda put: len(put.value)):
             with self._transaction("put", write=True) as conn:
                 for put in batch:
                     refused = put.if_absent and self._live_value(conn, put.key) is not None
@@ -344,17 +345,3 @@ def _after_prefix(prefix: str) -> str | None:
         prefix = prefix[:-1]
     return None
 
-
-def _put_batches(puts: list[Put]) -> Iterator[list[Put]]:
-    """The puts in order, cut where a batch's values would pass PUT_BATCH_BYTES (a put
-    larger than that is a batch of its own)."""
-    batch: list[Put] = []
-    size = 0
-    for put in puts:
-        if batch and size + len(put.value) > PUT_BATCH_BYTES:
-            yield batch
-            batch, size = [], 0
-        batch.append(put)
-        size += len(put.value)
-    if batch:
-        yield batch
