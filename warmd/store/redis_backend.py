@@ -120,14 +120,9 @@ class RedisBackend(KeyValueBackend):
     def increment(self, key: str, ttl_ms: int | None = None) -> int | None:
         check_ttl(ttl_ms)
 
-        def run(client):
-            pipe = client.pipeline(transaction=False)  # the count and its TTL, one trip
-            pipe.incr(key)
-            if ttl_ms is not None:
-                pipe.pexpire(key, ttl_ms)
-            return pipe.execute(raise_on_error=False)[0]
-
-        reply = self.transport.op(run, self._as("increment"))
+        expiry = [("pexpire", (key, ttl_ms), {})] if ttl_ms is not None else []
+        reply = self._pipelined([("incr", (key,), {}), *expiry],  # count and TTL, one trip
+                                self._as("increment"))[0]
         if isinstance(reply, redis.ResponseError) and _NOT_A_COUNT.search(str(reply)):
             return None  # not a count of ours: nothing counted
         if isinstance(reply, Exception):
