@@ -15,7 +15,8 @@ The engine version is pinned so that both trees plan the same tasks when their e
 differ (a tree that follows a newer engine plans what that engine compiles); each step
 records the plan key, and only runs of the same plan key compare.
 
-Results: DIR/before_after.json (every step's wall time, kernels, workers, new entries) and
+Results: DIR/before_after.json (every step's wall time, kernels as the tree counts them and
+each kernel once by the same rule for both trees (`distinct`), workers, new entries) and
 one line per step on stdout. Needs a GPU and DeepGEMM for the DeepGEMM plans it runs.
 """
 
@@ -63,8 +64,33 @@ def step_row(name: str, rc: int, wall: float, stdout: str, stderr: str,
         return row
     row.update(plan_key=data.get("plan_key"), tasks=data.get("tasks"),
                kernels=data.get("kernels"), workers=data.get("workers_started"),
-               hits_by_mode=data.get("hits_by_mode"), tasks_failed=data.get("tasks_failed"))
+               hits_by_mode=data.get("hits_by_mode"), tasks_failed=data.get("tasks_failed"),
+               distinct=distinct_outcomes(data.get("task_details") or []))
     return row
+
+
+# A kernel several tasks name counts once: compiled if the run compiled it, else installed
+# from the store, else found here (as warmd.warmup.report.run_kernels counts, written out
+# here so that both trees' reports are read by the same rule, whatever their own counters).
+ORDER = ("compiled", "remote_hit", "local_hit")
+
+
+def distinct_outcomes(details: list[dict]) -> dict:
+    """Each kernel once by the outcome that counts for it, from a report's task details:
+    {"kernels": n, "compiled": n, "remote_hit": n, "local_hit": n, "failed": n}."""
+    best: dict[tuple[str, str], str] = {}
+    failed = 0
+    for task in details:
+        for kernel in task.get("kernels", []):
+            outcome = kernel.get("outcome")
+            if outcome not in ORDER:
+                failed += 1
+                continue
+            key = (task.get("library", ""), kernel.get("name", ""))
+            if key not in best or ORDER.index(outcome) < ORDER.index(best[key]):
+                best[key] = outcome
+    counts = {o: sum(v == o for v in best.values()) for o in ORDER}
+    return {"kernels": len(best), **counts, "failed": failed}
 
 
 def run_tree(label: str, tree: Path, plan_args: list[str], work: Path) -> list[dict]:
@@ -89,7 +115,8 @@ def run_tree(label: str, tree: Path, plan_args: list[str], work: Path) -> list[d
             rows.append(row)
             print(f"{label:>8} {step:<7} rc={rc} wall={row['wall_s']:7.2f}s "
                   f"plan={row.get('plan_key')} "
-                  f"kernels={row.get('kernels')} workers={row.get('workers')} "
+                  f"kernels={row.get('kernels')} distinct={row.get('distinct')} "
+                  f"workers={row.get('workers')} "
                   f"new_entries={row['new_entries']}", flush=True)
     finally:
         warmd(tree, ["cache", "server", "stop"], base, 60)

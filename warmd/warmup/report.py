@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
 from warmd.coordination import BootReport
-from warmd.executors.base import StageReport, TaskResult
+from warmd.executors.base import KernelOutcome, StageReport, TaskResult
 from warmd.stats import BY_OUTCOME, CounterFlag, Counters, Outcome, compile_seconds_saved, ids
 from warmd.tasks import Task
 
@@ -87,10 +87,11 @@ class WarmupReport:
     phases: dict[str, float] = field(default_factory=dict)
 
     def hits_by_mode(self) -> dict[Mode, int]:
-        """Hits counted from verified entries alone, and by running the library."""
+        """Hits counted from verified entries alone, and by running the library (each
+        kernel once: ``run_kernels``)."""
         counts = dict.fromkeys(Mode, 0)
-        for report in self.reports:
-            counts[report.mode] += sum(k.outcome.is_hit for k in report.result.kernels)
+        for report, kernel in run_kernels(self.reports):
+            counts[report.mode] += kernel.outcome.is_hit
         return counts
 
     @property
@@ -139,24 +140,52 @@ class WarmupReport:
                           "compile": round(c.compile_seconds, 3)}}
 
 
+# Which of a kernel's outcomes in one run counts, first to last: the run compiled it, else
+# installed it from the shared cache, else found it here. A second task that touches a kernel
+# the run has just compiled or installed gets it from this node's cache, and that is no hit.
+_OUTCOME_ORDER = (Outcome.COMPILED, Outcome.REMOTE_HIT, Outcome.LOCAL_HIT)
+
+
+def run_kernels(reports: list[TaskReport]) -> list[tuple[TaskReport, KernelOutcome]]:
+    """Each kernel (cache entry) the run touched, once, with the task report whose outcome
+    counts for it (``_OUTCOME_ORDER``; between equals, the first task by key), then every
+    failure with its task. Several tasks share a kernel (DeepGEMM's helper kernels, a
+    FlashInfer module), and which of them names it can depend on which process ran which
+    task; the run's counts must not: they are a function of the kernels alone."""
+    kept: dict[tuple[str, str], tuple[TaskReport, KernelOutcome]] = {}
+    failed = []
+    for report in sorted(reports, key=lambda r: r.task.key):
+        for kernel in report.result.kernels:
+            if kernel.outcome == Outcome.FAILED:
+                failed.append((report, kernel))
+                continue
+            key = (report.task.library, kernel.name)
+            held = kept.get(key)
+            if held is None or (_OUTCOME_ORDER.index(kernel.outcome)
+                                < _OUTCOME_ORDER.index(held[1].outcome)):
+                kept[key] = (report, kernel)
+    return [*kept.values(), *failed]
+
+
 def count(reports: list[TaskReport]) -> Counters:
-    """The run's counters from its task reports (a hit of another node's compile saved what
-    its record says the compile took; a re-hit of this node's own, nothing)."""
+    """The run's counters from its task reports, each kernel once (``run_kernels``; a hit
+    of another node's compile saved what its record says the compile took; a re-hit of this
+    node's own, nothing)."""
     counters = Counters(tasks=len(reports))
     for report in reports:
         counters.tasks_failed += 0 if report.result.ok else 1
         if report.mode == Mode.VERIFIED:
             counters.verify_seconds += report.result.seconds
-        for k in report.result.kernels:
-            if k.outcome == Outcome.COMPILED:
-                counters.compiled += 1
-                counters.compile_seconds += k.seconds
-            elif k.outcome.is_hit:
-                counters.add({BY_OUTCOME[k.outcome].id: 1, "compile_seconds_saved":
-                              compile_seconds_saved(k.outcome, report.recorded.get(k.name, 0.0),
-                                                    k.name in report.own)})
-            else:
-                counters.failed += 1
+    for report, k in run_kernels(reports):
+        if k.outcome == Outcome.COMPILED:
+            counters.compiled += 1
+            counters.compile_seconds += k.seconds
+        elif k.outcome.is_hit:
+            counters.add({BY_OUTCOME[k.outcome].id: 1, "compile_seconds_saved":
+                          compile_seconds_saved(k.outcome, report.recorded.get(k.name, 0.0),
+                                                k.name in report.own)})
+        else:
+            counters.failed += 1
     return counters
 
 
