@@ -18,3 +18,14 @@ def pid_alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
     except (OSError, IndexError):
         return True
+
+
+def seconds_since_start() -> float | None:
+    """How long this process has run (from /proc: its start in clock ticks since boot,
+    against the uptime; 10 ms resolution); None where /proc does not say."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(") ", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return max(0.0, uptime - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return None

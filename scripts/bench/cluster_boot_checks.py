@@ -128,7 +128,18 @@ def node_row(report: dict | None, rc, ready: float, held: set[str],
             "discovery_seconds": stage.get("discovery_seconds"),
             "kernel_list": (stage.get("cluster") or {}).get("kernel_list"),
             "installed": cluster.get("installed", 0), "waited": cluster.get("waited", 0),
-            "held": len(held), "timeline": cluster.get("timeline")}
+            "held": len(held), "timeline": cluster.get("timeline"),
+            **process_times(report, ready)}
+
+
+def process_times(report: dict | None, ready: float) -> dict:
+    """Where a node's READY went outside its own work: the process's start before it
+    planned (its report's ``start`` phase), its report's total (that start included), and
+    the rest of its READY (the launch, the exit)."""
+    phases = (report or {}).get("phases") or {}
+    total = phases.get("total")
+    return {"process_start": phases.get("start"), "report_total": total,
+            "outside_report": round(ready - total, 3) if total is not None else None}
 
 
 def judge_run(run: dict, alone_wall: float | None, cores: int) -> dict:

@@ -387,7 +387,8 @@ def log_pinned(bench: Bench, title: str, run: dict) -> None:
         bench.log(f"  node {i}: READY {n['ready']} s, rc {n['rc']}, {n['cores']} cores, "
                   f"{n['jobs']} jobs, {n['discovery_processes']} discovery processes, "
                   f"compiled {n['compiled']}, installed {n['installed']}, discovery "
-                  f"{n['discovery_seconds']} s, kernel list {n['kernel_list']!r}")
+                  f"{n['discovery_seconds']} s, kernel list {n['kernel_list']!r}, process "
+                  f"start {n['process_start']} s, outside its report {n['outside_report']} s")
     failed = [name for name, ok in run["checks"].items() if not ok]
     bench.log(f"  checks: {'all hold' if not failed else 'FAILED ' + ', '.join(failed)}")
 

@@ -120,10 +120,10 @@ def test_cli_json_shape_and_exit_code(warm, env):
     assert data["kernels"]["local_hits"] == 1
     # where the run's time went: each phase's wall seconds, adding up to the whole
     phases = data["phases"]
-    walls = ("plan", "store", "prefetch", "check", "workers", "work", "other")
+    walls = ("start", "plan", "store", "prefetch", "check", "workers", "work", "other")
     assert set(phases) == {*walls, "total", "tasks"}
     assert sum(phases[k] for k in walls) == pytest.approx(phases["total"], abs=0.01)
-    assert phases["total"] >= data["seconds"] and phases["plan"] > 0
+    assert phases["total"] >= data["seconds"] and phases["plan"] > 0 < phases["start"]
     assert set(phases["tasks"]) == {"fetch", "install", "compile"}
     if runs:
         assert data["kernels"]["compiled"] > 0 and data["kernels"]["failed"] == 0

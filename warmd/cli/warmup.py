@@ -37,6 +37,7 @@ from warmd.context import NodeContext
 from warmd.errors import WarmdInputError
 from warmd.libraries import LIBRARIES
 from warmd.plan import PlanRequest, make_plan
+from warmd.processes import seconds_since_start
 from warmd.settings import STORE_OFF
 from warmd.warmup import WarmupOptions, estimate, run_warmup
 
@@ -159,6 +160,7 @@ def warmup(request: PlanRequest, libraries: tuple[str, ...], task_filter: str | 
                                     no_shared=no_shared, workers=workers, as_json=as_json))
     require_model(request)
     began = time.monotonic()
+    started = seconds_since_start()  # the interpreter, warmd's imports, the command line
     context = NodeContext.of()
     plan = make_plan(request, context.environ)
     planned = time.monotonic()
@@ -187,8 +189,9 @@ def warmup(request: PlanRequest, libraries: tuple[str, ...], task_filter: str | 
         if shared is not None and hasattr(shared, "close"):
             shared.close()
     report = without_interrupted(report, display.interrupted)
-    report = replace(report, phases={"plan": planned - began, "store": opened - planned,
-                                     **report.phases})
+    start = {} if started is None else {"start": started}
+    report = replace(report, phases={**start, "plan": planned - began,
+                                     "store": opened - planned, **report.phases})
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2))
     else:

@@ -124,7 +124,8 @@ class WarmupReport:
         }
 
     def phase_json(self) -> dict:
-        """Where the run's time went: each phase's wall seconds (plan, store: opening the
+        """Where the run's time went: each phase's wall seconds (start: the process's own
+        start before it planned, Python and warmd's imports; plan, store: opening the
         shared cache, prefetch: its reads and installs, check: this node's caches, workers:
         starting worker processes and kernel stages (a stage's own timings, its discovery
         included, are in kernel_stages), work: fetching, compiling and publishing the cold
