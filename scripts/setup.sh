@@ -14,6 +14,14 @@ cd "$(dirname "$0")/.."
 
 PY="${PYTHON:-python3}"
 VENV="${WARMD_VENV:-.venv}"
+# pyproject.toml's requires-python: said here in one line, before anything is installed.
+if ! "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+  found=$("$PY" -c 'import sys; print("Python %d.%d" % sys.version_info[:2])' 2>/dev/null) \
+    || found="not a Python that runs"
+  echo "setup: warmd needs Python 3.11 or newer; $PY is $found (name another:" \
+    "PYTHON=python3.11 bash scripts/setup.sh)" >&2
+  exit 2
+fi
 APT_PACKAGES=()
 command -v redis-server >/dev/null 2>&1 || APT_PACKAGES+=(redis-server redis-tools)
 # Re-derivation compiles captured kernels in a bubblewrap sandbox that hides the secrets
