@@ -15,6 +15,7 @@ import multiprocessing
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import asdict
 from multiprocessing.connection import Connection
@@ -241,20 +242,39 @@ class Worker:
     def stop(self, kill: bool = False) -> None:
         """Ask the worker to exit; kill its whole process group (ninja, nvcc) when told to,
         or when it does not exit within the grace period."""
+        stop_workers([self], kill)
+
+    def _ask_to_exit(self, kill: bool) -> multiprocessing.process.BaseProcess | None:
+        """Mark the worker stopped and, unless it is to be killed, ask its process to exit;
+        the process, if one ran."""
         self.stopped = True
         proc, conn = self._proc, self._conn
         self._proc = self._conn = None
-        if proc is None:
-            return
-        if not kill and conn is not None:
+        if proc is not None and not kill and conn is not None:
             with contextlib.suppress(OSError):
                 conn.send_bytes(b"")
-            proc.join(timeout=STOP_GRACE_SECONDS)
-        if proc.is_alive() or kill:
-            _kill_group(proc.pid, signal.SIGTERM)
-            proc.join(timeout=STOP_GRACE_SECONDS)
-            _kill_group(proc.pid, signal.SIGKILL)
-            proc.join(timeout=STOP_GRACE_SECONDS)
+        return proc
+
+
+def stop_workers(workers: list[Worker], kill: bool = False) -> None:
+    """Stop these workers together: every one asked to exit first, then waited for within
+    one grace period shared by all (a worker holding a CUDA context takes a moment to exit:
+    one after the other, those moments would add up), then what is left killed with its
+    process group (ninja, nvcc)."""
+    procs = [proc for w in workers if (proc := w._ask_to_exit(kill)) is not None]
+    if not kill:
+        _join_all(procs)
+    left = [proc for proc in procs if kill or proc.is_alive()]
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for proc in left:
+            _kill_group(proc.pid, sig)
+        _join_all(left)
+
+
+def _join_all(procs: list[multiprocessing.process.BaseProcess]) -> None:
+    deadline = time.monotonic() + STOP_GRACE_SECONDS
+    for proc in procs:
+        proc.join(timeout=max(0.0, deadline - time.monotonic()))
 
 
 def _kill_group(pgid: int, sig: int) -> None:

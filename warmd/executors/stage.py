@@ -22,7 +22,7 @@ from pathlib import Path
 
 from warmd import settings
 from warmd.executors.base import DiscoveryRun, StageCluster, TaskResult
-from warmd.executors.pool import Worker
+from warmd.executors.pool import Worker, stop_workers
 from warmd.tasks import Task
 
 # At most: a plan of many kernels, or a discovery that never ends, holds no one longer.
@@ -181,8 +181,7 @@ class CompileStage:
         self.discovery_done.set()
         self.cluster_done.set()
         self.workers_may_start.set()
-        for worker in self.recorders:
-            worker.stop(kill=True)
+        stop_workers(self.recorders, kill=True)
         with self.lock:
             procs = list(self.procs)
         for proc in procs:
@@ -194,8 +193,7 @@ class CompileStage:
         for thread in self.threads:
             thread.join()
         self.pool.shutdown(wait=True, cancel_futures=self.stopped.is_set())
-        for worker in self.recorders:
-            worker.stop()
+        stop_workers(self.recorders)
 
 
 def discovery_units(tasks: list[Task], count: int) -> list[Task]:

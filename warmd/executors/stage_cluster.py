@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 from warmd.coordination import DiscoveryReport
 from warmd.executors.base import StageCluster, StageClusterReport
-from warmd.executors.pool import Worker
+from warmd.executors.pool import Worker, stop_workers
 from warmd.executors.stage import CompileStage, m_pieces
 from warmd.tasks import Task
 
@@ -185,8 +185,7 @@ class ClusterStage(CompileStage):
             time.sleep(POLL_SECONDS)
         self.discovery_report = run.join()
         self._add_kernels(self._map_jobs())
-        for worker in recorders:
-            worker.stop()
+        stop_workers(recorders)
         self.cluster_moments["discovery_ended"] = self.discovered_at = time.monotonic()
         self.discovery_done.set()
         here = self.discovery_report.discovered_here

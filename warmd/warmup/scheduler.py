@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from warmd.coordination import BootReport
-from warmd.executors.pool import Worker
+from warmd.executors.pool import Worker, stop_workers
 from warmd.plan import Plan
 from warmd.stats import Counters, Outcome
 from warmd.tasks import Task
@@ -75,13 +75,11 @@ def run_warmup(plan: Plan, options: WarmupOptions, shared: SharedCache | None = 
     except KeyboardInterrupt:
         interrupted = True
         handout.stop.set()
-        for w in workers:
-            w.stop(kill=True)
+        stop_workers(workers, kill=True)
         for stage in run.stages():
             stage.stop()
     finally:
-        for w in workers:
-            w.stop()
+        stop_workers(workers)
         stages = [stage.finish() for stage in run.stages()]
         phases.mark("work")
     counters = count(handout.reports)
