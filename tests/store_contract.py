@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from store_support import DirAdapter, compile_entry, task_entries
+from store_support import DirAdapter, publish_entries, task_entries
 
 from warmd.store import NodeRecords, SharedCache
 
@@ -39,12 +39,6 @@ class Node:
 
     def to_json(self) -> dict:
         return {"node_id": self.node_id, "state": self.state}
-
-
-def publish(cache: SharedCache, adapter: DirAdapter, task: str, names: list[str],
-            seconds: float = 2.0) -> None:
-    cache.entries.publish_task(adapter, task, [compile_entry(adapter, n, 30_000) for n in names],
-                       seconds)
 
 
 def same_files(a: DirAdapter, b: DirAdapter, name: str) -> bool:
@@ -74,7 +68,7 @@ class StoreContract:
     def test_published_entries_install_on_another_node(self, backend: Backend, tmp_path: Path):
         a, b = DirAdapter(tmp_path / "a"), DirAdapter(tmp_path / "b")
         writer, reader = backend.open(), backend.open()
-        publish(writer, a, "testlib/t1", ["kernel.x.0001", "kernel.y.0001"])
+        publish_entries(writer, a, "testlib/t1", ["kernel.x.0001", "kernel.y.0001"])
         assert reader.entries.fetch_task(b, "testlib/t1") == ["kernel.x.0001", "kernel.y.0001"]
         assert all(same_files(a, b, n) for n in ("kernel.x.0001", "kernel.y.0001"))
         assert reader.stats.counters["remote_hits"] == 2
@@ -98,7 +92,7 @@ class StoreContract:
     def test_entries_already_here_are_local_hits(self, backend: Backend, tmp_path: Path):
         a = DirAdapter(tmp_path / "a")
         cache = backend.open()
-        publish(cache, a, "testlib/t", ["kernel.x.0001"])
+        publish_entries(cache, a, "testlib/t", ["kernel.x.0001"])
         assert cache.entries.fetch_task(a, "testlib/t") == ["kernel.x.0001"]
         assert cache.stats.counters["local_hits"] == 1 and "remote_hits" not in cache.stats.counters
 
@@ -107,15 +101,15 @@ class StoreContract:
         writer = backend.open()
         plan = task_entries(4)
         for task, names in list(plan.items())[:3]:
-            publish(writer, a, task, names)
+            publish_entries(writer, a, task, names)
         got = backend.open().entries.prefetch(DirAdapter(tmp_path / "b"), list(plan))
         expected = {t: (names if i < 3 else None) for i, (t, names) in enumerate(plan.items())}
         assert got == expected
 
     def test_an_entry_published_twice_is_stored_once(self, backend: Backend, tmp_path: Path):
         one, two = backend.open(), backend.open()
-        publish(one, DirAdapter(tmp_path / "a"), "testlib/t", ["kernel.same.0001"])
-        publish(two, DirAdapter(tmp_path / "b"), "testlib/t", ["kernel.same.0001"])
+        publish_entries(one, DirAdapter(tmp_path / "a"), "testlib/t", ["kernel.same.0001"])
+        publish_entries(two, DirAdapter(tmp_path / "b"), "testlib/t", ["kernel.same.0001"])
         assert one.stats.counters["published"] == 1 and two.stats.counters["already_published"] == 1
 
     # ------------------------------------------------------------------- single flight
@@ -130,7 +124,7 @@ class StoreContract:
             assert mine
             thread, seen = wait_in_thread(waiter, "testlib/sf", 0.5)
             assert "mine" not in seen  # waiting for the holder
-            publish(holder, a, "testlib/sf", ["kernel.sf.0001"])
+            publish_entries(holder, a, "testlib/sf", ["kernel.sf.0001"])
         thread.join(10)
         assert seen["mine"] is False
         assert waiter.entries.fetch_task(b, "testlib/sf") == ["kernel.sf.0001"]
@@ -163,7 +157,7 @@ class StoreContract:
     def test_counters_are_a_copy_and_outcomes_are_accepted(self, backend: Backend,
                                                            tmp_path: Path):
         cache = backend.open()
-        publish(cache, DirAdapter(tmp_path / "a"), "testlib/t", ["kernel.x.0001"])
+        publish_entries(cache, DirAdapter(tmp_path / "a"), "testlib/t", ["kernel.x.0001"])
         copy = cache.stats.counters
         copy["published"] = 99
         assert cache.stats.counters["published"] == 1
@@ -186,7 +180,7 @@ class StoreContract:
                                                                  "testlib/u": None}
         with cache.claims.single_flight("testlib/t", 30) as mine:
             assert mine
-        publish(cache, a, "testlib/t", ["kernel.x.0001"])
+        publish_entries(cache, a, "testlib/t", ["kernel.x.0001"])
         assert cache.claims.shard_order(["b", "a"]) == ["b", "a"]
         cache.stats.record_outcomes({"compiled": 1})
         cache.close()
@@ -202,7 +196,7 @@ class StoreContract:
         assert cache.entries.fetch_task(a, "testlib/t") is None
         with cache.claims.single_flight("testlib/t", 30) as mine:
             assert mine
-        publish(cache, a, "testlib/t", ["kernel.x.0001"])
+        publish_entries(cache, a, "testlib/t", ["kernel.x.0001"])
         assert cache.stats.counters["publish_skipped"] == 1
         cache.close()
 
