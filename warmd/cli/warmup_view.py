@@ -90,9 +90,17 @@ class WarmupDisplay:
         if self.live is not None:
             self.live.stop()
         if self._stopping:  # a task the stop ended before its result came back
-            for task in self.in_flight.values():
-                self.interrupted.add(task.key)
-                self._line(Text(f"warmup: interrupted: {describe_task(task)}"))
+            with self.lock:
+                for task in self.in_flight.values():
+                    self._say_interrupted(task)
+
+    def _say_interrupted(self, task: Task) -> None:
+        """Once per task, with the lock held: a worker thread that has taken the task out
+        of in_flight has said it too, so that a run ending meanwhile (its worker threads
+        are daemons) never loses the line."""
+        if task.key not in self.interrupted:
+            self.interrupted.add(task.key)
+            self._print(Text(f"warmup: interrupted: {describe_task(task)}"))
 
     def stopping(self) -> None:
         """The run is being stopped: what ends unfinished from now on was interrupted."""
@@ -137,7 +145,7 @@ class WarmupDisplay:
         with self.lock:
             self.in_flight.pop(report.task.key, None)
             if interrupted:
-                self.interrupted.add(report.task.key)
+                self._say_interrupted(report.task)
             self.counts["compiled"] += sum(k.outcome == Outcome.COMPILED
                                            for k in result.kernels)
             self.counts["failed"] += 0 if result.ok or interrupted else 1
@@ -147,8 +155,8 @@ class WarmupDisplay:
             if not interrupted:
                 self.overall.update(self.bar, completed=done, **self.counts)
         if interrupted:
-            self._line(Text(f"warmup: interrupted: {describe_task(report.task)}"))
-        elif self.live is not None:
+            return
+        if self.live is not None:
             if not result.ok:
                 self._line(Text.assemble(("failed", "red"),
                                          f" {report.task.key}: {result.error}"))
@@ -162,7 +170,10 @@ class WarmupDisplay:
     def _line(self, text: Text) -> None:
         """A line of its own: above the live lines on a terminal, else just a line."""
         with self.lock:
-            self.console.print(text, highlight=False, soft_wrap=True)
+            self._print(text)
+
+    def _print(self, text: Text) -> None:
+        self.console.print(text, highlight=False, soft_wrap=True)
 
 
 def without_interrupted(report: WarmupReport, keys: set[str]) -> WarmupReport:
@@ -171,13 +182,15 @@ def without_interrupted(report: WarmupReport, keys: set[str]) -> WarmupReport:
     said `interrupted` for each)."""
     from warmd.warmup.report import count
 
-    gone = [r for r in report.reports if r.task.key in keys]
-    if not gone:
+    kept = [r for r in report.reports if r.task.key not in keys]
+    if len(kept) == len(report.reports):
         return report
+    # the run's own count replaced by the kept tasks' (a kernel counts once per run, so the
+    # gone tasks' own count is not what they added); the store's counters stay
     counters = Counters.from_json(report.counters.to_json())
-    counters.add({name: -value for name, value in count(gone).to_json().items()})
-    return replace(report, reports=[r for r in report.reports if r.task.key not in keys],
-                   counters=counters)
+    counters.add({name: -value for name, value in count(report.reports).to_json().items()})
+    counters.add(count(kept).to_json())
+    return replace(report, reports=kept, counters=counters)
 
 
 def render_summary(report: WarmupReport) -> str:
