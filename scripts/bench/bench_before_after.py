@@ -32,6 +32,12 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from warmd.executors.base import KernelOutcome, TaskResult  # noqa: E402
+from warmd.tasks import Task  # noqa: E402
+from warmd.warmup.report import TaskReport, count  # noqa: E402
+
 STEPS = ("cold", "remote", "local")
 
 
@@ -69,28 +75,16 @@ def step_row(name: str, rc: int, wall: float, stdout: str, stderr: str,
     return row
 
 
-# A kernel several tasks name counts once: compiled if the run compiled it, else installed
-# from the store, else found here (as warmd.warmup.report.run_kernels counts, written out
-# here so that both trees' reports are read by the same rule, whatever their own counters).
-ORDER = ("compiled", "remote_hit", "local_hit")
-
-
 def distinct_outcomes(details: list[dict]) -> dict:
-    """Each kernel once by the outcome that counts for it, from a report's task details:
-    {"kernels": n, "compiled": n, "remote_hit": n, "local_hit": n, "failed": n}."""
-    best: dict[tuple[str, str], str] = {}
-    failed = 0
-    for task in details:
-        for kernel in task.get("kernels", []):
-            outcome = kernel.get("outcome")
-            if outcome not in ORDER:
-                failed += 1
-                continue
-            key = (task.get("library", ""), kernel.get("name", ""))
-            if key not in best or ORDER.index(outcome) < ORDER.index(best[key]):
-                best[key] = outcome
-    counts = {o: sum(v == o for v in best.values()) for o in ORDER}
-    return {"kernels": len(best), **counts, "failed": failed}
+    """A report's kernels counted from its task details by this checkout's rule (each kernel
+    once: warmd.warmup.report.count), so that both trees are read the same way whatever
+    their own counters: {"total", "local_hits", "remote_hits", "compiled", "failed"}."""
+    reports = [TaskReport(Task(d.get("library", ""), "", key=d["key"]),
+                          TaskResult(d["key"], d.get("library", ""), bool(d.get("ok")), 0.0,
+                                     [KernelOutcome(k["name"], k["outcome"])
+                                      for k in d.get("kernels", [])]))
+               for d in details]
+    return count(reports).kernel_counts()
 
 
 def run_tree(label: str, tree: Path, plan_args: list[str], work: Path) -> list[dict]:
