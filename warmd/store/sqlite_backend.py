@@ -344,4 +344,3 @@ def _after_prefix(prefix: str) -> str | None:
             return prefix[:-1] + chr(0xE000 if 0xD800 <= last <= 0xDFFF else last)
         prefix = prefix[:-1]
     return None
-
