@@ -1,15 +1,20 @@
 """Where the DeepGEMM nvcc shim compiles: one path per job key on every node (nvcc names
 internal symbols from the source's path, so that gives the same cubin everywhere, held by
 test_deep_gemm_cluster's real builds), in a directory only this user owns; a directory
-another user could have made or swapped is never compiled in."""
+another user could have made or swapped is never compiled in; nvcc's own intermediate
+files are kept there too, so a stopped compile leaves none in the system's temp dir."""
 
 from __future__ import annotations
 
+import json
 import os
 import stat
+import subprocess
+import time
 
 import pytest
 
+from warmd import settings
 from warmd.libraries.deep_gemm import nvcc_shim
 from warmd.libraries.deep_gemm.nvcc_shim import Job, owned_private_dir
 
@@ -72,3 +77,60 @@ def test_a_key_with_a_path_in_it_never_names_a_directory(tmp_path, monkeypatch):
     (tmp_path / "kernel.cu").write_text("// kernel\n")
     with nvcc_shim._private_source(job) as folder:
         assert tmp_path / "home" not in folder.parents and folder != tmp_path
+
+
+NVCC = str(settings.cuda_home() / "bin" / "nvcc")
+KERNEL = "__global__ void k(int *p) { p[threadIdx.x] = threadIdx.x; }\n"
+
+
+def _real_job(tmp_path) -> Job:
+    job = _job(tmp_path, "4567cdef")
+    job.source.write_text(KERNEL)
+    job.args_file.write_text(json.dumps([nvcc_shim.SOURCE, "-cubin", "-o", nvcc_shim.OUTPUT,
+                                         "--gpu-architecture=sm_90a"]))
+    return job
+
+
+@pytest.fixture
+def temp(tmp_path, monkeypatch):
+    """This process's temp dir, as the test's own."""
+    folder = tmp_path / "tmp"
+    folder.mkdir()
+    monkeypatch.setenv("TMPDIR", str(folder))
+    monkeypatch.setattr(nvcc_shim, "BUILD_HOME", tmp_path / "home")
+    return folder
+
+
+@pytest.mark.skipif(not os.path.isfile(NVCC), reason="needs nvcc (the CUDA toolkit)")
+def test_a_stopped_nvcc_leaves_nothing_in_the_temp_dir(tmp_path, temp):
+    """nvcc writes its intermediate files in the job's private folder, removed with it, so
+    a compile stopped mid-way (a stage's stop) leaves none in the system's temp dir."""
+    job, seen = _real_job(tmp_path), []
+
+    def stop_once_writing(proc: subprocess.Popen) -> None:
+        scratch = tmp_path / "home" / job.key / "tmp"
+        deadline = time.monotonic() + 60
+        while not any(scratch.glob("tmpxft_*")) and proc.poll() is None \
+                and time.monotonic() < deadline:
+            time.sleep(0.01)
+        seen.extend(p.name for p in scratch.glob("tmpxft_*"))
+        proc.terminate()
+
+    (tmp_path / "run").mkdir()
+    failed = nvcc_shim.compile_job(tmp_path / "run", job, NVCC, started=stop_once_writing)
+    assert seen and failed is not None  # stopped while it had files in its temp dir
+    assert list(temp.iterdir()) == [] and not (tmp_path / "home" / job.key).exists()
+
+
+@pytest.mark.skipif(not os.path.isfile(NVCC), reason="needs nvcc (the CUDA toolkit)")
+def test_a_compile_in_its_own_temp_dir_gives_the_same_cubin(tmp_path, temp):
+    job = _real_job(tmp_path)
+    (tmp_path / "run").mkdir()
+    assert nvcc_shim.compile_job(tmp_path / "run", job, NVCC) is None
+    with nvcc_shim._private_source(job) as folder:  # as before: nvcc's temp files in /tmp
+        subprocess.run([NVCC, "kernel.cu", "-cubin", "-o", "plain.cubin",
+                        "--gpu-architecture=sm_90a", f"-frandom-seed={job.key}"],
+                       cwd=folder, check=True, capture_output=True, env=dict(os.environ))
+        plain = (folder / "plain.cubin").read_bytes()
+    assert job.cubin.read_bytes() == plain
+    assert list(temp.iterdir()) == []

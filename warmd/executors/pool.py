@@ -5,16 +5,23 @@ their environment (cache dirs, arch, CUDA_VISIBLE_DEVICES) before importing any 
 library, and exchange tasks and results with the parent as JSON over a pipe. Each worker
 leads its own process group so that stopping it also stops the ninja/nvcc it started.
 Executors are created in the worker with no arguments, from the environment it was given.
+Each worker process has its own temporary directory ($TMPDIR), removed once the process is
+gone: nvcc and gcc leave their intermediate files there when they are killed (a stop, a
+worker that died), megabytes a build, which would otherwise pile up in the system's /tmp.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import multiprocessing
 import os
+import shutil
 import signal
+import stat
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -27,6 +34,7 @@ from warmd.stats import Outcome
 from warmd.tasks import Task
 
 STOP_GRACE_SECONDS = 3.0
+SCRATCH_PREFIX = "warmd-worker-"  # <temp dir>/warmd-worker-<pid of the pool's process>-<random>
 MAX_WORKER_LOGS = 20  # logs of finished workers kept in <state dir>/logs, newest first
 
 
@@ -180,6 +188,29 @@ def _serve(conn: Connection, targets: dict[str, str]) -> None:
         conn.send_bytes(json.dumps(asdict(result)).encode())
 
 
+def new_scratch(env: dict[str, str]) -> Path:
+    """A fresh private directory for one worker process and what it starts, under the
+    worker environment's TMPDIR (else this process's temp dir); the leftovers of pools
+    whose process is gone are removed first, once per temp dir."""
+    base = Path(env.get("TMPDIR") or tempfile.gettempdir())
+    _remove_orphaned_scratch(base)
+    return Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-", dir=base))
+
+
+@functools.cache
+def _remove_orphaned_scratch(base: Path) -> None:
+    """Remove the worker directories of pools whose process is gone (killed before it could
+    clean up): only this user's own directories, never a link."""
+    for path in base.glob(f"{SCRATCH_PREFIX}*"):
+        pid = path.name.removeprefix(SCRATCH_PREFIX).split("-", 1)[0]
+        if not pid.isdigit() or int(pid) == os.getpid() or pid_alive(int(pid)):
+            continue
+        with contextlib.suppress(OSError):
+            st = os.lstat(path)
+            if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid():
+                shutil.rmtree(path, ignore_errors=True)
+
+
 class Worker:
     """One worker process; restarted when it dies, its task then failing with the reason.
 
@@ -195,6 +226,7 @@ class Worker:
         self._ctx = multiprocessing.get_context("spawn")
         self._proc = None
         self._conn: Connection | None = None
+        self._scratch: Path | None = None  # the running process's $TMPDIR
         self._starts = 0
         self.stopped = False
 
@@ -212,6 +244,9 @@ class Worker:
     def _start(self, env: dict[str, str]) -> None:
         parent, child = self._ctx.Pipe()
         self._starts += 1
+        with contextlib.suppress(OSError):  # no temp dir to make one in: the inherited one
+            self._scratch = new_scratch(env)
+            env = {**env, "TMPDIR": str(self._scratch)}
         self._proc = self._ctx.Process(target=_worker_main,
                                        args=(child, env, self.executors), daemon=True)
         self._proc.start()
@@ -233,8 +268,10 @@ class Worker:
             return result_from_json(json.loads(conn.recv_bytes()))
         except (EOFError, OSError):
             proc.join(timeout=STOP_GRACE_SECONDS)
-            if self._proc is proc:
+            if self._proc is proc:  # died on its own: what it started goes with it
+                _kill_group(proc.pid, signal.SIGKILL)
                 self._proc = self._conn = None
+                self._drop_scratch()
             if self.stopped:
                 return failed_result(task, "interrupted")
             return failed_result(task, f"worker process died (exit code {proc.exitcode})")
@@ -255,12 +292,21 @@ class Worker:
                 conn.send_bytes(b"")
         return proc
 
+    def _drop_scratch(self) -> None:
+        scratch, self._scratch = self._scratch, None
+        if scratch is None:
+            return
+        shutil.rmtree(scratch, ignore_errors=True)
+        if scratch.exists():  # a killed compiler finished one last write as it died
+            time.sleep(0.05)
+            shutil.rmtree(scratch, ignore_errors=True)
+
 
 def stop_workers(workers: list[Worker], kill: bool = False) -> None:
     """Stop these workers together: every one asked to exit first, then waited for within
     one grace period shared by all (a worker holding a CUDA context takes a moment to exit:
     one after the other, those moments would add up), then what is left killed with its
-    process group (ninja, nvcc)."""
+    process group (ninja, nvcc); their temporary directories are removed last."""
     procs = [proc for w in workers if (proc := w._ask_to_exit(kill)) is not None]
     if not kill:
         _join_all(procs)
@@ -269,6 +315,8 @@ def stop_workers(workers: list[Worker], kill: bool = False) -> None:
         for proc in left:
             _kill_group(proc.pid, sig)
         _join_all(left)
+    for worker in workers:
+        worker._drop_scratch()
 
 
 def _join_all(procs: list[multiprocessing.process.BaseProcess]) -> None:

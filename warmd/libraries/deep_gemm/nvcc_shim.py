@@ -190,8 +190,12 @@ def _compile(run: Path, job: Job, nvcc: str,
     with _private_source(job) as folder:  # nothing else there shadows a header
         command = [nvcc, *("kernel.cu" if a == SOURCE else str(partial) if a == OUTPUT
                            else a for a in job.args()), f"-frandom-seed={job.key}"]
+        # nvcc's intermediate files too (a killed nvcc leaves them): removed with the folder
+        scratch = folder / "tmp"
+        scratch.mkdir(mode=0o700)
         proc = subprocess.Popen(command, cwd=folder, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True,
+                                env={**os.environ, "TMPDIR": str(scratch)},
                                 preexec_fn=(lambda: os.nice(nice)) if nice else None)
         if started is not None:
             started(proc)

@@ -1,0 +1,41 @@
+"""A stand-in for a compiler's use of $TMPDIR in a warmup worker
+(tests/executors/test_worker_scratch.py): each task writes an intermediate file into the
+worker's temp dir and starts a child (as ninja starts nvcc) that goes on writing there,
+then reports that dir and the child's pid; a task whose module is "die" then kills its own
+worker process, as a crashing library would."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from warmd.executors.base import Executor, TaskResult
+
+# bounded: a stray one (a failing test) ends by itself
+WRITER = ("import os, sys, time\n"
+          "for _ in range(1200):\n"
+          "    open(os.path.join(sys.argv[1], f'tmpxft_{os.getpid()}'), 'a').write('x')\n"
+          "    time.sleep(0.05)\n")
+
+
+class TmpWriterExecutor(Executor):
+    library = "flashinfer"  # stands in for the library whose compiler it plays
+
+    def cache(self):
+        raise NotImplementedError
+
+    def check(self) -> tuple[bool, str]:
+        return True, "ok"
+
+    def run(self, task) -> TaskResult:
+        scratch = tempfile.gettempdir()
+        Path(scratch, "kernel.cpp1.ii").write_text("// intermediate\n")
+        child = subprocess.Popen([sys.executable, "-c", WRITER, scratch])
+        if task.module == "die":
+            os._exit(3)
+        said = {"tmpdir": scratch, "child": child.pid}
+        return TaskResult(task.key, self.library, True, 0.0, [], json.dumps(said))
