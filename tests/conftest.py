@@ -86,6 +86,18 @@ def write_config(tmp_path: Path):
 
 
 @pytest.fixture(autouse=True)
+def _settings_left_as_found():
+    """A test that leaves one of warmd's settings changed in this process (a variable set
+    and not restored, by its own code or a thread of it) fails here, and the setting is put
+    back: otherwise whichever test this worker process runs next reads it."""
+    before = private_home.settings_now()
+    yield
+    changed = private_home.restore_settings(before)
+    if changed:
+        pytest.fail(f"the test left warmd settings changed in os.environ: {', '.join(changed)}")
+
+
+@pytest.fixture(autouse=True)
 def _fresh_probes():
     from warmd.libraries import probe_library
 

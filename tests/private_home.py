@@ -4,7 +4,9 @@
 so once per pytest-xdist worker) points HOME, the XDG directories, Ray's temp dir and every
 path variable warmd or an engine reads at a fresh temporary directory, in os.environ, so
 that every process the suite starts (CLI runs, compile workers, ninja/nvcc, Ray and its
-workers, redis-server) inherits it. `snapshot()` of
+workers, redis-server) inherits it, and unsets the caller's other warmd settings
+(`cleared_settings`). A test that leaves one of warmd's settings changed fails
+(conftest.py, `settings_now` before and after each test). `snapshot()` of
 the real HOME's cache directories is taken then and compared at the session's end: any
 difference fails the run (except in what a daemon the user runs meanwhile keeps writing).
 """
@@ -33,6 +35,9 @@ LIVE = (".cache/warmd/redis", ".cache/warmd/ray-head.log")
 XDG = ("XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME")
 # Path variables of the tools the suite runs that are not warmd knobs.
 TOOL_PATHS = ("CUDA_CACHE_PATH", "TORCH_EXTENSIONS_DIR", "TORCHINDUCTOR_CACHE_DIR")
+# The caller's settings the suite keeps: the toolchain's search paths (nvcc builds), the
+# machine's GPUs, Ray's auth switch (scripts/test.sh sets it), widths (conftest's own).
+KEPT_SETTINGS = ("LIBRARY_PATH", "CPATH", "CUDA_VISIBLE_DEVICES", "RAY_AUTH_MODE", "COLUMNS")
 _DEPTH = 4  # a new file deeper down still changes the mtime of a directory listed
 _MAX_ENTRIES = 100_000
 
@@ -52,13 +57,39 @@ def redirected_variables() -> tuple[str, ...]:
     return tuple(dict.fromkeys((*paths, *XDG, *TOOL_PATHS)))
 
 
+def cleared_settings() -> tuple[str, ...]:
+    """Every other setting warmd reads (its knobs): unset in the suite, so that a caller's
+    WARMD_REDIS_URL (a production store), RAY_ADDRESS (a real cluster) or
+    WARMD_LIBRARY_PACKAGES never reaches a test, and every test starts from the defaults."""
+    return tuple(k.env for k in knobs.KNOBS if k.env not in KEPT_SETTINGS)
+
+
+def settings_now() -> dict[str, str]:
+    """warmd's settings (its knobs, any WARMD_ variable) as this process's environment has
+    them now."""
+    names = {k.env for k in knobs.KNOBS} | {n for n in os.environ if n.startswith("WARMD_")}
+    return {n: os.environ[n] for n in sorted(names) if n in os.environ}
+
+
+def restore_settings(before: dict[str, str]) -> list[str]:
+    """Put warmd's settings back as they were; the names that had changed."""
+    now = settings_now()
+    changed = sorted(n for n in before.keys() | now.keys() if before.get(n) != now.get(n))
+    for name in changed:
+        if name in before:
+            os.environ[name] = before[name]
+        else:
+            os.environ.pop(name, None)
+    return changed
+
+
 def enter() -> PrivateHome:
     real = Path(os.path.expanduser("~"))
     before = snapshot(real)
     private = Path(tempfile.mkdtemp(prefix="warmd-test-home-"))
     # A --user install stays importable in every child (its base defaults to HOME/.local).
     os.environ.setdefault("PYTHONUSERBASE", site.getuserbase())
-    for name in redirected_variables():
+    for name in (*redirected_variables(), *cleared_settings()):
         os.environ.pop(name, None)
     os.environ["HOME"] = str(private)
     for name, sub in zip(XDG, (".cache", ".config", ".local/share", ".local/state"), strict=True):

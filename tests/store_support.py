@@ -16,6 +16,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -46,21 +47,38 @@ def compiles(log: Path, what: str = "done") -> list[str]:
     return [line.split()[2] for line in log.read_text().splitlines() if line.split()[1] == what]
 
 
+class _TestlibUsers:
+    """Who is inside ``registered_testlib`` now: threads of one test overlap (nodes warming
+    at once), and the first in registers while only the last out unregisters; one saving
+    and restoring for itself would leave the other's setting behind for later tests."""
+
+    lock = threading.Lock()
+    count = 0
+    env_before: str | None = None
+
+
 @contextlib.contextmanager
 def registered_testlib() -> Iterator[None]:
     """The test library registered here and in the worker processes warmup starts; only
-    for the block, so no other test sees a third library."""
-    before = os.environ.get("WARMD_LIBRARY_PACKAGES")
-    os.environ["WARMD_LIBRARY_PACKAGES"] = LIBRARY_MODULE  # the workers inherit it
-    libraries.register(LIBRARY_MODULE)
+    while some block of this runs, so no other test sees a third library."""
+    users = _TestlibUsers
+    with users.lock:
+        if users.count == 0:
+            users.env_before = os.environ.get("WARMD_LIBRARY_PACKAGES")
+            os.environ["WARMD_LIBRARY_PACKAGES"] = LIBRARY_MODULE  # the workers inherit it
+            libraries.register(LIBRARY_MODULE)
+        users.count += 1
     try:
         yield
     finally:
-        libraries.unregister(NAME)
-        if before is None:
-            os.environ.pop("WARMD_LIBRARY_PACKAGES", None)
-        else:
-            os.environ["WARMD_LIBRARY_PACKAGES"] = before
+        with users.lock:
+            users.count -= 1
+            if users.count == 0:
+                libraries.unregister(NAME)
+                if users.env_before is None:
+                    os.environ.pop("WARMD_LIBRARY_PACKAGES", None)
+                else:
+                    os.environ["WARMD_LIBRARY_PACKAGES"] = users.env_before
 
 
 @functools.lru_cache(maxsize=1)

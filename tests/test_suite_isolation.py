@@ -162,3 +162,73 @@ def test_a_server_a_test_started_is_stopped_when_it_ends_and_a_modules_server_is
         for pid in map(int, pids.read_text().split() if pids.exists() else []):
             if pid_alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_the_callers_warmd_settings_never_reach_a_test(tmp_path):
+    """A caller's store URL, Ray address or library packages would send the suite's
+    traffic to a real store or cluster; the toolchain's search paths stay."""
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "test_probe.py").write_text(
+        "import os, subprocess, sys\n"
+        "GONE = ('WARMD_REDIS_URL', 'RAY_ADDRESS', 'WARMD_LIBRARY_PACKAGES', 'MAX_JOBS')\n"
+        "def test_settings():\n"
+        "    code = 'import os; print(sorted(os.environ))'\n"
+        "    child = subprocess.run([sys.executable, '-c', code],\n"
+        "                           capture_output=True, text=True, check=True).stdout\n"
+        "    assert not any(name in os.environ or repr(name) in child for name in GONE)\n"
+        "    assert os.environ['CPATH'] == '/kept/include' and \"'CPATH'\" in child\n")
+    done = _pytest(tmp_path / "home", tmp_path / "t", "-p", "conftest", "test_probe.py",
+                   WARMD_REDIS_URL="redis://192.0.2.1:6379/0", RAY_ADDRESS="192.0.2.1:6379",
+                   WARMD_LIBRARY_PACKAGES="nope", MAX_JOBS="64", CPATH="/kept/include")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "1 passed" in done.stdout
+
+
+def test_a_test_that_leaves_a_warmd_setting_changed_fails_and_the_next_sees_it_undone(tmp_path):
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "test_probe.py").write_text(
+        "import os\n"
+        "def test_leaks():\n"
+        "    os.environ['WARMD_NAMESPACE'] = 'leaked'\n"
+        "def test_after():\n"
+        "    assert 'WARMD_NAMESPACE' not in os.environ\n")
+    done = _pytest(tmp_path / "home", tmp_path / "t", "-p", "conftest", "test_probe.py")
+    assert done.returncode == pytest.ExitCode.TESTS_FAILED, done.stdout + done.stderr
+    assert "2 passed, 1 error" in done.stdout
+    assert "ERROR test_probe.py::test_leaks" in done.stdout
+    assert "the test left warmd settings changed in os.environ: WARMD_NAMESPACE" in done.stdout
+
+
+def test_the_test_library_stays_registered_until_its_last_overlapping_user_leaves():
+    """Nodes of one test warm in threads at once, each inside registered_testlib: the first
+    out must not unregister the library under the other, nor the last out leave it set."""
+    import threading
+
+    from store_support import registered_testlib
+    from testlib import NAME
+
+    from warmd import libraries
+
+    first_in, second_in, first_out = (threading.Event() for _ in range(3))
+    seen = {}
+
+    def first() -> None:
+        with registered_testlib():
+            first_in.set()
+            second_in.wait(10)
+        first_out.set()
+
+    def second() -> None:
+        first_in.wait(10)
+        with registered_testlib():
+            second_in.set()
+            first_out.wait(10)
+            seen["inside"] = (NAME in libraries.names(), os.environ.get("WARMD_LIBRARY_PACKAGES"))
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(20)
+    assert seen["inside"] == (True, "testlib.library")
+    assert NAME not in libraries.names() and "WARMD_LIBRARY_PACKAGES" not in os.environ
