@@ -13,6 +13,7 @@ worker that died), megabytes a build, which would otherwise pile up in the syste
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import functools
 import json
 import multiprocessing
@@ -35,6 +36,8 @@ from warmd.tasks import Task
 
 STOP_GRACE_SECONDS = 3.0
 SCRATCH_PREFIX = "warmd-worker-"  # <temp dir>/warmd-worker-<pid of the pool's process>-<random>
+OWNER_LOCK = ".owner"  # in each: flock'ed by the pool's process while the directory is in use
+ORPHAN_WITHOUT_LOCK_SECONDS = 3600.0
 MAX_WORKER_LOGS = 20  # logs of finished workers kept in <state dir>/logs, newest first
 
 
@@ -188,27 +191,53 @@ def _serve(conn: Connection, targets: dict[str, str]) -> None:
         conn.send_bytes(json.dumps(asdict(result)).encode())
 
 
-def new_scratch(env: dict[str, str]) -> Path:
+def new_scratch(env: dict[str, str]) -> tuple[Path, int]:
     """A fresh private directory for one worker process and what it starts, under the
-    worker environment's TMPDIR (else this process's temp dir); the leftovers of pools
-    whose process is gone are removed first, once per temp dir."""
+    worker environment's TMPDIR (else this process's temp dir), and the descriptor of its
+    owner lock, held until the directory is removed; the leftovers of pools that are gone
+    are removed first, once per temp dir."""
     base = Path(env.get("TMPDIR") or tempfile.gettempdir())
     _remove_orphaned_scratch(base)
-    return Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-", dir=base))
+    path = Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-", dir=base))
+    try:
+        fd = os.open(path / OWNER_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    except OSError:
+        shutil.rmtree(path, ignore_errors=True)
+        raise
+    return path, fd
 
 
 @functools.cache
 def _remove_orphaned_scratch(base: Path) -> None:
-    """Remove the worker directories of pools whose process is gone (killed before it could
-    clean up): only this user's own directories, never a link."""
+    """Remove the worker directories whose pool is gone (killed before it could clean up):
+    this user's own, never a link, and only when their owner lock is free. A lock, not the
+    pid in the name: another container sharing the temp dir has pids this one cannot see."""
     for path in base.glob(f"{SCRATCH_PREFIX}*"):
-        pid = path.name.removeprefix(SCRATCH_PREFIX).split("-", 1)[0]
-        if not pid.isdigit() or int(pid) == os.getpid() or pid_alive(int(pid)):
-            continue
-        with contextlib.suppress(OSError):
-            st = os.lstat(path)
-            if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid():
-                shutil.rmtree(path, ignore_errors=True)
+        if _orphaned(path):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _orphaned(path: Path) -> bool:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+        return False
+    try:
+        fd = os.open(path / OWNER_LOCK, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:  # being made this instant, or its maker died right then
+        return time.time() - st.st_mtime > ORPHAN_WITHOUT_LOCK_SECONDS
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 class Worker:
@@ -227,6 +256,7 @@ class Worker:
         self._proc = None
         self._conn: Connection | None = None
         self._scratch: Path | None = None  # the running process's $TMPDIR
+        self._scratch_lock: int | None = None  # its owner lock's descriptor
         self._starts = 0
         self.stopped = False
 
@@ -245,7 +275,7 @@ class Worker:
         parent, child = self._ctx.Pipe()
         self._starts += 1
         with contextlib.suppress(OSError):  # no temp dir to make one in: the inherited one
-            self._scratch = new_scratch(env)
+            self._scratch, self._scratch_lock = new_scratch(env)
             env = {**env, "TMPDIR": str(self._scratch)}
         self._proc = self._ctx.Process(target=_worker_main,
                                        args=(child, env, self.executors), daemon=True)
@@ -293,13 +323,15 @@ class Worker:
         return proc
 
     def _drop_scratch(self) -> None:
-        scratch, self._scratch = self._scratch, None
-        if scratch is None:
-            return
-        shutil.rmtree(scratch, ignore_errors=True)
-        if scratch.exists():  # a killed compiler finished one last write as it died
-            time.sleep(0.05)
+        scratch, lock = self._scratch, self._scratch_lock
+        self._scratch = self._scratch_lock = None
+        if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
+            if scratch.exists():  # a killed compiler finished one last write as it died
+                time.sleep(0.05)
+                shutil.rmtree(scratch, ignore_errors=True)
+        if lock is not None:
+            os.close(lock)
 
 
 def stop_workers(workers: list[Worker], kill: bool = False) -> None:
