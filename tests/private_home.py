@@ -35,9 +35,13 @@ LIVE = (".cache/warmd/redis", ".cache/warmd/ray-head.log")
 XDG = ("XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME")
 # Path variables of the tools the suite runs that are not warmd knobs.
 TOOL_PATHS = ("CUDA_CACHE_PATH", "TORCH_EXTENSIONS_DIR", "TORCHINDUCTOR_CACHE_DIR")
-# The caller's settings the suite keeps: the toolchain's search paths (nvcc builds), the
-# machine's GPUs, Ray's auth switch (scripts/test.sh sets it), widths (conftest's own).
-KEPT_SETTINGS = ("LIBRARY_PATH", "CPATH", "CUDA_VISIBLE_DEVICES", "RAY_AUTH_MODE", "COLUMNS")
+# The caller's settings the suite keeps: where the toolchain is (a CUDA found only through
+# CUDA_HOME, a compiler or launcher named) and its search paths, for the real builds; the
+# machine's GPUs; Ray's auth switch (scripts/test.sh sets it); widths (conftest's own).
+KEPT_SETTINGS = ("CUDA_HOME", "CUDA_PATH", "CC", "CXX", "FLASHINFER_NVCC",
+                 "FLASHINFER_CXX_LAUNCHER", "FLASHINFER_NVCC_LAUNCHER", "DG_JIT_NVCC_COMPILER",
+                 "DJ_JIT_NVCC_COMPILER", "LIBRARY_PATH", "CPATH", "CUDA_VISIBLE_DEVICES",
+                 "RAY_AUTH_MODE", "COLUMNS")
 _DEPTH = 4  # a new file deeper down still changes the mtime of a directory listed
 _MAX_ENTRIES = 100_000
 

@@ -166,7 +166,7 @@ def test_a_server_a_test_started_is_stopped_when_it_ends_and_a_modules_server_is
 
 def test_the_callers_warmd_settings_never_reach_a_test(tmp_path):
     """A caller's store URL, Ray address or library packages would send the suite's
-    traffic to a real store or cluster; the toolchain's search paths stay."""
+    traffic to a real store or cluster; where the toolchain is, and its search paths, stay."""
     (tmp_path / "t").mkdir()
     (tmp_path / "t" / "test_probe.py").write_text(
         "import os, subprocess, sys\n"
@@ -176,10 +176,13 @@ def test_the_callers_warmd_settings_never_reach_a_test(tmp_path):
         "    child = subprocess.run([sys.executable, '-c', code],\n"
         "                           capture_output=True, text=True, check=True).stdout\n"
         "    assert not any(name in os.environ or repr(name) in child for name in GONE)\n"
-        "    assert os.environ['CPATH'] == '/kept/include' and \"'CPATH'\" in child\n")
+        "    assert os.environ['CPATH'] == '/kept/include' and \"'CPATH'\" in child\n"
+        "    assert os.environ['CUDA_HOME'] == os.environ['EXPECTED_CUDA_HOME']\n")
+    cuda = str(settings.cuda_home())  # a toolkit found only through CUDA_HOME stays found
     done = _pytest(tmp_path / "home", tmp_path / "t", "-p", "conftest", "test_probe.py",
                    WARMD_REDIS_URL="redis://192.0.2.1:6379/0", RAY_ADDRESS="192.0.2.1:6379",
-                   WARMD_LIBRARY_PACKAGES="nope", MAX_JOBS="64", CPATH="/kept/include")
+                   WARMD_LIBRARY_PACKAGES="nope", MAX_JOBS="64", CPATH="/kept/include",
+                   CUDA_HOME=cuda, EXPECTED_CUDA_HOME=cuda)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "1 passed" in done.stdout
 

@@ -1,8 +1,9 @@
 """A stand-in for a compiler's use of $TMPDIR in a warmup worker
 (tests/executors/test_worker_scratch.py): each task writes an intermediate file into the
 worker's temp dir and starts a child (as ninja starts nvcc) that goes on writing there,
-then reports that dir and the child's pid; a task whose module is "die" then kills its own
-worker process, as a crashing library would."""
+then reports that dir and the child's pid. A task whose module is "die" then kills its own
+worker process, as a crashing library would; one whose module is "caches" reports where
+torch inductor and CuTe DSL would keep their caches in this worker."""
 
 from __future__ import annotations
 
@@ -32,6 +33,11 @@ class TmpWriterExecutor(Executor):
         return True, "ok"
 
     def run(self, task) -> TaskResult:
+        if task.module == "caches":
+            from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+            said = {"inductor": cache_dir(), "cute_dsl": os.environ.get("CUTE_DSL_CACHE_DIR")}
+            return TaskResult(task.key, self.library, True, 0.0, [], json.dumps(said))
         scratch = tempfile.gettempdir()
         Path(scratch, "kernel.cpp1.ii").write_text("// intermediate\n")
         child = subprocess.Popen([sys.executable, "-c", WRITER, scratch])

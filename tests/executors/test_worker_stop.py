@@ -24,7 +24,7 @@ def _started_workers(tmp_path, count: int) -> list[Worker]:
 
 def test_workers_stopped_together_exit_side_by_side(tmp_path):
     workers = _started_workers(tmp_path, 3)
-    pids = [w._proc.pid for w in workers]
+    pids = [w.pid for w in workers]
     stop_workers(workers)
     exits = [json.loads((tmp_path / f"{pid}.json").read_text()) for pid in pids]
     # every worker began exiting before the first one had finished
@@ -35,7 +35,7 @@ def test_workers_stopped_together_exit_side_by_side(tmp_path):
 
 def test_killed_workers_are_gone_without_their_exit(tmp_path):
     workers = _started_workers(tmp_path, 2)
-    pids = [w._proc.pid for w in workers]
+    pids = [w.pid for w in workers]
     stop_workers(workers, kill=True)
     assert not any(pid_alive(pid) for pid in pids)
     assert not any((tmp_path / f"{pid}.json").exists() for pid in pids)

@@ -170,14 +170,21 @@ def test_a_node_joining_mid_boot_takes_what_is_listed_and_shares_the_rest(server
 @needs_nvcc
 def test_a_slice_held_by_a_killed_node_is_discovered_elsewhere(server, site, tmp_path):
     m = list(range(1, 129))  # one slice per task
-    victim = spawn(server, site, tmp_path, "victim", m=m, seconds_per_call=0.5)
+    victim = spawn(server, site, tmp_path, "victim", m=m, seconds_per_call=0.5)  # 64 s
     client = server.client()
-    deadline = time.monotonic() + 90
+    deadline = time.monotonic() + 120
     while not client.keys("warmd:v1:klease:*discovery.*"):  # it holds a slice
         assert time.monotonic() < deadline and victim.poll() is None
         time.sleep(0.1)
     other = spawn(server, site, tmp_path, "other", m=m, seconds_per_call=0.01)
-    time.sleep(2.0)
+    # The other node starts on the other slice (the store's arrival order) and lists it;
+    # then it finds the victim's held. Killed only then: killed before the other looked,
+    # the victim's claim could expire (3 s) first, and the slice would be free, not taken
+    # over (a loaded machine can take that long to start a node).
+    while not client.keys("warmd:v1:klist:*"):
+        assert time.monotonic() < deadline and other.poll() is None, other.communicate()
+        time.sleep(0.05)
+    time.sleep(0.3)
     victim.send_signal(signal.SIGKILL)
     victim.communicate()
     stage = result(other)["stage"]

@@ -80,7 +80,11 @@ def test_a_key_with_a_path_in_it_never_names_a_directory(tmp_path, monkeypatch):
 
 
 NVCC = str(settings.cuda_home() / "bin" / "nvcc")
-KERNEL = "__global__ void k(int *p) { p[threadIdx.x] = threadIdx.x; }\n"
+# Internal-linkage symbols: nvcc names them from a hash of paths and a seed, the hazard a
+# different temp dir could touch.
+KERNEL = ("namespace { __device__ int bias; }\n"
+          "static __device__ int twice(int x) { return 2 * x + bias; }\n"
+          "__global__ void k(int *p) { p[threadIdx.x] = twice(threadIdx.x); }\n")
 
 
 def _real_job(tmp_path) -> Job:

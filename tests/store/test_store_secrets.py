@@ -75,7 +75,7 @@ worker = Worker({})
 worker.run(Task(key="x/none", library="no_such_library", kernel="k"))  # starts the process
 grandchild = subprocess.Popen(["sleep", "30"])
 envs = {}
-for name, pid in (("worker", worker._proc.pid), ("sleep", grandchild.pid)):
+for name, pid in (("worker", worker.pid), ("sleep", grandchild.pid)):
     for _ in range(100):  # until the child has exec'd (its environ is then filled in)
         with open(f"/proc/{pid}/environ", "rb") as fh:
             envs[name] = fh.read().decode(errors="replace")

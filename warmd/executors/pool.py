@@ -5,39 +5,33 @@ their environment (cache dirs, arch, CUDA_VISIBLE_DEVICES) before importing any 
 library, and exchange tasks and results with the parent as JSON over a pipe. Each worker
 leads its own process group so that stopping it also stops the ninja/nvcc it started.
 Executors are created in the worker with no arguments, from the environment it was given.
-Each worker process has its own temporary directory ($TMPDIR), removed once the process is
-gone: nvcc and gcc leave their intermediate files there when they are killed (a stop, a
-worker that died), megabytes a build, which would otherwise pile up in the system's /tmp.
+Each worker process has its own temp dir ($TMPDIR), removed once the process is gone
+(warmd.executors.scratch).
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import functools
 import json
 import multiprocessing
 import os
-import shutil
 import signal
-import stat
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
 
 from warmd.executors.base import Executor, KernelOutcome, TaskResult
+from warmd.executors.scratch import Scratch, caches_outside, make_scratch
 from warmd.processes import pid_alive
 from warmd.stats import Outcome
 from warmd.tasks import Task
 
 STOP_GRACE_SECONDS = 3.0
-SCRATCH_PREFIX = "warmd-worker-"  # <temp dir>/warmd-worker-<pid of the pool's process>-<random>
-OWNER_LOCK = ".owner"  # in each: flock'ed by the pool's process while the directory is in use
-ORPHAN_WITHOUT_LOCK_SECONDS = 3600.0
 MAX_WORKER_LOGS = 20  # logs of finished workers kept in <state dir>/logs, newest first
 
 
@@ -191,53 +185,21 @@ def _serve(conn: Connection, targets: dict[str, str]) -> None:
         conn.send_bytes(json.dumps(asdict(result)).encode())
 
 
-def new_scratch(env: dict[str, str]) -> tuple[Path, int]:
-    """A fresh private directory for one worker process and what it starts, under the
-    worker environment's TMPDIR (else this process's temp dir), and the descriptor of its
-    owner lock, held until the directory is removed; the leftovers of pools that are gone
-    are removed first, once per temp dir."""
-    base = Path(env.get("TMPDIR") or tempfile.gettempdir())
-    _remove_orphaned_scratch(base)
-    path = Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-", dir=base))
-    try:
-        fd = os.open(path / OWNER_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        fcntl.flock(fd, fcntl.LOCK_EX)
-    except OSError:
-        shutil.rmtree(path, ignore_errors=True)
-        raise
-    return path, fd
+@dataclass
+class _Running:
+    """A worker's process, the pipe to it and its temp dir (None: the inherited one)."""
 
+    proc: multiprocessing.process.BaseProcess
+    conn: Connection
+    scratch: Scratch | None
 
-@functools.cache
-def _remove_orphaned_scratch(base: Path) -> None:
-    """Remove the worker directories whose pool is gone (killed before it could clean up):
-    this user's own, never a link, and only when their owner lock is free. A lock, not the
-    pid in the name: another container sharing the temp dir has pids this one cannot see."""
-    for path in base.glob(f"{SCRATCH_PREFIX}*"):
-        if _orphaned(path):
-            shutil.rmtree(path, ignore_errors=True)
-
-
-def _orphaned(path: Path) -> bool:
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return False
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
-        return False
-    try:
-        fd = os.open(path / OWNER_LOCK, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except FileNotFoundError:  # being made this instant, or its maker died right then
-        return time.time() - st.st_mtime > ORPHAN_WITHOUT_LOCK_SECONDS
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return True
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
+    def ended(self, kill_group: bool) -> None:
+        """The process is gone (or being killed): what it started goes too when told so,
+        then its temp dir."""
+        if kill_group:
+            _kill_group(self.proc.pid, signal.SIGKILL)
+        if self.scratch is not None:
+            self.scratch.remove(self.proc.pid)
 
 
 class Worker:
@@ -246,17 +208,17 @@ class Worker:
     The process starts on the first task, not before: a run whose tasks all finish without
     a library (verified hits) starts none. ``env`` may be a function giving the environment
     then (working it out can mean probing GPUs and compilers). ``executors`` maps a library
-    to another "module:Class" executor for it (a discovery pass, say)."""
+    to another "module:Class" executor for it (a discovery pass, say). Whoever takes the
+    running process (the task's thread when it died, a stop) ends it and removes its temp
+    dir, once."""
 
     def __init__(self, env: dict[str, str] | Callable[[], dict[str, str]],
                  executors: dict[str, str] | None = None) -> None:
         self._env = env if callable(env) else dict(env)
         self.executors = dict(executors or {})
         self._ctx = multiprocessing.get_context("spawn")
-        self._proc = None
-        self._conn: Connection | None = None
-        self._scratch: Path | None = None  # the running process's $TMPDIR
-        self._scratch_lock: int | None = None  # its owner lock's descriptor
+        self._lock = threading.Lock()
+        self._running: _Running | None = None
         self._starts = 0
         self.stopped = False
 
@@ -271,75 +233,94 @@ class Worker:
         """Whether a process was ever started for this worker."""
         return self._starts > 0
 
-    def _start(self, env: dict[str, str]) -> None:
-        parent, child = self._ctx.Pipe()
-        self._starts += 1
+    @property
+    def pid(self) -> int | None:
+        """The running process's pid."""
+        running = self._running
+        return running.proc.pid if running is not None else None
+
+    def _start(self, env: dict[str, str]) -> _Running | None:
+        """Start the process (None when the worker was stopped meanwhile)."""
+        base = Path(env.get("TMPDIR") or tempfile.gettempdir())
+        scratch = None
         with contextlib.suppress(OSError):  # no temp dir to make one in: the inherited one
-            self._scratch, self._scratch_lock = new_scratch(env)
-            env = {**env, "TMPDIR": str(self._scratch)}
-        self._proc = self._ctx.Process(target=_worker_main,
-                                       args=(child, env, self.executors), daemon=True)
-        self._proc.start()
+            scratch = make_scratch(base)
+            pinned = {k: v for k, v in caches_outside(base).items()
+                      if k not in env and k not in os.environ}
+            env = {**pinned, **env, "TMPDIR": str(scratch.path)}
+        parent, child = self._ctx.Pipe()
+        proc = self._ctx.Process(target=_worker_main, args=(child, env, self.executors),
+                                 daemon=True)
+        running = None
+        with self._lock:
+            if not self.stopped:
+                proc.start()
+                self._starts += 1
+                running = self._running = _Running(proc, parent, scratch)
         child.close()
-        self._conn = parent
+        if running is None:
+            parent.close()
+            if scratch is not None:
+                scratch.remove()
+        return running
+
+    def _take(self, running: _Running) -> bool:
+        """Take this process from the worker, unless a stop took it first."""
+        with self._lock:
+            if self._running is not running:
+                return False
+            self._running = None
+            return True
 
     def run(self, task: Task) -> TaskResult:
         if self.stopped:
             return failed_result(task, "interrupted before it started")
-        if self._proc is None or not self._proc.is_alive():
+        running = self._running
+        if running is not None and not running.proc.is_alive() and self._take(running):
+            running.ended(kill_group=True)  # it died between tasks
+            running = None
+        if running is None:
             env = self.env  # worked out first: it may wait (a kernel stage holding workers)
-            if self.stopped:  # stopped meanwhile: start nothing
+            running = None if self.stopped else self._start(env)
+            if running is None:  # stopped meanwhile: start nothing
                 return failed_result(task, "interrupted before it started")
-            self._start(env)
-        proc, conn = self._proc, self._conn
-        assert proc is not None and conn is not None
         try:
-            conn.send_bytes(json.dumps(task.to_json()).encode())
-            return result_from_json(json.loads(conn.recv_bytes()))
+            running.conn.send_bytes(json.dumps(task.to_json()).encode())
+            return result_from_json(json.loads(running.conn.recv_bytes()))
         except (EOFError, OSError):
-            proc.join(timeout=STOP_GRACE_SECONDS)
-            if self._proc is proc:  # died on its own: what it started goes with it
-                _kill_group(proc.pid, signal.SIGKILL)
-                self._proc = self._conn = None
-                self._drop_scratch()
+            running.proc.join(timeout=STOP_GRACE_SECONDS)
+            if self._take(running):  # died on its own: what it started goes with it
+                running.ended(kill_group=True)
             if self.stopped:
                 return failed_result(task, "interrupted")
-            return failed_result(task, f"worker process died (exit code {proc.exitcode})")
+            return failed_result(task, f"worker process died (exit code "
+                                       f"{running.proc.exitcode})")
 
     def stop(self, kill: bool = False) -> None:
         """Ask the worker to exit; kill its whole process group (ninja, nvcc) when told to,
         or when it does not exit within the grace period."""
         stop_workers([self], kill)
 
-    def _ask_to_exit(self, kill: bool) -> multiprocessing.process.BaseProcess | None:
-        """Mark the worker stopped and, unless it is to be killed, ask its process to exit;
-        the process, if one ran."""
-        self.stopped = True
-        proc, conn = self._proc, self._conn
-        self._proc = self._conn = None
-        if proc is not None and not kill and conn is not None:
+    def _ask_to_exit(self, kill: bool) -> _Running | None:
+        """Mark the worker stopped, take its process and, unless it is to be killed, ask
+        it to exit; the process, if one ran and no one else took it."""
+        with self._lock:
+            self.stopped = True
+            running, self._running = self._running, None
+        if running is not None and not kill:
             with contextlib.suppress(OSError):
-                conn.send_bytes(b"")
-        return proc
-
-    def _drop_scratch(self) -> None:
-        scratch, lock = self._scratch, self._scratch_lock
-        self._scratch = self._scratch_lock = None
-        if scratch is not None:
-            shutil.rmtree(scratch, ignore_errors=True)
-            if scratch.exists():  # a killed compiler finished one last write as it died
-                time.sleep(0.05)
-                shutil.rmtree(scratch, ignore_errors=True)
-        if lock is not None:
-            os.close(lock)
+                running.conn.send_bytes(b"")
+        return running
 
 
 def stop_workers(workers: list[Worker], kill: bool = False) -> None:
     """Stop these workers together: every one asked to exit first, then waited for within
     one grace period shared by all (a worker holding a CUDA context takes a moment to exit:
     one after the other, those moments would add up), then what is left killed with its
-    process group (ninja, nvcc); their temporary directories are removed last."""
-    procs = [proc for w in workers if (proc := w._ask_to_exit(kill)) is not None]
+    process group (ninja, nvcc); the temp dirs of the processes this call took are removed
+    last."""
+    taken = [running for w in workers if (running := w._ask_to_exit(kill)) is not None]
+    procs = [running.proc for running in taken]
     if not kill:
         _join_all(procs)
     left = [proc for proc in procs if kill or proc.is_alive()]
@@ -347,8 +328,8 @@ def stop_workers(workers: list[Worker], kill: bool = False) -> None:
         for proc in left:
             _kill_group(proc.pid, sig)
         _join_all(left)
-    for worker in workers:
-        worker._drop_scratch()
+    for running in taken:
+        running.ended(kill_group=False)
 
 
 def _join_all(procs: list[multiprocessing.process.BaseProcess]) -> None:
