@@ -3,7 +3,7 @@
 worker's temp dir and starts a child (as ninja starts nvcc) that goes on writing there,
 then reports that dir and the child's pid. A task whose module is "die" then kills its own
 worker process, as a crashing library would; one whose module is "caches" reports where
-torch inductor and CuTe DSL would keep their caches in this worker."""
+torch inductor would keep its cache in this worker, and CUTE_DSL_CACHE_DIR."""
 
 from __future__ import annotations
 

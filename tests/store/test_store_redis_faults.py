@@ -31,8 +31,11 @@ def test_store_down_before_warmup(tmp_path, caches):
 def test_store_lost_mid_run_then_back(tmp_path, caches):
     srv = start_test_server(tmp_path / "s1", password="pw")
     try:
-        # a store lost after it answered is retried for the join budget: kept short here
-        cache = caches(srv.url, breaker=CircuitBreaker(cooldown=0.3), join_budget=1.0)
+        # a store lost after it answered is retried for the join budget: kept short here;
+        # the breaker's cooldown is not doubled past 0.3 s by the failed probes of the run
+        # without the store (a loaded machine's slower run makes more of them)
+        cache = caches(srv.url, breaker=CircuitBreaker(cooldown=0.3, max_cooldown=0.3),
+                       join_budget=1.0)
         adapter = DirAdapter(tmp_path / "a")
         plan = task_entries(6)
         first = dict(list(plan.items())[:3])

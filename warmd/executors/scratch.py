@@ -71,12 +71,12 @@ def make_scratch(base: Path) -> Scratch:
 def caches_outside(base: Path) -> dict[str, str]:
     """Persistent caches libraries keep under the temp dir by default, pinned where they are
     without a worker's own temp dir, so that what a worker compiles into them outlives it
-    as before: CuTe DSL's kernels (<tmp>/<user>/cutlass_python_cache, its cache_helpers)
-    and torch inductor's (<tmp>/torchinductor_<user>, its cache_dir_utils)."""
+    as before: torch inductor's (<tmp>/torchinductor_<user>, its cache_dir_utils). CuTe
+    DSL's default (<tmp>/<user>/cutlass_python_cache) is not pinned: FlashInfer sets its
+    own CUTE_DSL_CACHE_DIR (under its workspace) unless one is set, and a pin would move
+    FlashInfer's away from where the engine's FlashInfer puts it."""
     with contextlib.suppress(Exception):
-        user = getpass.getuser()
-        return {"CUTE_DSL_CACHE_DIR": str(base / user / "cutlass_python_cache"),
-                "TORCHINDUCTOR_CACHE_DIR": str(base / f"torchinductor_{user}")}
+        return {"TORCHINDUCTOR_CACHE_DIR": str(base / f"torchinductor_{getpass.getuser()}")}
     return {}
 
 
