@@ -2,8 +2,10 @@
 (tests/executors/test_worker_scratch.py): each task writes an intermediate file into the
 worker's temp dir and starts a child (as ninja starts nvcc) that goes on writing there,
 then reports that dir and the child's pid. A task whose module is "die" then kills its own
-worker process, as a crashing library would; one whose module is "caches" reports where
-torch inductor would keep its cache in this worker, and CUTE_DSL_CACHE_DIR."""
+worker process, as a crashing library would; one whose module is "hang" never ends, as a
+hung compiler would (after writing its child's pid to <its temp dir>/../hung-child); one
+whose module is "caches" reports where torch inductor would keep its cache in this worker,
+and CUTE_DSL_CACHE_DIR."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from warmd.executors.base import Executor, TaskResult
@@ -43,5 +46,8 @@ class TmpWriterExecutor(Executor):
         child = subprocess.Popen([sys.executable, "-c", WRITER, scratch])
         if task.module == "die":
             os._exit(3)
+        if task.module == "hang":
+            Path(scratch).parent.joinpath("hung-child").write_text(str(child.pid))
+            time.sleep(600)
         said = {"tmpdir": scratch, "child": child.pid}
         return TaskResult(task.key, self.library, True, 0.0, [], json.dumps(said))

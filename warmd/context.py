@@ -53,6 +53,7 @@ class NodeContext:
     store: StoreSettings
     visible_gpu_ids: tuple[str, ...] | None  # None: every GPU; (): none
     triton_modules: tuple[str, ...]  # where a trusted producer looks up Triton kernels
+    task_timeout: float  # the longest one piece of compile work runs before it is killed
 
     @classmethod
     def of(cls, overrides: Mapping[str, str] | None = None,
@@ -63,7 +64,8 @@ class NodeContext:
         environ = _knob_variables(os.environ) if base is None else dict(base)
         environ.update(overrides or {})
         return cls(environ, settings.state_dir(environ), StoreSettings.read(environ),
-                   settings.visible_gpu_ids(environ), settings.triton_modules(environ))
+                   settings.visible_gpu_ids(environ), settings.triton_modules(environ),
+                   settings.task_timeout(environ))
 
     def with_variables(self, overrides: Mapping[str, str]) -> NodeContext:
         """This context with more variables set over its own (read again)."""

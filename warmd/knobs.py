@@ -157,6 +157,10 @@ KNOBS: tuple[Knob, ...] = (
          "the longest a warmup waits on a claim another node holds (a task's lease, a "
          "kernel, a discovery, a kernel list) before it builds the work itself, in seconds "
          "(default 3600)"),
+    Knob("WARMD_TASK_TIMEOUT", NUMBER, 3600.0,
+         "the longest one piece of compile work runs (a task in a worker process, a piece "
+         "of discovery, one nvcc run of a kernel stage) before it is killed, with what it "
+         "started, and fails, in seconds (default 3600)"),
     Knob("WARMD_NODE_NAME", STRING, None,
          "this node's name in stats, manifests and `warmd status` (default: `<host>-<8 hex>`, "
          "kept in `<state dir>/node-id`)"),

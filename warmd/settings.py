@@ -196,6 +196,11 @@ def single_flight_timeout(environ: Environ = None) -> float:
     return get("WARMD_SINGLE_FLIGHT_TIMEOUT", environ)
 
 
+def task_timeout(environ: Environ = None) -> float:
+    """The longest one piece of compile work runs before it is killed (WARMD_TASK_TIMEOUT)."""
+    return get("WARMD_TASK_TIMEOUT", environ)
+
+
 def node_name(environ: Environ = None) -> str:
     """This machine's stable name in node records, `warmd status` and shared-cache stats:
     WARMD_NODE_NAME, else <state dir>/node-id, written once as <host>-<8 hex> from the machine

@@ -6,15 +6,18 @@ files are kept there too, so a stopped compile leaves none in the system's temp 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import stat
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
 from warmd import settings
+from warmd.executors.stage import terminate
 from warmd.libraries.deep_gemm import nvcc_shim
 from warmd.libraries.deep_gemm.nvcc_shim import Job, owned_private_dir
 
@@ -95,6 +98,21 @@ def _real_job(tmp_path) -> Job:
     return job
 
 
+def _running_in_group(group: int, seconds: float = 5.0) -> list[int]:
+    """The processes of a process group still running (not zombies) after up to seconds."""
+    deadline = time.monotonic() + seconds
+    while True:
+        running = []
+        for stat_file in Path("/proc").glob("[0-9]*/stat"):
+            with contextlib.suppress(OSError, IndexError):
+                fields = stat_file.read_text().rsplit(") ", 1)[1].split()
+                if int(fields[2]) == group and fields[0] != "Z":
+                    running.append(int(stat_file.parent.name))
+        if not running or time.monotonic() > deadline:
+            return running
+        time.sleep(0.05)
+
+
 @pytest.fixture
 def temp(tmp_path, monkeypatch):
     """This process's temp dir, as the test's own."""
@@ -118,7 +136,7 @@ def test_a_stopped_nvcc_leaves_nothing_in_the_temp_dir(tmp_path, temp):
                 and time.monotonic() < deadline:
             time.sleep(0.01)
         seen.extend(p.name for p in scratch.glob("tmpxft_*"))
-        proc.terminate()
+        terminate(proc)  # as the kernel stage stops it: nvcc's process group
 
     (tmp_path / "run").mkdir()
     failed = nvcc_shim.compile_job(tmp_path / "run", job, NVCC, started=stop_once_writing)
@@ -138,3 +156,15 @@ def test_a_compile_in_its_own_temp_dir_gives_the_same_cubin(tmp_path, temp):
         plain = (folder / "plain.cubin").read_bytes()
     assert job.cubin.read_bytes() == plain
     assert list(temp.iterdir()) == []
+
+
+@pytest.mark.skipif(not os.path.isfile(NVCC), reason="needs nvcc (the CUDA toolkit)")
+def test_an_nvcc_run_past_its_timeout_is_killed_with_its_children_and_fails(tmp_path, temp):
+    job, started = _real_job(tmp_path), []
+    (tmp_path / "run").mkdir()
+    failed = nvcc_shim.compile_job(tmp_path / "run", job, NVCC, started=started.append,
+                                   timeout=0.05)
+    assert failed == "nvcc timed out after 0.05 s (killed; WARMD_TASK_TIMEOUT)"
+    assert job.failure() == failed and not job.cubin.exists()  # not tried again this run
+    assert _running_in_group(started[0].pid) == []  # cicc, ptxas: gone with it
+    assert list(temp.iterdir()) == [] and not (tmp_path / "home" / job.key).exists()

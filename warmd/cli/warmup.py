@@ -74,7 +74,8 @@ def from_config_path() -> str | None:
 
 
 def warmup_from_config(path: str, *, redis_url: str | None = None, no_shared: bool = False,
-                       workers: int | None = None, as_json: bool = False) -> int:
+                       workers: int | None = None, as_json: bool = False,
+                       overrides: dict[str, str] | None = None) -> int:
     """Warm this machine for every configured model; returns the exit code (0 warm, 1 a model
     or task failed). A machine without a GPU warms as a builder (FlashInfer modules for
     builders.target, or each model's target)."""
@@ -85,6 +86,8 @@ def warmup_from_config(path: str, *, redis_url: str | None = None, no_shared: bo
     check_models(config)  # a model no node can plan is bad input, said first
     url = STORE_OFF[0] if no_shared else config.redis.url
     context = node_context(config)
+    if overrides:  # the command line's settings, over the config's and the environment's
+        context = context.with_variables(overrides)
 
     def progress(model: str, done: int, total: int) -> None:
         if total and not as_json:
@@ -141,11 +144,17 @@ def _render(config: WarmdConfig, result: NodeWarm, summary: NodeSummary) -> str:
               metavar="SECONDS",
               help="Wait at most this long for a kernel another node is building, then build "
                    "it here (default: $WARMD_SINGLE_FLIGHT_TIMEOUT, else 3600).")
+@click.option("--task-timeout", type=click.FloatRange(min=0, min_open=True),
+              metavar="SECONDS",
+              help="Kill a task (a discovery piece, an nvcc run) still running after this "
+                   "long, with what it started; it fails with that reason (default: "
+                   "$WARMD_TASK_TIMEOUT, else 3600).")
 @click.option("--json", "as_json", is_flag=True,
               help="Print the report as JSON on stdout (progress stays on stderr).")
 def warmup(request: PlanRequest, libraries: tuple[str, ...], task_filter: str | None,
            workers: int | None, verify_load: bool, per_task: bool, redis_url: str | None,
-           no_shared: bool, single_flight_timeout: float | None, as_json: bool) -> None:
+           no_shared: bool, single_flight_timeout: float | None, task_timeout: float | None,
+           as_json: bool) -> None:
     """Compile every JIT kernel the plan needs, before traffic arrives.
 
     Each task is fetched from the shared cache when the cluster has it, else compiled here
@@ -154,21 +163,23 @@ def warmup(request: PlanRequest, libraries: tuple[str, ...], task_filter: str | 
     input, 130 interrupted (Ctrl-C stops the compilers; no partial cache entry is left),
     143 stopped by SIGTERM (the same way; the way to stop a background job).
     """
+    overrides = {env: str(value) for env, value in (
+        ("WARMD_SINGLE_FLIGHT_TIMEOUT", single_flight_timeout),
+        ("WARMD_TASK_TIMEOUT", task_timeout)) if value is not None}
     if from_config_path():
         _refuse_plan_flags_with_from_config()
         sys.exit(warmup_from_config(from_config_path(), redis_url=redis_url,
-                                    no_shared=no_shared, workers=workers, as_json=as_json))
+                                    no_shared=no_shared, workers=workers, as_json=as_json,
+                                    overrides=overrides))
     require_model(request)
     began = time.monotonic()
     started = seconds_since_start()  # the interpreter, warmd's imports, the command line
-    context = NodeContext.of()
+    context = NodeContext.of(overrides)
     plan = make_plan(request, context.environ)
     planned = time.monotonic()
     options = WarmupOptions(libraries=libraries, task_filter=task_filter, workers=workers,
                             verify_load=verify_load, kernel_split=not per_task,
                             context=context)
-    if single_flight_timeout is not None:
-        options.single_flight_timeout = single_flight_timeout
     selected = options.select(plan.tasks)  # a bad regex is bad input: exit 2 before any work
     if not selected:
         _refuse_empty_selection(plan.tasks, options)

@@ -193,11 +193,15 @@ class _Running:
     conn: Connection
     scratch: Scratch | None
 
-    def ended(self, kill_group: bool) -> None:
-        """The process is gone (or being killed): what it started goes too when told so,
-        then its temp dir."""
-        if kill_group:
+    def ended(self, stop_group: bool) -> None:
+        """The process is gone, or is to go: when told so, it and what it started are
+        stopped as a stop does (TERM, which a library's executor answers by removing its
+        half-made build, then KILL after the grace period), then its temp dir goes."""
+        if stop_group:
+            _kill_group(self.proc.pid, signal.SIGTERM)
+            self.proc.join(timeout=STOP_GRACE_SECONDS)
             _kill_group(self.proc.pid, signal.SIGKILL)
+            self.proc.join(timeout=STOP_GRACE_SECONDS)
         if self.scratch is not None:
             self.scratch.remove(self.proc.pid)
 
@@ -208,14 +212,17 @@ class Worker:
     The process starts on the first task, not before: a run whose tasks all finish without
     a library (verified hits) starts none. ``env`` may be a function giving the environment
     then (working it out can mean probing GPUs and compilers). ``executors`` maps a library
-    to another "module:Class" executor for it (a discovery pass, say). Whoever takes the
-    running process (the task's thread when it died, a stop) ends it and removes its temp
-    dir, once."""
+    to another "module:Class" executor for it (a discovery pass, say). A task still running
+    after ``timeout`` seconds is killed with everything it started, and fails. Whoever takes
+    the running process (the task's thread when it died or ran too long, a stop) ends it and
+    removes its temp dir, once."""
 
     def __init__(self, env: dict[str, str] | Callable[[], dict[str, str]],
-                 executors: dict[str, str] | None = None) -> None:
+                 executors: dict[str, str] | None = None,
+                 timeout: float | None = None) -> None:
         self._env = env if callable(env) else dict(env)
         self.executors = dict(executors or {})
+        self.timeout = timeout
         self._ctx = multiprocessing.get_context("spawn")
         self._lock = threading.Lock()
         self._running: _Running | None = None
@@ -277,7 +284,7 @@ class Worker:
             return failed_result(task, "interrupted before it started")
         running = self._running
         if running is not None and not running.proc.is_alive() and self._take(running):
-            running.ended(kill_group=True)  # it died between tasks
+            running.ended(stop_group=True)  # it died between tasks
             running = None
         if running is None:
             env = self.env  # worked out first: it may wait (a kernel stage holding workers)
@@ -286,15 +293,26 @@ class Worker:
                 return failed_result(task, "interrupted before it started")
         try:
             running.conn.send_bytes(json.dumps(task.to_json()).encode())
+            if self.timeout is not None and not running.conn.poll(self.timeout):
+                return self._timed_out(task, running)
             return result_from_json(json.loads(running.conn.recv_bytes()))
         except (EOFError, OSError):
             running.proc.join(timeout=STOP_GRACE_SECONDS)
             if self._take(running):  # died on its own: what it started goes with it
-                running.ended(kill_group=True)
+                running.ended(stop_group=True)
             if self.stopped:
                 return failed_result(task, "interrupted")
             return failed_result(task, f"worker process died (exit code "
                                        f"{running.proc.exitcode})")
+
+    def _timed_out(self, task: Task, running: _Running) -> TaskResult:
+        if self._take(running):  # else a stop took it meanwhile: the stop ends it
+            running.ended(stop_group=True)
+        if self.stopped:
+            return failed_result(task, "interrupted")
+        return failed_result(task, f"timed out after {self.timeout:g} s (its process and "
+                                   f"compilers killed; --task-timeout, WARMD_TASK_TIMEOUT)",
+                             self.timeout or 0.0)
 
     def stop(self, kill: bool = False) -> None:
         """Ask the worker to exit; kill its whole process group (ninja, nvcc) when told to,
@@ -329,7 +347,7 @@ def stop_workers(workers: list[Worker], kill: bool = False) -> None:
             _kill_group(proc.pid, sig)
         _join_all(left)
     for running in taken:
-        running.ended(kill_group=False)
+        running.ended(stop_group=False)
 
 
 def _join_all(procs: list[multiprocessing.process.BaseProcess]) -> None:

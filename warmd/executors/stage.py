@@ -10,6 +10,7 @@ recorded, named and built (its shim and job format), and its report's own fields
 from __future__ import annotations
 
 import contextlib
+import os
 import queue
 import signal
 import subprocess
@@ -38,8 +39,10 @@ class CompileStage:
     recorder: str = ""
 
     def __init__(self, root: Path, tasks: list[Task], jobs: int, gpu_ids: list[str],
-                 env: dict[str, str], cluster: StageCluster | None = None) -> None:
+                 env: dict[str, str], cluster: StageCluster | None = None,
+                 timeout: float | None = None) -> None:
         self.root = Path(root)
+        self.timeout = timeout  # the longest a discovery piece or a compile runs
         self.cluster = cluster  # with a shared cache: kernels claimed and listed cluster-wide
         self.tasks = list(tasks)
         self.jobs = max(1, jobs)
@@ -122,7 +125,8 @@ class CompileStage:
             if self.gpu_ids:
                 env["CUDA_VISIBLE_DEVICES"] = self.gpu_ids[len(self.recorders)
                                                            % len(self.gpu_ids)]
-            worker = Worker(env, executors={self.library: self.recorder})
+            worker = Worker(env, executors={self.library: self.recorder},
+                            timeout=self.timeout)
             self.recorders.append(worker)
             self.discovering += 1
         return worker
@@ -250,5 +254,7 @@ def _quartiles(values: list[float]) -> list[float]:
 
 
 def terminate(proc: subprocess.Popen) -> None:
+    """Stop a compiler the stage started, with its own children (cicc, ptxas): it leads its
+    own process group."""
     with contextlib.suppress(ProcessLookupError, OSError):
-        proc.send_signal(signal.SIGTERM)
+        os.killpg(proc.pid, signal.SIGTERM)

@@ -85,8 +85,9 @@ class ClusterStage(CompileStage):
         raise NotImplementedError
 
     def __init__(self, root: Path, tasks: list[Task], jobs: int, gpu_ids: list[str],
-                 env: dict[str, str], cluster: StageCluster | None = None) -> None:
-        super().__init__(root, tasks, jobs, gpu_ids, env, cluster)
+                 env: dict[str, str], cluster: StageCluster | None = None,
+                 timeout: float | None = None) -> None:
+        super().__init__(root, tasks, jobs, gpu_ids, env, cluster, timeout)
         self.listed: dict[str, Any] = {}  # entry -> how it is built (the kernel list)
         self.slice_lists: dict[str, tuple[str, ...]] = {}  # slice digest -> entries, listed
         self.list_lock = threading.Lock()  # listed and slice_lists, from several threads

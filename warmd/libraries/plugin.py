@@ -66,11 +66,11 @@ class LibraryPlugin(Protocol):
         return {}
 
     def kernel_stage(self, root: Path, tasks: list[Task], jobs: int, gpu_ids: list[str],
-                     env: dict[str, str], cluster: StageCluster | None
-                     ) -> KernelStage:
+                     env: dict[str, str], cluster: StageCluster | None,
+                     timeout: float | None = None) -> KernelStage:
         """A stage compiling the cold ``tasks`` into ``root`` (not started yet) with ``jobs``
-        compile jobs on ``gpu_ids``, ``env`` its workers' environment; called only when
-        ``stages_kernels``."""
+        compile jobs on ``gpu_ids``, ``env`` its workers' environment, each discovery piece
+        and compile killed after ``timeout`` seconds; called only when ``stages_kernels``."""
         raise TypeError(f"{type(self).__name__} has no kernel stage")
 
     def task_kernels(self, task: Task) -> tuple[tuple[str, Task], ...] | None:

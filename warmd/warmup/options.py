@@ -23,6 +23,9 @@ class WarmupOptions:
     cache_roots: dict[str, Path] = field(default_factory=dict)
     # the longest another node's claim is waited on (None: the context's)
     single_flight_timeout: float | None = None
+    # the longest one task (a discovery piece, an nvcc run) runs before it is killed and
+    # fails (None: the context's)
+    task_timeout: float | None = None
     verify_load: bool = False  # replay warm tasks through the library (loads every kernel)
     kernel_split: bool = True  # let libraries split cold tasks below the task
     warm_only: bool = False  # finish only if no task needs a library; else run nothing
@@ -37,6 +40,8 @@ class WarmupOptions:
         self.cache_roots = {name: Path(root) for name, root in self.cache_roots.items()}
         if self.single_flight_timeout is None:
             self.single_flight_timeout = self.context.store.single_flight_timeout
+        if self.task_timeout is None:
+            self.task_timeout = self.context.task_timeout
 
     def for_plan(self, plan: Plan) -> WarmupOptions:
         """These options with every library's cache root: the one given, else the one the

@@ -50,7 +50,8 @@ def start_workers(run: RunState, cold: list[Task]) -> list[Worker]:
     the kernel stages of the cold tasks' libraries. Without cold tasks: one worker, which
     starts only should a verified task turn out otherwise, and no GPU lookup."""
     if not cold:
-        return [Worker(lambda: worker_env(run.plan, run.options, set()))]
+        return [Worker(lambda: worker_env(run.plan, run.options, set()),
+                       timeout=run.options.task_timeout)]
     options = run.options
     ids = gpu_ids(options)
     jobs = options.workers or default_workers(len(ids))
@@ -74,7 +75,7 @@ def start_workers(run: RunState, cold: list[Task]) -> list[Worker]:
             return gpu_env(shared_env[0], ids, index)
         return make
 
-    return [Worker(env_for(i)) for i in range(count)]
+    return [Worker(env_for(i), timeout=options.task_timeout) for i in range(count)]
 
 
 def _start_stages(run: RunState, cold: list[Task], jobs: int, ids: list[str]
@@ -97,7 +98,8 @@ def _start_stages(run: RunState, cold: list[Task], jobs: int, ids: list[str]
         cluster = (StageWork(run, run.libraries[library], run.options.builder)
                    if run.shared is not None else None)
         try:
-            stage = plugin.kernel_stage(adapter.root, tasks, jobs, ids, base, cluster)
+            stage = plugin.kernel_stage(adapter.root, tasks, jobs, ids, base, cluster,
+                                        run.options.task_timeout)
             extra.update(stage.start())
         except WarmdInputError:
             raise  # a setting of the user's is wrong: said in one line, not worked around

@@ -101,8 +101,9 @@ class DeepGemmKernelStage(DeepGemmLists, DeepGemmDiscovery, ClusterStage):
     recorder = RECORDER  # the discovery processes' executor ("module:Class")
 
     def __init__(self, root: Path, tasks: list[Task], jobs: int, gpu_ids: list[str],
-                 env: dict[str, str], cluster: StageCluster | None = None) -> None:
-        super().__init__(root, tasks, jobs, gpu_ids, env, cluster)
+                 env: dict[str, str], cluster: StageCluster | None = None,
+                 timeout: float | None = None) -> None:
+        super().__init__(root, tasks, jobs, gpu_ids, env, cluster, timeout)
         self.nvcc = real_nvcc()
         self.nice = settings.compile_nice()
         self.install = resolve()  # the DeepGEMM the workers import
@@ -172,7 +173,8 @@ class DeepGemmKernelStage(DeepGemmLists, DeepGemmDiscovery, ClusterStage):
         if self.stopped.is_set():
             return "stopped"
         # A job a worker is compiling right now is theirs: this slot takes the next one.
-        return compile_job(self.run, job, self.nvcc, self._started, wait=False)
+        return compile_job(self.run, job, self.nvcc, self._started, wait=False,
+                           timeout=self.timeout)
 
     def compile_seconds(self, entry: str) -> float | None:
         """nvcc's time for an entry of the real cache this run compiled (by its source), or

@@ -93,7 +93,8 @@ class DeepGemmLists:
         job = self.listed[entry]
         include = str(self.install.location / "include") if self.install else ""
         began = time.monotonic()
-        failure = build_entry(self.run, job, self.nvcc, self.root, include, self._started)
+        failure = build_entry(self.run, job, self.nvcc, self.root, include, self._started,
+                              self.timeout)
         if failure is None:
             with self.lock:
                 self.built_here.add(entry)

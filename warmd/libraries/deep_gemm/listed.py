@@ -115,7 +115,8 @@ def listed_from_entry(job: Job, entry: Path, nvcc: str, include: str) -> ListedJ
 
 
 def build_entry(run: Path, job: ListedJob, nvcc: str, root: Path, include: str,
-                started: Callable[[subprocess.Popen], None] | None = None) -> str | None:
+                started: Callable[[subprocess.Popen], None] | None = None,
+                timeout: float | None = None) -> str | None:
     """Build the listed kernel into root's cache/ (None: done, or there already; else why
     not). The entry is what DeepGEMM writes: kernel.cu, kernel.cubin, DeepJIT's meta.json
     and .committed."""
@@ -128,7 +129,7 @@ def build_entry(run: Path, job: ListedJob, nvcc: str, root: Path, include: str,
         return "this node's nvcc --version differs from the kernel list's"
     args = localize(job.args, job.include, include)
     saved = save_job(run, args, job.source.encode(errors="surrogateescape"), key=job.key)
-    failure = compile_job(run, saved, nvcc, started)
+    failure = compile_job(run, saved, nvcc, started, timeout=timeout)
     if failure is not None:
         return failure
     staged = run / f"entry-{uuid.uuid4().hex[:8]}" / job.entry

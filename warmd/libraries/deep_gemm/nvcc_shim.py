@@ -48,6 +48,7 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -164,11 +165,12 @@ def _locked(path: Path, wait: bool = True):
 
 def compile_job(run: Path, job: Job, nvcc: str,
                 started: Callable[[subprocess.Popen], None] | None = None,
-                wait: bool = True) -> str | None:
+                wait: bool = True, timeout: float | None = None) -> str | None:
     """Compile the job unless it is compiled (or failed) already; None when its cubin is
-    there (or, without wait, someone else is compiling it), else nvcc's output. Holding the
-    job's lock while compiling makes everyone else who needs it wait for this compile
-    instead of running their own."""
+    there (or, without wait, someone else is compiling it), else nvcc's output (or why it
+    was killed: still running after timeout seconds). Holding the job's lock while
+    compiling makes everyone else who needs it wait for this compile instead of running
+    their own."""
     with _locked(job.path / "lock", wait) as mine:
         if not mine:
             return None
@@ -178,11 +180,12 @@ def compile_job(run: Path, job: Job, nvcc: str,
         if failed is not None:
             return failed
         with _slot(run):
-            return _compile(run, job, nvcc, started)
+            return _compile(run, job, nvcc, started, timeout)
 
 
 def _compile(run: Path, job: Job, nvcc: str,
-             started: Callable[[subprocess.Popen], None] | None) -> str | None:
+             started: Callable[[subprocess.Popen], None] | None,
+             timeout: float | None = None) -> str | None:
     """Run nvcc on the job (its lock and a compile slot held)."""
     partial = (job.path / f".kernel.{uuid.uuid4().hex[:8]}.cubin").resolve()
     began, wall = time.monotonic(), time.time()
@@ -193,13 +196,26 @@ def _compile(run: Path, job: Job, nvcc: str,
         # nvcc's intermediate files too (a killed nvcc leaves them): removed with the folder
         scratch = folder / "tmp"
         scratch.mkdir(mode=0o700)
+        # Started for a caller that stops it (``started``: warmd's kernel stage), nvcc leads
+        # its own process group, so that cicc and ptxas are stopped with it; else it stays
+        # in its caller's (a worker's: stopped with the worker).
         proc = subprocess.Popen(command, cwd=folder, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True,
                                 env={**os.environ, "TMPDIR": str(scratch)},
+                                start_new_session=started is not None,
                                 preexec_fn=(lambda: os.nice(nice)) if nice else None)
         if started is not None:
             started(proc)
-        output, _ = proc.communicate()
+        try:
+            output, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                if started is not None:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                else:
+                    proc.kill()
+            proc.communicate()
+            output = f"nvcc timed out after {timeout:g} s (killed; WARMD_TASK_TIMEOUT)"
     seconds = time.monotonic() - began
     ok = proc.returncode == 0 and partial.is_file()
     if ok:

@@ -38,11 +38,12 @@ class DeepGemmPlugin(LibraryPlugin):
         return DeepGemmExecutor()
 
     def kernel_stage(self, root: Path, tasks: list[Task], jobs: int, gpu_ids: list[str],
-                     env: dict[str, str], cluster: StageCluster | None
-                     ) -> DeepGemmKernelStage:
+                     env: dict[str, str], cluster: StageCluster | None,
+                     timeout: float | None = None) -> DeepGemmKernelStage:
         from warmd.libraries.deep_gemm.compiler import DeepGemmKernelStage
 
-        return DeepGemmKernelStage(root, tasks, jobs, gpu_ids, env, cluster=cluster)
+        return DeepGemmKernelStage(root, tasks, jobs, gpu_ids, env, cluster=cluster,
+                                   timeout=timeout)
 
     def rederive(self, adapter: CacheAdapter, name: str, artifact: bytes, scratch: Path,
                  context: NodeContext) -> Rederived:
