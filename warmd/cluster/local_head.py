@@ -22,6 +22,10 @@ from warmd.processes import pid_alive
 
 LOCAL_HEAD_TIMEOUT = 120.0
 _STARTED_LINE = "Ray runtime started."  # what `ray start --head` logs once it is up
+# What Ray says of a port another process took between warmd's probe and Ray's bind
+PORT_TAKEN = ("Failed to start the grpc server", "address already in use",
+              "Address already in use")
+HEAD_ATTEMPTS = 3
 
 
 @dataclass(frozen=True)
@@ -78,11 +82,24 @@ def ray_auth_token() -> Path:
 
 def start_local_head(host: str = "127.0.0.1") -> tuple[str, list[str]]:
     """Start a Ray cluster on this machine that outlives this process, bound to host;
-    returns its address and warnings."""
-    from warmd.store import free_port
-
+    returns its address and warnings. Ports are picked free; one another process takes
+    before Ray binds it (a busy machine) is picked again, HEAD_ATTEMPTS times in all."""
     log_path = settings.state_dir() / "ray-head.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    for _attempt in range(HEAD_ATTEMPTS):
+        started = _launch_head(host, log_path)
+        if not isinstance(started, str):
+            return started
+        if not any(words in started for words in PORT_TAKEN):
+            break
+    raise WarmdInputError(f"could not start a local Ray cluster: {started[:400]}")
+
+
+def _launch_head(host: str, log_path: Path) -> tuple[str, list[str]] | str:
+    """One try: the head's address and warnings once it is up, or the tail of its log when
+    it exited."""
+    from warmd.store import free_port
+
     ports = [free_port(), free_port(), free_port()]
     launch = head_launch(host, ports, dict(os.environ), settings.ray_auth_mode())
     address = f"[{host}]:{ports[0]}" if ":" in host else f"{host}:{ports[0]}"
@@ -98,9 +115,10 @@ def start_local_head(host: str = "127.0.0.1") -> tuple[str, list[str]]:
                 "pid": proc.pid, "address": address,
                 "auth_token_path": launch.auth_token_path}})
             return address, launch.warnings
-        if proc.poll() is not None:
-            tail = " | ".join(text.strip().splitlines()[-3:])
-            raise WarmdInputError(f"could not start a local Ray cluster: {tail[:400]}")
+        # A port taken: Ray's GCS exits at once, `ray start` only after tens of seconds
+        if proc.poll() is not None or any(words in text for words in PORT_TAKEN):
+            _stop_pid_group(proc.pid, grace=5.0)  # whatever of its session did start
+            return " | ".join(text.strip().splitlines()[-3:])
         time.sleep(0.2)
     _stop_pid_group(proc.pid)
     raise WarmdInputError(f"a local Ray cluster did not come up within "
