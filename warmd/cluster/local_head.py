@@ -22,9 +22,11 @@ from warmd.processes import pid_alive
 
 LOCAL_HEAD_TIMEOUT = 120.0
 _STARTED_LINE = "Ray runtime started."  # what `ray start --head` logs once it is up
-# What Ray says of a port another process took between warmd's probe and Ray's bind
-PORT_TAKEN = ("Failed to start the grpc server", "address already in use",
-              "Address already in use")
+# What Ray says of a port another process took between warmd's probe and Ray's bind: its
+# GCS's own words (fatal: said at once, while `ray start` waits tens of seconds to exit),
+# and, once `ray start` has exited, the socket error of another of its servers
+GCS_PORT_TAKEN = "Failed to start the grpc server"
+PORT_TAKEN = (GCS_PORT_TAKEN, "ddress already in use")
 HEAD_ATTEMPTS = 3
 
 
@@ -115,8 +117,7 @@ def _launch_head(host: str, log_path: Path) -> tuple[str, list[str]] | str:
                 "pid": proc.pid, "address": address,
                 "auth_token_path": launch.auth_token_path}})
             return address, launch.warnings
-        # A port taken: Ray's GCS exits at once, `ray start` only after tens of seconds
-        if proc.poll() is not None or any(words in text for words in PORT_TAKEN):
+        if proc.poll() is not None or GCS_PORT_TAKEN in text:
             _stop_pid_group(proc.pid, grace=5.0)  # whatever of its session did start
             return " | ".join(text.strip().splitlines()[-3:])
         time.sleep(0.2)
