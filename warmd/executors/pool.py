@@ -200,8 +200,9 @@ class _Running:
         if stop_group:
             _kill_group(self.proc.pid, signal.SIGTERM)
             self.proc.join(timeout=STOP_GRACE_SECONDS)
-            _kill_group(self.proc.pid, signal.SIGKILL)
-            self.proc.join(timeout=STOP_GRACE_SECONDS)
+        # what it started and left running (after an exit as asked too) holds its temp dir
+        _kill_group(self.proc.pid, signal.SIGKILL)
+        self.proc.join(timeout=STOP_GRACE_SECONDS)
         if self.scratch is not None:
             self.scratch.remove(self.proc.pid)
 
