@@ -29,6 +29,7 @@ RAY_CLUSTER_GROUPS = {
     "tests/cluster/test_cluster_fanout.py": "ray-clusters-1",
     "tests/cluster/test_daemon_changes.py": "ray-clusters-1",
     "tests/cluster/test_daemon_loopback.py": "ray-clusters-1",
+    "tests/cluster/test_local_head_ports.py": "ray-clusters-1",
     "tests/capture/test_capture_cluster.py": "ray-clusters-2",
     "tests/cluster/test_cluster_local.py": "ray-clusters-2",
     "tests/cluster/test_cluster_quickstart.py": "ray-clusters-2",

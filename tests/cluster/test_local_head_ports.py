@@ -1,7 +1,8 @@
 """`warmd start`'s local Ray head on a busy machine: a port another process takes between
-warmd's probe and Ray's bind is picked again. A real Ray head, one port held. Its own
-module, outside the serial Ray groups (cluster_support.RAY_CLUSTER_GROUPS): most of its
-time is Ray's own wait (about 40 s) before giving up on the taken port."""
+warmd's probe and Ray's bind is picked again. A real Ray head, one port held; in a serial
+Ray group (cluster_support.RAY_CLUSTER_GROUPS), so that no third Ray cluster runs beside the
+suite's two. Most of its time is Ray's own wait (about 40 s) before giving up on the taken
+port."""
 
 from __future__ import annotations
 
