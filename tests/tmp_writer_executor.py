@@ -17,7 +17,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from warmd.executors.base import Executor, TaskResult
+from env_executor import EnvExecutor
+
+from warmd.executors.base import TaskResult
 
 # bounded: a stray one (a failing test) ends by itself
 WRITER = ("import os, sys, time\n"
@@ -26,14 +28,21 @@ WRITER = ("import os, sys, time\n"
           "    time.sleep(0.05)\n")
 
 
-class TmpWriterExecutor(Executor):
-    library = "flashinfer"  # stands in for the library whose compiler it plays
+def own_temp_dir(tmp_path: Path, monkeypatch) -> Path:
+    """The system's temp dir, as the calling test's own (its fixture's body), the sweep of
+    gone pools' directories to run again in it."""
+    from warmd.executors import scratch
 
-    def cache(self):
-        raise NotImplementedError
+    folder = tmp_path / "tmp"
+    folder.mkdir()
+    monkeypatch.setenv("TMPDIR", str(folder))
+    monkeypatch.setattr(tempfile, "tempdir", str(folder))
+    scratch._remove_orphans.cache_clear()
+    return folder
 
-    def check(self) -> tuple[bool, str]:
-        return True, "ok"
+
+class TmpWriterExecutor(EnvExecutor):
+    """EnvExecutor's stand-in library and check; its own run."""
 
     def run(self, task) -> TaskResult:
         if task.module == "caches":

@@ -14,11 +14,11 @@ import json
 import os
 import signal
 import stat
-import tempfile
 import threading
 import time
 
 import pytest
+from tmp_writer_executor import own_temp_dir
 
 from warmd.executors import scratch
 from warmd.executors.pool import Worker, stop_workers
@@ -31,13 +31,7 @@ TARGETS = {"flashinfer": "tmp_writer_executor:TmpWriterExecutor",
 
 @pytest.fixture
 def base(tmp_path, monkeypatch):
-    """The system's temp dir, as this test's own."""
-    folder = tmp_path / "tmp"
-    folder.mkdir()
-    monkeypatch.setenv("TMPDIR", str(folder))
-    monkeypatch.setattr(tempfile, "tempdir", str(folder))
-    scratch._remove_orphans.cache_clear()
-    return folder
+    return own_temp_dir(tmp_path, monkeypatch)
 
 
 def _worker(tmp_path) -> Worker:

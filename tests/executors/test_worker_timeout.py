@@ -5,12 +5,11 @@ ends (tests/tmp_writer_executor.py)."""
 
 from __future__ import annotations
 
-import tempfile
 import time
 
 import pytest
+from tmp_writer_executor import own_temp_dir
 
-from warmd.executors import scratch
 from warmd.executors.pool import Worker, stop_workers
 from warmd.processes import pid_alive
 from warmd.tasks import Task
@@ -20,12 +19,7 @@ TARGETS = {"flashinfer": "tmp_writer_executor:TmpWriterExecutor"}
 
 @pytest.fixture
 def base(tmp_path, monkeypatch):
-    folder = tmp_path / "tmp"
-    folder.mkdir()
-    monkeypatch.setenv("TMPDIR", str(folder))
-    monkeypatch.setattr(tempfile, "tempdir", str(folder))
-    scratch._remove_orphans.cache_clear()
-    return folder
+    return own_temp_dir(tmp_path, monkeypatch)
 
 
 def _run(worker: Worker, module: str):
